@@ -1,0 +1,147 @@
+//! Local pools: one channel's stock of each item, and the reservations sold from it.
+//!
+//! One trait, two implementations that pass the same contract suite
+//! (`agent/tests/it/store_contract.rs`):
+//! - [`redis::RedisPoolStore`]: every operation is exactly one call of a Lua script in
+//!   `lua/`, so each is atomic on the Redis server;
+//! - [`memory::MemoryPoolStore`]: the embedded default and the reference model.
+//!
+//! **Architecture invariant:** the pool counters change only inside these operations;
+//! nothing else writes them. `available + reserved + sold` changes only through
+//! `refill` (up) and `take_for_return` (down).
+
+pub mod memory;
+pub mod redis;
+
+use async_trait::async_trait;
+
+/// Identifies one pool: a channel's stock of one item. Every key of a pool carries the
+/// hash tag `{channel:item}` so a pool lives on one Redis Cluster slot.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    pub channel: String,
+    pub item_id: String,
+}
+
+impl PoolKey {
+    pub fn new(channel: impl Into<String>, item_id: impl Into<String>) -> Self {
+        Self { channel: channel.into(), item_id: item_id.into() }
+    }
+
+    /// `{channel:item}`: the hash tag shared by all keys of the pool.
+    pub fn hash_tag(&self) -> String {
+        format!("{{{}:{}}}", self.channel, self.item_id)
+    }
+}
+
+/// One purchase attempt, already validated at the edge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcquireArgs {
+    pub user_id: String,
+    pub quantity: u64,
+    pub idempotency_key: String,
+    /// Used only if this call reserves (a replay returns the first reservation's id).
+    pub new_reservation_id: String,
+    pub per_user_limit: u64,
+    pub reservation_ttl_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AcquireResult {
+    Reserved { reservation_id: String, quantity: u64, expires_at_ms: i64, replayed: bool },
+    /// The pool has fewer than `quantity` units available.
+    SoldOut { available: u64 },
+    /// The user already holds `held` units (reserved + sold) of the item in this channel.
+    LimitExceeded { held: u64 },
+    /// The idempotency key was used before for another user or quantity.
+    KeyConflict,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReservationState {
+    Reserved,
+    Confirmed,
+    Cancelled,
+    Expired,
+}
+
+impl ReservationState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReservationState::Reserved => "reserved",
+            ReservationState::Confirmed => "confirmed",
+            ReservationState::Cancelled => "cancelled",
+            ReservationState::Expired => "expired",
+        }
+    }
+}
+
+/// Outcome of confirm or cancel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    /// The reservation is now (or already was) in this state.
+    Done(ReservationState),
+    /// Not allowed from the reservation's current state (confirm after cancel/expiry,
+    /// cancel after confirm).
+    Refused(ReservationState),
+    NotFound,
+}
+
+/// The pool counters. `generation` is set when the pool is first created in the store;
+/// a pool that disappears and comes back (Redis lost its data) has another generation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolSnapshot {
+    pub available: u64,
+    pub reserved: u64,
+    pub sold: u64,
+    /// 0 when the pool does not exist in the store.
+    pub generation: u64,
+    /// The store's clock, in ms since the Unix epoch.
+    pub now_ms: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("pool store unavailable: {0}")]
+    Unavailable(String),
+    #[error("pool store returned an unexpected answer: {0}")]
+    Protocol(String),
+}
+
+#[async_trait]
+pub trait PoolStore: Send + Sync + 'static {
+    /// Atomically: replay check on the idempotency key, per-user limit check, deduct
+    /// `quantity` from available into reserved, record the reservation with an expiry of
+    /// store-clock now + ttl. A sold-out or limit answer writes nothing.
+    async fn acquire(&self, pool: &PoolKey, args: &AcquireArgs) -> Result<AcquireResult, StoreError>;
+
+    /// RESERVED -> CONFIRMED (reserved -> sold). Idempotent. A reservation past its expiry
+    /// is expired on the spot and the confirm is refused.
+    async fn confirm(&self, pool: &PoolKey, reservation_id: &str) -> Result<Transition, StoreError>;
+
+    /// RESERVED -> CANCELLED (reserved -> available, frees the user's allowance).
+    /// Idempotent; refused after confirm; a no-op returning EXPIRED after expiry.
+    async fn cancel(&self, pool: &PoolKey, reservation_id: &str) -> Result<Transition, StoreError>;
+
+    /// Expires up to `max` reservations whose expiry is due by the store's clock.
+    /// Returns the number of units put back into available.
+    async fn expire_due(&self, pool: &PoolKey, max: u64) -> Result<u64, StoreError>;
+
+    /// Adds `units` granted by the center to available, once per `grant_id` (a replayed
+    /// refill counts once). Creates the pool if needed. Returns whether it was applied.
+    async fn refill(&self, pool: &PoolKey, grant_id: &str, units: u64) -> Result<bool, StoreError>;
+
+    /// Removes up to `max_units` from available so they can be returned to the center,
+    /// once per `take_id` (a replay returns the first amount). Returns the units taken.
+    async fn take_for_return(&self, pool: &PoolKey, take_id: &str, max_units: u64) -> Result<u64, StoreError>;
+
+    /// Puts back units taken by `take_for_return` whose Return the center refused or
+    /// never applied; once per `take_id`.
+    async fn untake(&self, pool: &PoolKey, take_id: &str) -> Result<u64, StoreError>;
+
+    /// The counters, the generation and the store's clock.
+    async fn snapshot(&self, pool: &PoolKey) -> Result<PoolSnapshot, StoreError>;
+
+    /// The state of one reservation, if the store still knows it.
+    async fn reservation_state(&self, pool: &PoolKey, reservation_id: &str) -> Result<Option<ReservationState>, StoreError>;
+}

@@ -1,0 +1,376 @@
+//! The center's ledger arithmetic: items, per-channel allocations, leases and the
+//! invariant check. Storage loads rows into these structs, calls one function and writes
+//! the result back inside one transaction.
+//!
+//! Invariant 1 (conservation at the center), per item, after every function here:
+//! `total = available + Σ held(channel)` where `held = granted - returned - reclaimed`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{Channel, ItemId, MAX_QUANTITY, Quantity};
+
+/// An item as the center sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ItemState {
+    pub total: u64,
+    /// Units at the center, not held by any channel.
+    pub available: u64,
+    pub per_user_limit: u64,
+    pub reservation_ttl_ms: u64,
+    pub closed: bool,
+}
+
+impl ItemState {
+    pub fn new(total: Quantity, per_user_limit: u64, reservation_ttl_ms: u64) -> Self {
+        Self { total: total.get(), available: total.get(), per_user_limit, reservation_ttl_ms, closed: false }
+    }
+}
+
+/// A channel's pool counters, as reported by its agent (totals, not deltas).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolCounts {
+    pub available: u64,
+    pub reserved: u64,
+    pub sold: u64,
+}
+
+impl PoolCounts {
+    pub fn sum(&self) -> u64 {
+        self.available + self.reserved + self.sold
+    }
+}
+
+/// What one channel has taken from and given back to the center for one item.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Allocation {
+    pub granted: u64,
+    pub returned: u64,
+    pub reclaimed: u64,
+    pub reported: PoolCounts,
+    pub reported_at_ms: i64,
+}
+
+impl Allocation {
+    /// What the center regards as out with the channel. Saturates so a corrupted row
+    /// shows up in [`check_item`] rather than as a panic.
+    pub fn held(&self) -> u64 {
+        self.granted.saturating_sub(self.returned).saturating_sub(self.reclaimed)
+    }
+
+    /// held - (reported available + reserved + sold): 0 at quiescence.
+    pub fn drift(&self) -> i64 {
+        self.held() as i64 - self.reported.sum() as i64
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LedgerError {
+    #[error("cannot return {quantity} units: channel {channel} holds {held}")]
+    ReturnExceedsHeld { channel: String, held: u64, quantity: u64 },
+    #[error("adding {quantity} units would make total {total} exceed {max}", max = MAX_QUANTITY)]
+    TotalTooLarge { total: u64, quantity: u64 },
+    #[error("stale epoch {presented} for channel {channel}: current epoch is {current}")]
+    StaleEpoch { channel: String, presented: u64, current: u64 },
+    #[error("channel {channel} is not registered")]
+    UnknownChannel { channel: String },
+    #[error("lease of channel {channel} is still live for {remaining_ms} ms")]
+    LeaseLive { channel: String, remaining_ms: i64 },
+}
+
+/// Grants `min(quantity, available)` units to the channel; 0 when none are left or the
+/// item is closed.
+pub fn borrow(item: &mut ItemState, alloc: &mut Allocation, quantity: Quantity) -> u64 {
+    if item.closed {
+        return 0;
+    }
+    let granted = quantity.get().min(item.available);
+    item.available -= granted;
+    alloc.granted += granted;
+    granted
+}
+
+/// Takes `quantity` units back from the channel; never more than it holds.
+pub fn give_back(item: &mut ItemState, alloc: &mut Allocation, channel: &Channel, quantity: Quantity) -> Result<(), LedgerError> {
+    let held = alloc.held();
+    if quantity.get() > held {
+        return Err(LedgerError::ReturnExceedsHeld { channel: channel.to_string(), held, quantity: quantity.get() });
+    }
+    alloc.returned += quantity.get();
+    item.available += quantity.get();
+    Ok(())
+}
+
+/// Raises total and available together.
+pub fn add_stock(item: &mut ItemState, quantity: Quantity) -> Result<(), LedgerError> {
+    if item.total + quantity.get() > MAX_QUANTITY {
+        return Err(LedgerError::TotalTooLarge { total: item.total, quantity: quantity.get() });
+    }
+    item.total += quantity.get();
+    item.available += quantity.get();
+    Ok(())
+}
+
+/// Units the center may take back from a dead channel: what it holds minus what it last
+/// reported reserved or sold (those belong to buyers).
+pub fn reclaimable(alloc: &Allocation) -> u64 {
+    alloc.held().saturating_sub(alloc.reported.reserved + alloc.reported.sold)
+}
+
+/// Takes back [`reclaimable`] units; returns how many.
+pub fn reclaim(item: &mut ItemState, alloc: &mut Allocation) -> u64 {
+    let units = reclaimable(alloc);
+    alloc.reclaimed += units;
+    item.available += units;
+    // What the center took is no longer in the channel's pool, as far as the ledger
+    // knows; keep the report consistent so drift stays meaningful.
+    alloc.reported.available = alloc.reported.available.saturating_sub(units);
+    units
+}
+
+/// A channel's registration: the fencing epoch and the lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChannelSession {
+    pub epoch: u64,
+    pub agent_id: String,
+    pub lease_expires_at_ms: i64,
+    pub last_heartbeat_ms: i64,
+}
+
+impl ChannelSession {
+    /// The next incarnation of a channel's agent: a strictly larger epoch.
+    pub fn register(previous: Option<&ChannelSession>, agent_id: &str, now_ms: i64, lease_ttl_ms: u64) -> Self {
+        let epoch = previous.map_or(1, |p| p.epoch + 1);
+        Self { epoch, agent_id: agent_id.to_owned(), lease_expires_at_ms: now_ms + lease_ttl_ms as i64, last_heartbeat_ms: now_ms }
+    }
+
+    pub fn check_epoch(&self, channel: &Channel, presented: u64) -> Result<(), LedgerError> {
+        if presented != self.epoch {
+            return Err(LedgerError::StaleEpoch { channel: channel.to_string(), presented, current: self.epoch });
+        }
+        Ok(())
+    }
+
+    pub fn renew(&mut self, now_ms: i64, lease_ttl_ms: u64) {
+        self.lease_expires_at_ms = now_ms + lease_ttl_ms as i64;
+        self.last_heartbeat_ms = now_ms;
+    }
+
+    pub fn lease_live(&self, now_ms: i64) -> bool {
+        now_ms < self.lease_expires_at_ms
+    }
+
+    /// Reclaim is allowed once the lease has been expired for `grace_ms`. The epoch is
+    /// bumped so the old agent is fenced off even if it wakes up.
+    pub fn begin_reclaim(&mut self, channel: &Channel, now_ms: i64, grace_ms: u64) -> Result<(), LedgerError> {
+        let allowed_at = self.lease_expires_at_ms + grace_ms as i64;
+        if now_ms < allowed_at {
+            return Err(LedgerError::LeaseLive { channel: channel.to_string(), remaining_ms: allowed_at - now_ms });
+        }
+        self.epoch += 1;
+        Ok(())
+    }
+}
+
+/// A request that changes the ledger, identified by a client-chosen id. Its fingerprint
+/// decides whether a reused id is a replay (same payload) or a conflict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mutation {
+    Borrow { item: ItemId, channel: Channel, quantity: Quantity },
+    Return { item: ItemId, channel: Channel, quantity: Quantity },
+    AddStock { item: ItemId, quantity: Quantity },
+}
+
+impl Mutation {
+    /// Request ids are unique per caller: per channel for agents, one scope for operators.
+    pub fn scope(&self) -> String {
+        match self {
+            Mutation::Borrow { channel, .. } | Mutation::Return { channel, .. } => format!("channel:{channel}"),
+            Mutation::AddStock { .. } => "admin".to_owned(),
+        }
+    }
+
+    /// The payload, canonically. The epoch is left out on purpose: a retry after the
+    /// agent re-registered is still the same request.
+    pub fn fingerprint(&self) -> String {
+        match self {
+            Mutation::Borrow { item, channel, quantity } => format!("borrow/{item}/{channel}/{quantity}"),
+            Mutation::Return { item, channel, quantity } => format!("return/{item}/{channel}/{quantity}"),
+            Mutation::AddStock { item, quantity } => format!("add-stock/{item}/{quantity}"),
+        }
+    }
+}
+
+/// One broken rule found by [`check_item`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Finding {
+    pub item_id: String,
+    pub channel: String,
+    pub invariant: String,
+    pub detail: String,
+}
+
+/// Result of checking one item.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Check {
+    /// Broken invariants: conservation, negative counters, oversell.
+    pub violations: Vec<Finding>,
+    /// Channels whose reported pool differs from what they hold. Normal while sales are
+    /// in flight; a problem when it persists.
+    pub drifts: Vec<Finding>,
+}
+
+/// Checks invariants 1 and 3 (and non-negative counters) for one item, and lists drift.
+pub fn check_item(item_id: &str, item: &ItemState, allocations: &[(String, Allocation)]) -> Check {
+    let mut check = Check::default();
+    let finding = |channel: &str, invariant: &str, detail: String| Finding {
+        item_id: item_id.to_owned(),
+        channel: channel.to_owned(),
+        invariant: invariant.to_owned(),
+        detail,
+    };
+    let mut held_sum: u128 = 0;
+    let mut committed: u128 = 0;
+    for (channel, a) in allocations {
+        let out = a.returned as u128 + a.reclaimed as u128;
+        if out > a.granted as u128 {
+            check.violations.push(finding(
+                channel,
+                "negative",
+                format!("returned {} + reclaimed {} exceeds granted {}", a.returned, a.reclaimed, a.granted),
+            ));
+        }
+        held_sum += a.held() as u128;
+        committed += a.reported.reserved as u128 + a.reported.sold as u128;
+        if a.drift() != 0 {
+            check.drifts.push(finding(
+                channel,
+                "drift",
+                format!(
+                    "held {} but reported available {} + reserved {} + sold {} (drift {})",
+                    a.held(),
+                    a.reported.available,
+                    a.reported.reserved,
+                    a.reported.sold,
+                    a.drift()
+                ),
+            ));
+        }
+    }
+    if item.total as u128 != item.available as u128 + held_sum {
+        check.violations.push(finding(
+            "",
+            "conservation",
+            format!("total {} != center available {} + held {}", item.total, item.available, held_sum),
+        ));
+    }
+    if committed > item.total as u128 {
+        check.violations.push(finding(
+            "",
+            "oversell",
+            format!("reported reserved + sold {committed} exceeds total {}", item.total),
+        ));
+    }
+    check
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(n: u64) -> Quantity {
+        Quantity::parse("quantity", n).unwrap()
+    }
+
+    fn ch(name: &str) -> Channel {
+        Channel::parse("channel", name).unwrap()
+    }
+
+    #[test]
+    fn borrow_grants_at_most_what_is_available() {
+        let mut item = ItemState::new(q(10), 1, 1000);
+        let mut a = Allocation::default();
+        assert_eq!(borrow(&mut item, &mut a, q(4)), 4);
+        assert_eq!(borrow(&mut item, &mut a, q(100)), 6);
+        assert_eq!(borrow(&mut item, &mut a, q(1)), 0);
+        assert_eq!((item.available, a.granted, a.held()), (0, 10, 10));
+    }
+
+    #[test]
+    fn closed_item_grants_nothing() {
+        let mut item = ItemState::new(q(10), 1, 1000);
+        item.closed = true;
+        assert_eq!(borrow(&mut item, &mut Allocation::default(), q(4)), 0);
+        assert_eq!(item.available, 10);
+    }
+
+    #[test]
+    fn return_may_not_exceed_held() {
+        let mut item = ItemState::new(q(10), 1, 1000);
+        let mut a = Allocation::default();
+        borrow(&mut item, &mut a, q(3));
+        let err = give_back(&mut item, &mut a, &ch("app"), q(4)).unwrap_err();
+        assert_eq!(err.to_string(), "cannot return 4 units: channel app holds 3");
+        give_back(&mut item, &mut a, &ch("app"), q(3)).unwrap();
+        assert_eq!((item.available, a.held()), (10, 0));
+    }
+
+    #[test]
+    fn add_stock_raises_total_and_available_within_bound() {
+        let mut item = ItemState::new(q(10), 1, 1000);
+        add_stock(&mut item, q(5)).unwrap();
+        assert_eq!((item.total, item.available), (15, 15));
+        assert!(add_stock(&mut item, q(MAX_QUANTITY)).is_err());
+        assert_eq!(item.total, 15);
+    }
+
+    #[test]
+    fn reclaim_keeps_reported_reserved_and_sold() {
+        let mut item = ItemState::new(q(100), 1, 1000);
+        let mut a = Allocation::default();
+        borrow(&mut item, &mut a, q(50));
+        a.reported = PoolCounts { available: 30, reserved: 5, sold: 15 };
+        assert_eq!(reclaim(&mut item, &mut a), 30);
+        assert_eq!((item.available, a.held()), (80, 20));
+        assert!(check_item("i", &item, &[("app".into(), a)]).violations.is_empty());
+    }
+
+    #[test]
+    fn epochs_only_grow_and_fence_older_ones() {
+        let s1 = ChannelSession::register(None, "a", 0, 1000);
+        let s2 = ChannelSession::register(Some(&s1), "b", 10, 1000);
+        assert_eq!((s1.epoch, s2.epoch), (1, 2));
+        assert!(s2.check_epoch(&ch("app"), 1).is_err());
+        assert!(s2.check_epoch(&ch("app"), 3).is_err());
+        assert!(s2.check_epoch(&ch("app"), 2).is_ok());
+    }
+
+    #[test]
+    fn reclaim_waits_for_lease_expiry_plus_grace() {
+        let mut s = ChannelSession::register(None, "a", 0, 1000);
+        assert!(matches!(s.begin_reclaim(&ch("app"), 1500, 1000), Err(LedgerError::LeaseLive { remaining_ms: 500, .. })));
+        s.begin_reclaim(&ch("app"), 2000, 1000).unwrap();
+        assert_eq!(s.epoch, 2);
+    }
+
+    #[test]
+    fn check_finds_broken_conservation_and_oversell() {
+        let mut item = ItemState::new(q(10), 1, 1000);
+        let a = Allocation { granted: 5, reported: PoolCounts { available: 0, reserved: 0, sold: 11 }, ..Default::default() };
+        item.available = 4;
+        let c = check_item("i", &item, &[("app".into(), a)]);
+        let kinds: Vec<_> = c.violations.iter().map(|v| v.invariant.as_str()).collect();
+        assert_eq!(kinds, ["conservation", "oversell"]);
+        assert_eq!(c.drifts.len(), 1);
+    }
+
+    #[test]
+    fn fingerprint_ignores_nothing_but_the_epoch() {
+        let item = ItemId::parse("item_id", "i").unwrap();
+        let a = Mutation::Borrow { item: item.clone(), channel: ch("app"), quantity: q(3) };
+        let b = Mutation::Borrow { item: item.clone(), channel: ch("app"), quantity: q(4) };
+        let r = Mutation::Return { item, channel: ch("app"), quantity: q(3) };
+        assert_ne!(a.fingerprint(), b.fingerprint());
+        assert_ne!(a.fingerprint(), r.fingerprint());
+        assert_eq!(a.scope(), r.scope());
+    }
+}

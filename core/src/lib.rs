@@ -1,0 +1,13 @@
+//! Pure rules of the inventory system.
+//!
+//! Everything here is plain data and plain functions: parsing identifiers at the edge,
+//! the center's ledger arithmetic, and the agent's watermark decisions. No I/O, no clocks
+//! (callers pass `now`), no async. The services gather inputs, call these functions and
+//! carry out what they return.
+
+pub mod ids;
+pub mod ledger;
+pub mod rebalance;
+pub mod watermarks;
+
+pub use ids::{AgentId, Channel, ItemId, Quantity, RequestId, UserId, ValidationError};
