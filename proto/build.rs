@@ -4,12 +4,8 @@ use std::path::PathBuf;
 
 use prost::Message;
 
-const PROTOS: &[&str] = &[
-    "inventory/v1/common.proto",
-    "inventory/v1/center.proto",
-    "inventory/v1/admin.proto",
-    "inventory/v1/agent.proto",
-];
+const PROTOS: &[&str] =
+    &["inventory/v1/common.proto", "inventory/v1/center.proto", "inventory/v1/admin.proto", "inventory/v1/agent.proto"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     for proto in PROTOS {
@@ -19,9 +15,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile(PROTOS, ["."])?;
     // The encoded descriptor set feeds gRPC server reflection.
     std::fs::write(out_dir.join("inventory_descriptor.bin"), fds.encode_to_vec())?;
-    tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(true)
-        .compile_fds(fds)?;
+    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(fds)?;
     Ok(())
 }

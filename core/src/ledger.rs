@@ -90,7 +90,12 @@ pub fn borrow(item: &mut ItemState, alloc: &mut Allocation, quantity: Quantity) 
 }
 
 /// Takes `quantity` units back from the channel; never more than it holds.
-pub fn give_back(item: &mut ItemState, alloc: &mut Allocation, channel: &Channel, quantity: Quantity) -> Result<(), LedgerError> {
+pub fn give_back(
+    item: &mut ItemState,
+    alloc: &mut Allocation,
+    channel: &Channel,
+    quantity: Quantity,
+) -> Result<(), LedgerError> {
     let held = alloc.held();
     if quantity.get() > held {
         return Err(LedgerError::ReturnExceedsHeld { channel: channel.to_string(), held, quantity: quantity.get() });
@@ -140,7 +145,12 @@ impl ChannelSession {
     /// The next incarnation of a channel's agent: a strictly larger epoch.
     pub fn register(previous: Option<&ChannelSession>, agent_id: &str, now_ms: i64, lease_ttl_ms: u64) -> Self {
         let epoch = previous.map_or(1, |p| p.epoch + 1);
-        Self { epoch, agent_id: agent_id.to_owned(), lease_expires_at_ms: now_ms + lease_ttl_ms as i64, last_heartbeat_ms: now_ms }
+        Self {
+            epoch,
+            agent_id: agent_id.to_owned(),
+            lease_expires_at_ms: now_ms + lease_ttl_ms as i64,
+            last_heartbeat_ms: now_ms,
+        }
     }
 
     pub fn check_epoch(&self, channel: &Channel, presented: u64) -> Result<(), LedgerError> {
@@ -347,7 +357,10 @@ mod tests {
     #[test]
     fn reclaim_waits_for_lease_expiry_plus_grace() {
         let mut s = ChannelSession::register(None, "a", 0, 1000);
-        assert!(matches!(s.begin_reclaim(&ch("app"), 1500, 1000), Err(LedgerError::LeaseLive { remaining_ms: 500, .. })));
+        assert!(matches!(
+            s.begin_reclaim(&ch("app"), 1500, 1000),
+            Err(LedgerError::LeaseLive { remaining_ms: 500, .. })
+        ));
         s.begin_reclaim(&ch("app"), 2000, 1000).unwrap();
         assert_eq!(s.epoch, 2);
     }
@@ -355,7 +368,11 @@ mod tests {
     #[test]
     fn check_finds_broken_conservation_and_oversell() {
         let mut item = ItemState::new(q(10), 1, 1000);
-        let a = Allocation { granted: 5, reported: PoolCounts { available: 0, reserved: 0, sold: 11 }, ..Default::default() };
+        let a = Allocation {
+            granted: 5,
+            reported: PoolCounts { available: 0, reserved: 0, sold: 11 },
+            ..Default::default()
+        };
         item.available = 4;
         let c = check_item("i", &item, &[("app".into(), a)]);
         let kinds: Vec<_> = c.violations.iter().map(|v| v.invariant.as_str()).collect();

@@ -48,11 +48,20 @@ pub struct AcquireArgs {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AcquireResult {
-    Reserved { reservation_id: String, quantity: u64, expires_at_ms: i64, replayed: bool },
+    Reserved {
+        reservation_id: String,
+        quantity: u64,
+        expires_at_ms: i64,
+        replayed: bool,
+    },
     /// The pool has fewer than `quantity` units available.
-    SoldOut { available: u64 },
+    SoldOut {
+        available: u64,
+    },
     /// The user already holds `held` units (reserved + sold) of the item in this channel.
-    LimitExceeded { held: u64 },
+    LimitExceeded {
+        held: u64,
+    },
     /// The idempotency key was used before for another user or quantity.
     KeyConflict,
 }
@@ -143,5 +152,9 @@ pub trait PoolStore: Send + Sync + 'static {
     async fn snapshot(&self, pool: &PoolKey) -> Result<PoolSnapshot, StoreError>;
 
     /// The state of one reservation, if the store still knows it.
-    async fn reservation_state(&self, pool: &PoolKey, reservation_id: &str) -> Result<Option<ReservationState>, StoreError>;
+    async fn reservation_state(
+        &self,
+        pool: &PoolKey,
+        reservation_id: &str,
+    ) -> Result<Option<ReservationState>, StoreError>;
 }

@@ -1,0 +1,3 @@
+//! The agent's integration tests: one binary (`cargo test -p inventory-agent --test it`).
+
+mod store_contract;

@@ -1,0 +1,810 @@
+//! The `PoolStore` contract: one suite, run against every backend.
+//!
+//! Each contract test is a plain async fn over a [`Backend`]; `contract_suite!` generates
+//! one `#[tokio::test]` per backend (`store_contract::memory::*`, `store_contract::redis::*`).
+//! The Redis tests use the shared Redis (`INVENTORY_TEST_REDIS_URL`) with a private key
+//! prefix; the data-loss test runs its own `redis-server`. Nothing sleeps to synchronise:
+//! expiry is awaited by polling the store (its own clock) with `wait_until`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use inventory_agent::store::memory::{DEFAULT_RECORD_RETENTION, MemoryPoolStore};
+use inventory_agent::store::redis::RedisPoolStore;
+use inventory_agent::store::{
+    AcquireArgs, AcquireResult, PoolKey, PoolSnapshot, PoolStore, ReservationState, StoreError, Transition,
+};
+use inventory_test_support::{RedisServer, TestRedis, wait_until};
+use rand::Rng;
+
+use ReservationState::{Cancelled, Confirmed, Expired, Reserved};
+
+const LONG_TTL_MS: u64 = 60_000;
+const SHORT_TTL_MS: u64 = 30;
+const WAIT: Duration = Duration::from_secs(10);
+
+/// Where the stores under test live.
+enum Backend {
+    Memory,
+    Redis(TestRedis),
+}
+
+impl Backend {
+    async fn memory() -> Self {
+        Backend::Memory
+    }
+
+    async fn redis() -> Self {
+        Backend::Redis(TestRedis::create().await)
+    }
+
+    async fn store(&self) -> Arc<dyn PoolStore> {
+        self.store_with_retention(DEFAULT_RECORD_RETENTION).await
+    }
+
+    /// With Redis, every store of one backend shares the data (like agent replicas sharing
+    /// one Redis); with memory each store is separate. Tests use distinct pools either way.
+    async fn store_with_retention(&self, retention: Duration) -> Arc<dyn PoolStore> {
+        match self {
+            Backend::Memory => Arc::new(MemoryPoolStore::new().with_record_retention(retention)),
+            Backend::Redis(redis) => Arc::new(
+                RedisPoolStore::new(&redis.url, &redis.prefix)
+                    .await
+                    .unwrap_or_else(|e| panic!("cannot connect the redis store to {}: {e}", redis.url))
+                    .with_record_retention(retention),
+            ),
+        }
+    }
+}
+
+macro_rules! contract_suite {
+    ($($test:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $test() {
+                    super::$test(&super::Backend::memory().await).await;
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $test() {
+                    super::$test(&super::Backend::redis().await).await;
+                }
+            )*
+        }
+    };
+}
+
+contract_suite!(
+    state_machine_with_every_refusal,
+    confirm_and_cancel_past_expiry_expire_on_the_spot,
+    replayed_acquire_returns_the_same_reservation_and_deducts_once,
+    key_reused_with_another_payload_conflicts,
+    per_user_limit_is_freed_by_cancel_and_expiry_but_not_by_confirm,
+    sold_out_and_limit_answers_write_nothing,
+    missing_pool_reads_as_empty_generation_zero,
+    concurrent_acquires_never_oversell_and_conserve_units,
+    per_user_limit_holds_under_concurrent_requests,
+    refill_replay_counts_once,
+    take_for_return_and_untake_replays_count_once,
+    short_ttl_reservations_expire_through_the_sweeper,
+    hostile_strings_are_stored_as_data,
+    finished_records_are_forgotten_after_retention,
+);
+
+// ---------------------------------------------------------------------------------------
+// helpers
+
+fn pool(item: &str) -> PoolKey {
+    PoolKey::new("app", item)
+}
+
+fn acquire_args(user: &str, quantity: u64, key: &str, limit: u64, ttl_ms: u64) -> AcquireArgs {
+    AcquireArgs {
+        user_id: user.to_owned(),
+        quantity,
+        idempotency_key: key.to_owned(),
+        new_reservation_id: uuid::Uuid::new_v4().to_string(),
+        per_user_limit: limit,
+        reservation_ttl_ms: ttl_ms,
+    }
+}
+
+/// Acquires `quantity` for `user` with a fresh key, a limit of 100 and a long TTL, and
+/// returns the reservation id.
+async fn reserve(store: &dyn PoolStore, pool: &PoolKey, user: &str, quantity: u64) -> String {
+    let key = uuid::Uuid::new_v4().to_string();
+    reserve_with(store, pool, &acquire_args(user, quantity, &key, 100, LONG_TTL_MS)).await.0
+}
+
+/// Runs an acquire that must reserve without replay; returns (reservation id, expires_at_ms).
+async fn reserve_with(store: &dyn PoolStore, pool: &PoolKey, args: &AcquireArgs) -> (String, i64) {
+    match store.acquire(pool, args).await.expect("acquire") {
+        AcquireResult::Reserved { reservation_id, quantity, expires_at_ms, replayed: false } => {
+            assert_eq!(reservation_id, args.new_reservation_id);
+            assert_eq!(quantity, args.quantity);
+            (reservation_id, expires_at_ms)
+        }
+        other => panic!("expected a fresh reservation for {args:?}, got {other:?}"),
+    }
+}
+
+async fn snap(store: &dyn PoolStore, pool: &PoolKey) -> PoolSnapshot {
+    store.snapshot(pool).await.expect("snapshot")
+}
+
+/// (available, reserved, sold)
+async fn counters(store: &dyn PoolStore, pool: &PoolKey) -> (u64, u64, u64) {
+    let s = snap(store, pool).await;
+    (s.available, s.reserved, s.sold)
+}
+
+async fn state(store: &dyn PoolStore, pool: &PoolKey, id: &str) -> Option<ReservationState> {
+    store.reservation_state(pool, id).await.expect("reservation_state")
+}
+
+/// Waits, by the store's own clock, until `expires_at_ms` has passed.
+async fn wait_past(store: &Arc<dyn PoolStore>, pool: &PoolKey, expires_at_ms: i64) {
+    let passed = wait_until(WAIT, || {
+        let (store, pool) = (Arc::clone(store), pool.clone());
+        async move { snap(&*store, &pool).await.now_ms >= expires_at_ms }
+    })
+    .await;
+    assert!(passed, "the store clock did not pass {expires_at_ms} within {WAIT:?}");
+}
+
+/// Calls `expire_due` until it has freed `units` in total; returns the total freed.
+async fn sweep_until_freed(store: &Arc<dyn PoolStore>, pool: &PoolKey, units: u64) -> u64 {
+    let freed = Arc::new(AtomicU64::new(0));
+    let done = wait_until(WAIT, || {
+        let (store, pool, freed) = (Arc::clone(store), pool.clone(), Arc::clone(&freed));
+        async move {
+            let now = store.expire_due(&pool, 1000).await.expect("expire_due");
+            freed.fetch_add(now, Ordering::SeqCst) + now >= units
+        }
+    })
+    .await;
+    let freed = freed.load(Ordering::SeqCst);
+    assert!(done, "expire_due freed {freed} of {units} units within {WAIT:?}");
+    freed
+}
+
+// ---------------------------------------------------------------------------------------
+// the contract
+
+async fn state_machine_with_every_refusal(backend: &Backend) {
+    let store = backend.store().await;
+    let p = pool("sku-states");
+    assert!(store.refill(&p, "grant-1", 10).await.unwrap());
+    assert_eq!(counters(&*store, &p).await, (10, 0, 0));
+
+    // reserved -> confirmed; confirm is idempotent, cancel after confirm is refused.
+    let a = reserve(&*store, &p, "alice", 2).await;
+    assert_eq!(state(&*store, &p, &a).await, Some(Reserved));
+    assert_eq!(counters(&*store, &p).await, (8, 2, 0));
+    assert_eq!(store.confirm(&p, &a).await.unwrap(), Transition::Done(Confirmed));
+    assert_eq!(counters(&*store, &p).await, (8, 0, 2));
+    assert_eq!(store.confirm(&p, &a).await.unwrap(), Transition::Done(Confirmed));
+    assert_eq!(store.cancel(&p, &a).await.unwrap(), Transition::Refused(Confirmed));
+    assert_eq!(state(&*store, &p, &a).await, Some(Confirmed));
+    assert_eq!(counters(&*store, &p).await, (8, 0, 2));
+
+    // reserved -> cancelled; cancel is idempotent, confirm after cancel is refused.
+    let b = reserve(&*store, &p, "bob", 3).await;
+    assert_eq!(counters(&*store, &p).await, (5, 3, 2));
+    assert_eq!(store.cancel(&p, &b).await.unwrap(), Transition::Done(Cancelled));
+    assert_eq!(counters(&*store, &p).await, (8, 0, 2));
+    assert_eq!(store.cancel(&p, &b).await.unwrap(), Transition::Done(Cancelled));
+    assert_eq!(store.confirm(&p, &b).await.unwrap(), Transition::Refused(Cancelled));
+    assert_eq!(state(&*store, &p, &b).await, Some(Cancelled));
+    assert_eq!(counters(&*store, &p).await, (8, 0, 2));
+
+    // reserved -> expired (by the sweeper); cancel is a no-op answering EXPIRED, confirm is refused.
+    let (c, _) = reserve_with(&*store, &p, &acquire_args("carol", 1, "key-carol", 100, SHORT_TTL_MS)).await;
+    assert_eq!(counters(&*store, &p).await, (7, 1, 2));
+    assert_eq!(sweep_until_freed(&store, &p, 1).await, 1);
+    assert_eq!(state(&*store, &p, &c).await, Some(Expired));
+    assert_eq!(counters(&*store, &p).await, (8, 0, 2));
+    assert_eq!(store.confirm(&p, &c).await.unwrap(), Transition::Refused(Expired));
+    assert_eq!(store.cancel(&p, &c).await.unwrap(), Transition::Done(Expired));
+    assert_eq!(state(&*store, &p, &c).await, Some(Expired));
+    assert_eq!(counters(&*store, &p).await, (8, 0, 2));
+
+    // unknown reservations, in a known and in an unknown pool.
+    for pool in [p.clone(), pool("sku-never-refilled")] {
+        assert_eq!(store.confirm(&pool, "no-such-reservation").await.unwrap(), Transition::NotFound);
+        assert_eq!(store.cancel(&pool, "no-such-reservation").await.unwrap(), Transition::NotFound);
+        assert_eq!(state(&*store, &pool, "no-such-reservation").await, None);
+    }
+    // a reservation id is scoped to its pool.
+    assert_eq!(store.confirm(&pool("sku-other"), &a).await.unwrap(), Transition::NotFound);
+    assert_eq!(counters(&*store, &p).await, (8, 0, 2));
+}
+
+async fn confirm_and_cancel_past_expiry_expire_on_the_spot(backend: &Backend) {
+    let store = backend.store().await;
+    let p = pool("sku-late");
+    store.refill(&p, "grant-1", 5).await.unwrap();
+    let limit = 2;
+
+    let (late_confirm, exp1) = reserve_with(&*store, &p, &acquire_args("dave", 2, "k1", limit, SHORT_TTL_MS)).await;
+    wait_past(&store, &p, exp1).await;
+    // Not swept yet: still reserved, still holding the units and dave's allowance.
+    assert_eq!(state(&*store, &p, &late_confirm).await, Some(Reserved));
+    assert_eq!(counters(&*store, &p).await, (3, 2, 0));
+    assert_eq!(store.confirm(&p, &late_confirm).await.unwrap(), Transition::Refused(Expired));
+    assert_eq!(state(&*store, &p, &late_confirm).await, Some(Expired));
+    assert_eq!(counters(&*store, &p).await, (5, 0, 0));
+    assert_eq!(store.confirm(&p, &late_confirm).await.unwrap(), Transition::Refused(Expired));
+    // The sweeper finds nothing left to free.
+    assert_eq!(store.expire_due(&p, 100).await.unwrap(), 0);
+
+    // dave's allowance came back with the units.
+    let (late_cancel, exp2) = reserve_with(&*store, &p, &acquire_args("dave", 2, "k2", limit, SHORT_TTL_MS)).await;
+    assert_eq!(counters(&*store, &p).await, (3, 2, 0));
+    wait_past(&store, &p, exp2).await;
+    assert_eq!(store.cancel(&p, &late_cancel).await.unwrap(), Transition::Done(Expired));
+    assert_eq!(state(&*store, &p, &late_cancel).await, Some(Expired));
+    assert_eq!(counters(&*store, &p).await, (5, 0, 0));
+    assert_eq!(store.cancel(&p, &late_cancel).await.unwrap(), Transition::Done(Expired));
+    assert_eq!(store.confirm(&p, &late_cancel).await.unwrap(), Transition::Refused(Expired));
+    assert_eq!(store.expire_due(&p, 100).await.unwrap(), 0);
+    reserve_with(&*store, &p, &acquire_args("dave", 2, "k3", limit, LONG_TTL_MS)).await;
+    assert_eq!(counters(&*store, &p).await, (3, 2, 0));
+}
+
+async fn replayed_acquire_returns_the_same_reservation_and_deducts_once(backend: &Backend) {
+    let store = backend.store().await;
+    let p = pool("sku-replay");
+    store.refill(&p, "grant-1", 10).await.unwrap();
+
+    let first = acquire_args("erin", 2, "key-erin-1", 5, LONG_TTL_MS);
+    let (id, expires_at_ms) = reserve_with(&*store, &p, &first).await;
+    assert_eq!(counters(&*store, &p).await, (8, 2, 0));
+
+    // A retry carries a new candidate reservation id; the first reservation comes back.
+    let expect = AcquireResult::Reserved { reservation_id: id.clone(), quantity: 2, expires_at_ms, replayed: true };
+    for _ in 0..3 {
+        let retry = AcquireArgs { new_reservation_id: uuid::Uuid::new_v4().to_string(), ..first.clone() };
+        assert_eq!(store.acquire(&p, &retry).await.unwrap(), expect);
+        assert_eq!(state(&*store, &p, &retry.new_reservation_id).await, None, "a replay records nothing");
+    }
+    assert_eq!(counters(&*store, &p).await, (8, 2, 0));
+
+    // Whatever state the reservation reached, a replay returns it and changes nothing.
+    assert_eq!(store.confirm(&p, &id).await.unwrap(), Transition::Done(Confirmed));
+    assert_eq!(store.acquire(&p, &first).await.unwrap(), expect);
+    assert_eq!(counters(&*store, &p).await, (8, 0, 2));
+
+    let second = acquire_args("erin", 1, "key-erin-2", 5, LONG_TTL_MS);
+    let (id2, exp2) = reserve_with(&*store, &p, &second).await;
+    assert_eq!(store.cancel(&p, &id2).await.unwrap(), Transition::Done(Cancelled));
+    assert_eq!(
+        store.acquire(&p, &second).await.unwrap(),
+        AcquireResult::Reserved { reservation_id: id2, quantity: 1, expires_at_ms: exp2, replayed: true }
+    );
+    assert_eq!(counters(&*store, &p).await, (8, 0, 2));
+}
+
+async fn key_reused_with_another_payload_conflicts(backend: &Backend) {
+    let store = backend.store().await;
+    let p = pool("sku-conflict");
+    store.refill(&p, "grant-1", 10).await.unwrap();
+    let first = acquire_args("frank", 2, "key-frank", 5, LONG_TTL_MS);
+    reserve_with(&*store, &p, &first).await;
+    let before = counters(&*store, &p).await;
+
+    let other_quantity = acquire_args("frank", 3, "key-frank", 5, LONG_TTL_MS);
+    assert_eq!(store.acquire(&p, &other_quantity).await.unwrap(), AcquireResult::KeyConflict);
+    let other_user = acquire_args("grace", 2, "key-frank", 5, LONG_TTL_MS);
+    assert_eq!(store.acquire(&p, &other_user).await.unwrap(), AcquireResult::KeyConflict);
+    assert_eq!(state(&*store, &p, &other_quantity.new_reservation_id).await, None);
+    assert_eq!(state(&*store, &p, &other_user.new_reservation_id).await, None);
+    assert_eq!(counters(&*store, &p).await, before);
+
+    // Keys are scoped to the pool: the same key in another pool is a new request.
+    let q = pool("sku-conflict-other");
+    store.refill(&q, "grant-1", 10).await.unwrap();
+    reserve_with(&*store, &q, &other_user).await;
+}
+
+async fn per_user_limit_is_freed_by_cancel_and_expiry_but_not_by_confirm(backend: &Backend) {
+    let store = backend.store().await;
+    let p = pool("sku-limit");
+    store.refill(&p, "grant-1", 100).await.unwrap();
+    let limit = 3;
+    let args = |user: &str, qty: u64, key: &str| acquire_args(user, qty, key, limit, LONG_TTL_MS);
+
+    let (a, _) = reserve_with(&*store, &p, &args("heidi", 2, "h1")).await;
+    assert_eq!(store.acquire(&p, &args("heidi", 2, "h2")).await.unwrap(), AcquireResult::LimitExceeded { held: 2 });
+    let (b, _) = reserve_with(&*store, &p, &args("heidi", 1, "h3")).await;
+    assert_eq!(store.acquire(&p, &args("heidi", 1, "h4")).await.unwrap(), AcquireResult::LimitExceeded { held: 3 });
+    // Other users are not affected.
+    reserve_with(&*store, &p, &args("ivan", 3, "i1")).await;
+
+    // Cancel frees the allowance.
+    assert_eq!(store.cancel(&p, &a).await.unwrap(), Transition::Done(Cancelled));
+    assert_eq!(store.acquire(&p, &args("heidi", 3, "h5")).await.unwrap(), AcquireResult::LimitExceeded { held: 1 });
+    let (c, _) = reserve_with(&*store, &p, &args("heidi", 2, "h6")).await;
+
+    // Confirm keeps it: sold units count as held.
+    assert_eq!(store.confirm(&p, &b).await.unwrap(), Transition::Done(Confirmed));
+    assert_eq!(store.confirm(&p, &c).await.unwrap(), Transition::Done(Confirmed));
+    assert_eq!(store.acquire(&p, &args("heidi", 1, "h7")).await.unwrap(), AcquireResult::LimitExceeded { held: 3 });
+
+    // Expiry frees it.
+    let (d, _) = reserve_with(&*store, &p, &acquire_args("judy", 3, "j1", limit, SHORT_TTL_MS)).await;
+    assert_eq!(store.acquire(&p, &args("judy", 1, "j2")).await.unwrap(), AcquireResult::LimitExceeded { held: 3 });
+    assert_eq!(sweep_until_freed(&store, &p, 3).await, 3);
+    assert_eq!(state(&*store, &p, &d).await, Some(Expired));
+    reserve_with(&*store, &p, &args("judy", 3, "j3")).await;
+
+    // heidi: 3 sold; ivan: 3 reserved; judy: 3 reserved.
+    assert_eq!(counters(&*store, &p).await, (91, 6, 3));
+}
+
+async fn sold_out_and_limit_answers_write_nothing(backend: &Backend) {
+    let store = backend.store().await;
+    let p = pool("sku-fastpath");
+    store.refill(&p, "grant-1", 3).await.unwrap();
+    reserve(&*store, &p, "ken", 1).await;
+    let before = snap(&*store, &p).await;
+
+    let too_many = acquire_args("leo", 5, "key-leo", 10, LONG_TTL_MS);
+    assert_eq!(store.acquire(&p, &too_many).await.unwrap(), AcquireResult::SoldOut { available: 2 });
+    let over_limit = acquire_args("ken", 2, "key-ken-2", 2, LONG_TTL_MS);
+    assert_eq!(store.acquire(&p, &over_limit).await.unwrap(), AcquireResult::LimitExceeded { held: 1 });
+    let fresh_over_limit = acquire_args("mia", 3, "key-mia", 2, LONG_TTL_MS);
+    assert_eq!(store.acquire(&p, &fresh_over_limit).await.unwrap(), AcquireResult::LimitExceeded { held: 0 });
+
+    let after = snap(&*store, &p).await;
+    assert_eq!(PoolSnapshot { now_ms: 0, ..after }, PoolSnapshot { now_ms: 0, ..before });
+    for args in [&too_many, &over_limit, &fresh_over_limit] {
+        assert_eq!(state(&*store, &p, &args.new_reservation_id).await, None);
+    }
+
+    // Nothing was remembered for those keys: once stock arrives the same request reserves.
+    store.refill(&p, "grant-2", 5).await.unwrap();
+    let retry = AcquireArgs { new_reservation_id: uuid::Uuid::new_v4().to_string(), ..too_many.clone() };
+    reserve_with(&*store, &p, &retry).await;
+    assert_eq!(counters(&*store, &p).await, (2, 6, 0));
+}
+
+async fn missing_pool_reads_as_empty_generation_zero(backend: &Backend) {
+    let store = backend.store().await;
+    let p = pool("sku-missing");
+    let system_now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let s = snap(&*store, &p).await;
+    assert_eq!(PoolSnapshot { now_ms: 0, ..s }, PoolSnapshot::default());
+    assert!((s.now_ms - system_now).abs() < 60_000, "store clock {} far from system clock {system_now}", s.now_ms);
+
+    // Reading, acquiring, sweeping and untaking on a missing pool do not create it.
+    assert_eq!(
+        store.acquire(&p, &acquire_args("nina", 1, "key-nina", 5, LONG_TTL_MS)).await.unwrap(),
+        AcquireResult::SoldOut { available: 0 }
+    );
+    assert_eq!(store.expire_due(&p, 10).await.unwrap(), 0);
+    assert_eq!(store.untake(&p, "take-1").await.unwrap(), 0);
+    assert_eq!(store.take_for_return(&p, "take-1", 5).await.unwrap(), 0);
+    assert_eq!(snap(&*store, &p).await.generation, 0);
+
+    // The first refill creates it, with a nonzero generation that later refills keep.
+    assert!(store.refill(&p, "grant-1", 0).await.unwrap());
+    let created = snap(&*store, &p).await;
+    assert_ne!(created.generation, 0);
+    assert!(created.generation < (1 << 63), "generation {} does not fit an i64", created.generation);
+    assert_eq!((created.available, created.reserved, created.sold), (0, 0, 0));
+    store.refill(&p, "grant-2", 4).await.unwrap();
+    assert_eq!(snap(&*store, &p).await.generation, created.generation);
+    // The take recorded before the pool existed took nothing and stays a replay.
+    assert_eq!(store.take_for_return(&p, "take-1", 5).await.unwrap(), 0);
+    assert_eq!(counters(&*store, &p).await, (4, 0, 0));
+}
+
+async fn concurrent_acquires_never_oversell_and_conserve_units(backend: &Backend) {
+    let store = backend.store().await;
+    let p = pool("sku-race");
+    assert!(store.refill(&p, "grant-1", 100).await.unwrap());
+    assert!(store.refill(&p, "grant-2", 30).await.unwrap());
+    assert_eq!(store.take_for_return(&p, "take-1", 30).await.unwrap(), 30);
+    let (refilled, taken) = (130, 30);
+
+    const TASKS: usize = 64;
+    const PER_TASK: usize = 9; // 576 attempts for 100 units
+    const LIMIT: u64 = 3;
+    let users: Vec<Vec<String>> = {
+        let mut rng = rand::rng();
+        (0..TASKS).map(|_| (0..PER_TASK).map(|_| format!("user-{}", rng.random_range(0..300))).collect()).collect()
+    };
+    let mut tasks = Vec::new();
+    for (t, users) in users.into_iter().enumerate() {
+        let (store, p) = (Arc::clone(&store), p.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut outcomes = Vec::new();
+            for (i, user) in users.into_iter().enumerate() {
+                let args = acquire_args(&user, 1, &format!("race-{t}-{i}"), LIMIT, LONG_TTL_MS);
+                outcomes.push((user, store.acquire(&p, &args).await.expect("acquire")));
+            }
+            outcomes
+        }));
+    }
+    let mut reserved_ids = Vec::new();
+    let mut per_user: HashMap<String, u64> = HashMap::new();
+    for task in tasks {
+        for (user, outcome) in task.await.unwrap() {
+            match outcome {
+                AcquireResult::Reserved { reservation_id, quantity: 1, replayed: false, .. } => {
+                    reserved_ids.push(reservation_id);
+                    *per_user.entry(user).or_default() += 1;
+                }
+                AcquireResult::SoldOut { .. } | AcquireResult::LimitExceeded { .. } => {}
+                other => panic!("unexpected outcome {other:?}"),
+            }
+        }
+    }
+    assert_eq!(reserved_ids.len(), 100, "exactly the pool's 100 units are reserved");
+    assert!(per_user.values().all(|&n| n <= LIMIT), "a user got more than {LIMIT}: {per_user:?}");
+    assert_eq!(counters(&*store, &p).await, (0, 100, 0));
+
+    // Confirm and cancel concurrently too; the totals stay conserved.
+    let mut tasks = Vec::new();
+    for (i, id) in reserved_ids.into_iter().enumerate() {
+        let (store, p) = (Arc::clone(&store), p.clone());
+        tasks.push(tokio::spawn(async move {
+            if i % 3 == 0 { store.cancel(&p, &id).await } else { store.confirm(&p, &id).await }
+        }));
+    }
+    for task in tasks {
+        assert!(matches!(task.await.unwrap().unwrap(), Transition::Done(Cancelled | Confirmed)));
+    }
+    let (available, reserved, sold) = counters(&*store, &p).await;
+    assert_eq!((available, reserved, sold), (34, 0, 66));
+    assert_eq!(available + reserved + sold, refilled - taken);
+}
+
+async fn per_user_limit_holds_under_concurrent_requests(backend: &Backend) {
+    let store = backend.store().await;
+    let p = pool("sku-greedy");
+    store.refill(&p, "grant-1", 100).await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let (store, p) = (Arc::clone(&store), p.clone());
+        tasks.push(tokio::spawn(async move {
+            store.acquire(&p, &acquire_args("greedy", 1, &format!("greedy-{i}"), 2, LONG_TTL_MS)).await.unwrap()
+        }));
+    }
+    let mut reserved = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            AcquireResult::Reserved { .. } => reserved += 1,
+            AcquireResult::LimitExceeded { held: 2 } => {}
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+    assert_eq!(reserved, 2);
+    assert_eq!(counters(&*store, &p).await, (98, 2, 0));
+}
+
+async fn refill_replay_counts_once(backend: &Backend) {
+    let store = backend.store().await;
+    let p = pool("sku-refill");
+    assert!(store.refill(&p, "grant-1", 10).await.unwrap());
+    let generation = snap(&*store, &p).await.generation;
+    assert!(!store.refill(&p, "grant-1", 10).await.unwrap());
+    assert!(!store.refill(&p, "grant-1", 10).await.unwrap());
+    assert_eq!(counters(&*store, &p).await, (10, 0, 0));
+    assert!(store.refill(&p, "grant-2", 5).await.unwrap());
+    assert_eq!(counters(&*store, &p).await, (15, 0, 0));
+
+    // Concurrent replays of one grant apply it once.
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let (store, p) = (Arc::clone(&store), p.clone());
+        tasks.push(tokio::spawn(async move { store.refill(&p, "grant-3", 7).await.unwrap() }));
+    }
+    let mut applied = 0;
+    for task in tasks {
+        applied += u32::from(task.await.unwrap());
+    }
+    assert_eq!(applied, 1);
+    let s = snap(&*store, &p).await;
+    assert_eq!((s.available, s.reserved, s.sold, s.generation), (22, 0, 0, generation));
+}
+
+async fn take_for_return_and_untake_replays_count_once(backend: &Backend) {
+    let store = backend.store().await;
+    let p = pool("sku-take");
+    store.refill(&p, "grant-1", 10).await.unwrap();
+    reserve(&*store, &p, "olga", 1).await;
+
+    assert_eq!(store.take_for_return(&p, "take-1", 4).await.unwrap(), 4);
+    assert_eq!(counters(&*store, &p).await, (5, 1, 0));
+    // A replay returns the first amount and takes nothing more, whatever max it carries.
+    assert_eq!(store.take_for_return(&p, "take-1", 9).await.unwrap(), 4);
+    assert_eq!(counters(&*store, &p).await, (5, 1, 0));
+    // Takes never dip into reserved units.
+    assert_eq!(store.take_for_return(&p, "take-2", 100).await.unwrap(), 5);
+    assert_eq!(counters(&*store, &p).await, (0, 1, 0));
+    assert_eq!(store.take_for_return(&p, "take-3", 100).await.unwrap(), 0);
+
+    assert_eq!(store.untake(&p, "take-1").await.unwrap(), 4);
+    assert_eq!(store.untake(&p, "take-1").await.unwrap(), 0);
+    assert_eq!(store.untake(&p, "no-such-take").await.unwrap(), 0);
+    assert_eq!(store.untake(&p, "take-3").await.unwrap(), 0);
+    assert_eq!(counters(&*store, &p).await, (4, 1, 0));
+    // A take replayed after its untake still takes nothing.
+    assert_eq!(store.take_for_return(&p, "take-1", 4).await.unwrap(), 4);
+    assert_eq!(counters(&*store, &p).await, (4, 1, 0));
+
+    // Concurrent replays of one take and of one untake count once.
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let (store, p) = (Arc::clone(&store), p.clone());
+        tasks.push(tokio::spawn(async move { store.take_for_return(&p, "take-4", 3).await.unwrap() }));
+    }
+    for task in tasks {
+        assert_eq!(task.await.unwrap(), 3);
+    }
+    assert_eq!(counters(&*store, &p).await, (1, 1, 0));
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let (store, p) = (Arc::clone(&store), p.clone());
+        tasks.push(tokio::spawn(async move { store.untake(&p, "take-4").await.unwrap() }));
+    }
+    let mut put_back = 0;
+    for task in tasks {
+        put_back += task.await.unwrap();
+    }
+    assert_eq!(put_back, 3);
+    // refilled 10 = available 4 + reserved 1 + still taken (take-2: 5).
+    assert_eq!(counters(&*store, &p).await, (4, 1, 0));
+}
+
+async fn short_ttl_reservations_expire_through_the_sweeper(backend: &Backend) {
+    let store = backend.store().await;
+    let p = pool("sku-ttl");
+    store.refill(&p, "grant-1", 10).await.unwrap();
+    let keep = reserve(&*store, &p, "pat", 1).await;
+    let mut short = Vec::new();
+    for i in 0..4 {
+        let args = acquire_args(&format!("quinn-{i}"), 2, &format!("short-{i}"), 2, SHORT_TTL_MS);
+        let (id, expires_at_ms) = reserve_with(&*store, &p, &args).await;
+        let now = snap(&*store, &p).await.now_ms;
+        assert!(
+            expires_at_ms > now - 1000 && expires_at_ms <= now + SHORT_TTL_MS as i64,
+            "expiry from the store clock"
+        );
+        short.push(id);
+    }
+    assert_eq!(counters(&*store, &p).await, (1, 9, 0));
+
+    // `max` bounds the work of one sweep.
+    let first_wave = Arc::new(AtomicU64::new(0));
+    let swept_one = wait_until(WAIT, || {
+        let (store, p, first_wave) = (Arc::clone(&store), p.clone(), Arc::clone(&first_wave));
+        async move {
+            let freed = store.expire_due(&p, 1).await.unwrap();
+            first_wave.fetch_add(freed, Ordering::SeqCst);
+            freed > 0
+        }
+    })
+    .await;
+    assert!(swept_one);
+    assert_eq!(first_wave.load(Ordering::SeqCst), 2, "a sweep with max 1 expires one reservation");
+    assert_eq!(sweep_until_freed(&store, &p, 6).await, 6);
+    for id in &short {
+        assert_eq!(state(&*store, &p, id).await, Some(Expired));
+    }
+    assert_eq!(state(&*store, &p, &keep).await, Some(Reserved));
+    assert_eq!(counters(&*store, &p).await, (9, 1, 0));
+    assert_eq!(store.expire_due(&p, 100).await.unwrap(), 0);
+    // The users' allowance is back.
+    for i in 0..4 {
+        reserve_with(&*store, &p, &acquire_args(&format!("quinn-{i}"), 2, &format!("again-{i}"), 2, LONG_TTL_MS)).await;
+    }
+    assert_eq!(counters(&*store, &p).await, (1, 9, 0));
+}
+
+/// Strings that would break a script built by interpolation, or a naive encoding.
+fn hostile_strings() -> Vec<String> {
+    let printable: String = (0x21u8..=0x7e).map(char::from).cycle().take(128).collect();
+    vec![
+        r#"quote'"double"#.to_owned(),
+        "]]..redis.call('FLUSHALL')..[[".to_owned(),
+        "redis.call('DEL',KEYS[1])".to_owned(),
+        r#"{"s":"confirmed","q":1,"u":"x"}"#.to_owned(),
+        r"back\slash\u0000\n%s%d".to_owned(),
+        "{app:other-item}".to_owned(),
+        "r:gc-looking-member".to_owned(),
+        printable.clone(),
+        printable.chars().rev().collect(),
+    ]
+}
+
+async fn hostile_strings_are_stored_as_data(backend: &Backend) {
+    let store = backend.store().await;
+    let p = pool("sku-hostile");
+    let bystander = pool("other-item");
+    store.refill(&bystander, "bystander-grant", 7).await.unwrap();
+    let hostile = hostile_strings();
+    assert!(hostile.iter().all(|s| s.len() <= 128 && s.bytes().all(|b| (0x21..=0x7e).contains(&b))));
+
+    for (i, grant) in hostile.iter().enumerate() {
+        assert!(store.refill(&p, grant, 3).await.unwrap(), "grant {i}");
+        assert!(!store.refill(&p, grant, 3).await.unwrap(), "grant {i} replayed");
+    }
+    let refilled = 3 * hostile.len() as u64;
+    assert_eq!(counters(&*store, &p).await, (refilled, 0, 0));
+
+    let mut reservations = Vec::new();
+    for (i, s) in hostile.iter().enumerate() {
+        // The same hostile string as user, idempotency key and reservation id.
+        let args = AcquireArgs { new_reservation_id: s.clone(), ..acquire_args(s, 1, s, 1, LONG_TTL_MS) };
+        let (id, expires_at_ms) = reserve_with(&*store, &p, &args).await;
+        assert_eq!(&id, s, "reservation id {i} round-trips");
+        let retry = AcquireArgs { new_reservation_id: format!("retry-{i}"), ..args.clone() };
+        assert_eq!(
+            store.acquire(&p, &retry).await.unwrap(),
+            AcquireResult::Reserved { reservation_id: s.clone(), quantity: 1, expires_at_ms, replayed: true }
+        );
+        // Each hostile user is its own user with its own allowance.
+        let more = acquire_args(s, 1, &format!("more-{i}"), 1, LONG_TTL_MS);
+        assert_eq!(store.acquire(&p, &more).await.unwrap(), AcquireResult::LimitExceeded { held: 1 });
+        assert_eq!(state(&*store, &p, s).await, Some(Reserved));
+        reservations.push(id);
+    }
+    let n = hostile.len() as u64;
+    assert_eq!(counters(&*store, &p).await, (refilled - n, n, 0));
+
+    for (i, id) in reservations.iter().enumerate() {
+        let t = if i % 2 == 0 { store.confirm(&p, id).await } else { store.cancel(&p, id).await };
+        let expected = if i % 2 == 0 { Confirmed } else { Cancelled };
+        assert_eq!(t.unwrap(), Transition::Done(expected));
+        assert_eq!(state(&*store, &p, id).await, Some(expected));
+    }
+    let confirmed = n.div_ceil(2);
+    assert_eq!(counters(&*store, &p).await, (refilled - confirmed, 0, confirmed));
+
+    for take in &hostile {
+        assert_eq!(store.take_for_return(&p, take, 1).await.unwrap(), 1);
+        assert_eq!(store.take_for_return(&p, take, 1).await.unwrap(), 1);
+    }
+    for take in &hostile {
+        assert_eq!(store.untake(&p, take).await.unwrap(), 1);
+        assert_eq!(store.untake(&p, take).await.unwrap(), 0);
+    }
+    assert_eq!(counters(&*store, &p).await, (refilled - confirmed, 0, confirmed));
+    // Nothing ran: the other pool is intact.
+    assert_eq!(counters(&*store, &bystander).await, (7, 0, 0));
+}
+
+async fn finished_records_are_forgotten_after_retention(backend: &Backend) {
+    let store = backend.store_with_retention(Duration::ZERO).await;
+    let p = pool("sku-forget");
+    store.refill(&p, "grant-1", 10).await.unwrap();
+    let done = acquire_args("rita", 1, "key-done", 10, LONG_TTL_MS);
+    let (done_id, _) = reserve_with(&*store, &p, &done).await;
+    let open = acquire_args("rita", 1, "key-open", 10, LONG_TTL_MS);
+    let (open_id, open_exp) = reserve_with(&*store, &p, &open).await;
+    assert_eq!(store.confirm(&p, &done_id).await.unwrap(), Transition::Done(Confirmed));
+    store.take_for_return(&p, "take-1", 2).await.unwrap();
+
+    // The sweeper forgets finished records once their retention (here 0) ran out.
+    let forgot = wait_until(WAIT, || {
+        let (store, p, done_id) = (Arc::clone(&store), p.clone(), done_id.clone());
+        async move {
+            store.expire_due(&p, 10).await.unwrap();
+            state(&*store, &p, &done_id).await.is_none()
+        }
+    })
+    .await;
+    assert!(forgot, "the confirmed reservation was not forgotten");
+    // Its key is forgotten with it; the grant and the take too.
+    reserve_with(&*store, &p, &AcquireArgs { new_reservation_id: "new-id".to_owned(), ..done }).await;
+    assert!(store.refill(&p, "grant-1", 1).await.unwrap());
+    assert_eq!(store.untake(&p, "take-1").await.unwrap(), 0);
+    // A reservation that can still change state is never forgotten, nor its key.
+    assert_eq!(state(&*store, &p, &open_id).await, Some(Reserved));
+    assert_eq!(
+        store.acquire(&p, &open).await.unwrap(),
+        AcquireResult::Reserved { reservation_id: open_id, quantity: 1, expires_at_ms: open_exp, replayed: true }
+    );
+    // Counters are untouched by forgetting: 10 + 1 refilled - 2 taken = 6 + 2 reserved + 1 sold.
+    assert_eq!(counters(&*store, &p).await, (6, 2, 1));
+}
+
+// ---------------------------------------------------------------------------------------
+// Redis only
+
+/// Every key lives under the prefix and carries the pool's hash tag (one cluster slot).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_keys_carry_the_prefix_and_the_pool_hash_tag() {
+    let redis = TestRedis::create().await;
+    let store = RedisPoolStore::new(&redis.url, &redis.prefix).await.unwrap().with_record_retention(Duration::ZERO);
+    let p = pool("sku-keys");
+    store.refill(&p, "grant-1", 5).await.unwrap();
+    let id = reserve(&store, &p, "sam", 1).await;
+    store.confirm(&p, &id).await.unwrap();
+    store.take_for_return(&p, "take-1", 1).await.unwrap();
+
+    let client = ::redis::Client::open(redis.url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut keys: Vec<String> =
+        ::redis::cmd("KEYS").arg(format!("{}*", redis.prefix)).query_async(&mut conn).await.unwrap();
+    keys.sort();
+    let base = format!("{}{{app:sku-keys}}:", redis.prefix);
+    let expected: Vec<String> =
+        ["gc", "grants", "held", "idem", "pool", "res", "takes"].iter().map(|n| format!("{base}{n}")).collect();
+    assert_eq!(keys, expected);
+
+    // After the sweeper forgot the finished records, only the counters and holdings remain.
+    let forgot = wait_until(WAIT, || {
+        let (store, p, id) = (&store, p.clone(), id.clone());
+        async move {
+            store.expire_due(&p, 10).await.unwrap();
+            store.reservation_state(&p, &id).await.unwrap().is_none()
+        }
+    })
+    .await;
+    assert!(forgot);
+    let mut keys: Vec<String> =
+        ::redis::cmd("KEYS").arg(format!("{}*", redis.prefix)).query_async(&mut conn).await.unwrap();
+    keys.sort();
+    assert_eq!(keys, vec![format!("{base}held"), format!("{base}pool")]);
+}
+
+/// Invariant 8's premise: when Redis loses its data the pool is gone (generation 0), a new
+/// refill creates another generation, and the store reconnects by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_data_loss_shows_as_generation_zero_and_the_store_reconnects() {
+    let mut server = RedisServer::start().await;
+    let store: Arc<dyn PoolStore> = Arc::new(RedisPoolStore::new(&server.url, "inv:").await.unwrap());
+    let p = pool("sku-lost");
+    store.refill(&p, "grant-1", 10).await.unwrap();
+    let id = reserve(&*store, &p, "tom", 2).await;
+    let before = snap(&*store, &p).await;
+    assert_ne!(before.generation, 0);
+    assert_eq!((before.available, before.reserved), (8, 2));
+
+    server.kill();
+    match store.snapshot(&p).await {
+        Err(StoreError::Unavailable(_)) => {}
+        other => panic!("expected unavailable while redis is down, got {other:?}"),
+    }
+
+    server.restart_empty().await;
+    let reconnected = wait_until(Duration::from_secs(30), || {
+        let (store, p) = (Arc::clone(&store), p.clone());
+        async move {
+            match store.snapshot(&p).await {
+                Ok(_) => true,
+                Err(StoreError::Unavailable(_)) => false,
+                Err(e) => panic!("unexpected error after the restart: {e}"),
+            }
+        }
+    })
+    .await;
+    assert!(reconnected, "the store did not reconnect to the restarted redis");
+
+    let after = snap(&*store, &p).await;
+    assert_eq!(PoolSnapshot { now_ms: 0, ..after }, PoolSnapshot::default(), "the pool is gone");
+    assert_eq!(store.reservation_state(&p, &id).await.unwrap(), None);
+    assert_eq!(store.confirm(&p, &id).await.unwrap(), Transition::NotFound);
+    assert_eq!(
+        store.acquire(&p, &acquire_args("tom", 1, "after-loss", 5, LONG_TTL_MS)).await.unwrap(),
+        AcquireResult::SoldOut { available: 0 }
+    );
+
+    // The grant ids were lost too, so the same grant applies again: the caller (the agent)
+    // sees the new generation and must reconcile before trusting the pool.
+    assert!(store.refill(&p, "grant-1", 3).await.unwrap());
+    let recreated = snap(&*store, &p).await;
+    assert_ne!(recreated.generation, 0);
+    assert_ne!(recreated.generation, before.generation);
+    assert_eq!((recreated.available, recreated.reserved, recreated.sold), (3, 0, 0));
+}

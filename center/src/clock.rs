@@ -1,0 +1,7 @@
+//! Wall-clock time in milliseconds since the Unix epoch: the center's one clock for leases.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}

@@ -1,0 +1,56 @@
+//! Command-line and environment configuration. Every flag is also read from
+//! `INVENTORY_<FLAG>` (e.g. `INVENTORY_DATABASE_URL`).
+
+use std::net::SocketAddr;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "inventory-center", version, about = "Authoritative inventory ledger for flash sales (gRPC)")]
+pub struct CenterConfig {
+    /// gRPC listen address (Center, Admin, health, reflection).
+    #[arg(long, env = "INVENTORY_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+    /// HTTP listen address for /metrics and /healthz.
+    #[arg(long, env = "INVENTORY_HTTP_LISTEN", default_value = "127.0.0.1:9464")]
+    pub http_listen: SocketAddr,
+    /// Ledger database: sqlite://FILE (created if missing) or postgres://...
+    #[arg(long, env = "INVENTORY_DATABASE_URL", default_value = "sqlite://inventory.db")]
+    pub database_url: String,
+    /// How long an agent's lease lasts without a heartbeat.
+    #[arg(long, env = "INVENTORY_LEASE_TTL_MS", default_value_t = 10_000)]
+    pub lease_ttl_ms: u64,
+    /// How long after lease expiry Reclaim is allowed.
+    #[arg(long, env = "INVENTORY_RECLAIM_GRACE_MS", default_value_t = 5_000)]
+    pub reclaim_grace_ms: u64,
+    #[arg(long, env = "INVENTORY_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+impl CenterConfig {
+    /// A configuration for tests: both listeners on free ports of 127.0.0.1.
+    pub fn for_tests(database_url: &str) -> Self {
+        Self {
+            listen: "127.0.0.1:0".parse().expect("literal address"),
+            http_listen: "127.0.0.1:0".parse().expect("literal address"),
+            database_url: database_url.to_owned(),
+            lease_ttl_ms: 10_000,
+            reclaim_grace_ms: 0,
+            log_format: LogFormat::Text,
+        }
+    }
+}
+
+/// Installs the global tracing subscriber (RUST_LOG filters, default `info`).
+pub fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}

@@ -1,0 +1,200 @@
+//! The Admin service: what operators (and `invctl`) call.
+
+use std::sync::Arc;
+
+use inventory_core::ids::MAX_QUANTITY;
+use inventory_core::ledger::Finding;
+use inventory_core::watermarks::Watermarks;
+use inventory_core::{Channel, ItemId, Quantity, RequestId, ValidationError};
+use inventory_proto::v1 as pb;
+use tonic::{Request, Response, Status};
+
+use super::{lease_fields, pb_item, pb_watermarks};
+use crate::clock::now_ms;
+use crate::error::CenterError;
+use crate::events::{EventHub, LedgerEvent};
+use crate::service::center::LeaseSettings;
+use crate::store::{LedgerStore, NewItem};
+
+pub const DEFAULT_RESERVATION_TTL_MS: u64 = 300_000;
+pub const MIN_RESERVATION_TTL_MS: u64 = 100;
+pub const MAX_RESERVATION_TTL_MS: u64 = 86_400_000;
+
+pub struct AdminService {
+    store: Arc<dyn LedgerStore>,
+    events: EventHub,
+    lease: LeaseSettings,
+}
+
+impl AdminService {
+    pub fn new(store: Arc<dyn LedgerStore>, events: EventHub, lease: LeaseSettings) -> Self {
+        Self { store, events, lease }
+    }
+}
+
+type Res<T> = Result<Response<T>, Status>;
+
+/// Parses CreateItem into a validated [`NewItem`], applying the documented defaults.
+pub fn parse_new_item(r: &pb::CreateItemRequest) -> Result<NewItem, CenterError> {
+    let item_id = ItemId::parse("item_id", &r.item_id)?;
+    let total = Quantity::parse("total", r.total)?;
+    let per_user_limit = match r.per_user_limit {
+        0 => 1,
+        n if n > MAX_QUANTITY => {
+            return Err(ValidationError::new("per_user_limit", n, format!("must be at most {MAX_QUANTITY}")).into());
+        }
+        n => n,
+    };
+    let reservation_ttl_ms = match r.reservation_ttl_ms {
+        0 => DEFAULT_RESERVATION_TTL_MS,
+        n if !(MIN_RESERVATION_TTL_MS..=MAX_RESERVATION_TTL_MS).contains(&n) => {
+            return Err(ValidationError::new(
+                "reservation_ttl_ms",
+                n,
+                format!("must be between {MIN_RESERVATION_TTL_MS} and {MAX_RESERVATION_TTL_MS}"),
+            )
+            .into());
+        }
+        n => n,
+    };
+    let watermarks = match &r.watermarks {
+        Some(w) => Watermarks::new(w.low, w.high, w.batch)?,
+        None => Watermarks::default_for_total(total.get()),
+    };
+    Ok(NewItem { item_id, total, per_user_limit, reservation_ttl_ms, watermarks })
+}
+
+fn pb_finding(f: Finding) -> pb::Violation {
+    pb::Violation { item_id: f.item_id, channel: f.channel, invariant: f.invariant, detail: f.detail }
+}
+
+#[tonic::async_trait]
+impl pb::admin_server::Admin for AdminService {
+    async fn create_item(&self, request: Request<pb::CreateItemRequest>) -> Res<pb::CreateItemResponse> {
+        let new = parse_new_item(request.get_ref())?;
+        let (record, created) = self.store.create_item(&new, now_ms()).await?;
+        if created {
+            tracing::info!(item = %new.item_id, total = new.total.get(), "item created");
+        }
+        Ok(Response::new(pb::CreateItemResponse { item: Some(pb_item(&record)), created }))
+    }
+
+    async fn add_stock(&self, request: Request<pb::AddStockRequest>) -> Res<pb::AddStockResponse> {
+        let r = request.into_inner();
+        let item = ItemId::parse("item_id", &r.item_id).map_err(CenterError::from)?;
+        let quantity = Quantity::parse("quantity", r.quantity).map_err(CenterError::from)?;
+        let request_id = RequestId::parse("request_id", &r.request_id).map_err(CenterError::from)?;
+        let (record, replayed) = self.store.add_stock(&item, quantity, &request_id).await?;
+        if !replayed {
+            self.events.publish(LedgerEvent::Restocked {
+                item_id: item.to_string(),
+                center_available: record.state.available,
+                from_channel: None,
+            });
+        }
+        Ok(Response::new(pb::AddStockResponse { item: Some(pb_item(&record)), replayed }))
+    }
+
+    async fn get_item(&self, request: Request<pb::GetItemRequest>) -> Res<pb::GetItemResponse> {
+        let item = ItemId::parse("item_id", &request.get_ref().item_id).map_err(CenterError::from)?;
+        let ledger = self.store.item_ledger(&item).await?;
+        let now = now_ms();
+        let channels = ledger
+            .channels
+            .iter()
+            .map(|c| {
+                let (epoch, lease_expires, live) = lease_fields(c.session.as_ref(), now);
+                let a = &c.allocation;
+                pb::ChannelAllocation {
+                    channel: c.channel.clone(),
+                    held: a.held(),
+                    granted: a.granted,
+                    returned: a.returned,
+                    reclaimed: a.reclaimed,
+                    reported_available: a.reported.available,
+                    reported_reserved: a.reported.reserved,
+                    reported_sold: a.reported.sold,
+                    reported_at_unix_ms: a.reported_at_ms,
+                    drift: a.drift(),
+                    epoch,
+                    lease_expires_at_unix_ms: lease_expires,
+                    lease_live: live,
+                    watermarks: Some(pb_watermarks(c.watermarks)),
+                }
+            })
+            .collect();
+        Ok(Response::new(pb::GetItemResponse { item: Some(pb_item(&ledger.item)), channels }))
+    }
+
+    async fn list_items(&self, _request: Request<pb::ListItemsRequest>) -> Res<pb::ListItemsResponse> {
+        let items = self.store.list_items().await?;
+        Ok(Response::new(pb::ListItemsResponse { items: items.iter().map(pb_item).collect() }))
+    }
+
+    async fn set_watermarks(&self, request: Request<pb::SetWatermarksRequest>) -> Res<pb::SetWatermarksResponse> {
+        let r = request.into_inner();
+        let item = ItemId::parse("item_id", &r.item_id).map_err(CenterError::from)?;
+        let channel = if r.channel.is_empty() {
+            None
+        } else {
+            Some(Channel::parse("channel", &r.channel).map_err(CenterError::from)?)
+        };
+        let wm = Watermarks::new(r.low, r.high, r.batch).map_err(CenterError::from)?;
+        self.store.set_watermarks(&item, channel.as_ref(), wm).await?;
+        tracing::info!(item = %item, channel = channel.as_ref().map_or("", |c| c.as_str()), low = wm.low, high = wm.high, batch = wm.batch, "watermarks set");
+        self.events
+            .publish(LedgerEvent::Watermarks { item_id: item.to_string(), channel: channel.map(|c| c.to_string()) });
+        Ok(Response::new(pb::SetWatermarksResponse { watermarks: Some(pb_watermarks(wm)) }))
+    }
+
+    async fn get_watermarks(&self, request: Request<pb::GetWatermarksRequest>) -> Res<pb::GetWatermarksResponse> {
+        let item = ItemId::parse("item_id", &request.get_ref().item_id).map_err(CenterError::from)?;
+        let (default, overrides) = self.store.watermarks(&item).await?;
+        Ok(Response::new(pb::GetWatermarksResponse {
+            default_watermarks: Some(pb_watermarks(default)),
+            overrides: overrides
+                .into_iter()
+                .map(|(channel, w)| pb::ChannelWatermarks { channel, watermarks: Some(pb_watermarks(w)) })
+                .collect(),
+        }))
+    }
+
+    async fn reconcile(&self, request: Request<pb::ReconcileRequest>) -> Res<pb::ReconcileResponse> {
+        let r = request.into_inner();
+        let item = if r.item_id.is_empty() {
+            None
+        } else {
+            Some(ItemId::parse("item_id", &r.item_id).map_err(CenterError::from)?)
+        };
+        let rec = self.store.reconcile(item.as_ref()).await?;
+        Ok(Response::new(pb::ReconcileResponse {
+            ok: rec.check.violations.is_empty(),
+            violations: rec.check.violations.into_iter().map(pb_finding).collect(),
+            drifts: rec.check.drifts.into_iter().map(pb_finding).collect(),
+            items_checked: rec.items_checked,
+        }))
+    }
+
+    async fn reclaim(&self, request: Request<pb::ReclaimRequest>) -> Res<pb::ReclaimResponse> {
+        let channel = Channel::parse("channel", &request.get_ref().channel).map_err(CenterError::from)?;
+        let out = self.store.reclaim(&channel, now_ms(), self.lease.reclaim_grace_ms).await?;
+        for (item_id, units, center_available) in &out.items {
+            tracing::warn!(channel = %channel, item = %item_id, units, new_epoch = out.new_epoch, "reclaimed");
+            if *units > 0 {
+                self.events.publish(LedgerEvent::Restocked {
+                    item_id: item_id.clone(),
+                    center_available: *center_available,
+                    from_channel: Some(channel.to_string()),
+                });
+            }
+        }
+        Ok(Response::new(pb::ReclaimResponse {
+            items: out
+                .items
+                .into_iter()
+                .map(|(item_id, reclaimed, _)| pb::ReclaimedItem { item_id, reclaimed })
+                .collect(),
+            new_epoch: out.new_epoch,
+        }))
+    }
+}

@@ -1,0 +1,191 @@
+//! The Center service: what agents call.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use futures::{Stream, StreamExt};
+use inventory_core::ledger::PoolCounts;
+use inventory_core::{AgentId, Channel, ItemId, Quantity, RequestId};
+use inventory_proto::v1 as pb;
+use tokio_stream::wrappers::BroadcastStream;
+use tonic::{Request, Response, Status};
+
+use super::pb_watermarks;
+use crate::clock::now_ms;
+use crate::error::CenterError;
+use crate::events::{EventHub, LedgerEvent};
+use crate::store::LedgerStore;
+
+/// Lease and reclaim timing.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseSettings {
+    pub lease_ttl_ms: u64,
+    pub reclaim_grace_ms: u64,
+}
+
+/// Fault injection for tests of the failure paths. All off unless a test arms them.
+#[derive(Debug, Default)]
+pub struct FaultHooks {
+    /// The next N Borrow calls commit and then never answer (the reply is lost after
+    /// commit); the caller's deadline ends the call.
+    pub lose_borrow_replies: AtomicU32,
+}
+
+impl FaultHooks {
+    fn take(counter: &AtomicU32) -> bool {
+        counter.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
+    }
+}
+
+pub struct CenterService {
+    store: Arc<dyn LedgerStore>,
+    events: EventHub,
+    lease: LeaseSettings,
+    faults: Arc<FaultHooks>,
+}
+
+impl CenterService {
+    pub fn new(store: Arc<dyn LedgerStore>, events: EventHub, lease: LeaseSettings, faults: Arc<FaultHooks>) -> Self {
+        Self { store, events, lease, faults }
+    }
+}
+
+type Res<T> = Result<Response<T>, Status>;
+
+#[tonic::async_trait]
+impl pb::center_server::Center for CenterService {
+    async fn register_agent(&self, request: Request<pb::RegisterAgentRequest>) -> Res<pb::RegisterAgentResponse> {
+        let r = request.into_inner();
+        let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
+        let agent = AgentId::parse("agent_id", &r.agent_id).map_err(CenterError::from)?;
+        let reg = self.store.register(&channel, &agent, now_ms(), self.lease.lease_ttl_ms).await?;
+        tracing::info!(channel = %channel, agent = %agent, epoch = reg.session.epoch, "agent registered");
+        Ok(Response::new(pb::RegisterAgentResponse {
+            epoch: reg.session.epoch,
+            lease_ttl_ms: self.lease.lease_ttl_ms,
+            held: reg.held.into_iter().map(|(item_id, held)| pb::ChannelHolding { item_id, held }).collect(),
+            lease_expires_at_unix_ms: reg.session.lease_expires_at_ms,
+        }))
+    }
+
+    async fn borrow(&self, request: Request<pb::BorrowRequest>) -> Res<pb::BorrowResponse> {
+        let r = request.into_inner();
+        let item = ItemId::parse("item_id", &r.item_id).map_err(CenterError::from)?;
+        let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
+        let quantity = Quantity::parse("quantity", r.quantity).map_err(CenterError::from)?;
+        let request_id = RequestId::parse("request_id", &r.request_id).map_err(CenterError::from)?;
+        let out = self.store.borrow(&item, &channel, r.epoch, quantity, &request_id).await?;
+        tracing::debug!(item = %item, channel = %channel, granted = out.granted, replayed = out.replayed, "borrow");
+        if !out.replayed && out.granted < quantity.get() && out.center_available == 0 {
+            // End of sale: this channel is short and the center is dry. Ask the others
+            // to give back what they are not selling.
+            self.events
+                .publish(LedgerEvent::ReturnRequested { item_id: item.to_string(), starving: channel.to_string() });
+        }
+        if FaultHooks::take(&self.faults.lose_borrow_replies) {
+            tracing::warn!(item = %item, channel = %channel, "fault hook: borrow committed, reply withheld");
+            std::future::pending::<()>().await;
+        }
+        Ok(Response::new(pb::BorrowResponse {
+            granted: out.granted,
+            center_available: out.center_available,
+            replayed: out.replayed,
+        }))
+    }
+
+    async fn r#return(&self, request: Request<pb::ReturnRequest>) -> Res<pb::ReturnResponse> {
+        let r = request.into_inner();
+        let item = ItemId::parse("item_id", &r.item_id).map_err(CenterError::from)?;
+        let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
+        let quantity = Quantity::parse("quantity", r.quantity).map_err(CenterError::from)?;
+        let request_id = RequestId::parse("request_id", &r.request_id).map_err(CenterError::from)?;
+        let out = self.store.give_back(&item, &channel, r.epoch, quantity, &request_id).await?;
+        if !out.replayed {
+            self.events.publish(LedgerEvent::Restocked {
+                item_id: item.to_string(),
+                center_available: out.center_available,
+                from_channel: Some(channel.to_string()),
+            });
+        }
+        Ok(Response::new(pb::ReturnResponse { center_available: out.center_available, replayed: out.replayed }))
+    }
+
+    async fn heartbeat(&self, request: Request<pb::HeartbeatRequest>) -> Res<pb::HeartbeatResponse> {
+        let r = request.into_inner();
+        let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
+        let mut reports = Vec::with_capacity(r.pools.len());
+        for (n, p) in r.pools.iter().enumerate() {
+            let item = ItemId::parse(&format!("pools[{n}].item_id"), &p.item_id).map_err(CenterError::from)?;
+            reports.push((item, PoolCounts { available: p.available, reserved: p.reserved, sold: p.sold }));
+        }
+        let session = self.store.heartbeat(&channel, r.epoch, &reports, now_ms(), self.lease.lease_ttl_ms).await?;
+        Ok(Response::new(pb::HeartbeatResponse {
+            lease_expires_at_unix_ms: session.lease_expires_at_ms,
+            lease_ttl_ms: self.lease.lease_ttl_ms,
+        }))
+    }
+
+    async fn describe_item(&self, request: Request<pb::DescribeItemRequest>) -> Res<pb::DescribeItemResponse> {
+        let r = request.into_inner();
+        let item = ItemId::parse("item_id", &r.item_id).map_err(CenterError::from)?;
+        let channel = if r.channel.is_empty() {
+            None
+        } else {
+            Some(Channel::parse("channel", &r.channel).map_err(CenterError::from)?)
+        };
+        let policy = self.store.policy(&item, channel.as_ref()).await?;
+        Ok(Response::new(pb::DescribeItemResponse {
+            item_id: policy.item.item_id,
+            per_user_limit: policy.item.state.per_user_limit,
+            reservation_ttl_ms: policy.item.state.reservation_ttl_ms,
+            watermarks: Some(pb_watermarks(policy.watermarks)),
+            center_available: policy.item.state.available,
+            closed: policy.item.state.closed,
+        }))
+    }
+
+    type WatchChannelStream = Pin<Box<dyn Stream<Item = Result<pb::ChannelEvent, Status>> + Send>>;
+
+    async fn watch_channel(&self, request: Request<pb::WatchChannelRequest>) -> Res<Self::WatchChannelStream> {
+        let r = request.into_inner();
+        let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
+        match self.store.session(&channel).await? {
+            Some(s) => s.check_epoch(&channel, r.epoch).map_err(CenterError::from)?,
+            None => return Err(CenterError::Precondition(format!("channel {channel} is not registered")).into()),
+        }
+        let store = Arc::clone(&self.store);
+        let name = channel.to_string();
+        let stream = BroadcastStream::new(self.events.subscribe())
+            // A lagging watcher misses events; agents re-read settings periodically.
+            .filter_map(|e| std::future::ready(e.ok()))
+            .filter(move |e| std::future::ready(e.concerns(&name)))
+            .then(move |e| {
+                let store = Arc::clone(&store);
+                let channel = channel.clone();
+                async move { to_channel_event(store.as_ref(), &channel, e).await }
+            })
+            .filter_map(std::future::ready);
+        Ok(Response::new(Box::pin(stream.map(Ok))))
+    }
+}
+
+async fn to_channel_event(store: &dyn LedgerStore, channel: &Channel, e: LedgerEvent) -> Option<pb::ChannelEvent> {
+    use pb::channel_event::Event;
+    let event = match e {
+        LedgerEvent::Watermarks { item_id, .. } => {
+            // The effective value for this channel: its override wins over the default.
+            let item = ItemId::parse("item_id", &item_id).ok()?;
+            let policy = store.policy(&item, Some(channel)).await.ok()?;
+            Event::WatermarksChanged(pb::WatermarksChanged {
+                item_id,
+                watermarks: Some(pb_watermarks(policy.watermarks)),
+            })
+        }
+        LedgerEvent::Restocked { item_id, center_available, .. } => {
+            Event::Restocked(pb::Restocked { item_id, center_available })
+        }
+        LedgerEvent::ReturnRequested { item_id, .. } => Event::ReturnRequested(pb::ReturnRequested { item_id }),
+    };
+    Some(pb::ChannelEvent { event: Some(event) })
+}

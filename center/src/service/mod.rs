@@ -1,0 +1,32 @@
+//! gRPC services of the center. Each handler parses the request into domain types (the
+//! edge), calls the store, and maps the result; no ledger rule lives here.
+
+pub mod admin;
+pub mod center;
+
+use inventory_core::ledger::ChannelSession;
+use inventory_core::watermarks::Watermarks;
+use inventory_proto::v1 as pb;
+
+use crate::store::ItemRecord;
+
+pub(crate) fn pb_watermarks(w: Watermarks) -> pb::Watermarks {
+    pb::Watermarks { low: w.low, high: w.high, batch: w.batch }
+}
+
+pub(crate) fn pb_item(r: &ItemRecord) -> pb::Item {
+    pb::Item {
+        item_id: r.item_id.clone(),
+        total: r.state.total,
+        available: r.state.available,
+        per_user_limit: r.state.per_user_limit,
+        reservation_ttl_ms: r.state.reservation_ttl_ms,
+        closed: r.state.closed,
+        watermarks: Some(pb_watermarks(r.watermarks)),
+        held: r.held,
+    }
+}
+
+pub(crate) fn lease_fields(s: Option<&ChannelSession>, now_ms: i64) -> (u64, i64, bool) {
+    s.map_or((0, 0, false), |s| (s.epoch, s.lease_expires_at_ms, s.lease_live(now_ms)))
+}

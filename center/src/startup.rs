@@ -1,0 +1,111 @@
+//! Builds the center: opens the ledger, binds both listeners, and returns an
+//! [`Application`] that knows its addresses (tests bind port 0 and read them back).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use inventory_proto::v1::admin_server::AdminServer;
+use inventory_proto::v1::center_server::CenterServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::config::CenterConfig;
+use crate::events::EventHub;
+use crate::service::admin::AdminService;
+use crate::service::center::{CenterService, FaultHooks, LeaseSettings};
+use crate::store::{self, LedgerStore};
+
+/// Largest request the center decodes; its largest message is a heartbeat with a few
+/// thousand pools.
+const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
+pub struct Application {
+    grpc: TcpListener,
+    http: TcpListener,
+    grpc_addr: SocketAddr,
+    http_addr: SocketAddr,
+    store: Arc<dyn LedgerStore>,
+    events: EventHub,
+    faults: Arc<FaultHooks>,
+    lease: LeaseSettings,
+}
+
+impl Application {
+    pub async fn build(config: CenterConfig) -> anyhow::Result<Self> {
+        let store: Arc<dyn LedgerStore> = Arc::new(store::connect(&config.database_url).await?);
+        let grpc = TcpListener::bind(config.listen).await?;
+        let http = TcpListener::bind(config.http_listen).await?;
+        Ok(Self {
+            grpc_addr: grpc.local_addr()?,
+            http_addr: http.local_addr()?,
+            grpc,
+            http,
+            store,
+            events: EventHub::new(),
+            faults: Arc::new(FaultHooks::default()),
+            lease: LeaseSettings { lease_ttl_ms: config.lease_ttl_ms, reclaim_grace_ms: config.reclaim_grace_ms },
+        })
+    }
+
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc_addr
+    }
+
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
+    /// Fault injection handles, for tests of failure paths.
+    pub fn faults(&self) -> Arc<FaultHooks> {
+        Arc::clone(&self.faults)
+    }
+
+    pub fn store(&self) -> Arc<dyn LedgerStore> {
+        Arc::clone(&self.store)
+    }
+
+    /// Serves until `shutdown` completes, then drains in-flight calls and returns.
+    pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health.set_serving::<CenterServer<CenterService>>().await;
+        health.set_serving::<AdminServer<AdminService>>().await;
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(inventory_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()?;
+        let center = CenterService::new(Arc::clone(&self.store), self.events.clone(), self.lease, self.faults);
+        let admin = AdminService::new(Arc::clone(&self.store), self.events.clone(), self.lease);
+
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut http_stop = stop_rx.clone();
+        let http =
+            axum::serve(self.http, crate::http::router(Arc::clone(&self.store))).with_graceful_shutdown(async move {
+                let _ = http_stop.wait_for(|s| *s).await;
+            });
+        let http = tokio::spawn(async move { http.await });
+
+        tracing::info!(grpc = %self.grpc_addr, http = %self.http_addr, "center serving");
+        let mut grpc_stop = stop_rx;
+        let grpc = tonic::transport::Server::builder()
+            // A stuck call must not hold a connection forever; WatchChannel streams are
+            // exempt because the deadline covers only the call's start.
+            .timeout(Duration::from_secs(30))
+            .add_service(health_service)
+            .add_service(reflection)
+            .add_service(CenterServer::new(center).max_decoding_message_size(MAX_MESSAGE_BYTES))
+            .add_service(AdminServer::new(admin).max_decoding_message_size(MAX_MESSAGE_BYTES))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(self.grpc), async move {
+                let _ = grpc_stop.wait_for(|s| *s).await;
+            });
+        tokio::spawn(async move {
+            shutdown.await;
+            tracing::info!("center shutting down");
+            let _ = stop_tx.send(true);
+        });
+        grpc.await?;
+        http.await??;
+        Ok(())
+    }
+}

@@ -1,0 +1,147 @@
+//! Ledger storage: one trait, implemented for PostgreSQL and SQLite.
+//!
+//! Every mutation is one short transaction: lock the item row, look up the request id,
+//! load the rows, apply a pure function from `inventory_core::ledger`, write back with a
+//! conditional update, record the answer under the request id, commit. A replay (even
+//! after a reply was lost post-commit) finds the stored answer.
+
+mod sql;
+
+use async_trait::async_trait;
+use inventory_core::ledger::{Allocation, ChannelSession, Check, ItemState, PoolCounts};
+use inventory_core::watermarks::Watermarks;
+use inventory_core::{AgentId, Channel, ItemId, Quantity, RequestId};
+use serde::{Deserialize, Serialize};
+
+pub use sql::{Dialect, SqlLedger, connect};
+
+use crate::error::CenterError;
+
+pub type Result<T> = std::result::Result<T, CenterError>;
+
+/// An item with its default watermarks and the units out with channels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ItemRecord {
+    pub item_id: String,
+    pub state: ItemState,
+    pub watermarks: Watermarks,
+    pub held: u64,
+}
+
+/// One channel's line in an item's ledger view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChannelRecord {
+    pub channel: String,
+    pub allocation: Allocation,
+    pub session: Option<ChannelSession>,
+    pub watermarks: Watermarks,
+    pub watermarks_overridden: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ItemLedger {
+    pub item: ItemRecord,
+    pub channels: Vec<ChannelRecord>,
+}
+
+/// What an agent needs to sell an item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ItemPolicy {
+    pub item: ItemRecord,
+    /// Effective for the channel asked about.
+    pub watermarks: Watermarks,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BorrowOutcome {
+    pub granted: u64,
+    pub center_available: u64,
+    #[serde(skip)]
+    pub replayed: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReturnOutcome {
+    pub center_available: u64,
+    #[serde(skip)]
+    pub replayed: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registration {
+    pub session: ChannelSession,
+    pub held: Vec<(String, u64)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReclaimOutcome {
+    /// `(item_id, units reclaimed, center available afterwards)`.
+    pub items: Vec<(String, u64, u64)>,
+    pub new_epoch: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reconciliation {
+    pub check: Check,
+    pub items_checked: u64,
+}
+
+/// A new item, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewItem {
+    pub item_id: ItemId,
+    pub total: Quantity,
+    pub per_user_limit: u64,
+    pub reservation_ttl_ms: u64,
+    pub watermarks: Watermarks,
+}
+
+#[async_trait]
+pub trait LedgerStore: Send + Sync + 'static {
+    /// Idempotent on the definition: returns `(item, created)`; ALREADY_EXISTS when the
+    /// item exists with another definition.
+    async fn create_item(&self, item: &NewItem, now_ms: i64) -> Result<(ItemRecord, bool)>;
+    async fn add_stock(&self, item: &ItemId, quantity: Quantity, request_id: &RequestId) -> Result<(ItemRecord, bool)>;
+    async fn register(
+        &self,
+        channel: &Channel,
+        agent: &AgentId,
+        now_ms: i64,
+        lease_ttl_ms: u64,
+    ) -> Result<Registration>;
+    async fn borrow(
+        &self,
+        item: &ItemId,
+        channel: &Channel,
+        epoch: u64,
+        quantity: Quantity,
+        request_id: &RequestId,
+    ) -> Result<BorrowOutcome>;
+    async fn give_back(
+        &self,
+        item: &ItemId,
+        channel: &Channel,
+        epoch: u64,
+        quantity: Quantity,
+        request_id: &RequestId,
+    ) -> Result<ReturnOutcome>;
+    /// Records the reports and renews the lease; returns the renewed session.
+    async fn heartbeat(
+        &self,
+        channel: &Channel,
+        epoch: u64,
+        reports: &[(ItemId, PoolCounts)],
+        now_ms: i64,
+        lease_ttl_ms: u64,
+    ) -> Result<ChannelSession>;
+    /// The channel's current session, if it ever registered.
+    async fn session(&self, channel: &Channel) -> Result<Option<ChannelSession>>;
+    async fn policy(&self, item: &ItemId, channel: Option<&Channel>) -> Result<ItemPolicy>;
+    async fn item_ledger(&self, item: &ItemId) -> Result<ItemLedger>;
+    async fn list_items(&self) -> Result<Vec<ItemRecord>>;
+    /// `channel = None` sets the item's default.
+    async fn set_watermarks(&self, item: &ItemId, channel: Option<&Channel>, watermarks: Watermarks) -> Result<()>;
+    async fn watermarks(&self, item: &ItemId) -> Result<(Watermarks, Vec<(String, Watermarks)>)>;
+    async fn reconcile(&self, item: Option<&ItemId>) -> Result<Reconciliation>;
+    async fn reclaim(&self, channel: &Channel, now_ms: i64, grace_ms: u64) -> Result<ReclaimOutcome>;
+}

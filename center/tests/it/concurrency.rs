@@ -1,0 +1,91 @@
+//! Many agents borrowing one item at once: every unit is granted exactly once.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rand::Rng;
+
+use crate::contract::{borrow, create, ledger, reconcile, register};
+use crate::support::{Backend, TestCenter};
+
+const TOTAL: u64 = 10_000;
+const CHANNELS: usize = 8;
+const TASKS: usize = 64;
+
+async fn drain_one_item(backend: Backend) {
+    let c = TestCenter::start(backend).await;
+    let mut admin = c.admin().await;
+    create(&mut admin, "drop", TOTAL).await;
+    let mut epochs = Vec::new();
+    for n in 0..CHANNELS {
+        epochs.push(register(&mut c.center().await, &format!("ch{n}")).await);
+    }
+
+    // A watcher checks invariant 1 and that `available` only falls, while borrows run.
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let (mut admin, stop) = (admin.clone(), Arc::clone(&stop));
+        tokio::spawn(async move {
+            let mut last = TOTAL;
+            let mut looks = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                let view = ledger(&mut admin, "drop").await;
+                let item = view.item.unwrap();
+                let held: u64 = view.channels.iter().map(|c| c.held).sum();
+                assert_eq!(item.total, item.available + held, "invariant 1 broken mid-run");
+                assert!(item.available <= last, "available rose from {last} to {}", item.available);
+                last = item.available;
+                looks += 1;
+            }
+            looks
+        })
+    };
+
+    let mut tasks = Vec::new();
+    for t in 0..TASKS {
+        let channel = format!("ch{}", t % CHANNELS);
+        let epoch = epochs[t % CHANNELS];
+        let mut center = c.center().await;
+        tasks.push(tokio::spawn(async move {
+            let mut granted = 0u64;
+            // Bounded: 10,000 units need at most 10,000 non-empty grants in total.
+            for n in 0..10_000u32 {
+                let quantity = rand::rng().random_range(1..=50);
+                let rid = format!("t{t}-{n}");
+                let b = borrow(&mut center, "drop", &channel, epoch, quantity, &rid).await.expect("borrow");
+                assert!(b.granted <= quantity);
+                granted += b.granted;
+                if b.granted == 0 {
+                    assert_eq!(b.center_available, 0);
+                    return granted;
+                }
+            }
+            panic!("task {t} never saw the item run out");
+        }));
+    }
+    let mut sum = 0;
+    for task in tasks {
+        sum += task.await.expect("task");
+    }
+    stop.store(true, Ordering::Relaxed);
+    let looks = watcher.await.expect("watcher");
+    assert!(looks > 0);
+
+    assert_eq!(sum, TOTAL, "sum of grants");
+    let view = ledger(&mut admin, "drop").await;
+    let item = view.item.clone().unwrap();
+    assert_eq!(item.available, 0);
+    assert_eq!(view.channels.iter().map(|c| c.granted).sum::<u64>(), TOTAL);
+    let r = reconcile(&mut admin).await;
+    assert!(r.ok, "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_64_tasks_on_8_channels_grant_every_unit_once() {
+    drain_one_item(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_64_tasks_on_8_channels_grant_every_unit_once() {
+    drain_one_item(Backend::Sqlite).await;
+}

@@ -1,0 +1,7 @@
+//! Integration tests of the center over real gRPC, against PostgreSQL and SQLite.
+
+mod concurrency;
+mod contract;
+mod lost_reply;
+mod model;
+mod support;

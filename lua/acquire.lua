@@ -1,0 +1,68 @@
+-- acquire.lua: one purchase attempt against one pool, atomically.
+--
+-- Order of checks: idempotency key (replay or conflict), per-user limit, availability.
+-- A sold-out or limit answer writes nothing. Time comes from Redis TIME only.
+--
+-- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
+--   1 pool    hash  available, reserved, sold, generation
+--   2 res     hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
+--   3 due     zset  reservation_id scored by expires_at_ms (RESERVED ones only)
+--   4 held    hash  user_id -> units held (reserved + confirmed)
+--   5 idem    hash  idempotency_key -> reservation_id
+-- ARGV:
+--   1 user_id
+--   2 quantity
+--   3 idempotency_key
+--   4 new_reservation_id (used only if this call reserves)
+--   5 per_user_limit
+--   6 reservation_ttl_ms
+-- Returns one of:
+--   {'reserved', reservation_id, quantity, expires_at_ms, replayed (0|1)}
+--   {'sold_out', available}
+--   {'limit', held}
+--   {'conflict'}
+--   {'duplicate_id'}   new_reservation_id names an existing reservation (a caller bug)
+
+local K_POOL, K_RES, K_DUE, K_HELD, K_IDEM = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local user, key, new_id = ARGV[1], ARGV[3], ARGV[4]
+local qty = tonumber(ARGV[2])
+local limit = tonumber(ARGV[5])
+local ttl = tonumber(ARGV[6])
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- Replay: the key already reserved; return that reservation whatever its state now.
+local existing = redis.call('HGET', K_IDEM, key)
+if existing then
+  local raw = redis.call('HGET', K_RES, existing)
+  if raw then
+    local rec = cjson.decode(raw)
+    if rec.u == user and tonumber(rec.q) == qty then
+      return {'reserved', existing, tonumber(rec.q), tonumber(rec.e), 1}
+    end
+    return {'conflict'}
+  end
+end
+
+local held = tonumber(redis.call('HGET', K_HELD, user) or '0')
+if held + qty > limit then
+  return {'limit', held}
+end
+local available = tonumber(redis.call('HGET', K_POOL, 'available') or '0')
+if available < qty then
+  return {'sold_out', available}
+end
+if redis.call('HEXISTS', K_RES, new_id) == 1 then
+  return {'duplicate_id'}
+end
+
+local expires_at = now + ttl
+redis.call('HINCRBY', K_POOL, 'available', -qty)
+redis.call('HINCRBY', K_POOL, 'reserved', qty)
+redis.call('HINCRBY', K_HELD, user, qty)
+redis.call('HSET', K_RES, new_id, cjson.encode({s = 'reserved', q = qty, e = expires_at, u = user, k = key}))
+redis.call('ZADD', K_DUE, expires_at, new_id)
+redis.call('HSET', K_IDEM, key, new_id)
+
+return {'reserved', new_id, qty, expires_at, 0}

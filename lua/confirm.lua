@@ -1,0 +1,52 @@
+-- confirm.lua: RESERVED -> CONFIRMED (reserved -> sold), idempotently.
+--
+-- A reservation past its expiry by Redis TIME is expired on the spot (its units go back
+-- to available, the user's allowance is freed) and the confirm is refused.
+--
+-- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
+--   1 pool  hash  available, reserved, sold, generation
+--   2 res   hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
+--   3 due   zset  reservation_id scored by expires_at_ms (RESERVED ones only)
+--   4 held  hash  user_id -> units held (reserved + confirmed)
+--   5 gc    zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten
+-- ARGV:
+--   1 reservation_id
+--   2 retention_ms: how long a finished reservation (and its idempotency key) is remembered
+-- Returns {verdict, state}: verdict 'done' | 'refused' | 'not_found', state
+-- 'confirmed' | 'cancelled' | 'expired' ('' with not_found).
+
+local K_POOL, K_RES, K_DUE, K_HELD, K_GC = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local id = ARGV[1]
+local retention = tonumber(ARGV[2])
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local raw = redis.call('HGET', K_RES, id)
+if not raw then
+  return {'not_found', ''}
+end
+local rec = cjson.decode(raw)
+if rec.s == 'confirmed' then
+  return {'done', 'confirmed'}
+elseif rec.s ~= 'reserved' then
+  return {'refused', rec.s}
+end
+
+local qty = tonumber(rec.q)
+redis.call('ZREM', K_DUE, id)
+redis.call('ZADD', K_GC, now + retention, 'r:' .. id)
+redis.call('HINCRBY', K_POOL, 'reserved', -qty)
+if tonumber(rec.e) <= now then
+  rec.s = 'expired'
+  redis.call('HINCRBY', K_POOL, 'available', qty)
+  if redis.call('HINCRBY', K_HELD, rec.u, -qty) <= 0 then
+    redis.call('HDEL', K_HELD, rec.u)
+  end
+  redis.call('HSET', K_RES, id, cjson.encode(rec))
+  return {'refused', 'expired'}
+end
+rec.s = 'confirmed'
+redis.call('HINCRBY', K_POOL, 'sold', qty)
+redis.call('HSET', K_RES, id, cjson.encode(rec))
+return {'done', 'confirmed'}

@@ -1,0 +1,77 @@
+-- expire.lua: the sweeper's call. Expires up to max_count RESERVED reservations whose
+-- expires_at_ms <= Redis TIME (units back to available, the users' allowance freed), then
+-- forgets up to gc_batch finished records whose retention ran out, so memory stays bounded.
+--
+-- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
+--   1 pool    hash  available, reserved, sold, generation
+--   2 res     hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
+--   3 due     zset  reservation_id scored by expires_at_ms (RESERVED ones only)
+--   4 held    hash  user_id -> units held (reserved + confirmed)
+--   5 idem    hash  idempotency_key -> reservation_id
+--   6 gc      zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten
+--   7 grants  hash  grant_id -> units applied
+--   8 takes   hash  take_id -> cjson {n = units, b = 0|1 (put back)}
+-- ARGV:
+--   1 max_count: at most this many reservations are expired
+--   2 retention_ms: how long a finished reservation (and its idempotency key) is remembered
+--   3 gc_batch: at most this many old records are forgotten
+-- Returns the number of units put back into available.
+
+local K_POOL, K_RES, K_DUE, K_HELD, K_IDEM, K_GC, K_GRANTS, K_TAKES =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local max_count = tonumber(ARGV[1])
+local retention = tonumber(ARGV[2])
+local gc_batch = tonumber(ARGV[3])
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local freed = 0
+if max_count > 0 then
+  local due = redis.call('ZRANGEBYSCORE', K_DUE, '-inf', now, 'LIMIT', 0, max_count)
+  for _, id in ipairs(due) do
+    redis.call('ZREM', K_DUE, id)
+    local raw = redis.call('HGET', K_RES, id)
+    if raw then
+      local rec = cjson.decode(raw)
+      if rec.s == 'reserved' then
+        local qty = tonumber(rec.q)
+        rec.s = 'expired'
+        redis.call('HINCRBY', K_POOL, 'reserved', -qty)
+        redis.call('HINCRBY', K_POOL, 'available', qty)
+        if redis.call('HINCRBY', K_HELD, rec.u, -qty) <= 0 then
+          redis.call('HDEL', K_HELD, rec.u)
+        end
+        redis.call('HSET', K_RES, id, cjson.encode(rec))
+        redis.call('ZADD', K_GC, now + retention, 'r:' .. id)
+        freed = freed + qty
+      end
+    end
+  end
+end
+
+if gc_batch > 0 then
+  local old = redis.call('ZRANGEBYSCORE', K_GC, '-inf', now, 'LIMIT', 0, gc_batch)
+  for _, member in ipairs(old) do
+    local kind, id = string.sub(member, 1, 1), string.sub(member, 3)
+    if kind == 'r' then
+      local raw = redis.call('HGET', K_RES, id)
+      if raw then
+        local rec = cjson.decode(raw)
+        if rec.s ~= 'reserved' then
+          redis.call('HDEL', K_RES, id)
+          if redis.call('HGET', K_IDEM, rec.k) == id then
+            redis.call('HDEL', K_IDEM, rec.k)
+          end
+        end
+      end
+    elseif kind == 'g' then
+      redis.call('HDEL', K_GRANTS, id)
+    elseif kind == 't' then
+      redis.call('HDEL', K_TAKES, id)
+    end
+    redis.call('ZREM', K_GC, member)
+  end
+end
+
+return freed

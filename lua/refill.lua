@@ -1,0 +1,32 @@
+-- refill.lua: adds units granted by the center to available, once per grant_id.
+-- Creates the pool on first use, with a generation taken from Redis TIME in microseconds
+-- (nonzero, below 2^53, and different after Redis lost the pool and it is created again).
+--
+-- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
+--   1 pool    hash  available, reserved, sold, generation
+--   2 grants  hash  grant_id -> units applied
+--   3 gc      zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten
+-- ARGV:
+--   1 grant_id
+--   2 units
+--   3 retention_ms: how long an applied grant_id is remembered
+-- Returns 1 if applied now, 0 if grant_id was applied before (a replay).
+
+local K_POOL, K_GRANTS, K_GC = KEYS[1], KEYS[2], KEYS[3]
+local grant_id = ARGV[1]
+local units = tonumber(ARGV[2])
+local retention = tonumber(ARGV[3])
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+if redis.call('HSETNX', K_GRANTS, grant_id, units) == 0 then
+  return 0
+end
+redis.call('ZADD', K_GC, now + retention, 'g:' .. grant_id)
+if redis.call('HEXISTS', K_POOL, 'generation') == 0 then
+  local generation = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  redis.call('HSET', K_POOL, 'available', 0, 'reserved', 0, 'sold', 0, 'generation', generation)
+end
+redis.call('HINCRBY', K_POOL, 'available', units)
+return 1

@@ -1,0 +1,15 @@
+-- reservation_state.lua: the stored state of one reservation. Read-only: a reservation
+-- past its expiry stays 'reserved' until the sweeper, a confirm or a cancel expires it.
+--
+-- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
+--   1 res  hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
+-- ARGV:
+--   1 reservation_id
+-- Returns 'reserved' | 'confirmed' | 'cancelled' | 'expired', or nil when unknown (never
+-- existed, or forgotten after its retention).
+
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then
+  return false
+end
+return cjson.decode(raw).s

@@ -1,0 +1,16 @@
+-- snapshot.lua: the pool counters, its generation and the Redis clock. Read-only.
+--
+-- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
+--   1 pool  hash  available, reserved, sold, generation
+-- ARGV: none
+-- Returns {available, reserved, sold, generation, now_ms}; all counters and the generation
+-- are 0 when the pool does not exist (never refilled, or Redis lost it).
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local v = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold', 'generation')
+if not v[4] then
+  return {0, 0, 0, 0, now}
+end
+return {tonumber(v[1] or '0'), tonumber(v[2] or '0'), tonumber(v[3] or '0'), tonumber(v[4]), now}

@@ -1,0 +1,36 @@
+-- take_for_return.lua: removes min(max_units, available) from available so the agent can
+-- return them to the center, once per take_id. A replay takes nothing more and returns the
+-- amount recorded the first time. The take is recorded even when it took 0 units, so a
+-- replay stays stable whatever the pool holds by then.
+--
+-- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
+--   1 pool   hash  available, reserved, sold, generation
+--   2 takes  hash  take_id -> cjson {n = units taken, b = 0|1 (put back by untake)}
+--   3 gc     zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten
+-- ARGV:
+--   1 take_id
+--   2 max_units
+--   3 retention_ms: how long the take is remembered
+-- Returns the units taken (by this call or, on a replay, by the first one).
+
+local K_POOL, K_TAKES, K_GC = KEYS[1], KEYS[2], KEYS[3]
+local take_id = ARGV[1]
+local max_units = tonumber(ARGV[2])
+local retention = tonumber(ARGV[3])
+
+local raw = redis.call('HGET', K_TAKES, take_id)
+if raw then
+  return tonumber(cjson.decode(raw).n)
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local available = tonumber(redis.call('HGET', K_POOL, 'available') or '0')
+local taken = math.min(max_units, available)
+if taken > 0 then
+  redis.call('HINCRBY', K_POOL, 'available', -taken)
+end
+redis.call('HSET', K_TAKES, take_id, cjson.encode({n = taken, b = 0}))
+redis.call('ZADD', K_GC, now + retention, 't:' .. take_id)
+return taken

@@ -1,0 +1,27 @@
+-- untake.lua: puts back the units a take_for_return took (its Return was refused or never
+-- applied by the center), once per take_id.
+--
+-- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
+--   1 pool   hash  available, reserved, sold, generation
+--   2 takes  hash  take_id -> cjson {n = units taken, b = 0|1 (put back by untake)}
+-- ARGV:
+--   1 take_id
+-- Returns the units put back now: 0 on a replay, for an unknown take_id, or when the pool
+-- is gone (Redis lost it; the units are then in doubt, not resold).
+
+local K_POOL, K_TAKES = KEYS[1], KEYS[2]
+local take_id = ARGV[1]
+
+local raw = redis.call('HGET', K_TAKES, take_id)
+if not raw then
+  return 0
+end
+local rec = cjson.decode(raw)
+local units = tonumber(rec.n)
+if tonumber(rec.b) == 1 or units == 0 or redis.call('HEXISTS', K_POOL, 'generation') == 0 then
+  return 0
+end
+rec.b = 1
+redis.call('HSET', K_TAKES, take_id, cjson.encode(rec))
+redis.call('HINCRBY', K_POOL, 'available', units)
+return units
