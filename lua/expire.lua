@@ -19,7 +19,8 @@
 
 local K_POOL, K_RES, K_DUE, K_HELD, K_IDEM, K_GC, K_GRANTS, K_TAKES =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local max_count = tonumber(ARGV[1])
+-- Bounded so Redis always gets an integer LIMIT (one call never sweeps more anyway).
+local max_count = math.min(tonumber(ARGV[1]), 1000000000)
 local retention = tonumber(ARGV[2])
 local gc_batch = tonumber(ARGV[3])
 

@@ -1,1 +1,401 @@
-fn main() {}
+//! `invctl`: operators' command line for the inventory center (and agents).
+//!
+//! Exit codes: 0 success, 1 reconcile found a violation, 2 the call failed (one line on
+//! stderr says why).
+
+mod table;
+
+use std::process::ExitCode;
+
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
+use inventory_proto::v1 as pb;
+use inventory_proto::v1::admin_client::AdminClient;
+use serde_json::{Value, json};
+use table::{Table, fields};
+use tonic::transport::Channel;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Parser)]
+#[command(name = "invctl", version, about = "Operate the inventory center: items, watermarks, reconcile")]
+struct Cli {
+    /// The center's gRPC address.
+    #[arg(long, env = "INVENTORY_CENTER", default_value = "http://127.0.0.1:50051", global = true)]
+    center: String,
+    /// How results are printed.
+    #[arg(long, short, env = "INVENTORY_OUTPUT", value_enum, default_value = "table", global = true)]
+    output: Output,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create, inspect and restock items.
+    #[command(subcommand)]
+    Item(ItemCmd),
+    /// Tune the low/high watermarks and batch size of pools.
+    #[command(subcommand)]
+    Watermark(WatermarkCmd),
+    /// Check the ledger's invariants; exits 1 when one is violated.
+    Reconcile {
+        /// Check only this item.
+        #[arg(long)]
+        item: Option<String>,
+    },
+    /// Take back a dead channel's unsold units (refused while its lease is live).
+    Reclaim {
+        #[arg(long)]
+        channel: String,
+    },
+    /// Print shell completions.
+    Completions { shell: clap_complete::Shell },
+}
+
+#[derive(Subcommand)]
+enum ItemCmd {
+    /// Create an item (idempotent for the same definition).
+    Create {
+        item: String,
+        #[arg(long)]
+        total: u64,
+        /// Units one user may hold per channel.
+        #[arg(long, default_value_t = 1)]
+        per_user_limit: u64,
+        /// Reservation lifetime before it expires.
+        #[arg(long, default_value_t = 300_000)]
+        reservation_ttl_ms: u64,
+        /// Default watermarks (all three, or none for defaults derived from --total).
+        #[arg(long, requires_all = ["high", "batch"])]
+        low: Option<u64>,
+        #[arg(long, requires_all = ["low", "batch"])]
+        high: Option<u64>,
+        #[arg(long, requires_all = ["low", "high"])]
+        batch: Option<u64>,
+    },
+    /// The ledger view of one item, per channel.
+    Show { item: String },
+    /// Every item.
+    List,
+    /// Add units; repeat with the same --request-id to retry safely.
+    AddStock {
+        item: String,
+        #[arg(long)]
+        quantity: u64,
+        /// Defaults to a fresh id (printed, so a retry can reuse it).
+        #[arg(long)]
+        request_id: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum WatermarkCmd {
+    /// Set the item default, or a channel's override with --channel.
+    Set {
+        item: String,
+        #[arg(long)]
+        channel: Option<String>,
+        #[arg(long)]
+        low: u64,
+        #[arg(long)]
+        high: u64,
+        #[arg(long)]
+        batch: u64,
+    },
+    /// The item default and every channel override.
+    Get { item: String },
+}
+
+/// A failed call: printed as one line, exit code 2.
+struct Failure(String);
+
+impl From<tonic::Status> for Failure {
+    fn from(s: tonic::Status) -> Self {
+        Failure(format!("{}: {}", code_name(s.code()), s.message()))
+    }
+}
+
+impl From<tonic::transport::Error> for Failure {
+    fn from(e: tonic::transport::Error) -> Self {
+        let source = std::error::Error::source(&e).map(|s| format!(": {s}")).unwrap_or_default();
+        Failure(format!("cannot connect: {e}{source}"))
+    }
+}
+
+fn code_name(code: tonic::Code) -> String {
+    // "FailedPrecondition" -> "failed precondition"
+    let debug = format!("{code:?}");
+    let mut out = String::new();
+    for (i, ch) in debug.chars().enumerate() {
+        if ch.is_uppercase() && i > 0 {
+            out.push(' ');
+        }
+        out.extend(ch.to_lowercase());
+    }
+    out
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(code) => code,
+        Err(Failure(message)) => {
+            eprintln!("invctl: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn admin(url: &str) -> Result<AdminClient<Channel>, Failure> {
+    let endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
+        .map_err(|e| Failure(format!("invalid --center {url:?}: {e}")))?
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .timeout(std::time::Duration::from_secs(30));
+    Ok(AdminClient::new(endpoint.connect().await?))
+}
+
+fn print(output: Output, json: Value, table: impl FnOnce() -> String) {
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&json).expect("json values serialize")),
+        Output::Table => print!("{}", table()),
+    }
+}
+
+fn wm_json(w: &Option<pb::Watermarks>) -> Value {
+    w.as_ref().map_or(Value::Null, |w| json!({"low": w.low, "high": w.high, "batch": w.batch}))
+}
+
+fn wm_text(w: &Option<pb::Watermarks>) -> String {
+    w.as_ref().map_or("-".into(), |w| format!("{}/{}/{}", w.low, w.high, w.batch))
+}
+
+fn item_json(i: &pb::Item) -> Value {
+    json!({
+        "item_id": i.item_id, "total": i.total, "available": i.available, "held": i.held,
+        "per_user_limit": i.per_user_limit, "reservation_ttl_ms": i.reservation_ttl_ms,
+        "closed": i.closed, "watermarks": wm_json(&i.watermarks),
+    })
+}
+
+fn items_table(items: &[pb::Item]) -> String {
+    let mut t = Table::new(&["ITEM", "TOTAL", "AVAILABLE", "HELD", "LIMIT", "TTL_MS", "LOW/HIGH/BATCH"]);
+    for i in items {
+        t.row(vec![
+            i.item_id.clone(),
+            i.total.to_string(),
+            i.available.to_string(),
+            i.held.to_string(),
+            i.per_user_limit.to_string(),
+            i.reservation_ttl_ms.to_string(),
+            wm_text(&i.watermarks),
+        ]);
+    }
+    t.render()
+}
+
+fn lease_text(c: &pb::ChannelAllocation) -> String {
+    if c.epoch == 0 {
+        "-".into()
+    } else if c.lease_live {
+        "live".into()
+    } else {
+        "expired".into()
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, Failure> {
+    let out = cli.output;
+    match cli.command {
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "invctl", &mut std::io::stdout());
+        }
+        Command::Item(ItemCmd::Create { item, total, per_user_limit, reservation_ttl_ms, low, high, batch }) => {
+            let watermarks = match (low, high, batch) {
+                (Some(low), Some(high), Some(batch)) => Some(pb::Watermarks { low, high, batch }),
+                _ => None,
+            };
+            let r = admin(&cli.center)
+                .await?
+                .create_item(pb::CreateItemRequest { item_id: item, total, per_user_limit, reservation_ttl_ms, watermarks })
+                .await?
+                .into_inner();
+            let i = r.item.unwrap_or_default();
+            let mut j = item_json(&i);
+            j["created"] = json!(r.created);
+            print(out, j, || {
+                let verb = if r.created { "created" } else { "already exists (same definition)" };
+                format!("item {} {verb}\n{}", i.item_id, items_table(std::slice::from_ref(&i)))
+            });
+        }
+        Command::Item(ItemCmd::Show { item }) => {
+            let r = admin(&cli.center).await?.get_item(pb::GetItemRequest { item_id: item }).await?.into_inner();
+            let i = r.item.unwrap_or_default();
+            let channels: Vec<Value> = r
+                .channels
+                .iter()
+                .map(|c| {
+                    json!({
+                        "channel": c.channel, "held": c.held, "granted": c.granted, "returned": c.returned,
+                        "reclaimed": c.reclaimed, "reported": {"available": c.reported_available,
+                        "reserved": c.reported_reserved, "sold": c.reported_sold, "at_unix_ms": c.reported_at_unix_ms},
+                        "drift": c.drift, "epoch": c.epoch, "lease_expires_at_unix_ms": c.lease_expires_at_unix_ms,
+                        "lease_live": c.lease_live, "watermarks": wm_json(&c.watermarks),
+                    })
+                })
+                .collect();
+            let mut j = item_json(&i);
+            j["channels"] = Value::Array(channels);
+            print(out, j, || {
+                let mut text = fields(&[
+                    ("item", i.item_id.clone()),
+                    ("total", i.total.to_string()),
+                    ("center available", i.available.to_string()),
+                    ("held by channels", i.held.to_string()),
+                    ("per-user limit", i.per_user_limit.to_string()),
+                    ("reservation ttl", format!("{} ms", i.reservation_ttl_ms)),
+                    ("watermarks", wm_text(&i.watermarks)),
+                    ("state", if i.closed { "closed".into() } else { "open".into() }),
+                ]);
+                if !r.channels.is_empty() {
+                    let mut t = Table::new(&[
+                        "CHANNEL", "HELD", "GRANTED", "RETURNED", "RECLAIMED", "AVAILABLE", "RESERVED", "SOLD", "DRIFT",
+                        "EPOCH", "LEASE", "LOW/HIGH/BATCH",
+                    ]);
+                    for c in &r.channels {
+                        t.row(vec![
+                            c.channel.clone(),
+                            c.held.to_string(),
+                            c.granted.to_string(),
+                            c.returned.to_string(),
+                            c.reclaimed.to_string(),
+                            c.reported_available.to_string(),
+                            c.reported_reserved.to_string(),
+                            c.reported_sold.to_string(),
+                            c.drift.to_string(),
+                            c.epoch.to_string(),
+                            lease_text(c),
+                            wm_text(&c.watermarks),
+                        ]);
+                    }
+                    text.push('\n');
+                    text.push_str(&t.render());
+                }
+                text
+            });
+        }
+        Command::Item(ItemCmd::List) => {
+            let r = admin(&cli.center).await?.list_items(pb::ListItemsRequest {}).await?.into_inner();
+            print(out, Value::Array(r.items.iter().map(item_json).collect()), || items_table(&r.items));
+        }
+        Command::Item(ItemCmd::AddStock { item, quantity, request_id }) => {
+            let request_id = request_id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+            let r = admin(&cli.center)
+                .await?
+                .add_stock(pb::AddStockRequest { item_id: item, quantity, request_id: request_id.clone() })
+                .await?
+                .into_inner();
+            let i = r.item.unwrap_or_default();
+            let mut j = item_json(&i);
+            j["request_id"] = json!(request_id);
+            j["replayed"] = json!(r.replayed);
+            print(out, j, || {
+                let note = if r.replayed { " (replay: already applied)" } else { "" };
+                format!("added {quantity} to {} (request id {request_id}){note}\n{}", i.item_id, items_table(&[i.clone()]))
+            });
+        }
+        Command::Watermark(WatermarkCmd::Set { item, channel, low, high, batch }) => {
+            let target = channel.clone().unwrap_or_default();
+            let r = admin(&cli.center)
+                .await?
+                .set_watermarks(pb::SetWatermarksRequest { item_id: item.clone(), channel: target.clone(), low, high, batch })
+                .await?
+                .into_inner();
+            let scope = if target.is_empty() { "default".to_owned() } else { format!("channel {target}") };
+            print(out, json!({"item_id": item, "channel": target, "watermarks": wm_json(&r.watermarks)}), || {
+                format!("watermarks of {item} ({scope}) set to low/high/batch {}\n", wm_text(&r.watermarks))
+            });
+        }
+        Command::Watermark(WatermarkCmd::Get { item }) => {
+            let r = admin(&cli.center)
+                .await?
+                .get_watermarks(pb::GetWatermarksRequest { item_id: item.clone() })
+                .await?
+                .into_inner();
+            let overrides: Vec<Value> = r
+                .overrides
+                .iter()
+                .map(|o| json!({"channel": o.channel, "watermarks": wm_json(&o.watermarks)}))
+                .collect();
+            print(out, json!({"item_id": item, "default": wm_json(&r.default_watermarks), "overrides": overrides}), || {
+                let mut t = Table::new(&["CHANNEL", "LOW", "HIGH", "BATCH"]);
+                let mut add = |name: String, w: &Option<pb::Watermarks>| {
+                    let w = w.clone().unwrap_or_default();
+                    t.row(vec![name, w.low.to_string(), w.high.to_string(), w.batch.to_string()]);
+                };
+                add("(default)".into(), &r.default_watermarks);
+                for o in &r.overrides {
+                    add(o.channel.clone(), &o.watermarks);
+                }
+                t.render()
+            });
+        }
+        Command::Reconcile { item } => {
+            let r = admin(&cli.center)
+                .await?
+                .reconcile(pb::ReconcileRequest { item_id: item.unwrap_or_default() })
+                .await?
+                .into_inner();
+            let finding = |v: &pb::Violation| {
+                json!({"item_id": v.item_id, "channel": v.channel, "invariant": v.invariant, "detail": v.detail})
+            };
+            let j = json!({
+                "ok": r.ok, "items_checked": r.items_checked,
+                "violations": r.violations.iter().map(finding).collect::<Vec<_>>(),
+                "drifts": r.drifts.iter().map(finding).collect::<Vec<_>>(),
+            });
+            print(out, j, || {
+                let verdict = if r.ok { "ok: no invariant violated" } else { "VIOLATED" };
+                let mut text = format!("{verdict} ({} items checked)\n", r.items_checked);
+                let rows: Vec<(&str, &pb::Violation)> = r
+                    .violations
+                    .iter()
+                    .map(|v| ("violation", v))
+                    .chain(r.drifts.iter().map(|v| ("drift", v)))
+                    .collect();
+                if !rows.is_empty() {
+                    let mut t = Table::new(&["KIND", "ITEM", "CHANNEL", "RULE", "DETAIL"]);
+                    for (kind, v) in rows {
+                        t.row(vec![kind.into(), v.item_id.clone(), v.channel.clone(), v.invariant.clone(), v.detail.clone()]);
+                    }
+                    text.push_str(&t.render());
+                }
+                text
+            });
+            if !r.ok {
+                return Ok(ExitCode::from(1));
+            }
+        }
+        Command::Reclaim { channel } => {
+            let r = admin(&cli.center)
+                .await?
+                .reclaim(pb::ReclaimRequest { channel: channel.clone() })
+                .await?
+                .into_inner();
+            let items: Vec<Value> =
+                r.items.iter().map(|i| json!({"item_id": i.item_id, "reclaimed": i.reclaimed})).collect();
+            print(out, json!({"channel": channel, "new_epoch": r.new_epoch, "items": items}), || {
+                let mut t = Table::new(&["ITEM", "RECLAIMED"]);
+                for i in &r.items {
+                    t.row(vec![i.item_id.clone(), i.reclaimed.to_string()]);
+                }
+                format!("channel {channel} fenced at epoch {}\n{}", r.new_epoch, t.render())
+            });
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

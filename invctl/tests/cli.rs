@@ -1,0 +1,116 @@
+//! invctl against a real center (SQLite ledger): output, JSON and exit codes.
+
+use std::process::Output;
+
+use inventory_center::{Application, CenterConfig};
+use inventory_test_support::TestSqlite;
+
+struct Center {
+    url: String,
+    db: TestSqlite,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Center {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn start_center() -> Center {
+    let db = TestSqlite::create();
+    let app = Application::build(CenterConfig::for_tests(&db.url)).await.expect("center starts");
+    let url = format!("http://{}", app.grpc_addr());
+    let task = tokio::spawn(async move { app.run_until(std::future::pending()).await.expect("center runs") });
+    Center { url, db, task }
+}
+
+async fn invctl(center: &str, args: &[&str]) -> Output {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_invctl"));
+    cmd.arg("--center").arg(center).args(args).env_remove("INVENTORY_OUTPUT");
+    cmd.output().await.expect("invctl runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn item_lifecycle_in_table_and_json() {
+    let c = start_center().await;
+    let o = invctl(&c.url, &["item", "create", "skin-9", "--total", "500", "--per-user-limit", "2"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("item skin-9 created"), "{}", stdout(&o));
+
+    let o = invctl(&c.url, &["item", "add-stock", "skin-9", "--quantity", "50", "--request-id", "r-1"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = invctl(&c.url, &["item", "add-stock", "skin-9", "--quantity", "50", "--request-id", "r-1"]).await;
+    assert!(stdout(&o).contains("replay: already applied"), "{}", stdout(&o));
+
+    let o = invctl(&c.url, &["--output", "json", "item", "show", "skin-9"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json output");
+    assert_eq!((v["total"].as_u64(), v["available"].as_u64(), v["per_user_limit"].as_u64()), (Some(550), Some(550), Some(2)));
+
+    let o = invctl(&c.url, &["item", "list"]).await;
+    let text = stdout(&o);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[0].starts_with("ITEM") && lines[1].starts_with("skin-9"), "{text}");
+    // Columns line up: each header starts where its value starts.
+    let col = lines[0].find("AVAILABLE").unwrap();
+    assert_eq!(&lines[1][col..col + 3], "550", "{text}");
+
+    let o = invctl(&c.url, &["watermark", "set", "skin-9", "--channel", "app", "--low", "20", "--high", "80", "--batch", "50"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = invctl(&c.url, &["-o", "json", "watermark", "get", "skin-9"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json output");
+    assert_eq!(v["overrides"][0]["channel"], "app");
+    assert_eq!(v["overrides"][0]["watermarks"]["low"], 20);
+
+    let o = invctl(&c.url, &["reconcile"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(stdout(&o).starts_with("ok"), "{}", stdout(&o));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_are_one_line_and_exit_non_zero() {
+    let c = start_center().await;
+    let o = invctl(&c.url, &["watermark", "set", "nope", "--low", "1", "--high", "2", "--batch", "1"]).await;
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(stderr(&o), "invctl: not found: item \"nope\" not found\n");
+    invctl(&c.url, &["item", "create", "i", "--total", "5"]).await;
+    let o = invctl(&c.url, &["watermark", "set", "i", "--low", "9", "--high", "2", "--batch", "1"]).await;
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(stderr(&o), "invctl: failed precondition: low watermark 9 must be below high watermark 2\n");
+    let o = invctl(&c.url, &["item", "create", "bad id", "--total", "5"]).await;
+    assert!(stderr(&o).starts_with("invctl: invalid argument: invalid item_id \"bad id\""), "{}", stderr(&o));
+    let o = invctl("http://127.0.0.1:1", &["item", "list"]).await;
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).starts_with("invctl: cannot connect"), "{}", stderr(&o));
+    assert_eq!(stderr(&o).lines().count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_exits_1_on_a_violation() {
+    let c = start_center().await;
+    invctl(&c.url, &["item", "create", "i", "--total", "5"]).await;
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(&c.db.url).await.unwrap();
+    sqlx::query("UPDATE items SET available = 4 WHERE item_id = 'i'").execute(&pool).await.unwrap();
+    pool.close().await;
+    let o = invctl(&c.url, &["reconcile", "--item", "i"]).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stdout(&o).contains("VIOLATED") && stdout(&o).contains("conservation"), "{}", stdout(&o));
+}
+
+#[tokio::test]
+async fn completions_are_generated() {
+    let o = invctl("http://127.0.0.1:1", &["completions", "bash"]).await;
+    assert!(o.status.success());
+    assert!(stdout(&o).contains("invctl"));
+}
