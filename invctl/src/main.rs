@@ -221,7 +221,13 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             };
             let r = admin(&cli.center)
                 .await?
-                .create_item(pb::CreateItemRequest { item_id: item, total, per_user_limit, reservation_ttl_ms, watermarks })
+                .create_item(pb::CreateItemRequest {
+                    item_id: item,
+                    total,
+                    per_user_limit,
+                    reservation_ttl_ms,
+                    watermarks,
+                })
                 .await?
                 .into_inner();
             let i = r.item.unwrap_or_default();
@@ -263,8 +269,18 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 ]);
                 if !r.channels.is_empty() {
                     let mut t = Table::new(&[
-                        "CHANNEL", "HELD", "GRANTED", "RETURNED", "RECLAIMED", "AVAILABLE", "RESERVED", "SOLD", "DRIFT",
-                        "EPOCH", "LEASE", "LOW/HIGH/BATCH",
+                        "CHANNEL",
+                        "HELD",
+                        "GRANTED",
+                        "RETURNED",
+                        "RECLAIMED",
+                        "AVAILABLE",
+                        "RESERVED",
+                        "SOLD",
+                        "DRIFT",
+                        "EPOCH",
+                        "LEASE",
+                        "LOW/HIGH/BATCH",
                     ]);
                     for c in &r.channels {
                         t.row(vec![
@@ -305,14 +321,24 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             j["replayed"] = json!(r.replayed);
             print(out, j, || {
                 let note = if r.replayed { " (replay: already applied)" } else { "" };
-                format!("added {quantity} to {} (request id {request_id}){note}\n{}", i.item_id, items_table(&[i.clone()]))
+                format!(
+                    "added {quantity} to {} (request id {request_id}){note}\n{}",
+                    i.item_id,
+                    items_table(std::slice::from_ref(&i))
+                )
             });
         }
         Command::Watermark(WatermarkCmd::Set { item, channel, low, high, batch }) => {
             let target = channel.clone().unwrap_or_default();
             let r = admin(&cli.center)
                 .await?
-                .set_watermarks(pb::SetWatermarksRequest { item_id: item.clone(), channel: target.clone(), low, high, batch })
+                .set_watermarks(pb::SetWatermarksRequest {
+                    item_id: item.clone(),
+                    channel: target.clone(),
+                    low,
+                    high,
+                    batch,
+                })
                 .await?
                 .into_inner();
             let scope = if target.is_empty() { "default".to_owned() } else { format!("channel {target}") };
@@ -331,18 +357,22 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 .iter()
                 .map(|o| json!({"channel": o.channel, "watermarks": wm_json(&o.watermarks)}))
                 .collect();
-            print(out, json!({"item_id": item, "default": wm_json(&r.default_watermarks), "overrides": overrides}), || {
-                let mut t = Table::new(&["CHANNEL", "LOW", "HIGH", "BATCH"]);
-                let mut add = |name: String, w: &Option<pb::Watermarks>| {
-                    let w = w.clone().unwrap_or_default();
-                    t.row(vec![name, w.low.to_string(), w.high.to_string(), w.batch.to_string()]);
-                };
-                add("(default)".into(), &r.default_watermarks);
-                for o in &r.overrides {
-                    add(o.channel.clone(), &o.watermarks);
-                }
-                t.render()
-            });
+            print(
+                out,
+                json!({"item_id": item, "default": wm_json(&r.default_watermarks), "overrides": overrides}),
+                || {
+                    let mut t = Table::new(&["CHANNEL", "LOW", "HIGH", "BATCH"]);
+                    let mut add = |name: String, w: &Option<pb::Watermarks>| {
+                        let w = w.unwrap_or_default();
+                        t.row(vec![name, w.low.to_string(), w.high.to_string(), w.batch.to_string()]);
+                    };
+                    add("(default)".into(), &r.default_watermarks);
+                    for o in &r.overrides {
+                        add(o.channel.clone(), &o.watermarks);
+                    }
+                    t.render()
+                },
+            );
         }
         Command::Reconcile { item } => {
             let r = admin(&cli.center)
@@ -350,9 +380,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 .reconcile(pb::ReconcileRequest { item_id: item.unwrap_or_default() })
                 .await?
                 .into_inner();
-            let finding = |v: &pb::Violation| {
-                json!({"item_id": v.item_id, "channel": v.channel, "invariant": v.invariant, "detail": v.detail})
-            };
+            let finding = |v: &pb::Violation| json!({"item_id": v.item_id, "channel": v.channel, "invariant": v.invariant, "detail": v.detail});
             let j = json!({
                 "ok": r.ok, "items_checked": r.items_checked,
                 "violations": r.violations.iter().map(finding).collect::<Vec<_>>(),
@@ -370,7 +398,13 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 if !rows.is_empty() {
                     let mut t = Table::new(&["KIND", "ITEM", "CHANNEL", "RULE", "DETAIL"]);
                     for (kind, v) in rows {
-                        t.row(vec![kind.into(), v.item_id.clone(), v.channel.clone(), v.invariant.clone(), v.detail.clone()]);
+                        t.row(vec![
+                            kind.into(),
+                            v.item_id.clone(),
+                            v.channel.clone(),
+                            v.invariant.clone(),
+                            v.detail.clone(),
+                        ]);
                     }
                     text.push_str(&t.render());
                 }
@@ -381,11 +415,8 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             }
         }
         Command::Reclaim { channel } => {
-            let r = admin(&cli.center)
-                .await?
-                .reclaim(pb::ReclaimRequest { channel: channel.clone() })
-                .await?
-                .into_inner();
+            let r =
+                admin(&cli.center).await?.reclaim(pb::ReclaimRequest { channel: channel.clone() }).await?.into_inner();
             let items: Vec<Value> =
                 r.items.iter().map(|i| json!({"item_id": i.item_id, "reclaimed": i.reclaimed})).collect();
             print(out, json!({"channel": channel, "new_epoch": r.new_epoch, "items": items}), || {

@@ -24,8 +24,11 @@ impl Table {
             }
         }
         let line = |cells: &[String]| {
-            let padded: Vec<String> =
-                cells.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths.get(i).copied().unwrap_or(0))).collect();
+            let padded: Vec<String> = cells
+                .iter()
+                .enumerate()
+                .map(|(i, c)| format!("{c:<w$}", w = widths.get(i).copied().unwrap_or(0)))
+                .collect();
             padded.join("  ").trim_end().to_owned()
         };
         let mut out = line(&self.header);

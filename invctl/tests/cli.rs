@@ -54,7 +54,10 @@ async fn item_lifecycle_in_table_and_json() {
     let o = invctl(&c.url, &["--output", "json", "item", "show", "skin-9"]).await;
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json output");
-    assert_eq!((v["total"].as_u64(), v["available"].as_u64(), v["per_user_limit"].as_u64()), (Some(550), Some(550), Some(2)));
+    assert_eq!(
+        (v["total"].as_u64(), v["available"].as_u64(), v["per_user_limit"].as_u64()),
+        (Some(550), Some(550), Some(2))
+    );
 
     let o = invctl(&c.url, &["item", "list"]).await;
     let text = stdout(&o);
@@ -65,7 +68,11 @@ async fn item_lifecycle_in_table_and_json() {
     let col = lines[0].find("AVAILABLE").unwrap();
     assert_eq!(&lines[1][col..col + 3], "550", "{text}");
 
-    let o = invctl(&c.url, &["watermark", "set", "skin-9", "--channel", "app", "--low", "20", "--high", "80", "--batch", "50"]).await;
+    let o = invctl(
+        &c.url,
+        &["watermark", "set", "skin-9", "--channel", "app", "--low", "20", "--high", "80", "--batch", "50"],
+    )
+    .await;
     assert!(o.status.success(), "{}", stderr(&o));
     let o = invctl(&c.url, &["-o", "json", "watermark", "get", "skin-9"]).await;
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json output");

@@ -383,6 +383,11 @@ impl PoolStore for MemoryPoolStore {
         let Some(p) = self.existing(pool) else { return Ok(None) };
         Ok(lock(&p).reservations.get(reservation_id).map(|r| r.state))
     }
+
+    async fn idempotency_keys(&self, pool: &PoolKey) -> Result<Vec<String>, StoreError> {
+        let Some(p) = self.existing(pool) else { return Ok(Vec::new()) };
+        Ok(lock(&p).keys.keys().cloned().collect())
+    }
 }
 
 pub(super) fn duplicate_reservation_id(id: &str) -> StoreError {

@@ -157,4 +157,8 @@ pub trait PoolStore: Send + Sync + 'static {
         pool: &PoolKey,
         reservation_id: &str,
     ) -> Result<Option<ReservationState>, StoreError>;
+
+    /// Every idempotency key the pool remembers (keys that reserved). Bounded by the
+    /// pool's reservations within the record retention.
+    async fn idempotency_keys(&self, pool: &PoolKey) -> Result<Vec<String>, StoreError>;
 }

@@ -30,6 +30,7 @@ struct Scripts {
     untake: Script,
     snapshot: Script,
     reservation_state: Script,
+    idempotency_keys: Script,
 }
 
 impl Scripts {
@@ -44,6 +45,7 @@ impl Scripts {
             untake: Script::new(include_str!("../../../lua/untake.lua")),
             snapshot: Script::new(include_str!("../../../lua/snapshot.lua")),
             reservation_state: Script::new(include_str!("../../../lua/reservation_state.lua")),
+            idempotency_keys: Script::new(include_str!("../../../lua/idempotency_keys.lua")),
         }
     }
 }
@@ -390,5 +392,10 @@ impl PoolStore for RedisPoolStore {
             Value::Nil => Ok(None),
             other => Ok(Some(state(WHAT, &string(WHAT, &other)?)?)),
         }
+    }
+
+    async fn idempotency_keys(&self, pool: &PoolKey) -> Result<Vec<String>, StoreError> {
+        let k = self.keys(pool);
+        self.scripts.idempotency_keys.key(&k.idem).invoke_async(&mut self.conn.clone()).await.map_err(map_err)
     }
 }

@@ -288,6 +288,11 @@ async fn replayed_acquire_returns_the_same_reservation_and_deducts_once(backend:
         store.acquire(&p, &second).await.unwrap(),
         AcquireResult::Reserved { reservation_id: id2, quantity: 1, expires_at_ms: exp2, replayed: true }
     );
+    // Keys that reserved are listed, so a sold-out agent can still recognise replays.
+    let mut keys = store.idempotency_keys(&p).await.unwrap();
+    keys.sort();
+    assert_eq!(keys, ["key-erin-1", "key-erin-2"]);
+    assert!(store.idempotency_keys(&pool("sku-none")).await.unwrap().is_empty());
     assert_eq!(counters(&*store, &p).await, (8, 0, 2));
 }
 

@@ -5,6 +5,7 @@
 //!   channel row `FOR SHARE`), so concurrent center replicas serialise per item;
 //! - SQLite: a single connection is the single writer; row locks do not exist and are not
 //!   needed.
+//!
 //! In both, the write is a conditional `UPDATE ... WHERE available = <value read>` so a
 //! missing lock would show up as an error rather than as a lost update.
 //!
