@@ -1,0 +1,467 @@
+//! The agent's behaviour: selling (the hot path), borrowing and returning, reporting,
+//! and bringing pools in line with the center after (re)registration. The gRPC service
+//! and the worker loops call into this; the decisions themselves are in
+//! `inventory_core::rebalance`.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use inventory_core::rebalance::{self, Action, Inputs};
+use inventory_core::{ItemId, UserId};
+use inventory_proto::v1 as pb;
+use tonic::Code;
+
+use crate::error::{AgentError, from_center};
+use crate::items::{ItemRuntime, Policy};
+use crate::link::CenterLink;
+use crate::metrics::Metrics;
+use crate::store::{AcquireArgs, AcquireResult, PoolStore, PoolSnapshot, ReservationState, Transition};
+
+/// Tunables of the agent's behaviour.
+#[derive(Debug, Clone, Copy)]
+pub struct AgentSettings {
+    /// How long an Acquire that found the pool empty waits for the shared Borrow.
+    pub miss_wait: Duration,
+    /// How long the pool must stay above the high watermark before surplus goes back.
+    pub return_sustain_ms: u64,
+}
+
+impl Default for AgentSettings {
+    fn default() -> Self {
+        Self { miss_wait: Duration::from_secs(2), return_sustain_ms: 2_000 }
+    }
+}
+
+/// A validated Acquire.
+pub struct AcquireRequest {
+    pub item: ItemId,
+    pub user: UserId,
+    pub quantity: u64,
+    pub idempotency_key: String,
+}
+
+pub struct Agent {
+    pub store: Arc<dyn PoolStore>,
+    pub link: CenterLink,
+    pub items: DashMap<String, Arc<ItemRuntime>>,
+    pub metrics: Metrics,
+    pub settings: AgentSettings,
+    draining: AtomicBool,
+}
+
+impl Agent {
+    pub fn new(store: Arc<dyn PoolStore>, link: CenterLink, settings: AgentSettings) -> Self {
+        Self { store, link, items: DashMap::new(), metrics: Metrics::default(), settings, draining: AtomicBool::new(false) }
+    }
+
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// The item's runtime, loading its policy from the center on first use.
+    pub async fn item(&self, item: &ItemId) -> Result<Arc<ItemRuntime>, AgentError> {
+        if let Some(rt) = self.items.get(item.as_str()) {
+            return Ok(Arc::clone(&rt));
+        }
+        let d = self.link.describe(item.as_str()).await.map_err(from_center)?;
+        let rt = Arc::new(ItemRuntime::new(
+            item.to_string(),
+            self.link.channel.as_str(),
+            Policy::from_describe(&d),
+            d.center_available,
+        ));
+        Ok(Arc::clone(self.items.entry(item.to_string()).or_insert(rt).value()))
+    }
+
+    pub fn items(&self) -> Vec<Arc<ItemRuntime>> {
+        self.items.iter().map(|e| Arc::clone(e.value())).collect()
+    }
+
+    /// The hot path. One store call in the common case; none when sold out everywhere.
+    pub async fn acquire(self: &Arc<Self>, req: AcquireRequest) -> Result<pb::AcquireResponse, AgentError> {
+        if self.is_draining() {
+            return Err(AgentError::Unavailable("agent is shutting down; retry on another agent".into()));
+        }
+        let item = self.item(&req.item).await?;
+        if item.frozen.load(Ordering::Acquire) {
+            return Err(AgentError::Unavailable(format!(
+                "pool of item {} lost its data in the store; selling is frozen until reconciled",
+                item.item_id
+            )));
+        }
+        let policy = item.policy();
+        if req.quantity > policy.per_user_limit {
+            return Err(inventory_core::ValidationError::new(
+                "quantity",
+                req.quantity,
+                format!("must be at most the per-user limit {} of item {}", policy.per_user_limit, item.item_id),
+            )
+            .into());
+        }
+        if item.fast_sold_out(&req.idempotency_key) == Some(true) || policy.closed {
+            self.metrics.acquire(Outcome::SoldOutFast);
+            return Ok(sold_out());
+        }
+        let args = AcquireArgs {
+            user_id: req.user.to_string(),
+            quantity: req.quantity,
+            idempotency_key: req.idempotency_key,
+            new_reservation_id: uuid::Uuid::new_v4().simple().to_string(),
+            per_user_limit: policy.per_user_limit,
+            reservation_ttl_ms: policy.reservation_ttl_ms,
+        };
+        let mut result = self.store.acquire(&item.pool, &args).await?;
+        if let AcquireResult::SoldOut { .. } = result
+            && !item.center_dry()
+        {
+            // Pool empty: join the single in-flight Borrow, wait a bounded time, retry once.
+            let want = policy.watermarks.batch.max(req.quantity);
+            if self.borrow_shared(&item, want).await {
+                result = self.store.acquire(&item.pool, &args).await?;
+            }
+        }
+        let response = match result {
+            AcquireResult::Reserved { reservation_id, quantity, expires_at_ms, replayed } => {
+                self.metrics.acquire(Outcome::Reserved);
+                pb::AcquireResponse {
+                    outcome: pb::AcquireOutcome::Reserved as i32,
+                    reservation_id,
+                    expires_at_unix_ms: expires_at_ms,
+                    replayed,
+                    quantity,
+                }
+            }
+            AcquireResult::SoldOut { available } => {
+                self.metrics.acquire(Outcome::SoldOut);
+                if available == 0 {
+                    item.mark_local_empty();
+                    if item.fast_path_wanted() {
+                        self.enable_fast_path(&item).await;
+                    }
+                }
+                sold_out()
+            }
+            AcquireResult::LimitExceeded { .. } => {
+                self.metrics.acquire(Outcome::LimitExceeded);
+                pb::AcquireResponse { outcome: pb::AcquireOutcome::LimitExceeded as i32, ..Default::default() }
+            }
+            AcquireResult::KeyConflict => {
+                return Err(AgentError::AlreadyExists(format!(
+                    "idempotency_key {:?} was already used for another user or quantity",
+                    args.idempotency_key
+                )));
+            }
+        };
+        Ok(response)
+    }
+
+    /// Loads the keys that reserved, then answers further sold-out requests from memory.
+    async fn enable_fast_path(&self, item: &ItemRuntime) {
+        match self.store.idempotency_keys(&item.pool).await {
+            Ok(keys) => item.fast_path_on(keys.into_iter().collect::<HashSet<_>>()),
+            Err(e) => tracing::warn!(item = %item.item_id, error = %e, "cannot load idempotency keys"),
+        }
+    }
+
+    pub async fn confirm(&self, item: &ItemId, reservation_id: &str) -> Result<ReservationState, AgentError> {
+        let rt = self.item(item).await?;
+        let t = self.store.confirm(&rt.pool, reservation_id).await?;
+        if let Transition::Refused(ReservationState::Expired) = t {
+            // The expiry just put units back.
+            rt.stock_returned_locally();
+        }
+        transition_result(t, reservation_id, "confirm")
+    }
+
+    pub async fn cancel(&self, item: &ItemId, reservation_id: &str) -> Result<ReservationState, AgentError> {
+        let rt = self.item(item).await?;
+        let t = self.store.cancel(&rt.pool, reservation_id).await?;
+        if matches!(t, Transition::Done(_)) {
+            rt.stock_returned_locally();
+        }
+        transition_result(t, reservation_id, "cancel")
+    }
+
+    pub async fn get_stock(&self, item: &ItemId) -> Result<pb::GetStockResponse, AgentError> {
+        let rt = self.item(item).await?;
+        let s = self.store.snapshot(&rt.pool).await?;
+        Ok(pb::GetStockResponse {
+            available: s.available,
+            reserved: s.reserved,
+            sold: s.sold,
+            sold_out: s.available == 0 && rt.center_dry(),
+        })
+    }
+
+    /// Borrows `want` units for the item unless another Borrow completes meanwhile
+    /// (single flight). Runs in its own task, so a caller that gives up waiting does not
+    /// cancel a Borrow half-way. Returns whether a Borrow completed.
+    pub async fn borrow_shared(self: &Arc<Self>, item: &Arc<ItemRuntime>, want: u64) -> bool {
+        let seen = item.borrows_done.load(Ordering::Acquire);
+        let task = {
+            let (item, agent) = (Arc::clone(item), Arc::clone(self));
+            tokio::spawn(async move {
+                let _flight = item.borrow_lock.lock().await;
+                if item.borrows_done.load(Ordering::Acquire) != seen {
+                    return; // someone borrowed while we queued
+                }
+                agent.borrow_now(&item, want).await;
+                item.borrows_done.fetch_add(1, Ordering::AcqRel);
+            })
+        };
+        matches!(tokio::time::timeout(self.settings.miss_wait, task).await, Ok(Ok(())))
+    }
+
+    /// One Borrow, applied to the pool with the Borrow's request id as the grant id, so
+    /// a replay of either counts once.
+    async fn borrow_now(&self, item: &ItemRuntime, want: u64) {
+        let request_id = uuid::Uuid::new_v4().simple().to_string();
+        let answer = match self.link.borrow(&item.item_id, want, &request_id).await {
+            Ok(a) => a,
+            Err(s) => {
+                self.metrics.center_error();
+                tracing::warn!(item = %item.item_id, code = ?s.code(), message = s.message(), "borrow failed");
+                return;
+            }
+        };
+        self.metrics.borrowed(answer.granted);
+        item.set_center_available(answer.center_available);
+        if answer.granted < want {
+            tracing::info!(item = %item.item_id, want, granted = answer.granted, "borrow short");
+        }
+        if answer.granted == 0 {
+            return;
+        }
+        for attempt in 0..5u32 {
+            match self.store.refill(&item.pool, &request_id, answer.granted).await {
+                Ok(_) => {
+                    item.stock_returned_locally();
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(item = %item.item_id, error = %e, attempt, "refill failed");
+                    tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+                }
+            }
+        }
+        // Granted at the center but not in the pool: the units show as drift and come
+        // back at the next registration's resync.
+        tracing::error!(item = %item.item_id, granted = answer.granted, "borrowed units could not be added to the pool");
+    }
+
+    /// Takes up to `max` available units out of the pool and returns them to the center.
+    pub async fn give_back(&self, item: &ItemRuntime, max: u64) -> u64 {
+        let take_id = uuid::Uuid::new_v4().simple().to_string();
+        let taken = match self.store.take_for_return(&item.pool, &take_id, max).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(item = %item.item_id, error = %e, "take for return failed");
+                return 0;
+            }
+        };
+        if taken == 0 {
+            return 0;
+        }
+        match self.link.give_back(&item.item_id, taken, &take_id).await {
+            Ok(_) => {
+                self.metrics.returned(taken);
+                taken
+            }
+            Err(s) if s.code() == Code::FailedPrecondition => {
+                // The center refused (stale epoch, or it holds less for us than we think):
+                // the units stay ours; the next resync settles the difference.
+                tracing::warn!(item = %item.item_id, message = s.message(), "return refused; units put back");
+                let _ = self.store.untake(&item.pool, &take_id).await;
+                0
+            }
+            Err(s) => {
+                // Unknown whether it applied. The units stay out of the pool (never sold
+                // twice); the next resync with the center's view settles it.
+                self.metrics.center_error();
+                tracing::warn!(item = %item.item_id, code = ?s.code(), "return outcome unknown");
+                0
+            }
+        }
+    }
+
+    /// One pass of the rebalancer for one item: expire due reservations, then act on
+    /// the watermarks.
+    pub async fn rebalance(self: &Arc<Self>, item: &Arc<ItemRuntime>, now_ms: i64) -> Result<Action, AgentError> {
+        let freed = self.store.expire_due(&item.pool, 1_000).await?;
+        if freed > 0 {
+            item.stock_returned_locally();
+        }
+        let snap = self.store.snapshot(&item.pool).await?;
+        if self.pool_lost(item, &snap) {
+            return Ok(Action::Hold);
+        }
+        let policy = item.policy();
+        let since = {
+            let mut guard = item.above_high_since.lock().unwrap_or_else(|e| e.into_inner());
+            *guard = rebalance::above_high_since(snap.available, policy.watermarks.high, *guard, now_ms);
+            *guard
+        };
+        let action = rebalance::decide(&Inputs {
+            available: snap.available,
+            watermarks: policy.watermarks,
+            prefetch: item.may_prefetch(),
+            above_high_since_ms: since,
+            now_ms,
+            sustain_ms: self.settings.return_sustain_ms,
+        });
+        match action {
+            Action::Borrow(n) => {
+                self.borrow_shared(item, n).await;
+            }
+            Action::Return(n) => {
+                self.give_back(item, n).await;
+                *item.above_high_since.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            }
+            Action::Hold => {}
+        }
+        Ok(action)
+    }
+
+    /// Detects a pool that vanished from the store (data loss). The pool is frozen: its
+    /// units are in doubt until an operator reconciles, never resold.
+    fn pool_lost(&self, item: &ItemRuntime, snap: &PoolSnapshot) -> bool {
+        let known = item.generation.load(Ordering::Acquire);
+        if known == 0 {
+            if snap.generation != 0 {
+                item.generation.store(snap.generation, Ordering::Release);
+            }
+            return item.frozen.load(Ordering::Acquire);
+        }
+        if snap.generation != known && !item.frozen.swap(true, Ordering::AcqRel) {
+            tracing::error!(item = %item.item_id, known, now = snap.generation, "pool lost its data; frozen");
+        }
+        item.frozen.load(Ordering::Acquire)
+    }
+
+    /// The pools as reported to the center.
+    pub async fn reports(&self) -> Vec<pb::PoolReport> {
+        let mut out = Vec::new();
+        for item in self.items() {
+            if let Ok(s) = self.store.snapshot(&item.pool).await {
+                out.push(pb::PoolReport { item_id: item.item_id.clone(), available: s.available, reserved: s.reserved, sold: s.sold });
+            }
+        }
+        out
+    }
+
+    /// Registers (a new epoch) and brings every pool in line with what the center says
+    /// the channel holds: units granted but never added are added; units the center no
+    /// longer counts as ours (reclaimed, or returned without our knowing) are removed.
+    pub async fn register_and_resync(&self) -> Result<u64, AgentError> {
+        let reg = self.link.register().await.map_err(from_center)?;
+        for holding in &reg.held {
+            let id = ItemId::parse("item_id", &holding.item_id)?;
+            let item = self.item(&id).await?;
+            self.resync(&item, holding.held, reg.epoch).await?;
+        }
+        tracing::info!(channel = %self.link.channel, epoch = reg.epoch, items = reg.held.len(), "registered and resynced");
+        Ok(reg.epoch)
+    }
+
+    async fn resync(&self, item: &ItemRuntime, held: u64, epoch: u64) -> Result<(), AgentError> {
+        let snap = self.store.snapshot(&item.pool).await?;
+        let pool = snap.available + snap.reserved + snap.sold;
+        let op_id = format!("resync-{epoch}");
+        if held > pool {
+            self.store.refill(&item.pool, &op_id, held - pool).await?;
+            tracing::warn!(item = %item.item_id, units = held - pool, "resync: added units granted but missing from the pool");
+            item.stock_returned_locally();
+        } else if pool > held {
+            let excess = pool - held;
+            let taken = self.store.take_for_return(&item.pool, &op_id, excess).await?;
+            tracing::warn!(item = %item.item_id, units = taken, "resync: removed units the center no longer counts as ours");
+            if taken < excess {
+                tracing::error!(item = %item.item_id, units = excess - taken, "resync: reserved/sold units beyond what the center granted");
+            }
+        }
+        let after = self.store.snapshot(&item.pool).await?;
+        if after.generation != 0 {
+            item.generation.store(after.generation, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Applies one event from the center's WatchChannel stream.
+    pub async fn on_event(self: &Arc<Self>, event: pb::channel_event::Event) {
+        use pb::channel_event::Event;
+        match event {
+            Event::WatermarksChanged(w) => {
+                if let (Some(item), Some(wm)) = (self.items.get(&w.item_id).map(|e| Arc::clone(&e)), w.watermarks) {
+                    item.set_watermarks(inventory_core::watermarks::Watermarks { low: wm.low, high: wm.high, batch: wm.batch.max(1) });
+                    tracing::info!(item = %w.item_id, low = wm.low, high = wm.high, batch = wm.batch, "watermarks changed");
+                    // Act at once (a raised low watermark borrows now).
+                    let _ = self.rebalance(&item, crate::clock::now_ms()).await;
+                }
+            }
+            Event::Restocked(r) => {
+                if let Some(item) = self.items.get(&r.item_id).map(|e| Arc::clone(&e)) {
+                    item.set_center_available(r.center_available.max(1));
+                }
+            }
+            Event::ReturnRequested(r) => {
+                if let Some(item) = self.items.get(&r.item_id).map(|e| Arc::clone(&e)) {
+                    item.set_end_of_sale();
+                    let given = self.give_back(&item, u64::MAX).await;
+                    tracing::info!(item = %r.item_id, given, "end of sale: returned idle units");
+                }
+            }
+        }
+    }
+
+    /// On shutdown: give every pool's available units back to the center.
+    pub async fn return_all(&self) {
+        for item in self.items() {
+            let given = self.give_back(&item, u64::MAX).await;
+            if given > 0 {
+                tracing::info!(item = %item.item_id, given, "returned unreserved units at shutdown");
+            }
+        }
+    }
+}
+
+fn sold_out() -> pb::AcquireResponse {
+    pb::AcquireResponse { outcome: pb::AcquireOutcome::SoldOut as i32, ..Default::default() }
+}
+
+fn state_pb(s: ReservationState) -> pb::ReservationState {
+    match s {
+        ReservationState::Reserved => pb::ReservationState::Reserved,
+        ReservationState::Confirmed => pb::ReservationState::Confirmed,
+        ReservationState::Cancelled => pb::ReservationState::Cancelled,
+        ReservationState::Expired => pb::ReservationState::Expired,
+    }
+}
+
+pub fn reservation_state_pb(s: ReservationState) -> i32 {
+    state_pb(s) as i32
+}
+
+fn transition_result(t: Transition, id: &str, verb: &str) -> Result<ReservationState, AgentError> {
+    match t {
+        Transition::Done(s) => Ok(s),
+        Transition::Refused(s) => {
+            Err(AgentError::Precondition(format!("cannot {verb} reservation {id:?}: it is {}", s.as_str())))
+        }
+        Transition::NotFound => Err(AgentError::NotFound(format!("reservation {id:?} not found"))),
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum Outcome {
+    Reserved,
+    SoldOut,
+    SoldOutFast,
+    LimitExceeded,
+}

@@ -1,0 +1,135 @@
+//! The agent's connection to the center: registration (epoch), Borrow/Return with
+//! request ids retried on UNAVAILABLE, heartbeats, and the channel's event stream.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use inventory_core::{AgentId, Channel};
+use inventory_proto::v1 as pb;
+use inventory_proto::v1::center_client::CenterClient;
+use tonic::transport::Endpoint;
+use tonic::{Code, Status};
+
+/// Retries of one Borrow/Return on a retryable error, all with the same request id.
+const ATTEMPTS: u32 = 5;
+
+pub struct CenterLink {
+    client: CenterClient<tonic::transport::Channel>,
+    pub channel: Channel,
+    pub agent_id: AgentId,
+    epoch: AtomicU64,
+    lease_ttl_ms: AtomicU64,
+}
+
+fn retryable(code: Code) -> bool {
+    matches!(code, Code::Unavailable | Code::DeadlineExceeded | Code::Unknown)
+}
+
+impl CenterLink {
+    /// Does not connect yet: the first call does, and reconnects after failures.
+    pub fn new(url: &str, channel: Channel, agent_id: AgentId, call_timeout: Duration) -> anyhow::Result<Self> {
+        let endpoint = Endpoint::from_shared(url.to_owned())?
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(call_timeout)
+            .tcp_nodelay(true);
+        Ok(Self {
+            client: CenterClient::new(endpoint.connect_lazy()),
+            channel,
+            agent_id,
+            epoch: AtomicU64::new(0),
+            lease_ttl_ms: AtomicU64::new(0),
+        })
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    pub fn lease_ttl_ms(&self) -> u64 {
+        self.lease_ttl_ms.load(Ordering::Acquire)
+    }
+
+    pub async fn register(&self) -> Result<pb::RegisterAgentResponse, Status> {
+        let r = self
+            .client
+            .clone()
+            .register_agent(pb::RegisterAgentRequest {
+                channel: self.channel.to_string(),
+                agent_id: self.agent_id.to_string(),
+            })
+            .await?
+            .into_inner();
+        self.epoch.store(r.epoch, Ordering::Release);
+        self.lease_ttl_ms.store(r.lease_ttl_ms, Ordering::Release);
+        Ok(r)
+    }
+
+    pub async fn describe(&self, item_id: &str) -> Result<pb::DescribeItemResponse, Status> {
+        let req = pb::DescribeItemRequest { item_id: item_id.to_owned(), channel: self.channel.to_string() };
+        Ok(self.client.clone().describe_item(req).await?.into_inner())
+    }
+
+    pub async fn borrow(&self, item_id: &str, quantity: u64, request_id: &str) -> Result<pb::BorrowResponse, Status> {
+        self.retry(|mut c, epoch| {
+            let req = pb::BorrowRequest {
+                item_id: item_id.to_owned(),
+                channel: self.channel.to_string(),
+                epoch,
+                quantity,
+                request_id: request_id.to_owned(),
+            };
+            async move { c.borrow(req).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    pub async fn give_back(&self, item_id: &str, quantity: u64, request_id: &str) -> Result<pb::ReturnResponse, Status> {
+        self.retry(|mut c, epoch| {
+            let req = pb::ReturnRequest {
+                item_id: item_id.to_owned(),
+                channel: self.channel.to_string(),
+                epoch,
+                quantity,
+                request_id: request_id.to_owned(),
+            };
+            async move { c.r#return(req).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    pub async fn heartbeat(&self, pools: Vec<pb::PoolReport>) -> Result<pb::HeartbeatResponse, Status> {
+        let req = pb::HeartbeatRequest { channel: self.channel.to_string(), epoch: self.epoch(), pools };
+        Ok(self.client.clone().heartbeat(req).await?.into_inner())
+    }
+
+    pub async fn watch(&self) -> Result<tonic::Streaming<pb::ChannelEvent>, Status> {
+        let req = pb::WatchChannelRequest { channel: self.channel.to_string(), epoch: self.epoch() };
+        // No deadline on the stream itself: it lives as long as the agent.
+        let mut request = tonic::Request::new(req);
+        request.set_timeout(Duration::from_secs(365 * 24 * 3600));
+        Ok(self.client.clone().watch_channel(request).await?.into_inner())
+    }
+
+    /// Calls `f` until it succeeds, fails for good, or the attempts run out. The request
+    /// id inside is the same on every attempt, so the center applies the call once.
+    async fn retry<T, F, Fut>(&self, f: F) -> Result<T, Status>
+    where
+        F: Fn(CenterClient<tonic::transport::Channel>, u64) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Status>>,
+    {
+        let mut delay = Duration::from_millis(50);
+        let mut attempt = 1;
+        loop {
+            match f(self.client.clone(), self.epoch()).await {
+                Ok(v) => return Ok(v),
+                Err(s) if retryable(s.code()) && attempt < ATTEMPTS => {
+                    tracing::debug!(code = ?s.code(), attempt, "center call failed, retrying with the same request id");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(1));
+                    attempt += 1;
+                }
+                Err(s) => return Err(s),
+            }
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! Builds the agent: opens the pool store, registers with the center (resyncing pools),
+//! binds both listeners, and returns an [`Application`] that knows its addresses.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use inventory_core::{AgentId, Channel};
+use inventory_proto::v1::agent_server::AgentServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::agent::{Agent, AgentSettings};
+use crate::config::{AgentConfig, StoreKind};
+use crate::link::CenterLink;
+use crate::service::AgentService;
+use crate::store::PoolStore;
+use crate::store::memory::MemoryPoolStore;
+use crate::store::redis::RedisPoolStore;
+use crate::workers;
+
+/// How long start-up keeps trying to reach the center.
+const REGISTER_PATIENCE: Duration = Duration::from_secs(30);
+
+pub struct Application {
+    grpc: TcpListener,
+    http: TcpListener,
+    grpc_addr: SocketAddr,
+    http_addr: SocketAddr,
+    agent: Arc<Agent>,
+    rebalance_interval: Duration,
+    heartbeat_interval: Option<Duration>,
+}
+
+impl Application {
+    pub async fn build(config: AgentConfig) -> anyhow::Result<Self> {
+        let channel = Channel::parse("channel", &config.channel)?;
+        let agent_id = match &config.agent_id {
+            Some(id) => AgentId::parse("agent_id", id)?,
+            None => AgentId::parse("agent_id", &format!("{}-{}", channel, std::process::id()))?,
+        };
+        let store: Arc<dyn PoolStore> = match config.store {
+            StoreKind::Memory => Arc::new(MemoryPoolStore::new()),
+            StoreKind::Redis => Arc::new(RedisPoolStore::new(&config.redis_url, &config.redis_prefix).await?),
+        };
+        let link = CenterLink::new(&config.center, channel, agent_id, Duration::from_millis(config.center_timeout_ms))?;
+        let settings = AgentSettings {
+            miss_wait: Duration::from_millis(config.miss_wait_ms),
+            return_sustain_ms: config.return_sustain_ms,
+        };
+        let agent = Arc::new(Agent::new(store, link, settings));
+        let deadline = Instant::now() + REGISTER_PATIENCE;
+        loop {
+            match agent.register_and_resync().await {
+                Ok(_) => break,
+                Err(e) if Instant::now() < deadline => {
+                    tracing::warn!(error = %e, "cannot register with the center yet; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => anyhow::bail!("cannot register with the center at {}: {e}", config.center),
+            }
+        }
+        let grpc = TcpListener::bind(config.listen).await?;
+        let http = TcpListener::bind(config.http_listen).await?;
+        Ok(Self {
+            grpc_addr: grpc.local_addr()?,
+            http_addr: http.local_addr()?,
+            grpc,
+            http,
+            agent,
+            rebalance_interval: Duration::from_millis(config.rebalance_interval_ms.max(1)),
+            heartbeat_interval: (config.heartbeat_interval_ms > 0).then(|| Duration::from_millis(config.heartbeat_interval_ms)),
+        })
+    }
+
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc_addr
+    }
+
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
+    pub fn agent(&self) -> Arc<Agent> {
+        Arc::clone(&self.agent)
+    }
+
+    /// Serves until `shutdown`; then stops taking Acquire, lets in-flight calls finish,
+    /// gives unreserved units back to the center, sends a last report, and returns.
+    pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let tasks = vec![
+            tokio::spawn(workers::rebalancer(Arc::clone(&self.agent), self.rebalance_interval, stop_rx.clone())),
+            tokio::spawn(workers::heartbeat(Arc::clone(&self.agent), self.heartbeat_interval, stop_rx.clone())),
+            tokio::spawn(workers::watcher(Arc::clone(&self.agent), stop_rx.clone())),
+        ];
+
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health.set_serving::<AgentServer<AgentService>>().await;
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(inventory_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()?;
+
+        let mut http_stop = stop_rx.clone();
+        let http = axum::serve(self.http, crate::http::router(Arc::clone(&self.agent)))
+            .with_graceful_shutdown(async move {
+                let _ = http_stop.wait_for(|s| *s).await;
+            });
+        let http = tokio::spawn(async move { http.await });
+
+        let (drain_tx, mut drain_rx) = tokio::sync::watch::channel(false);
+        let agent = Arc::clone(&self.agent);
+        tokio::spawn(async move {
+            shutdown.await;
+            tracing::info!("agent draining: no new acquires");
+            agent.start_draining();
+            let _ = drain_tx.send(true);
+        });
+
+        tracing::info!(grpc = %self.grpc_addr, http = %self.http_addr, channel = %self.agent.link.channel, "agent serving");
+        tonic::transport::Server::builder()
+            // Acquire answers in milliseconds; anything slower is stuck.
+            .timeout(Duration::from_secs(10))
+            .tcp_nodelay(true)
+            .add_service(health_service)
+            .add_service(reflection)
+            .add_service(AgentServer::new(AgentService::new(Arc::clone(&self.agent))))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(self.grpc), async move {
+                let _ = drain_rx.wait_for(|s| *s).await;
+            })
+            .await?;
+
+        // In-flight calls are done. Stop the workers, then give back what is unreserved.
+        let _ = stop_tx.send(true);
+        for t in tasks {
+            let _ = t.await;
+        }
+        self.agent.return_all().await;
+        let reports = self.agent.reports().await;
+        if let Err(s) = self.agent.link.heartbeat(reports).await {
+            tracing::warn!(code = ?s.code(), "final report failed");
+        }
+        http.await??;
+        tracing::info!("agent stopped");
+        Ok(())
+    }
+}
