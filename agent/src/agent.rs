@@ -18,7 +18,10 @@ use crate::error::{AgentError, from_center};
 use crate::items::{ItemRuntime, Policy};
 use crate::link::CenterLink;
 use crate::metrics::Metrics;
-use crate::store::{AcquireArgs, AcquireResult, PoolStore, PoolSnapshot, ReservationState, Transition};
+use crate::store::{AcquireArgs, AcquireResult, PoolSnapshot, PoolStore, ReservationState, Transition};
+
+/// At most one starvation Borrow per item per this many ms.
+const STARVING_SIGNAL_EVERY_MS: i64 = 200;
 
 /// Tunables of the agent's behaviour.
 #[derive(Debug, Clone, Copy)]
@@ -54,7 +57,14 @@ pub struct Agent {
 
 impl Agent {
     pub fn new(store: Arc<dyn PoolStore>, link: CenterLink, settings: AgentSettings) -> Self {
-        Self { store, link, items: DashMap::new(), metrics: Metrics::default(), settings, draining: AtomicBool::new(false) }
+        Self {
+            store,
+            link,
+            items: DashMap::new(),
+            metrics: Metrics::default(),
+            settings,
+            draining: AtomicBool::new(false),
+        }
     }
 
     pub fn start_draining(&self) {
@@ -107,6 +117,7 @@ impl Agent {
         }
         if item.fast_sold_out(&req.idempotency_key) == Some(true) || policy.closed {
             self.metrics.acquire(Outcome::SoldOutFast);
+            self.signal_starving(&item, req.quantity);
             return Ok(sold_out());
         }
         let args = AcquireArgs {
@@ -118,13 +129,16 @@ impl Agent {
             reservation_ttl_ms: policy.reservation_ttl_ms,
         };
         let mut result = self.store.acquire(&item.pool, &args).await?;
-        if let AcquireResult::SoldOut { .. } = result
-            && !item.center_dry()
-        {
-            // Pool empty: join the single in-flight Borrow, wait a bounded time, retry once.
-            let want = policy.watermarks.batch.max(req.quantity);
-            if self.borrow_shared(&item, want).await {
-                result = self.store.acquire(&item.pool, &args).await?;
+        if let AcquireResult::SoldOut { .. } = result {
+            if item.center_dry() {
+                self.signal_starving(&item, req.quantity);
+            } else {
+                // Pool empty: join the single in-flight Borrow, wait a bounded time, retry
+                // once. At the end of a sale grants are small: just what this call needs.
+                let want = if item.end_of_sale() { req.quantity } else { policy.watermarks.batch.max(req.quantity) };
+                if self.borrow_shared(&item, want).await {
+                    result = self.store.acquire(&item.pool, &args).await?;
+                }
             }
         }
         let response = match result {
@@ -160,6 +174,18 @@ impl Agent {
             }
         };
         Ok(response)
+    }
+
+    /// A pool with demand while the center looks dry still sends a small Borrow now and
+    /// then (in the background): it picks up units other channels gave back, and a short
+    /// grant makes the center ask holders to return idle units (no stranded stock).
+    fn signal_starving(self: &Arc<Self>, item: &Arc<ItemRuntime>, quantity: u64) {
+        if item.starving_signal_due(crate::clock::now_ms(), STARVING_SIGNAL_EVERY_MS) {
+            let (agent, item) = (Arc::clone(self), Arc::clone(item));
+            tokio::spawn(async move {
+                agent.borrow_shared(&item, quantity).await;
+            });
+        }
     }
 
     /// Loads the keys that reserved, then answers further sold-out requests from memory.
@@ -233,6 +259,9 @@ impl Agent {
         };
         self.metrics.borrowed(answer.granted);
         item.set_center_available(answer.center_available);
+        if answer.granted == want && answer.center_available >= item.policy().watermarks.high {
+            item.clear_end_of_sale();
+        }
         if answer.granted < want {
             tracing::info!(item = %item.item_id, want, granted = answer.granted, "borrow short");
         }
@@ -350,7 +379,12 @@ impl Agent {
         let mut out = Vec::new();
         for item in self.items() {
             if let Ok(s) = self.store.snapshot(&item.pool).await {
-                out.push(pb::PoolReport { item_id: item.item_id.clone(), available: s.available, reserved: s.reserved, sold: s.sold });
+                out.push(pb::PoolReport {
+                    item_id: item.item_id.clone(),
+                    available: s.available,
+                    reserved: s.reserved,
+                    sold: s.sold,
+                });
             }
         }
         out
@@ -399,7 +433,11 @@ impl Agent {
         match event {
             Event::WatermarksChanged(w) => {
                 if let (Some(item), Some(wm)) = (self.items.get(&w.item_id).map(|e| Arc::clone(&e)), w.watermarks) {
-                    item.set_watermarks(inventory_core::watermarks::Watermarks { low: wm.low, high: wm.high, batch: wm.batch.max(1) });
+                    item.set_watermarks(inventory_core::watermarks::Watermarks {
+                        low: wm.low,
+                        high: wm.high,
+                        batch: wm.batch.max(1),
+                    });
                     tracing::info!(item = %w.item_id, low = wm.low, high = wm.high, batch = wm.batch, "watermarks changed");
                     // Act at once (a raised low watermark borrows now).
                     let _ = self.rebalance(&item, crate::clock::now_ms()).await;

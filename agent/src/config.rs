@@ -18,7 +18,11 @@ pub enum LogFormat {
 }
 
 #[derive(Debug, Clone, clap::Parser)]
-#[command(name = "inventory-agent", version, about = "A sales channel's inventory agent: sells from local pools (gRPC)")]
+#[command(
+    name = "inventory-agent",
+    version,
+    about = "A sales channel's inventory agent: sells from local pools (gRPC)"
+)]
 pub struct AgentConfig {
     /// The sales channel this agent serves (app, web, eu-west, ...).
     #[arg(long, env = "INVENTORY_CHANNEL")]

@@ -3,7 +3,7 @@
 //! the center (DescribeItem) and the pool store after a restart.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 
 use inventory_core::watermarks::Watermarks;
@@ -55,6 +55,7 @@ pub struct ItemRuntime {
     pub generation: AtomicU64,
     /// Set when the pool store lost this pool: selling stops until reconciled.
     pub frozen: AtomicBool,
+    last_starving_signal_ms: AtomicI64,
 }
 
 impl ItemRuntime {
@@ -72,6 +73,7 @@ impl ItemRuntime {
             borrows_done: AtomicU64::new(0),
             generation: AtomicU64::new(0),
             frozen: AtomicBool::new(false),
+            last_starving_signal_ms: AtomicI64::new(0),
         }
     }
 
@@ -96,9 +98,22 @@ impl ItemRuntime {
         let dry = available == 0;
         self.center_dry.store(dry, Ordering::Release);
         if !dry {
-            self.end_of_sale.store(false, Ordering::Release);
             self.fast_path_off();
         }
+    }
+
+    /// The center has plenty again (a full grant with stock to spare): prefetch resumes.
+    pub fn clear_end_of_sale(&self) {
+        self.end_of_sale.store(false, Ordering::Release);
+    }
+
+    /// Rate limit for the Borrow a starving pool sends while the center looks dry: it
+    /// tells the center this channel has demand (so holders are asked to give back)
+    /// without sending a call per request.
+    pub fn starving_signal_due(&self, now_ms: i64, every_ms: i64) -> bool {
+        let last = self.last_starving_signal_ms.load(Ordering::Acquire);
+        now_ms - last >= every_ms
+            && self.last_starving_signal_ms.compare_exchange(last, now_ms, Ordering::AcqRel, Ordering::Acquire).is_ok()
     }
 
     pub fn end_of_sale(&self) -> bool {

@@ -83,7 +83,12 @@ impl CenterLink {
         .await
     }
 
-    pub async fn give_back(&self, item_id: &str, quantity: u64, request_id: &str) -> Result<pb::ReturnResponse, Status> {
+    pub async fn give_back(
+        &self,
+        item_id: &str,
+        quantity: u64,
+        request_id: &str,
+    ) -> Result<pb::ReturnResponse, Status> {
         self.retry(|mut c, epoch| {
             let req = pb::ReturnRequest {
                 item_id: item_id.to_owned(),

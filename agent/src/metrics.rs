@@ -66,7 +66,11 @@ impl Metrics {
         }
         let _ = writeln!(out, "# HELP inventory_agent_sold_out_fast_path_total SOLD_OUT answers given from memory.");
         let _ = writeln!(out, "# TYPE inventory_agent_sold_out_fast_path_total counter");
-        let _ = writeln!(out, "inventory_agent_sold_out_fast_path_total{{channel=\"{channel}\"}} {}", get(&self.sold_out_fast));
+        let _ = writeln!(
+            out,
+            "inventory_agent_sold_out_fast_path_total{{channel=\"{channel}\"}} {}",
+            get(&self.sold_out_fast)
+        );
         for (name, help, v) in [
             ("inventory_agent_borrows_total", "Borrow calls to the center.", get(&self.borrows)),
             ("inventory_agent_borrowed_units_total", "Units granted by the center.", get(&self.borrowed_units)),

@@ -6,7 +6,7 @@ use inventory_core::{ItemId, RequestId, UserId};
 use inventory_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use crate::agent::{Agent, AcquireRequest, reservation_state_pb};
+use crate::agent::{AcquireRequest, Agent, reservation_state_pb};
 use crate::error::AgentError;
 
 pub struct AgentService {

@@ -35,14 +35,20 @@ pub struct Application {
 
 impl Application {
     pub async fn build(config: AgentConfig) -> anyhow::Result<Self> {
+        let store: Arc<dyn PoolStore> = match config.store {
+            StoreKind::Memory => Arc::new(MemoryPoolStore::new()),
+            StoreKind::Redis => Arc::new(RedisPoolStore::new(&config.redis_url, &config.redis_prefix).await?),
+        };
+        Self::build_with_store(config, store).await
+    }
+
+    /// Like [`Application::build`] with a given pool store (tests wrap stores to observe
+    /// or break them).
+    pub async fn build_with_store(config: AgentConfig, store: Arc<dyn PoolStore>) -> anyhow::Result<Self> {
         let channel = Channel::parse("channel", &config.channel)?;
         let agent_id = match &config.agent_id {
             Some(id) => AgentId::parse("agent_id", id)?,
             None => AgentId::parse("agent_id", &format!("{}-{}", channel, std::process::id()))?,
-        };
-        let store: Arc<dyn PoolStore> = match config.store {
-            StoreKind::Memory => Arc::new(MemoryPoolStore::new()),
-            StoreKind::Redis => Arc::new(RedisPoolStore::new(&config.redis_url, &config.redis_prefix).await?),
         };
         let link = CenterLink::new(&config.center, channel, agent_id, Duration::from_millis(config.center_timeout_ms))?;
         let settings = AgentSettings {
@@ -70,7 +76,8 @@ impl Application {
             http,
             agent,
             rebalance_interval: Duration::from_millis(config.rebalance_interval_ms.max(1)),
-            heartbeat_interval: (config.heartbeat_interval_ms > 0).then(|| Duration::from_millis(config.heartbeat_interval_ms)),
+            heartbeat_interval: (config.heartbeat_interval_ms > 0)
+                .then(|| Duration::from_millis(config.heartbeat_interval_ms)),
         })
     }
 
@@ -104,8 +111,8 @@ impl Application {
             .build_v1()?;
 
         let mut http_stop = stop_rx.clone();
-        let http = axum::serve(self.http, crate::http::router(Arc::clone(&self.agent)))
-            .with_graceful_shutdown(async move {
+        let http =
+            axum::serve(self.http, crate::http::router(Arc::clone(&self.agent))).with_graceful_shutdown(async move {
                 let _ = http_stop.wait_for(|s| *s).await;
             });
         let http = tokio::spawn(async move { http.await });

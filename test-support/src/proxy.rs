@@ -284,7 +284,7 @@ async fn pump(
         tokio::select! {
             biased;
             changed = fault.changed() => changed.map_err(|_| Reset)?,
-            sent = writer.write(&queue.front().map_or(&[][..], |chunk| &chunk.bytes[written..])),
+            sent = writer.write(queue.front().map_or(&[][..], |chunk| &chunk.bytes[written..])),
                 if due.is_some_and(|due| due <= now) =>
             {
                 match sent {

@@ -1,3 +1,8 @@
 //! The agent's integration tests: one binary (`cargo test -p inventory-agent --test it`).
 
+mod crash;
+mod harness;
+mod metrics;
+mod paths;
+mod sale;
 mod store_contract;

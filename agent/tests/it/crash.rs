@@ -1,0 +1,123 @@
+//! Agents as real processes: kill -9 mid-sale and restart on Redis, and SIGTERM drain.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use inventory_proto::v1 as pb;
+use inventory_test_support::{TestRedis, free_port, wait_until};
+
+use crate::harness::{AgentProcess, Center, StoreSpec, acquire_req, stock};
+
+const ITEM: &str = "crash-item";
+const TOTAL: u64 = 600;
+
+/// Buys with distinct keys until `stop_after` units are reserved or the item is sold out.
+/// A call that fails (the agent is dead) is retried later with the same key.
+async fn buy(
+    proc_addr: &str,
+    keys: &mut Vec<String>,
+    next: &mut usize,
+    got: &mut HashMap<String, String>,
+    stop_after: usize,
+) -> bool {
+    let Ok(mut client) = inventory_proto::v1::agent_client::AgentClient::connect(proc_addr.to_owned()).await else {
+        return false;
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while got.len() < stop_after && Instant::now() < deadline {
+        // Retry unanswered keys first: their replies may have been lost with the process.
+        let key = if let Some(k) = keys.pop() {
+            k
+        } else {
+            *next += 1;
+            format!("buyer-{next}")
+        };
+        match client.acquire(acquire_req(ITEM, &key, 1, &key)).await {
+            Ok(r) => {
+                let r = r.into_inner();
+                match r.outcome() {
+                    pb::AcquireOutcome::Reserved => {
+                        if let Some(first) = got.get(&key) {
+                            assert_eq!(first, &r.reservation_id, "replay of {key} changed reservation");
+                        }
+                        got.insert(key, r.reservation_id);
+                    }
+                    pb::AcquireOutcome::SoldOut => {
+                        if got.len() as u64 == TOTAL {
+                            return true;
+                        }
+                    }
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            Err(_) => {
+                keys.push(key);
+                return false;
+            }
+        }
+    }
+    got.len() as u64 == TOTAL
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_agent_killed_mid_sale_resumes_without_selling_twice() {
+    let center = Center::start_postgres().await;
+    center.create_item(ITEM, TOTAL, 1, (20, 80, 50)).await;
+    let redis = TestRedis::create().await;
+    let store = StoreSpec::Redis { url: redis.url.clone(), prefix: redis.prefix.clone() };
+    let port = free_port();
+    let mut agent = AgentProcess::spawn(&center.url, "app", &store, Some(port)).await;
+    let url = format!("http://{}", agent.addr);
+
+    let (mut pending, mut next, mut got) = (Vec::new(), 0, HashMap::new());
+    buy(&url, &mut pending, &mut next, &mut got, 250).await;
+    assert_eq!(got.len(), 250);
+    // Kill -9 with a call possibly in flight: fire one more acquire and kill at once.
+    let in_flight_key = "in-flight".to_string();
+    let mut c = agent.client().await;
+    let fire = tokio::spawn(async move { c.acquire(acquire_req(ITEM, "in-flight", 1, "in-flight")).await });
+    agent.kill9().await;
+    let _ = fire.await;
+    pending.push(in_flight_key);
+
+    let mut agent = AgentProcess::spawn(&center.url, "app", &store, Some(port)).await;
+    let done = buy(&url, &mut pending, &mut next, &mut got, TOTAL as usize).await;
+    assert!(done, "sale did not finish after the restart ({} reserved)", got.len());
+
+    // Nothing sold twice: one reservation per unit, all distinct.
+    let ids: std::collections::HashSet<_> = got.values().collect();
+    assert_eq!(ids.len() as u64, TOTAL);
+    let s = stock(&mut agent.client().await, ITEM).await;
+    assert_eq!((s.available, s.reserved + s.sold), (0, TOTAL));
+    let r = center.await_quiescence().await;
+    assert!(r.ok && r.violations.is_empty());
+    assert_eq!(center.ledger(ITEM).await.item.unwrap().available, 0);
+    agent.kill9().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_and_returns_unreserved_units() {
+    let center = Center::start_sqlite().await;
+    center.create_item("drain", 1_000, 1, (20, 80, 50)).await;
+    let mut agent = AgentProcess::spawn(&center.url, "web", &StoreSpec::Memory, None).await;
+    let mut client = agent.client().await;
+    for i in 0..3 {
+        let r = client.acquire(acquire_req("drain", &format!("u{i}"), 1, &format!("k{i}"))).await.unwrap();
+        assert_eq!(r.into_inner().outcome(), pb::AcquireOutcome::Reserved);
+    }
+    // The pool holds a batch beyond the 3 reserved units.
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            let mut client = client.clone();
+            async move { stock(&mut client, "drain").await.available >= 20 }
+        })
+        .await
+    );
+    let status = agent.sigterm_and_wait().await;
+    assert!(status.success(), "agent exited with {status}");
+    let view = center.ledger("drain").await;
+    let web = view.channels.iter().find(|c| c.channel == "web").unwrap();
+    assert_eq!(web.held, 3, "only the reserved units stay with the channel");
+    assert_eq!((web.reported_available, web.reported_reserved), (0, 3), "last report sent");
+    assert_eq!(view.item.unwrap().available, 997);
+}

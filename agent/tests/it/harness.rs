@@ -1,0 +1,250 @@
+//! Starts real centers and agents for end-to-end tests: centers in-process on a fresh
+//! database, agents in-process (or as child processes when a test kills them).
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use inventory_agent::agent::Agent;
+use inventory_agent::config::StoreKind;
+use inventory_agent::store::PoolStore;
+use inventory_agent::{AgentConfig, Application as AgentApp};
+use inventory_center::{Application as CenterApp, CenterConfig};
+use inventory_proto::v1 as pb;
+use inventory_proto::v1::admin_client::AdminClient;
+use inventory_proto::v1::agent_client::AgentClient;
+use inventory_test_support::{TestDatabase, TestSqlite, free_port, wait_until};
+use tonic::transport::Channel;
+
+pub enum Db {
+    Pg(TestDatabase),
+    Lite(TestSqlite),
+}
+
+pub struct Center {
+    pub url: String,
+    pub http_addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+    _db: Db,
+}
+
+impl Center {
+    pub async fn start_postgres() -> Self {
+        Self::start(Db::Pg(TestDatabase::create().await), |_| {}).await
+    }
+
+    pub async fn start_sqlite() -> Self {
+        Self::start(Db::Lite(TestSqlite::create()), |_| {}).await
+    }
+
+    pub async fn start(db: Db, tweak: impl FnOnce(&mut CenterConfig)) -> Self {
+        let url = match &db {
+            Db::Pg(d) => d.url.clone(),
+            Db::Lite(d) => d.url.clone(),
+        };
+        let mut config = CenterConfig::for_tests(&url);
+        tweak(&mut config);
+        let app = CenterApp::build(config).await.expect("center starts");
+        let (addr, http_addr) = (app.grpc_addr(), app.http_addr());
+        let task = tokio::spawn(async move { app.run_until(std::future::pending()).await.expect("center runs") });
+        Self { url: format!("http://{addr}"), http_addr, task, _db: db }
+    }
+
+    pub async fn admin(&self) -> AdminClient<Channel> {
+        AdminClient::connect(self.url.clone()).await.expect("connect admin")
+    }
+
+    /// Creates an item with explicit default watermarks.
+    pub async fn create_item(&self, item: &str, total: u64, per_user_limit: u64, wm: (u64, u64, u64)) {
+        self.admin()
+            .await
+            .create_item(pb::CreateItemRequest {
+                item_id: item.into(),
+                total,
+                per_user_limit,
+                reservation_ttl_ms: 300_000,
+                watermarks: Some(pb::Watermarks { low: wm.0, high: wm.1, batch: wm.2 }),
+            })
+            .await
+            .expect("create item");
+    }
+
+    pub async fn ledger(&self, item: &str) -> pb::GetItemResponse {
+        self.admin().await.get_item(pb::GetItemRequest { item_id: item.into() }).await.expect("get item").into_inner()
+    }
+
+    pub async fn reconcile(&self) -> pb::ReconcileResponse {
+        self.admin().await.reconcile(pb::ReconcileRequest::default()).await.expect("reconcile").into_inner()
+    }
+
+    /// Waits until every channel's last report matches what it holds (no drift) and the
+    /// ledger is clean: the quiescent state the invariants talk about.
+    pub async fn await_quiescence(&self) -> pb::ReconcileResponse {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let r = self.reconcile().await;
+            if r.ok && r.drifts.is_empty() {
+                return r;
+            }
+            assert!(std::time::Instant::now() < deadline, "ledger never settled: {r:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Center {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[derive(Clone)]
+pub enum StoreSpec {
+    Memory,
+    Redis { url: String, prefix: String },
+}
+
+pub fn agent_config(center: &str, channel: &str, store: &StoreSpec) -> AgentConfig {
+    match store {
+        StoreSpec::Memory => AgentConfig::for_tests(channel, center, StoreKind::Memory, "redis://unused", "unused:"),
+        StoreSpec::Redis { url, prefix } => AgentConfig::for_tests(channel, center, StoreKind::Redis, url, prefix),
+    }
+}
+
+/// An agent running in this process.
+pub struct LocalAgent {
+    pub addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    pub agent: Arc<Agent>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl LocalAgent {
+    pub async fn start(center: &str, channel: &str, store: &StoreSpec) -> Self {
+        Self::start_with(agent_config(center, channel, store), None).await
+    }
+
+    pub async fn start_with(config: AgentConfig, store: Option<Arc<dyn PoolStore>>) -> Self {
+        let app = match store {
+            Some(s) => AgentApp::build_with_store(config, s).await,
+            None => AgentApp::build(config).await,
+        }
+        .expect("agent starts");
+        let (addr, http_addr, agent) = (app.grpc_addr(), app.http_addr(), app.agent());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(app.run_until(async move {
+            let _ = rx.await;
+        }));
+        Self { addr, http_addr, agent, stop: Some(tx), task: Some(task) }
+    }
+
+    pub async fn client(&self) -> AgentClient<Channel> {
+        AgentClient::connect(format!("http://{}", self.addr)).await.expect("connect agent")
+    }
+
+    /// Graceful stop (what SIGTERM does): drain, return unreserved units, last report.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.expect("agent task").expect("agent stops cleanly");
+        }
+    }
+}
+
+impl Drop for LocalAgent {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+/// An agent running as a child process (`inventory-agent`), for kill -9 and signals.
+pub struct AgentProcess {
+    pub addr: SocketAddr,
+    pub child: tokio::process::Child,
+}
+
+impl AgentProcess {
+    pub async fn spawn(center: &str, channel: &str, store: &StoreSpec, port: Option<u16>) -> Self {
+        let port = port.unwrap_or_else(free_port);
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_inventory-agent"));
+        cmd.args(["--channel", channel, "--agent-id", &format!("{channel}-proc"), "--center", center])
+            .args(["--listen", &addr.to_string(), "--http-listen", "127.0.0.1:0"])
+            .args(["--rebalance-interval-ms", "20", "--heartbeat-interval-ms", "200", "--return-sustain-ms", "500"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        match store {
+            StoreSpec::Memory => cmd.args(["--store", "memory"]),
+            StoreSpec::Redis { url, prefix } => {
+                cmd.args(["--store", "redis", "--redis-url", url, "--redis-prefix", prefix])
+            }
+        };
+        let child = cmd.spawn().expect("spawn inventory-agent");
+        let ready = wait_until(Duration::from_secs(30), || async move {
+            let Ok(channel) =
+                tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await
+            else {
+                return false;
+            };
+            let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+            health.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await.is_ok()
+        })
+        .await;
+        assert!(ready, "agent process on {addr} never became healthy");
+        Self { addr, child }
+    }
+
+    pub async fn client(&self) -> AgentClient<Channel> {
+        AgentClient::connect(format!("http://{}", self.addr)).await.expect("connect agent")
+    }
+
+    pub async fn kill9(&mut self) {
+        self.child.start_kill().expect("SIGKILL");
+        self.child.wait().await.expect("reap");
+    }
+
+    pub async fn sigterm_and_wait(&mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().expect("running").to_string();
+        let status = tokio::process::Command::new("kill").args(["-TERM", &pid]).status().await.expect("kill");
+        assert!(status.success());
+        tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("exits after SIGTERM")
+            .expect("wait")
+    }
+}
+
+pub fn acquire_req(item: &str, user: &str, quantity: u64, key: &str) -> pb::AcquireRequest {
+    pb::AcquireRequest { item_id: item.into(), user_id: user.into(), quantity, idempotency_key: key.into() }
+}
+
+pub async fn stock(client: &mut AgentClient<Channel>, item: &str) -> pb::GetStockResponse {
+    client.get_stock(pb::GetStockRequest { item_id: item.into() }).await.expect("get stock").into_inner()
+}
+
+/// A plain HTTP/1.1 GET over TCP (enough for /metrics; no client crate needed).
+pub async fn http_get(addr: SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect http");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send request");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.expect("read response");
+    let text = String::from_utf8(raw).expect("utf-8 response");
+    let (head, body) = text.split_once("\r\n\r\n").expect("http response");
+    assert!(head.starts_with("HTTP/1.1 200"), "GET {path}: {head}");
+    body.to_owned()
+}
+
+/// The value of one sample in Prometheus text, by its full name with labels.
+pub fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
+}
