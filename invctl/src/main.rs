@@ -1,4 +1,5 @@
-//! `invctl`: operators' command line for the inventory center (and agents).
+//! `invctl`: operators' command line for the inventory center, and for talking to an
+//! agent the way a channel backend does.
 //!
 //! Exit codes: 0 success, 1 reconcile found a violation, 2 the call failed (one line on
 //! stderr says why).
@@ -10,6 +11,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use inventory_proto::v1 as pb;
 use inventory_proto::v1::admin_client::AdminClient;
+use inventory_proto::v1::agent_client::AgentClient;
 use serde_json::{Value, json};
 use table::{Table, fields};
 use tonic::transport::Channel;
@@ -26,6 +28,9 @@ struct Cli {
     /// The center's gRPC address.
     #[arg(long, env = "INVENTORY_CENTER", default_value = "http://127.0.0.1:50051", global = true)]
     center: String,
+    /// An agent's gRPC address, for `invctl agent ...`.
+    #[arg(long, env = "INVENTORY_AGENT", default_value = "http://127.0.0.1:50052", global = true)]
+    agent: String,
     /// How results are printed.
     #[arg(long, short, env = "INVENTORY_OUTPUT", value_enum, default_value = "table", global = true)]
     output: Output,
@@ -52,6 +57,9 @@ enum Command {
         #[arg(long)]
         channel: String,
     },
+    /// Talk to an agent as a channel backend would: stock, acquire, confirm, cancel.
+    #[command(subcommand)]
+    Agent(AgentCmd),
     /// Print shell completions.
     Completions { shell: clap_complete::Shell },
 }
@@ -90,6 +98,27 @@ enum ItemCmd {
         #[arg(long)]
         request_id: Option<String>,
     },
+}
+
+#[derive(Subcommand)]
+enum AgentCmd {
+    /// The agent's pool of an item.
+    Stock { item: String },
+    /// Reserve units for a user (idempotent on --key).
+    Acquire {
+        item: String,
+        #[arg(long)]
+        user: String,
+        #[arg(long, default_value_t = 1)]
+        quantity: u64,
+        /// Idempotency key; defaults to a fresh one (printed, so a retry can reuse it).
+        #[arg(long)]
+        key: Option<String>,
+    },
+    /// Confirm (pay) a reservation.
+    Confirm { item: String, reservation: String },
+    /// Cancel a reservation.
+    Cancel { item: String, reservation: String },
 }
 
 #[derive(Subcommand)]
@@ -208,9 +237,104 @@ fn lease_text(c: &pb::ChannelAllocation) -> String {
     }
 }
 
+async fn agent(url: &str) -> Result<AgentClient<Channel>, Failure> {
+    let endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
+        .map_err(|e| Failure(format!("invalid --agent {url:?}: {e}")))?
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .timeout(std::time::Duration::from_secs(30));
+    Ok(AgentClient::new(endpoint.connect().await?))
+}
+
+fn outcome_text(o: pb::AcquireOutcome) -> &'static str {
+    match o {
+        pb::AcquireOutcome::Reserved => "reserved",
+        pb::AcquireOutcome::SoldOut => "sold_out",
+        pb::AcquireOutcome::LimitExceeded => "limit_exceeded",
+        pb::AcquireOutcome::Unspecified => "unspecified",
+    }
+}
+
+fn state_text(s: pb::ReservationState) -> &'static str {
+    match s {
+        pb::ReservationState::Reserved => "reserved",
+        pb::ReservationState::Confirmed => "confirmed",
+        pb::ReservationState::Cancelled => "cancelled",
+        pb::ReservationState::Expired => "expired",
+        pb::ReservationState::Unspecified => "unspecified",
+    }
+}
+
+async fn run_agent(url: &str, out: Output, cmd: AgentCmd) -> Result<(), Failure> {
+    let mut client = agent(url).await?;
+    match cmd {
+        AgentCmd::Stock { item } => {
+            let r = client.get_stock(pb::GetStockRequest { item_id: item.clone() }).await?.into_inner();
+            let j = json!({"item_id": item, "available": r.available, "reserved": r.reserved, "sold": r.sold, "sold_out": r.sold_out});
+            print(out, j, || {
+                let mut t = Table::new(&["ITEM", "AVAILABLE", "RESERVED", "SOLD", "SOLD_OUT"]);
+                t.row(vec![
+                    item.clone(),
+                    r.available.to_string(),
+                    r.reserved.to_string(),
+                    r.sold.to_string(),
+                    r.sold_out.to_string(),
+                ]);
+                t.render()
+            });
+        }
+        AgentCmd::Acquire { item, user, quantity, key } => {
+            let key = key.unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+            let r = client
+                .acquire(pb::AcquireRequest {
+                    item_id: item.clone(),
+                    user_id: user.clone(),
+                    quantity,
+                    idempotency_key: key.clone(),
+                })
+                .await?
+                .into_inner();
+            let outcome = outcome_text(r.outcome());
+            let j = json!({"item_id": item, "user_id": user, "idempotency_key": key, "outcome": outcome,
+                "reservation_id": r.reservation_id, "quantity": r.quantity, "expires_at_unix_ms": r.expires_at_unix_ms,
+                "replayed": r.replayed});
+            print(out, j, || match r.outcome() {
+                pb::AcquireOutcome::Reserved => format!(
+                    "reserved {} of {item} for {user}: reservation {} (key {key}{})\n",
+                    r.quantity,
+                    r.reservation_id,
+                    if r.replayed { ", replayed" } else { "" }
+                ),
+                _ => format!("{outcome}: {item} for {user} (key {key})\n"),
+            });
+        }
+        AgentCmd::Confirm { item, reservation } => {
+            let r = client
+                .confirm(pb::ConfirmRequest { item_id: item, reservation_id: reservation.clone() })
+                .await?
+                .into_inner();
+            let state = state_text(r.state());
+            print(out, json!({"reservation_id": reservation, "state": state}), || {
+                format!("reservation {reservation}: {state}\n")
+            });
+        }
+        AgentCmd::Cancel { item, reservation } => {
+            let r = client
+                .cancel(pb::CancelRequest { item_id: item, reservation_id: reservation.clone() })
+                .await?
+                .into_inner();
+            let state = state_text(r.state());
+            print(out, json!({"reservation_id": reservation, "state": state}), || {
+                format!("reservation {reservation}: {state}\n")
+            });
+        }
+    }
+    Ok(())
+}
+
 async fn run(cli: Cli) -> Result<ExitCode, Failure> {
     let out = cli.output;
     match cli.command {
+        Command::Agent(cmd) => run_agent(&cli.agent, out, cmd).await?,
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "invctl", &mut std::io::stdout());
         }

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Runs the product on its embedded defaults: a center on a SQLite file and two agents
+# ("app" and "web") with in-memory pools. Nothing to install. Then it creates an item,
+# runs a small sale through both agents with invctl, and shows the ledger.
+#
+#   scripts/quickstart.sh            build (release), run the demo, keep serving until Ctrl-C
+#   scripts/quickstart.sh --exit     stop after the demo (used by CI)
+#   scripts/quickstart.sh --debug    use the debug build (faster to build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+profile=release
+stay=1
+for arg in "$@"; do
+    case "$arg" in
+        --exit) stay=0 ;;
+        --debug) profile=debug ;;
+        *) echo "usage: $0 [--exit] [--debug]" >&2; exit 2 ;;
+    esac
+done
+
+if [ "$profile" = release ]; then cargo build --release --bins; else cargo build --bins; fi
+bin="target/$profile"
+work="$(mktemp -d)"
+pids=()
+cleanup() {
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT INT TERM
+
+# Ports: the brief's defaults, unless QUICKSTART_PORT_BASE moves them (e.g. in CI).
+base="${QUICKSTART_PORT_BASE:-}"
+center_grpc=${base:+$((base + 1))}; center_grpc=${center_grpc:-50051}
+center_http=${base:+$((base + 2))}; center_http=${center_http:-9464}
+app_grpc=${base:+$((base + 3))}; app_grpc=${app_grpc:-50052}
+app_http=${base:+$((base + 4))}; app_http=${app_http:-9465}
+web_grpc=${base:+$((base + 5))}; web_grpc=${web_grpc:-50053}
+web_http=${base:+$((base + 6))}; web_http=${web_http:-9466}
+
+export RUST_LOG="${RUST_LOG:-warn}"
+"$bin/inventory-center" --listen "127.0.0.1:$center_grpc" --http-listen "127.0.0.1:$center_http" \
+    --database-url "sqlite://$work/inventory.db" >"$work/center.log" 2>&1 &
+pids+=($!)
+export INVENTORY_CENTER="http://127.0.0.1:$center_grpc"
+invctl="$bin/invctl"
+for _ in $(seq 1 100); do "$invctl" item list >/dev/null 2>&1 && break; sleep 0.1; done
+
+echo "== create an item: 100 units, at most 2 per user"
+"$invctl" item create launch-bundle --total 100 --per-user-limit 2 --low 5 --high 30 --batch 10
+
+for ch in app web; do
+    if [ "$ch" = app ]; then g=$app_grpc; h=$app_http; else g=$web_grpc; h=$web_http; fi
+    "$bin/inventory-agent" --channel "$ch" --agent-id "$ch-1" --center "$INVENTORY_CENTER" \
+        --listen "127.0.0.1:$g" --http-listen "127.0.0.1:$h" --store memory >"$work/agent-$ch.log" 2>&1 &
+    pids+=($!)
+done
+for g in $app_grpc $web_grpc; do
+    for _ in $(seq 1 100); do "$invctl" --agent "http://127.0.0.1:$g" agent stock launch-bundle >/dev/null 2>&1 && break; sleep 0.1; done
+done
+
+echo
+echo "== a sale: 150 buyers, one unit each, through both channels"
+reserved=0
+for i in $(seq 1 150); do
+    if [ $((i % 3)) -eq 0 ]; then g=$web_grpc; else g=$app_grpc; fi
+    out=$("$invctl" --agent "http://127.0.0.1:$g" -o json agent acquire launch-bundle --user "buyer-$i" --quantity 1 --key "order-$i")
+    case "$out" in *'"outcome": "reserved"'*) reserved=$((reserved + 1)) ;; esac
+done
+echo "reserved: $reserved of 150 attempts (100 units exist)"
+echo
+echo "== a replay of order-1 returns the same reservation"
+"$invctl" --agent "http://127.0.0.1:$app_grpc" agent acquire launch-bundle --user buyer-1 --key order-1
+echo
+echo "== the pools, as each agent sees them"
+"$invctl" --agent "http://127.0.0.1:$app_grpc" agent stock launch-bundle
+"$invctl" --agent "http://127.0.0.1:$web_grpc" agent stock launch-bundle
+echo
+# Reports reach the center with each heartbeat; wait until the ledger is quiet.
+for _ in $(seq 1 100); do
+    "$invctl" -o json reconcile | grep -q '"drifts": \[\]' && break
+    sleep 0.2
+done
+echo "== the ledger at the center"
+"$invctl" item show launch-bundle
+echo
+echo "== invariants"
+"$invctl" reconcile
+if [ "$reserved" -ne 100 ]; then echo "expected exactly 100 reservations, got $reserved" >&2; exit 1; fi
+
+if [ "$stay" = 1 ]; then
+    echo
+    echo "center: $INVENTORY_CENTER (metrics http://127.0.0.1:$center_http/metrics)"
+    echo "agents: app http://127.0.0.1:$app_grpc, web http://127.0.0.1:$web_grpc"
+    echo "try:    $invctl item show launch-bundle"
+    echo "Ctrl-C stops everything."
+    wait
+fi
