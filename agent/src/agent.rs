@@ -99,6 +99,11 @@ impl Agent {
         if self.is_draining() {
             return Err(AgentError::Unavailable("agent is shutting down; retry on another agent".into()));
         }
+        if !self.link.lease_valid() {
+            return Err(AgentError::Unavailable(
+                "agent's lease with the center has expired; not selling until it is renewed".into(),
+            ));
+        }
         let item = self.item(&req.item).await?;
         if item.frozen.load(Ordering::Acquire) {
             return Err(AgentError::Unavailable(format!(
@@ -374,16 +379,23 @@ impl Agent {
         item.frozen.load(Ordering::Acquire)
     }
 
-    /// The pools as reported to the center.
+    /// The pools as reported to the center. A frozen pool (lost by the store) is
+    /// reported as lost, so the center puts what the channel holds in doubt.
     pub async fn reports(&self) -> Vec<pb::PoolReport> {
         let mut out = Vec::new();
         for item in self.items() {
+            if item.frozen.load(Ordering::Acquire) {
+                out.push(pb::PoolReport { item_id: item.item_id.clone(), lost: true, ..Default::default() });
+                continue;
+            }
             if let Ok(s) = self.store.snapshot(&item.pool).await {
                 out.push(pb::PoolReport {
                     item_id: item.item_id.clone(),
                     available: s.available,
                     reserved: s.reserved,
                     sold: s.sold,
+                    generation: s.generation,
+                    lost: false,
                 });
             }
         }
@@ -392,22 +404,45 @@ impl Agent {
 
     /// Registers (a new epoch) and brings every pool in line with what the center says
     /// the channel holds: units granted but never added are added; units the center no
-    /// longer counts as ours (reclaimed, or returned without our knowing) are removed.
+    /// longer counts as ours (reclaimed, or returned without our knowing) are removed. A
+    /// pool the store lost is frozen instead (its units are in doubt). Selling resumes only
+    /// when this is done: the lease is granted at the end.
     pub async fn register_and_resync(&self) -> Result<u64, AgentError> {
+        let sent_at = self.link.now_ms();
         let reg = self.link.register().await.map_err(from_center)?;
         for holding in &reg.held {
             let id = ItemId::parse("item_id", &holding.item_id)?;
             let item = self.item(&id).await?;
-            self.resync(&item, holding.held, reg.epoch).await?;
+            self.resync(&item, holding).await?;
         }
+        self.link.renew_lease(sent_at);
         tracing::info!(channel = %self.link.channel, epoch = reg.epoch, items = reg.held.len(), "registered and resynced");
         Ok(reg.epoch)
     }
 
-    async fn resync(&self, item: &ItemRuntime, held: u64, epoch: u64) -> Result<(), AgentError> {
+    async fn resync(&self, item: &ItemRuntime, holding: &pb::ChannelHolding) -> Result<(), AgentError> {
         let snap = self.store.snapshot(&item.pool).await?;
+        let lost = holding.in_doubt > 0
+            || (snap.generation == 0 && holding.held > 0)
+            || (holding.generation != 0 && snap.generation != 0 && snap.generation != holding.generation);
+        if lost {
+            // Never resell: the units may have been sold before the store lost them.
+            if !item.frozen.swap(true, Ordering::AcqRel) {
+                tracing::error!(item = %item.item_id, held = holding.held, "pool lost in the store; units in doubt, item frozen");
+            }
+            return Ok(());
+        }
+        self.align(item, holding.held, &snap).await?;
+        if snap.generation != 0 {
+            item.generation.store(snap.generation, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Makes the pool's total equal to what the center says the channel holds.
+    async fn align(&self, item: &ItemRuntime, held: u64, snap: &PoolSnapshot) -> Result<(), AgentError> {
         let pool = snap.available + snap.reserved + snap.sold;
-        let op_id = format!("resync-{epoch}");
+        let op_id = format!("resync-{}", uuid::Uuid::new_v4().simple());
         if held > pool {
             self.store.refill(&item.pool, &op_id, held - pool).await?;
             tracing::warn!(item = %item.item_id, units = held - pool, "resync: added units granted but missing from the pool");
@@ -419,10 +454,6 @@ impl Agent {
             if taken < excess {
                 tracing::error!(item = %item.item_id, units = excess - taken, "resync: reserved/sold units beyond what the center granted");
             }
-        }
-        let after = self.store.snapshot(&item.pool).await?;
-        if after.generation != 0 {
-            item.generation.store(after.generation, Ordering::Release);
         }
         Ok(())
     }
@@ -446,6 +477,19 @@ impl Agent {
             Event::Restocked(r) => {
                 if let Some(item) = self.items.get(&r.item_id).map(|e| Arc::clone(&e)) {
                     item.set_center_available(r.center_available.max(1));
+                }
+            }
+            Event::InDoubtResolved(r) => {
+                if let Some(item) = self.items.get(&r.item_id).map(|e| Arc::clone(&e)) {
+                    // The center settled it: the channel holds nothing of the item now.
+                    if let Ok(snap) = self.store.snapshot(&item.pool).await
+                        && self.align(&item, 0, &snap).await.is_ok()
+                    {
+                        item.generation.store(snap.generation, Ordering::Release);
+                        item.frozen.store(false, Ordering::Release);
+                        item.stock_returned_locally();
+                        tracing::warn!(item = %r.item_id, "in-doubt units resolved; selling again");
+                    }
                 }
             }
             Event::ReturnRequested(r) => {

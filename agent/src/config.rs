@@ -58,6 +58,11 @@ pub struct AgentConfig {
     /// How long an Acquire that found the pool empty waits for the shared Borrow.
     #[arg(long, env = "INVENTORY_MISS_WAIT_MS", default_value_t = 2_000)]
     pub miss_wait_ms: u64,
+    /// Safety margin of the lease: the agent stops selling this long before the lease it
+    /// was granted would end (counted from when it asked), so it never sells after the
+    /// center may consider the lease gone.
+    #[arg(long, env = "INVENTORY_LEASE_MARGIN_MS", default_value_t = 1_000)]
+    pub lease_margin_ms: u64,
     /// Deadline of each call to the center.
     #[arg(long, env = "INVENTORY_CENTER_TIMEOUT_MS", default_value_t = 2_000)]
     pub center_timeout_ms: u64,
@@ -81,6 +86,7 @@ impl AgentConfig {
             heartbeat_interval_ms: 200,
             return_sustain_ms: 500,
             miss_wait_ms: 2_000,
+            lease_margin_ms: 200,
             center_timeout_ms: 2_000,
             log_format: LogFormat::Text,
         }

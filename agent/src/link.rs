@@ -1,8 +1,8 @@
 //! The agent's connection to the center: registration (epoch), Borrow/Return with
 //! request ids retried on UNAVAILABLE, heartbeats, and the channel's event stream.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use inventory_core::{AgentId, Channel};
 use inventory_proto::v1 as pb;
@@ -19,6 +19,11 @@ pub struct CenterLink {
     pub agent_id: AgentId,
     epoch: AtomicU64,
     lease_ttl_ms: AtomicU64,
+    /// Monotonic origin for lease arithmetic (immune to wall-clock jumps).
+    origin: Instant,
+    /// Until when (ms since `origin`) this agent may sell; 0: no lease.
+    lease_until_ms: AtomicI64,
+    lease_margin_ms: u64,
 }
 
 fn retryable(code: Code) -> bool {
@@ -27,7 +32,13 @@ fn retryable(code: Code) -> bool {
 
 impl CenterLink {
     /// Does not connect yet: the first call does, and reconnects after failures.
-    pub fn new(url: &str, channel: Channel, agent_id: AgentId, call_timeout: Duration) -> anyhow::Result<Self> {
+    pub fn new(
+        url: &str,
+        channel: Channel,
+        agent_id: AgentId,
+        call_timeout: Duration,
+        lease_margin: Duration,
+    ) -> anyhow::Result<Self> {
         let endpoint = Endpoint::from_shared(url.to_owned())?
             .connect_timeout(Duration::from_secs(2))
             .timeout(call_timeout)
@@ -38,7 +49,32 @@ impl CenterLink {
             agent_id,
             epoch: AtomicU64::new(0),
             lease_ttl_ms: AtomicU64::new(0),
+            origin: Instant::now(),
+            lease_until_ms: AtomicI64::new(0),
+            lease_margin_ms: lease_margin.as_millis() as u64,
         })
+    }
+
+    /// Monotonic milliseconds, for stamping the moment a lease request is sent.
+    pub fn now_ms(&self) -> i64 {
+        self.origin.elapsed().as_millis() as i64
+    }
+
+    /// The lease runs from when the request was *sent* (the center starts counting later,
+    /// when it receives it), minus a safety margin: the agent stops selling before the
+    /// center can consider the lease gone.
+    pub fn renew_lease(&self, sent_at_ms: i64) {
+        let ttl = self.lease_ttl_ms() as i64;
+        let until = sent_at_ms + ttl - self.lease_margin_ms as i64;
+        self.lease_until_ms.fetch_max(until, Ordering::AcqRel);
+    }
+
+    pub fn drop_lease(&self) {
+        self.lease_until_ms.store(0, Ordering::Release);
+    }
+
+    pub fn lease_valid(&self) -> bool {
+        self.now_ms() < self.lease_until_ms.load(Ordering::Acquire)
     }
 
     pub fn epoch(&self) -> u64 {
@@ -49,7 +85,10 @@ impl CenterLink {
         self.lease_ttl_ms.load(Ordering::Acquire)
     }
 
+    /// Registers a new epoch. The lease is not granted here: the caller grants it
+    /// ([`CenterLink::renew_lease`] with the send time) once pools are back in line.
     pub async fn register(&self) -> Result<pb::RegisterAgentResponse, Status> {
+        self.drop_lease();
         let r = self
             .client
             .clone()
@@ -102,9 +141,13 @@ impl CenterLink {
         .await
     }
 
+    /// Reports and, on success, renews the lease (counted from the send time).
     pub async fn heartbeat(&self, pools: Vec<pb::PoolReport>) -> Result<pb::HeartbeatResponse, Status> {
         let req = pb::HeartbeatRequest { channel: self.channel.to_string(), epoch: self.epoch(), pools };
-        Ok(self.client.clone().heartbeat(req).await?.into_inner())
+        let sent_at = self.now_ms();
+        let r = self.client.clone().heartbeat(req).await?.into_inner();
+        self.renew_lease(sent_at);
+        Ok(r)
     }
 
     pub async fn watch(&self) -> Result<tonic::Streaming<pb::ChannelEvent>, Status> {

@@ -50,7 +50,13 @@ impl Application {
             Some(id) => AgentId::parse("agent_id", id)?,
             None => AgentId::parse("agent_id", &format!("{}-{}", channel, std::process::id()))?,
         };
-        let link = CenterLink::new(&config.center, channel, agent_id, Duration::from_millis(config.center_timeout_ms))?;
+        let link = CenterLink::new(
+            &config.center,
+            channel,
+            agent_id,
+            Duration::from_millis(config.center_timeout_ms),
+            Duration::from_millis(config.lease_margin_ms),
+        )?;
         let settings = AgentSettings {
             miss_wait: Duration::from_millis(config.miss_wait_ms),
             return_sustain_ms: config.return_sustain_ms,

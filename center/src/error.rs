@@ -48,7 +48,9 @@ impl From<LedgerError> for CenterError {
             LedgerError::ReturnExceedsHeld { .. }
             | LedgerError::StaleEpoch { .. }
             | LedgerError::UnknownChannel { .. }
-            | LedgerError::LeaseLive { .. } => CenterError::Precondition(e.to_string()),
+            | LedgerError::LeaseLive { .. }
+            | LedgerError::NothingInDoubt { .. }
+            | LedgerError::SoldExceedsHeld { .. } => CenterError::Precondition(e.to_string()),
         }
     }
 }

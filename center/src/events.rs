@@ -13,6 +13,8 @@ pub enum LedgerEvent {
     Restocked { item_id: String, center_available: u64, from_channel: Option<String> },
     /// The center ran dry while `starving` was asking: holders should return idle units.
     ReturnRequested { item_id: String, starving: String },
+    /// An operator settled `channel`'s in-doubt units of the item.
+    InDoubtResolved { item_id: String, channel: String },
 }
 
 impl LedgerEvent {
@@ -22,6 +24,7 @@ impl LedgerEvent {
             LedgerEvent::Watermarks { channel: target, .. } => target.as_deref().is_none_or(|t| t == channel),
             LedgerEvent::Restocked { from_channel, .. } => from_channel.as_deref() != Some(channel),
             LedgerEvent::ReturnRequested { starving, .. } => starving != channel,
+            LedgerEvent::InDoubtResolved { channel: target, .. } => target == channel,
         }
     }
 }

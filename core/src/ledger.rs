@@ -18,11 +18,21 @@ pub struct ItemState {
     pub per_user_limit: u64,
     pub reservation_ttl_ms: u64,
     pub closed: bool,
+    /// Units written off as sold outside the pools (in-doubt units resolved as sold);
+    /// they left `total`.
+    pub written_off: u64,
 }
 
 impl ItemState {
     pub fn new(total: Quantity, per_user_limit: u64, reservation_ttl_ms: u64) -> Self {
-        Self { total: total.get(), available: total.get(), per_user_limit, reservation_ttl_ms, closed: false }
+        Self {
+            total: total.get(),
+            available: total.get(),
+            per_user_limit,
+            reservation_ttl_ms,
+            closed: false,
+            written_off: 0,
+        }
     }
 }
 
@@ -48,6 +58,10 @@ pub struct Allocation {
     pub reclaimed: u64,
     pub reported: PoolCounts,
     pub reported_at_ms: i64,
+    /// The pool generation the channel last reported (0: never).
+    pub generation: u64,
+    /// Units in doubt because the channel's pool was lost; 0 normally.
+    pub in_doubt: u64,
 }
 
 impl Allocation {
@@ -75,6 +89,10 @@ pub enum LedgerError {
     UnknownChannel { channel: String },
     #[error("lease of channel {channel} is still live for {remaining_ms} ms")]
     LeaseLive { channel: String, remaining_ms: i64 },
+    #[error("channel {channel} has nothing in doubt")]
+    NothingInDoubt { channel: String },
+    #[error("cannot write off {sold} units as sold: channel {channel} holds {held}")]
+    SoldExceedsHeld { channel: String, held: u64, sold: u64 },
 }
 
 /// Grants `min(quantity, available)` units to the channel; 0 when none are left or the
@@ -116,9 +134,45 @@ pub fn add_stock(item: &mut ItemState, quantity: Quantity) -> Result<(), LedgerE
 }
 
 /// Units the center may take back from a dead channel: what it holds minus what it last
-/// reported reserved or sold (those belong to buyers).
+/// reported reserved or sold (those belong to buyers). Nothing while units are in doubt:
+/// a lost pool's sales are unknown, so only an operator's resolution may move them.
 pub fn reclaimable(alloc: &Allocation) -> u64 {
+    if alloc.in_doubt > 0 {
+        return 0;
+    }
     alloc.held().saturating_sub(alloc.reported.reserved + alloc.reported.sold)
+}
+
+/// The channel reported its pool lost: everything it holds is in doubt.
+pub fn mark_lost(alloc: &mut Allocation) {
+    alloc.in_doubt = alloc.held();
+    alloc.reported = PoolCounts::default();
+}
+
+/// Settles in-doubt units: `sold` leave the system as sold (total goes down), the rest
+/// return to the center. The channel holds nothing of the item afterwards. Returns the
+/// units returned to center available.
+pub fn resolve_in_doubt(
+    item: &mut ItemState,
+    alloc: &mut Allocation,
+    channel: &Channel,
+    sold: u64,
+) -> Result<u64, LedgerError> {
+    if alloc.in_doubt == 0 {
+        return Err(LedgerError::NothingInDoubt { channel: channel.to_string() });
+    }
+    let held = alloc.held();
+    if sold > held {
+        return Err(LedgerError::SoldExceedsHeld { channel: channel.to_string(), held, sold });
+    }
+    alloc.reclaimed += held;
+    alloc.in_doubt = 0;
+    alloc.reported = PoolCounts::default();
+    alloc.generation = 0;
+    item.total -= sold;
+    item.written_off += sold;
+    item.available += held - sold;
+    Ok(held - sold)
 }
 
 /// Takes back [`reclaimable`] units; returns how many.
@@ -227,6 +281,8 @@ pub struct Check {
     /// Channels whose reported pool differs from what they hold. Normal while sales are
     /// in flight; a problem when it persists.
     pub drifts: Vec<Finding>,
+    /// Units in doubt after a channel lost its pool; an operator must resolve them.
+    pub in_doubt: Vec<Finding>,
 }
 
 /// Checks invariants 1 and 3 (and non-negative counters) for one item, and lists drift.
@@ -251,7 +307,16 @@ pub fn check_item(item_id: &str, item: &ItemState, allocations: &[(String, Alloc
         }
         held_sum += a.held() as u128;
         committed += a.reported.reserved as u128 + a.reported.sold as u128;
-        if a.drift() != 0 {
+        if a.in_doubt > 0 {
+            check.in_doubt.push(finding(
+                channel,
+                "in_doubt",
+                format!(
+                    "{} units in doubt: the pool was lost; resolve with `invctl resolve --item {item_id} --channel {channel} --sold N` (N = units the channel's orders show sold)",
+                    a.in_doubt
+                ),
+            ));
+        } else if a.drift() != 0 {
             check.drifts.push(finding(
                 channel,
                 "drift",
@@ -342,6 +407,23 @@ mod tests {
         assert_eq!(reclaim(&mut item, &mut a), 30);
         assert_eq!((item.available, a.held()), (80, 20));
         assert!(check_item("i", &item, &[("app".into(), a)]).violations.is_empty());
+    }
+
+    #[test]
+    fn lost_pool_is_in_doubt_until_resolved() {
+        let mut item = ItemState::new(q(100), 1, 1000);
+        let mut a = Allocation::default();
+        borrow(&mut item, &mut a, q(40));
+        a.reported = PoolCounts { available: 10, reserved: 10, sold: 20 };
+        mark_lost(&mut a);
+        assert_eq!((a.in_doubt, reclaimable(&a)), (40, 0), "never reclaimed automatically");
+        let c = check_item("i", &item, &[("app".into(), a)]);
+        assert!(c.violations.is_empty() && c.in_doubt.len() == 1 && c.drifts.is_empty());
+        assert!(resolve_in_doubt(&mut item, &mut a, &ch("app"), 41).is_err());
+        assert_eq!(resolve_in_doubt(&mut item, &mut a, &ch("app"), 25).unwrap(), 15);
+        assert_eq!((item.total, item.available, item.written_off, a.held(), a.in_doubt), (75, 75, 25, 0, 0));
+        assert!(check_item("i", &item, &[("app".into(), a)]).violations.is_empty());
+        assert!(resolve_in_doubt(&mut item, &mut a, &ch("app"), 0).is_err(), "nothing left in doubt");
     }
 
     #[test]

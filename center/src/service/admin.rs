@@ -120,6 +120,8 @@ impl pb::admin_server::Admin for AdminService {
                     lease_expires_at_unix_ms: lease_expires,
                     lease_live: live,
                     watermarks: Some(pb_watermarks(c.watermarks)),
+                    in_doubt: a.in_doubt,
+                    generation: a.generation,
                 }
             })
             .collect();
@@ -172,6 +174,36 @@ impl pb::admin_server::Admin for AdminService {
             violations: rec.check.violations.into_iter().map(pb_finding).collect(),
             drifts: rec.check.drifts.into_iter().map(pb_finding).collect(),
             items_checked: rec.items_checked,
+            in_doubt: rec.check.in_doubt.into_iter().map(pb_finding).collect(),
+        }))
+    }
+
+    async fn resolve_in_doubt(&self, request: Request<pb::ResolveInDoubtRequest>) -> Res<pb::ResolveInDoubtResponse> {
+        let r = request.into_inner();
+        let item = ItemId::parse("item_id", &r.item_id).map_err(CenterError::from)?;
+        let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
+        if r.sold > MAX_QUANTITY {
+            return Err(CenterError::from(ValidationError::new(
+                "sold",
+                r.sold,
+                format!("must be at most {MAX_QUANTITY}"),
+            ))
+            .into());
+        }
+        let (record, returned) = self.store.resolve_in_doubt(&item, &channel, r.sold).await?;
+        tracing::warn!(item = %item, channel = %channel, written_off = r.sold, returned, "in-doubt units resolved");
+        self.events.publish(LedgerEvent::InDoubtResolved { item_id: item.to_string(), channel: channel.to_string() });
+        if returned > 0 {
+            self.events.publish(LedgerEvent::Restocked {
+                item_id: item.to_string(),
+                center_available: record.state.available,
+                from_channel: Some(channel.to_string()),
+            });
+        }
+        Ok(Response::new(pb::ResolveInDoubtResponse {
+            item: Some(pb_item(&record)),
+            returned_to_center: returned,
+            written_off: r.sold,
         }))
     }
 

@@ -15,7 +15,7 @@ use super::pb_watermarks;
 use crate::clock::now_ms;
 use crate::error::CenterError;
 use crate::events::{EventHub, LedgerEvent};
-use crate::store::LedgerStore;
+use crate::store::{LedgerStore, PoolReportIn};
 
 /// Lease and reclaim timing.
 #[derive(Debug, Clone, Copy)]
@@ -64,7 +64,16 @@ impl pb::center_server::Center for CenterService {
         Ok(Response::new(pb::RegisterAgentResponse {
             epoch: reg.session.epoch,
             lease_ttl_ms: self.lease.lease_ttl_ms,
-            held: reg.held.into_iter().map(|(item_id, held)| pb::ChannelHolding { item_id, held }).collect(),
+            held: reg
+                .held
+                .into_iter()
+                .map(|h| pb::ChannelHolding {
+                    item_id: h.item_id,
+                    held: h.held,
+                    generation: h.generation,
+                    in_doubt: h.in_doubt,
+                })
+                .collect(),
             lease_expires_at_unix_ms: reg.session.lease_expires_at_ms,
         }))
     }
@@ -115,9 +124,22 @@ impl pb::center_server::Center for CenterService {
         let r = request.into_inner();
         let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
         let mut reports = Vec::with_capacity(r.pools.len());
+        let mut lost = Vec::new();
         for (n, p) in r.pools.iter().enumerate() {
             let item = ItemId::parse(&format!("pools[{n}].item_id"), &p.item_id).map_err(CenterError::from)?;
-            reports.push((item, PoolCounts { available: p.available, reserved: p.reserved, sold: p.sold }));
+            if p.lost {
+                lost.push(item.clone());
+            }
+            reports.push(PoolReportIn {
+                item,
+                counts: PoolCounts { available: p.available, reserved: p.reserved, sold: p.sold },
+                generation: p.generation,
+            });
+        }
+        // A lost pool: everything the channel holds of the item is in doubt, never resold.
+        for item in &lost {
+            let in_doubt = self.store.mark_lost(item, &channel, r.epoch).await?;
+            tracing::error!(channel = %channel, item = %item, in_doubt, "channel lost its pool; units in doubt");
         }
         let session = self.store.heartbeat(&channel, r.epoch, &reports, now_ms(), self.lease.lease_ttl_ms).await?;
         Ok(Response::new(pb::HeartbeatResponse {
@@ -186,6 +208,7 @@ async fn to_channel_event(store: &dyn LedgerStore, channel: &Channel, e: LedgerE
             Event::Restocked(pb::Restocked { item_id, center_available })
         }
         LedgerEvent::ReturnRequested { item_id, .. } => Event::ReturnRequested(pb::ReturnRequested { item_id }),
+        LedgerEvent::InDoubtResolved { item_id, .. } => Event::InDoubtResolved(pb::InDoubtResolved { item_id }),
     };
     Some(pb::ChannelEvent { event: Some(event) })
 }

@@ -24,6 +24,7 @@ pub(crate) fn pb_item(r: &ItemRecord) -> pb::Item {
         closed: r.state.closed,
         watermarks: Some(pb_watermarks(r.watermarks)),
         held: r.held,
+        written_off: r.state.written_off,
     }
 }
 

@@ -67,10 +67,27 @@ pub struct ReturnOutcome {
     pub replayed: bool,
 }
 
+/// What the center says a channel holds of one item, at registration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holding {
+    pub item_id: String,
+    pub held: u64,
+    pub generation: u64,
+    pub in_doubt: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Registration {
     pub session: ChannelSession,
-    pub held: Vec<(String, u64)>,
+    pub held: Vec<Holding>,
+}
+
+/// One pool as a heartbeat reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolReportIn {
+    pub item: ItemId,
+    pub counts: PoolCounts,
+    pub generation: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,10 +147,15 @@ pub trait LedgerStore: Send + Sync + 'static {
         &self,
         channel: &Channel,
         epoch: u64,
-        reports: &[(ItemId, PoolCounts)],
+        reports: &[PoolReportIn],
         now_ms: i64,
         lease_ttl_ms: u64,
     ) -> Result<ChannelSession>;
+    /// The channel reports its pool of `item` lost: everything it holds becomes in doubt.
+    async fn mark_lost(&self, item: &ItemId, channel: &Channel, epoch: u64) -> Result<u64>;
+    /// Settles in-doubt units: `sold` written off, the rest back to the center. Returns
+    /// the item afterwards and the units returned.
+    async fn resolve_in_doubt(&self, item: &ItemId, channel: &Channel, sold: u64) -> Result<(ItemRecord, u64)>;
     /// The channel's current session, if it ever registered.
     async fn session(&self, channel: &Channel) -> Result<Option<ChannelSession>>;
     async fn policy(&self, item: &ItemId, channel: Option<&Channel>) -> Result<ItemPolicy>;

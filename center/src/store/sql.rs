@@ -23,8 +23,8 @@ use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{Any, AnyPool, Executor, Row, Transaction};
 
 use super::{
-    BorrowOutcome, ChannelRecord, ItemLedger, ItemPolicy, ItemRecord, LedgerStore, NewItem, ReclaimOutcome,
-    Reconciliation, Registration, Result, ReturnOutcome,
+    BorrowOutcome, ChannelRecord, Holding, ItemLedger, ItemPolicy, ItemRecord, LedgerStore, NewItem, PoolReportIn,
+    ReclaimOutcome, Reconciliation, Registration, Result, ReturnOutcome,
 };
 use crate::error::CenterError;
 
@@ -78,10 +78,10 @@ impl Queries {
 }
 
 const ITEM_SELECT: &str = "SELECT item_id, total, available, per_user_limit, reservation_ttl_ms, closed, \
-     wm_low, wm_high, wm_batch FROM items";
+     wm_low, wm_high, wm_batch, written_off FROM items";
 const SESSION_SELECT: &str = "SELECT channel, epoch, agent_id, lease_expires_at_ms, last_heartbeat_ms FROM channels";
 const ALLOC_SELECT: &str = "SELECT item_id, channel, granted, returned, reclaimed, reported_available, \
-     reported_reserved, reported_sold, reported_at_ms FROM allocations";
+     reported_reserved, reported_sold, reported_at_ms, pool_generation, in_doubt FROM allocations";
 
 pub struct SqlLedger {
     pool: AnyPool,
@@ -152,6 +152,7 @@ fn item_from_row(row: &AnyRow) -> Result<(String, ItemState, Watermarks)> {
             per_user_limit: u(row.try_get("per_user_limit")?),
             reservation_ttl_ms: u(row.try_get("reservation_ttl_ms")?),
             closed: row.try_get::<i64, _>("closed")? != 0,
+            written_off: u(row.try_get("written_off")?),
         },
         Watermarks {
             low: u(row.try_get("wm_low")?),
@@ -184,6 +185,8 @@ fn alloc_from_row(row: &AnyRow) -> Result<(String, String, Allocation)> {
                 sold: u(row.try_get("reported_sold")?),
             },
             reported_at_ms: row.try_get("reported_at_ms")?,
+            generation: u(row.try_get("pool_generation")?),
+            in_doubt: u(row.try_get("in_doubt")?),
         },
     ))
 }
@@ -231,13 +234,15 @@ impl SqlLedger {
     /// Conditional update: applies only if the row still holds what was read.
     async fn write_item(tx: &mut Tx, item: &str, before: &ItemState, after: &ItemState) -> Result<()> {
         let done = sqlx::query(
-            "UPDATE items SET total = $1, available = $2 WHERE item_id = $3 AND total = $4 AND available = $5",
+            "UPDATE items SET total = $1, available = $2, written_off = $6 \
+             WHERE item_id = $3 AND total = $4 AND available = $5",
         )
         .bind(i(after.total))
         .bind(i(after.available))
         .bind(item)
         .bind(i(before.total))
         .bind(i(before.available))
+        .bind(i(after.written_off))
         .execute(&mut **tx)
         .await?;
         if done.rows_affected() != 1 {
@@ -258,6 +263,24 @@ impl SqlLedger {
         .bind(i(a.granted))
         .bind(i(a.returned))
         .bind(i(a.reclaimed))
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
+    /// Writes the in-doubt state and the report fields it resets.
+    async fn write_doubt(tx: &mut Tx, item: &str, channel: &str, a: &Allocation) -> Result<()> {
+        sqlx::query(
+            "UPDATE allocations SET in_doubt = $1, reported_available = $2, reported_reserved = $3, \
+             reported_sold = $4, pool_generation = $5 WHERE item_id = $6 AND channel = $7",
+        )
+        .bind(i(a.in_doubt))
+        .bind(i(a.reported.available))
+        .bind(i(a.reported.reserved))
+        .bind(i(a.reported.sold))
+        .bind(i(a.generation))
+        .bind(item)
+        .bind(channel)
         .execute(&mut **tx)
         .await?;
         Ok(())
@@ -439,8 +462,8 @@ impl LedgerStore for SqlLedger {
             .await?;
         let mut held = Vec::with_capacity(rows.len());
         for row in &rows {
-            let (item, _, a) = alloc_from_row(row)?;
-            held.push((item, a.held()));
+            let (item_id, _, a) = alloc_from_row(row)?;
+            held.push(Holding { item_id, held: a.held(), generation: a.generation, in_doubt: a.in_doubt });
         }
         tx.commit().await?;
         Ok(Registration { session, held })
@@ -506,7 +529,7 @@ impl LedgerStore for SqlLedger {
         &self,
         channel: &Channel,
         epoch: u64,
-        reports: &[(ItemId, PoolCounts)],
+        reports: &[PoolReportIn],
         now_ms: i64,
         lease_ttl_ms: u64,
     ) -> Result<ChannelSession> {
@@ -521,7 +544,7 @@ impl LedgerStore for SqlLedger {
             .bind(channel.as_str())
             .execute(&mut *tx)
             .await?;
-        for (item, pool) in reports {
+        for PoolReportIn { item, counts: pool, generation } in reports {
             let exists = sqlx::query("SELECT item_id FROM items WHERE item_id = $1")
                 .bind(item.as_str())
                 .fetch_optional(&mut *tx)
@@ -531,9 +554,11 @@ impl LedgerStore for SqlLedger {
             }
             sqlx::query(
                 "INSERT INTO allocations (item_id, channel, reported_available, reported_reserved, reported_sold, \
-                 reported_at_ms) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (item_id, channel) DO UPDATE SET \
+                 reported_at_ms, pool_generation) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                 ON CONFLICT (item_id, channel) DO UPDATE SET \
                  reported_available = excluded.reported_available, reported_reserved = excluded.reported_reserved, \
-                 reported_sold = excluded.reported_sold, reported_at_ms = excluded.reported_at_ms",
+                 reported_sold = excluded.reported_sold, reported_at_ms = excluded.reported_at_ms, \
+                 pool_generation = excluded.pool_generation",
             )
             .bind(item.as_str())
             .bind(channel.as_str())
@@ -541,11 +566,38 @@ impl LedgerStore for SqlLedger {
             .bind(i(pool.reserved))
             .bind(i(pool.sold))
             .bind(now_ms)
+            .bind(i(*generation))
             .execute(&mut *tx)
             .await?;
         }
         tx.commit().await?;
         Ok(session)
+    }
+
+    async fn mark_lost(&self, item: &ItemId, channel: &Channel, epoch: u64) -> Result<u64> {
+        let mut tx = self.begin().await?;
+        self.lock_item(&mut tx, item).await?;
+        let session = self.session(&mut tx, channel, &self.q.lock_channel_share).await?;
+        stale_or_unknown(channel, session.as_ref(), epoch)?;
+        let mut alloc = Self::alloc(&mut tx, item.as_str(), channel.as_str()).await?;
+        ledger::mark_lost(&mut alloc);
+        Self::write_doubt(&mut tx, item.as_str(), channel.as_str(), &alloc).await?;
+        tx.commit().await?;
+        Ok(alloc.in_doubt)
+    }
+
+    async fn resolve_in_doubt(&self, item: &ItemId, channel: &Channel, sold: u64) -> Result<(ItemRecord, u64)> {
+        let mut tx = self.begin().await?;
+        let (before, _) = self.lock_item(&mut tx, item).await?;
+        let mut alloc = Self::alloc(&mut tx, item.as_str(), channel.as_str()).await?;
+        let mut after = before.clone();
+        let returned = ledger::resolve_in_doubt(&mut after, &mut alloc, channel, sold)?;
+        Self::write_item(&mut tx, item.as_str(), &before, &after).await?;
+        Self::write_movements(&mut tx, item.as_str(), channel.as_str(), &alloc).await?;
+        Self::write_doubt(&mut tx, item.as_str(), channel.as_str(), &alloc).await?;
+        let record = self.item_record(&mut tx, item).await?;
+        tx.commit().await?;
+        Ok((record, returned))
     }
 
     async fn session(&self, channel: &Channel) -> Result<Option<ChannelSession>> {
@@ -702,6 +754,7 @@ impl LedgerStore for SqlLedger {
             let check = ledger::check_item(&item_id, &state, &allocations);
             result.check.violations.extend(check.violations);
             result.check.drifts.extend(check.drifts);
+            result.check.in_doubt.extend(check.in_doubt);
             result.items_checked += 1;
         }
         tx.commit().await?;

@@ -152,7 +152,7 @@ async fn borrow_and_return_move_units_and_keep_conservation(c: TestCenter) {
         .unwrap()
         .into_inner();
     assert_eq!(again.epoch, epoch + 1);
-    assert_eq!(again.held, vec![pb::ChannelHolding { item_id: "i".into(), held: 20 }]);
+    assert_eq!(again.held, vec![pb::ChannelHolding { item_id: "i".into(), held: 20, ..Default::default() }]);
     assert!(reconcile(&mut admin).await.ok);
 }
 
@@ -235,7 +235,13 @@ async fn stale_epoch_is_failed_precondition_and_changes_nothing(c: TestCenter) {
         .heartbeat(pb::HeartbeatRequest {
             channel: "app".into(),
             epoch: old,
-            pools: vec![pb::PoolReport { item_id: "i".into(), available: 1, reserved: 0, sold: 0 }],
+            pools: vec![pb::PoolReport {
+                item_id: "i".into(),
+                available: 1,
+                reserved: 0,
+                sold: 0,
+                ..Default::default()
+            }],
         })
         .await;
     assert_status(hb, Code::FailedPrecondition, "stale epoch");
@@ -355,7 +361,7 @@ async fn reconcile_reports_drift_and_detects_corruption(c: TestCenter) {
     let report = |available, reserved, sold| pb::HeartbeatRequest {
         channel: "app".into(),
         epoch,
-        pools: vec![pb::PoolReport { item_id: "i".into(), available, reserved, sold }],
+        pools: vec![pb::PoolReport { item_id: "i".into(), available, reserved, sold, ..Default::default() }],
     };
     center.heartbeat(report(30, 4, 6)).await.unwrap();
     let clean = reconcile(&mut admin).await;
@@ -400,7 +406,13 @@ async fn reclaim_waits_for_lease_then_fences_the_old_epoch(_c: TestCenter) {
         .heartbeat(pb::HeartbeatRequest {
             channel: "app".into(),
             epoch,
-            pools: vec![pb::PoolReport { item_id: "i".into(), available: 30, reserved: 5, sold: 15 }],
+            pools: vec![pb::PoolReport {
+                item_id: "i".into(),
+                available: 30,
+                reserved: 5,
+                sold: 15,
+                ..Default::default()
+            }],
         })
         .await
         .unwrap()

@@ -140,7 +140,7 @@ async fn run(store: &dyn LedgerStore, ops: &[Op]) {
                     store.register(&channels[*ch], &AgentId::parse("agent_id", "b").unwrap(), 0, 60_000).await.unwrap();
                 assert!(reg.session.epoch > epochs[*ch]);
                 epochs[*ch] = reg.session.epoch;
-                let held = reg.held.iter().find(|(i, _)| i == "m").map_or(0, |(_, h)| *h);
+                let held = reg.held.iter().find(|h| h.item_id == "m").map_or(0, |h| h.held);
                 assert_eq!(held, model.held.get(ch).copied().unwrap_or(0), "held at registration");
                 Answer::Stocked
             }
