@@ -253,6 +253,12 @@ impl Agent {
     /// One Borrow, applied to the pool with the Borrow's request id as the grant id, so
     /// a replay of either counts once.
     async fn borrow_now(&self, item: &ItemRuntime, want: u64) {
+        // Never borrow into a pool the store lost (the refill would quietly recreate it).
+        if let Ok(snap) = self.store.snapshot(&item.pool).await
+            && self.pool_lost(item, &snap)
+        {
+            return;
+        }
         let request_id = uuid::Uuid::new_v4().simple().to_string();
         let answer = match self.link.borrow(&item.item_id, want, &request_id).await {
             Ok(a) => a,

@@ -65,7 +65,9 @@ impl CenterLink {
     /// center can consider the lease gone.
     pub fn renew_lease(&self, sent_at_ms: i64) {
         let ttl = self.lease_ttl_ms() as i64;
-        let until = sent_at_ms + ttl - self.lease_margin_ms as i64;
+        // A margin as long as the lease would never let the agent sell: cap it at half.
+        let margin = (self.lease_margin_ms as i64).min(ttl / 2);
+        let until = sent_at_ms + ttl - margin;
         self.lease_until_ms.fetch_max(until, Ordering::AcqRel);
     }
 

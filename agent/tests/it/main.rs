@@ -1,6 +1,7 @@
 //! The agent's integration tests: one binary (`cargo test -p inventory-agent --test it`).
 
 mod crash;
+mod faults;
 mod harness;
 mod metrics;
 mod paths;
