@@ -144,6 +144,12 @@ impl Agent {
                 if self.borrow_shared(&item, want).await {
                     result = self.store.acquire(&item.pool, &args).await?;
                 }
+                if matches!(result, AcquireResult::SoldOut { .. }) && !self.link.reachable() {
+                    // Not sold out: the pool is empty and the center cannot be asked.
+                    return Err(AgentError::Unavailable(
+                        "local pool is empty and the center is unreachable; retry with the same idempotency_key".into(),
+                    ));
+                }
             }
         }
         let response = match result {

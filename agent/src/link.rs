@@ -1,7 +1,7 @@
 //! The agent's connection to the center: registration (epoch), Borrow/Return with
 //! request ids retried on UNAVAILABLE, heartbeats, and the channel's event stream.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use inventory_core::{AgentId, Channel};
@@ -24,6 +24,8 @@ pub struct CenterLink {
     /// Until when (ms since `origin`) this agent may sell; 0: no lease.
     lease_until_ms: AtomicI64,
     lease_margin_ms: u64,
+    /// Whether the last call to the center got an answer.
+    reachable: AtomicBool,
 }
 
 fn retryable(code: Code) -> bool {
@@ -52,6 +54,7 @@ impl CenterLink {
             origin: Instant::now(),
             lease_until_ms: AtomicI64::new(0),
             lease_margin_ms: lease_margin.as_millis() as u64,
+            reachable: AtomicBool::new(true),
         })
     }
 
@@ -73,6 +76,18 @@ impl CenterLink {
 
     pub fn drop_lease(&self) {
         self.lease_until_ms.store(0, Ordering::Release);
+    }
+
+    pub fn reachable(&self) -> bool {
+        self.reachable.load(Ordering::Acquire)
+    }
+
+    fn note(&self, result: &Result<impl Sized, Status>) {
+        let up = match result {
+            Ok(_) => true,
+            Err(s) => !retryable(s.code()),
+        };
+        self.reachable.store(up, Ordering::Release);
     }
 
     pub fn lease_valid(&self) -> bool {
@@ -147,9 +162,12 @@ impl CenterLink {
     pub async fn heartbeat(&self, pools: Vec<pb::PoolReport>) -> Result<pb::HeartbeatResponse, Status> {
         let req = pb::HeartbeatRequest { channel: self.channel.to_string(), epoch: self.epoch(), pools };
         let sent_at = self.now_ms();
-        let r = self.client.clone().heartbeat(req).await?.into_inner();
-        self.renew_lease(sent_at);
-        Ok(r)
+        let r = self.client.clone().heartbeat(req).await.map(|r| r.into_inner());
+        self.note(&r);
+        if r.is_ok() {
+            self.renew_lease(sent_at);
+        }
+        r
     }
 
     pub async fn watch(&self) -> Result<tonic::Streaming<pb::ChannelEvent>, Status> {
@@ -170,7 +188,9 @@ impl CenterLink {
         let mut delay = Duration::from_millis(50);
         let mut attempt = 1;
         loop {
-            match f(self.client.clone(), self.epoch()).await {
+            let result = f(self.client.clone(), self.epoch()).await;
+            self.note(&result);
+            match result {
                 Ok(v) => return Ok(v),
                 Err(s) if retryable(s.code()) && attempt < ATTEMPTS => {
                     tracing::debug!(code = ?s.code(), attempt, "center call failed, retrying with the same request id");

@@ -1,5 +1,6 @@
 //! Integration tests of the center over real gRPC, against PostgreSQL and SQLite.
 
+mod center_crash;
 mod concurrency;
 mod contract;
 mod lost_reply;
