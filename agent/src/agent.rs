@@ -475,13 +475,22 @@ impl Agent {
         use pb::channel_event::Event;
         match event {
             Event::WatermarksChanged(w) => {
-                if let (Some(item), Some(wm)) = (self.items.get(&w.item_id).map(|e| Arc::clone(&e)), w.watermarks) {
-                    item.set_watermarks(inventory_core::watermarks::Watermarks {
-                        low: wm.low,
-                        high: wm.high,
-                        batch: wm.batch.max(1),
-                    });
-                    tracing::info!(item = %w.item_id, low = wm.low, high = wm.high, batch = wm.batch, "watermarks changed");
+                if let Some(item) = self.items.get(&w.item_id).map(|e| Arc::clone(&e)) {
+                    // Re-read the whole policy (watermarks, and whether the item closed).
+                    match self.link.describe(&w.item_id).await {
+                        Ok(d) => item.set_policy(Policy::from_describe(&d)),
+                        Err(_) => {
+                            if let Some(wm) = w.watermarks {
+                                item.set_watermarks(inventory_core::watermarks::Watermarks {
+                                    low: wm.low,
+                                    high: wm.high,
+                                    batch: wm.batch.max(1),
+                                });
+                            }
+                        }
+                    }
+                    let p = item.policy();
+                    tracing::info!(item = %w.item_id, low = p.watermarks.low, high = p.watermarks.high, batch = p.watermarks.batch, closed = p.closed, "item settings changed");
                     // Act at once (a raised low watermark borrows now).
                     let _ = self.rebalance(&item, crate::clock::now_ms()).await;
                 }

@@ -27,6 +27,10 @@ pub struct CenterConfig {
     /// How long after lease expiry Reclaim is allowed.
     #[arg(long, env = "INVENTORY_RECLAIM_GRACE_MS", default_value_t = 5_000)]
     pub reclaim_grace_ms: u64,
+    /// Reclaim a dead channel's unsold units automatically this long after its lease
+    /// expired (0: never; operators use `invctl reclaim`).
+    #[arg(long, env = "INVENTORY_AUTO_RECLAIM_AFTER_MS", default_value_t = 0)]
+    pub auto_reclaim_after_ms: u64,
     #[arg(long, env = "INVENTORY_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
 }
@@ -40,6 +44,7 @@ impl CenterConfig {
             database_url: database_url.to_owned(),
             lease_ttl_ms: 10_000,
             reclaim_grace_ms: 0,
+            auto_reclaim_after_ms: 0,
             log_format: LogFormat::Text,
         }
     }

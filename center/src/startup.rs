@@ -30,6 +30,7 @@ pub struct Application {
     events: EventHub,
     faults: Arc<FaultHooks>,
     lease: LeaseSettings,
+    auto_reclaim_after_ms: u64,
 }
 
 impl Application {
@@ -46,6 +47,7 @@ impl Application {
             events: EventHub::new(),
             faults: Arc::new(FaultHooks::default()),
             lease: LeaseSettings { lease_ttl_ms: config.lease_ttl_ms, reclaim_grace_ms: config.reclaim_grace_ms },
+            auto_reclaim_after_ms: config.auto_reclaim_after_ms,
         })
     }
 
@@ -86,6 +88,15 @@ impl Application {
             });
         let http = tokio::spawn(async move { http.await });
 
+        let reclaimer = (self.auto_reclaim_after_ms > 0).then(|| {
+            tokio::spawn(crate::reclaimer::run(
+                Arc::clone(&self.store),
+                self.events.clone(),
+                self.auto_reclaim_after_ms,
+                stop_rx.clone(),
+            ))
+        });
+
         tracing::info!(grpc = %self.grpc_addr, http = %self.http_addr, "center serving");
         let mut grpc_stop = stop_rx;
         let grpc = tonic::transport::Server::builder()
@@ -105,6 +116,9 @@ impl Application {
             let _ = stop_tx.send(true);
         });
         grpc.await?;
+        if let Some(r) = reclaimer {
+            let _ = r.await;
+        }
         http.await??;
         Ok(())
     }

@@ -52,6 +52,19 @@ enum Command {
         #[arg(long)]
         item: Option<String>,
     },
+    /// Channels: epoch, lease, last heartbeat, what they hold and report.
+    #[command(subcommand)]
+    Channel(ChannelCmd),
+    /// Settle a channel's in-doubt units after its pool store lost data: --sold units
+    /// (what its orders show) are written off as sold, the rest go back to the center.
+    Resolve {
+        #[arg(long)]
+        item: String,
+        #[arg(long)]
+        channel: String,
+        #[arg(long)]
+        sold: u64,
+    },
     /// Take back a dead channel's unsold units (refused while its lease is live).
     Reclaim {
         #[arg(long)]
@@ -89,6 +102,12 @@ enum ItemCmd {
     Show { item: String },
     /// Every item.
     List,
+    /// Stop granting the item to channels (pools sell out, then SOLD_OUT); --reopen undoes.
+    Close {
+        item: String,
+        #[arg(long)]
+        reopen: bool,
+    },
     /// Add units; repeat with the same --request-id to retry safely.
     AddStock {
         item: String,
@@ -98,6 +117,14 @@ enum ItemCmd {
         #[arg(long)]
         request_id: Option<String>,
     },
+}
+
+#[derive(Subcommand)]
+enum ChannelCmd {
+    /// Every channel, one line each.
+    List,
+    /// One channel, per item.
+    Show { channel: String },
 }
 
 #[derive(Subcommand)]
@@ -428,6 +455,123 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 text
             });
         }
+        Command::Item(ItemCmd::Close { item, reopen }) => {
+            let r = admin(&cli.center)
+                .await?
+                .close_item(pb::CloseItemRequest { item_id: item.clone(), closed: !reopen })
+                .await?
+                .into_inner();
+            let i = r.item.unwrap_or_default();
+            print(out, item_json(&i), || {
+                format!("item {item} {}\n", if i.closed { "closed: no more grants" } else { "open" })
+            });
+        }
+        Command::Channel(cmd) => {
+            let wanted = match &cmd {
+                ChannelCmd::List => String::new(),
+                ChannelCmd::Show { channel } => channel.clone(),
+            };
+            let r = admin(&cli.center)
+                .await?
+                .list_channels(pb::ListChannelsRequest { channel: wanted })
+                .await?
+                .into_inner();
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as i64)
+                .unwrap_or(0);
+            let j: Vec<Value> = r
+                .channels
+                .iter()
+                .map(|c| {
+                    json!({"channel": c.channel, "agent_id": c.agent_id, "epoch": c.epoch,
+                        "lease_expires_at_unix_ms": c.lease_expires_at_unix_ms, "lease_live": c.lease_live,
+                        "last_heartbeat_unix_ms": c.last_heartbeat_unix_ms,
+                        "items": c.items.iter().map(|i| json!({"item_id": i.item_id, "held": i.held,
+                            "reported": {"available": i.reported_available, "reserved": i.reported_reserved, "sold": i.reported_sold},
+                            "drift": i.drift, "in_doubt": i.in_doubt})).collect::<Vec<_>>()})
+                })
+                .collect();
+            let lease = |c: &pb::ChannelInfo| {
+                if c.lease_live {
+                    format!("live ({} ms left)", c.lease_expires_at_unix_ms - now)
+                } else {
+                    format!("expired {} ms ago", now - c.lease_expires_at_unix_ms)
+                }
+            };
+            let ago = |t: i64| format!("{} ms ago", now - t);
+            print(out, Value::Array(j), || match cmd {
+                ChannelCmd::List => {
+                    let mut t = Table::new(&[
+                        "CHANNEL",
+                        "AGENT",
+                        "EPOCH",
+                        "LEASE",
+                        "LAST HEARTBEAT",
+                        "ITEMS",
+                        "HELD",
+                        "DRIFT",
+                        "IN DOUBT",
+                    ]);
+                    for c in &r.channels {
+                        t.row(vec![
+                            c.channel.clone(),
+                            c.agent_id.clone(),
+                            c.epoch.to_string(),
+                            lease(c),
+                            ago(c.last_heartbeat_unix_ms),
+                            c.items.len().to_string(),
+                            c.items.iter().map(|i| i.held).sum::<u64>().to_string(),
+                            c.items.iter().map(|i| i.drift).sum::<i64>().to_string(),
+                            c.items.iter().map(|i| i.in_doubt).sum::<u64>().to_string(),
+                        ]);
+                    }
+                    t.render()
+                }
+                ChannelCmd::Show { .. } => {
+                    let mut text = String::new();
+                    for c in &r.channels {
+                        text.push_str(&fields(&[
+                            ("channel", c.channel.clone()),
+                            ("agent", c.agent_id.clone()),
+                            ("epoch", c.epoch.to_string()),
+                            ("lease", lease(c)),
+                            ("last heartbeat", ago(c.last_heartbeat_unix_ms)),
+                        ]));
+                        let mut t = Table::new(&["ITEM", "HELD", "AVAILABLE", "RESERVED", "SOLD", "DRIFT", "IN DOUBT"]);
+                        for i in &c.items {
+                            t.row(vec![
+                                i.item_id.clone(),
+                                i.held.to_string(),
+                                i.reported_available.to_string(),
+                                i.reported_reserved.to_string(),
+                                i.reported_sold.to_string(),
+                                i.drift.to_string(),
+                                i.in_doubt.to_string(),
+                            ]);
+                        }
+                        text.push('\n');
+                        text.push_str(&t.render());
+                    }
+                    text
+                }
+            });
+        }
+        Command::Resolve { item, channel, sold } => {
+            let r = admin(&cli.center)
+                .await?
+                .resolve_in_doubt(pb::ResolveInDoubtRequest { item_id: item.clone(), channel: channel.clone(), sold })
+                .await?
+                .into_inner();
+            let j = json!({"item_id": item, "channel": channel, "written_off": r.written_off,
+                "returned_to_center": r.returned_to_center, "item": r.item.as_ref().map(item_json)});
+            print(out, j, || {
+                format!(
+                    "{item} in channel {channel}: {} written off as sold, {} back at the center\n",
+                    r.written_off, r.returned_to_center
+                )
+            });
+        }
         Command::Item(ItemCmd::List) => {
             let r = admin(&cli.center).await?.list_items(pb::ListItemsRequest {}).await?.into_inner();
             print(out, Value::Array(r.items.iter().map(item_json).collect()), || items_table(&r.items));
@@ -509,6 +653,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 "ok": r.ok, "items_checked": r.items_checked,
                 "violations": r.violations.iter().map(finding).collect::<Vec<_>>(),
                 "drifts": r.drifts.iter().map(finding).collect::<Vec<_>>(),
+                "in_doubt": r.in_doubt.iter().map(finding).collect::<Vec<_>>(),
             });
             print(out, j, || {
                 let verdict = if r.ok { "ok: no invariant violated" } else { "VIOLATED" };
@@ -518,6 +663,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
                     .iter()
                     .map(|v| ("violation", v))
                     .chain(r.drifts.iter().map(|v| ("drift", v)))
+                    .chain(r.in_doubt.iter().map(|v| ("in doubt", v)))
                     .collect();
                 if !rows.is_empty() {
                     let mut t = Table::new(&["KIND", "ITEM", "CHANNEL", "RULE", "DETAIL"]);

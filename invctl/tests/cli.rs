@@ -121,3 +121,58 @@ async fn completions_are_generated() {
     assert!(o.status.success());
     assert!(stdout(&o).contains("invctl"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channel_list_show_close_and_resolve() {
+    use inventory_proto::v1 as pb;
+    let c = start_center().await;
+    invctl(&c.url, &["item", "create", "i", "--total", "50"]).await;
+    let mut center = inventory_proto::v1::center_client::CenterClient::connect(c.url.clone()).await.unwrap();
+    let epoch = center
+        .register_agent(pb::RegisterAgentRequest { channel: "app".into(), agent_id: "app-7".into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .epoch;
+    center
+        .borrow(pb::BorrowRequest {
+            item_id: "i".into(),
+            channel: "app".into(),
+            epoch,
+            quantity: 20,
+            request_id: "b".into(),
+        })
+        .await
+        .unwrap();
+
+    let o = invctl(&c.url, &["channel", "list"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.starts_with("CHANNEL") && text.contains("app-7") && text.contains("live"), "{text}");
+    let o = invctl(&c.url, &["-o", "json", "channel", "show", "app"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v[0]["items"][0]["held"], 20);
+    assert_eq!(v[0]["epoch"], epoch);
+
+    // The pool is reported lost: reconcile shows it, resolve settles it.
+    center
+        .heartbeat(pb::HeartbeatRequest {
+            channel: "app".into(),
+            epoch,
+            pools: vec![pb::PoolReport { item_id: "i".into(), lost: true, ..Default::default() }],
+        })
+        .await
+        .unwrap();
+    let o = invctl(&c.url, &["reconcile"]).await;
+    assert_eq!(o.status.code(), Some(0), "in doubt is not a violation");
+    assert!(stdout(&o).contains("in doubt") && stdout(&o).contains("invctl resolve"), "{}", stdout(&o));
+    let o = invctl(&c.url, &["resolve", "--item", "i", "--channel", "app", "--sold", "5"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "i in channel app: 5 written off as sold, 15 back at the center\n");
+
+    let o = invctl(&c.url, &["item", "close", "i"]).await;
+    assert_eq!(stdout(&o), "item i closed: no more grants\n");
+    let o = invctl(&c.url, &["-o", "json", "item", "close", "i", "--reopen"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!((v["closed"].as_bool(), v["total"].as_u64()), (Some(false), Some(45)));
+}

@@ -178,6 +178,56 @@ impl pb::admin_server::Admin for AdminService {
         }))
     }
 
+    async fn list_channels(&self, request: Request<pb::ListChannelsRequest>) -> Res<pb::ListChannelsResponse> {
+        let wanted = &request.get_ref().channel;
+        if !wanted.is_empty() {
+            Channel::parse("channel", wanted).map_err(CenterError::from)?;
+        }
+        let now = now_ms();
+        let channels = self
+            .store
+            .channels()
+            .await?
+            .into_iter()
+            .filter(|c| wanted.is_empty() || c.channel == *wanted)
+            .map(|c| pb::ChannelInfo {
+                agent_id: c.session.agent_id.clone(),
+                epoch: c.session.epoch,
+                lease_expires_at_unix_ms: c.session.lease_expires_at_ms,
+                lease_live: c.session.lease_live(now),
+                last_heartbeat_unix_ms: c.session.last_heartbeat_ms,
+                items: c
+                    .allocations
+                    .iter()
+                    .map(|(item_id, a)| pb::ChannelItem {
+                        item_id: item_id.clone(),
+                        held: a.held(),
+                        reported_available: a.reported.available,
+                        reported_reserved: a.reported.reserved,
+                        reported_sold: a.reported.sold,
+                        drift: a.drift(),
+                        in_doubt: a.in_doubt,
+                    })
+                    .collect(),
+                channel: c.channel,
+            })
+            .collect::<Vec<_>>();
+        if !wanted.is_empty() && channels.is_empty() {
+            return Err(CenterError::NotFound { kind: "channel", id: wanted.clone() }.into());
+        }
+        Ok(Response::new(pb::ListChannelsResponse { channels }))
+    }
+
+    async fn close_item(&self, request: Request<pb::CloseItemRequest>) -> Res<pb::CloseItemResponse> {
+        let r = request.into_inner();
+        let item = ItemId::parse("item_id", &r.item_id).map_err(CenterError::from)?;
+        let record = self.store.set_closed(&item, r.closed).await?;
+        tracing::info!(item = %item, closed = r.closed, "item closed state changed");
+        // Agents re-read the item's settings; a reopened item may sell again.
+        self.events.publish(LedgerEvent::Watermarks { item_id: item.to_string(), channel: None });
+        Ok(Response::new(pb::CloseItemResponse { item: Some(pb_item(&record)) }))
+    }
+
     async fn resolve_in_doubt(&self, request: Request<pb::ResolveInDoubtRequest>) -> Res<pb::ResolveInDoubtResponse> {
         let r = request.into_inner();
         let item = ItemId::parse("item_id", &r.item_id).map_err(CenterError::from)?;

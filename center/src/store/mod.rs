@@ -38,6 +38,15 @@ pub struct ChannelRecord {
     pub watermarks_overridden: bool,
 }
 
+/// A channel as operators see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChannelView {
+    pub channel: String,
+    pub session: ChannelSession,
+    /// `(item_id, allocation)`, by item.
+    pub allocations: Vec<(String, Allocation)>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ItemLedger {
     pub item: ItemRecord,
@@ -156,6 +165,10 @@ pub trait LedgerStore: Send + Sync + 'static {
     /// Settles in-doubt units: `sold` written off, the rest back to the center. Returns
     /// the item afterwards and the units returned.
     async fn resolve_in_doubt(&self, item: &ItemId, channel: &Channel, sold: u64) -> Result<(ItemRecord, u64)>;
+    /// Every registered channel with its session and allocations, by channel name.
+    async fn channels(&self) -> Result<Vec<ChannelView>>;
+    /// Closes (no more grants) or reopens an item.
+    async fn set_closed(&self, item: &ItemId, closed: bool) -> Result<ItemRecord>;
     /// The channel's current session, if it ever registered.
     async fn session(&self, channel: &Channel) -> Result<Option<ChannelSession>>;
     async fn policy(&self, item: &ItemId, channel: Option<&Channel>) -> Result<ItemPolicy>;

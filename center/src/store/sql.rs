@@ -23,8 +23,8 @@ use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{Any, AnyPool, Executor, Row, Transaction};
 
 use super::{
-    BorrowOutcome, ChannelRecord, Holding, ItemLedger, ItemPolicy, ItemRecord, LedgerStore, NewItem, PoolReportIn,
-    ReclaimOutcome, Reconciliation, Registration, Result, ReturnOutcome,
+    BorrowOutcome, ChannelRecord, ChannelView, Holding, ItemLedger, ItemPolicy, ItemRecord, LedgerStore, NewItem,
+    PoolReportIn, ReclaimOutcome, Reconciliation, Registration, Result, ReturnOutcome,
 };
 use crate::error::CenterError;
 
@@ -598,6 +598,40 @@ impl LedgerStore for SqlLedger {
         let record = self.item_record(&mut tx, item).await?;
         tx.commit().await?;
         Ok((record, returned))
+    }
+
+    async fn channels(&self) -> Result<Vec<ChannelView>> {
+        let mut tx = self.begin_read().await?;
+        let sessions = sqlx::query(&format!("{SESSION_SELECT} ORDER BY channel")).fetch_all(&mut *tx).await?;
+        let allocations = sqlx::query(&format!("{ALLOC_SELECT} ORDER BY channel, item_id")).fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        let allocations = allocations.iter().map(alloc_from_row).collect::<Result<Vec<_>>>()?;
+        sessions
+            .iter()
+            .map(|row| {
+                let channel: String = row.try_get("channel")?;
+                let session = session_from_row(row)?;
+                let mine = allocations
+                    .iter()
+                    .filter(|(_, c, _)| *c == channel)
+                    .map(|(item, _, a)| (item.clone(), *a))
+                    .collect();
+                Ok(ChannelView { channel, session, allocations: mine })
+            })
+            .collect()
+    }
+
+    async fn set_closed(&self, item: &ItemId, closed: bool) -> Result<ItemRecord> {
+        let mut tx = self.begin().await?;
+        self.lock_item(&mut tx, item).await?;
+        sqlx::query("UPDATE items SET closed = $1 WHERE item_id = $2")
+            .bind(i64::from(closed))
+            .bind(item.as_str())
+            .execute(&mut *tx)
+            .await?;
+        let record = self.item_record(&mut tx, item).await?;
+        tx.commit().await?;
+        Ok(record)
     }
 
     async fn session(&self, channel: &Channel) -> Result<Option<ChannelSession>> {

@@ -26,6 +26,10 @@ crate::for_each_backend!(
     reclaim_waits_for_lease_then_fences_the_old_epoch,
     watch_channel_streams_watermark_changes,
     health_and_reflection_are_served,
+    close_item_stops_grants_and_reopen_restores_them,
+    list_channels_shows_sessions_and_holdings,
+    auto_reclaim_takes_back_a_dead_channels_units,
+    in_doubt_units_are_never_reclaimed_and_resolve_once,
 );
 
 pub async fn create(admin: &mut AdminClient<Channel>, item: &str, total: u64) -> pb::Item {
@@ -385,14 +389,10 @@ async fn reconcile_reports_drift_and_detects_corruption(c: TestCenter) {
     assert!(broken.violations[0].detail.contains("total 100 != center available 59 + held 40"), "{broken:?}");
 }
 
-async fn reclaim_waits_for_lease_then_fences_the_old_epoch(_c: TestCenter) {
+async fn reclaim_waits_for_lease_then_fences_the_old_epoch(c: TestCenter) {
     // This contract needs a short lease: start a second center on the same backend kind.
-    let backend = if _c.database_url.starts_with("postgres") {
-        crate::support::Backend::Postgres
-    } else {
-        crate::support::Backend::Sqlite
-    };
-    drop(_c);
+    let backend = backend_of(&c);
+    drop(c);
     let c = TestCenter::start_with(backend, |cfg| {
         cfg.lease_ttl_ms = 300;
         cfg.reclaim_grace_ms = 100;
@@ -496,4 +496,154 @@ async fn health_and_reflection_are_served(c: TestCenter) {
     for wanted in ["inventory.v1.Center", "inventory.v1.Admin", "grpc.health.v1.Health"] {
         assert!(names.contains(&wanted), "{wanted} missing from {names:?}");
     }
+}
+
+async fn close_item_stops_grants_and_reopen_restores_them(c: TestCenter) {
+    let (mut admin, mut center) = (c.admin().await, c.center().await);
+    create(&mut admin, "i", 100).await;
+    let epoch = register(&mut center, "app").await;
+    let close = |closed| pb::CloseItemRequest { item_id: "i".into(), closed };
+    let closed = admin.close_item(close(true)).await.unwrap().into_inner().item.unwrap();
+    assert!(closed.closed);
+    let d = center.describe_item(pb::DescribeItemRequest { item_id: "i".into(), channel: "app".into() }).await;
+    assert!(d.unwrap().into_inner().closed);
+    let b = borrow(&mut center, "i", "app", epoch, 10, "b1").await.unwrap();
+    assert_eq!(b.granted, 0);
+    assert!(!admin.close_item(close(false)).await.unwrap().into_inner().item.unwrap().closed);
+    assert_eq!(borrow(&mut center, "i", "app", epoch, 10, "b2").await.unwrap().granted, 10);
+    assert_status(
+        admin.close_item(pb::CloseItemRequest { item_id: "x y".into(), closed: true }).await,
+        Code::InvalidArgument,
+        "invalid item_id",
+    );
+}
+
+async fn list_channels_shows_sessions_and_holdings(c: TestCenter) {
+    let (mut admin, mut center) = (c.admin().await, c.center().await);
+    create(&mut admin, "i", 100).await;
+    let app = register(&mut center, "app").await;
+    register(&mut center, "web").await;
+    borrow(&mut center, "i", "app", app, 30, "b1").await.unwrap();
+    center
+        .heartbeat(pb::HeartbeatRequest {
+            channel: "app".into(),
+            epoch: app,
+            pools: vec![pb::PoolReport {
+                item_id: "i".into(),
+                available: 20,
+                reserved: 5,
+                sold: 4,
+                ..Default::default()
+            }],
+        })
+        .await
+        .unwrap();
+    let all = admin.list_channels(pb::ListChannelsRequest::default()).await.unwrap().into_inner();
+    let names: Vec<_> = all.channels.iter().map(|c| c.channel.as_str()).collect();
+    assert_eq!(names, ["app", "web"]);
+    let a = &all.channels[0];
+    assert!(a.lease_live);
+    assert_eq!((a.epoch, a.agent_id.as_str()), (app, "app-1"));
+    assert_eq!(a.items.len(), 1);
+    assert_eq!((a.items[0].held, a.items[0].reported_available, a.items[0].drift), (30, 20, 1));
+    let one = admin.list_channels(pb::ListChannelsRequest { channel: "web".into() }).await.unwrap().into_inner();
+    assert_eq!(one.channels.len(), 1);
+    assert!(one.channels[0].items.is_empty());
+    assert_status(
+        admin.list_channels(pb::ListChannelsRequest { channel: "nope".into() }).await,
+        Code::NotFound,
+        "nope",
+    );
+}
+
+fn backend_of(c: &TestCenter) -> crate::support::Backend {
+    if c.database_url.starts_with("postgres") {
+        crate::support::Backend::Postgres
+    } else {
+        crate::support::Backend::Sqlite
+    }
+}
+
+async fn auto_reclaim_takes_back_a_dead_channels_units(c: TestCenter) {
+    let backend = backend_of(&c);
+    drop(c);
+    let c = TestCenter::start_with(backend, |cfg| {
+        cfg.lease_ttl_ms = 200;
+        cfg.auto_reclaim_after_ms = 100;
+    })
+    .await;
+    let (mut admin, mut center) = (c.admin().await, c.center().await);
+    create(&mut admin, "i", 100).await;
+    let epoch = register(&mut center, "app").await;
+    borrow(&mut center, "i", "app", epoch, 40, "b1").await.unwrap();
+    center
+        .heartbeat(pb::HeartbeatRequest {
+            channel: "app".into(),
+            epoch,
+            pools: vec![pb::PoolReport { item_id: "i".into(), available: 30, reserved: 10, ..Default::default() }],
+        })
+        .await
+        .unwrap();
+    // Nobody calls Reclaim: the center does it once the lease is long gone.
+    let reclaimed = inventory_test_support::wait_until(Duration::from_secs(10), || {
+        let mut admin = admin.clone();
+        async move { ledger(&mut admin, "i").await.channels[0].reclaimed == 30 }
+    })
+    .await;
+    assert!(reclaimed, "auto reclaim never happened");
+    let view = ledger(&mut admin, "i").await;
+    assert_eq!((view.item.as_ref().unwrap().available, view.channels[0].held), (90, 10));
+    assert!(view.channels[0].epoch > epoch, "the dead agent is fenced");
+    assert!(reconcile(&mut admin).await.ok);
+}
+
+async fn in_doubt_units_are_never_reclaimed_and_resolve_once(c: TestCenter) {
+    let backend = backend_of(&c);
+    drop(c);
+    let c = TestCenter::start_with(backend, |cfg| cfg.lease_ttl_ms = 200).await;
+    let (mut admin, mut center) = (c.admin().await, c.center().await);
+    create(&mut admin, "i", 100).await;
+    let epoch = register(&mut center, "app").await;
+    borrow(&mut center, "i", "app", epoch, 40, "b1").await.unwrap();
+    center
+        .heartbeat(pb::HeartbeatRequest {
+            channel: "app".into(),
+            epoch,
+            pools: vec![pb::PoolReport { item_id: "i".into(), lost: true, ..Default::default() }],
+        })
+        .await
+        .unwrap();
+    let r = reconcile(&mut admin).await;
+    assert!(r.ok);
+    assert_eq!(r.in_doubt.len(), 1);
+    assert!(r.in_doubt[0].detail.starts_with("40 units in doubt"), "{r:?}");
+    // Registration tells a restarted agent the units are in doubt.
+    let again = center
+        .register_agent(pb::RegisterAgentRequest { channel: "app".into(), agent_id: "app-2".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((again.held[0].held, again.held[0].in_doubt), (40, 40));
+    // Lease gone: a reclaim takes nothing that is in doubt.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let out = loop {
+        match admin.reclaim(pb::ReclaimRequest { channel: "app".into() }).await {
+            Ok(r) => break r.into_inner(),
+            Err(_) => {
+                assert!(std::time::Instant::now() < deadline);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert_eq!(out.items[0].reclaimed, 0);
+    let resolve = |sold| pb::ResolveInDoubtRequest { item_id: "i".into(), channel: "app".into(), sold };
+    assert_status(admin.resolve_in_doubt(resolve(41)).await, Code::FailedPrecondition, "holds 40");
+    let done = admin.resolve_in_doubt(resolve(15)).await.unwrap().into_inner();
+    assert_eq!((done.written_off, done.returned_to_center), (15, 25));
+    assert_status(admin.resolve_in_doubt(resolve(15)).await, Code::FailedPrecondition, "nothing in doubt");
+    let view = ledger(&mut admin, "i").await;
+    let item = view.item.as_ref().unwrap();
+    assert_eq!((item.total, item.available, item.written_off, view.channels[0].held), (85, 85, 15, 0));
+    let r = reconcile(&mut admin).await;
+    assert!(r.ok && r.in_doubt.is_empty(), "{r:?}");
 }
