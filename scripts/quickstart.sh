@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the product on its embedded defaults: a center on a SQLite file and two agents
-# ("app" and "web") with in-memory pools. Nothing to install. Then it creates an item,
+# ("app" and "web") with in-memory pools. Nothing to install. It runs without tokens
+# (--insecure, on 127.0.0.1 only); see README.md for tokens and TLS. Then it creates an item,
 # runs a small sale through both agents with invctl, and shows the ledger.
 #
 #   scripts/quickstart.sh            build (release), run the demo, keep serving until Ctrl-C
@@ -41,7 +42,7 @@ web_http=${base:+$((base + 6))}; web_http=${web_http:-9466}
 
 export RUST_LOG="${RUST_LOG:-warn}"
 "$bin/inventory-center" --listen "127.0.0.1:$center_grpc" --http-listen "127.0.0.1:$center_http" \
-    --database-url "sqlite://$work/inventory.db" >"$work/center.log" 2>&1 &
+    --database-url "sqlite://$work/inventory.db" --insecure >"$work/center.log" 2>&1 &
 pids+=($!)
 export INVENTORY_CENTER="http://127.0.0.1:$center_grpc"
 invctl="$bin/invctl"
@@ -53,7 +54,7 @@ echo "== create an item: 100 units, at most 2 per user"
 for ch in app web; do
     if [ "$ch" = app ]; then g=$app_grpc; h=$app_http; else g=$web_grpc; h=$web_http; fi
     "$bin/inventory-agent" --channel "$ch" --agent-id "$ch-1" --center "$INVENTORY_CENTER" \
-        --listen "127.0.0.1:$g" --http-listen "127.0.0.1:$h" --store memory >"$work/agent-$ch.log" 2>&1 &
+        --listen "127.0.0.1:$g" --http-listen "127.0.0.1:$h" --store memory --insecure >"$work/agent-$ch.log" 2>&1 &
     pids+=($!)
 done
 for g in $app_grpc $web_grpc; do

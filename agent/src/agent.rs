@@ -18,6 +18,7 @@ use crate::error::{AgentError, from_center};
 use crate::items::{ItemRuntime, Policy};
 use crate::link::CenterLink;
 use crate::metrics::Metrics;
+use crate::security::UserLimits;
 use crate::store::{AcquireArgs, AcquireResult, PoolSnapshot, PoolStore, ReservationState, Transition};
 
 /// At most one starvation Borrow per item per this many ms.
@@ -48,6 +49,9 @@ pub struct AcquireRequest {
 
 pub struct Agent {
     pub store: Arc<dyn PoolStore>,
+    pub limits: UserLimits,
+    /// Acquires refused by the per-user rate limit.
+    pub rate_limited: std::sync::atomic::AtomicU64,
     pub link: CenterLink,
     pub items: DashMap<String, Arc<ItemRuntime>>,
     pub metrics: Metrics,
@@ -56,9 +60,11 @@ pub struct Agent {
 }
 
 impl Agent {
-    pub fn new(store: Arc<dyn PoolStore>, link: CenterLink, settings: AgentSettings) -> Self {
+    pub fn new(store: Arc<dyn PoolStore>, link: CenterLink, settings: AgentSettings, limits: UserLimits) -> Self {
         Self {
             store,
+            limits,
+            rate_limited: Default::default(),
             link,
             items: DashMap::new(),
             metrics: Metrics::default(),
@@ -98,6 +104,13 @@ impl Agent {
     pub async fn acquire(self: &Arc<Self>, req: AcquireRequest) -> Result<pb::AcquireResponse, AgentError> {
         if self.is_draining() {
             return Err(AgentError::Unavailable("agent is shutting down; retry on another agent".into()));
+        }
+        if !self.limits.allow(req.user.as_str()) {
+            self.rate_limited.fetch_add(1, Ordering::Relaxed);
+            return Err(AgentError::ResourceExhausted(format!(
+                "user_id {:?} is sending requests too fast; retry later",
+                req.user.as_str()
+            )));
         }
         if !self.link.lease_valid() {
             return Err(AgentError::Unavailable(

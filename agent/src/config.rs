@@ -2,6 +2,7 @@
 //! `INVENTORY_<FLAG>` (e.g. `INVENTORY_REDIS_URL`).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum StoreKind {
@@ -68,6 +69,45 @@ pub struct AgentConfig {
     pub center_timeout_ms: u64,
     #[arg(long, env = "INVENTORY_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Token this agent presents to the center (bound to its channel there).
+    #[arg(long, env = "INVENTORY_CENTER_TOKEN", hide_env_values = true)]
+    pub center_token: Option<String>,
+    #[arg(long, env = "INVENTORY_CENTER_TOKEN_FILE")]
+    pub center_token_file: Option<PathBuf>,
+    /// Tokens the channel's backends must present to the Agent service (comma separated).
+    #[arg(long, env = "INVENTORY_BACKEND_TOKENS", hide_env_values = true)]
+    pub backend_tokens: Option<String>,
+    /// File of backend tokens, one per line.
+    #[arg(long, env = "INVENTORY_BACKEND_TOKENS_FILE")]
+    pub backend_tokens_file: Option<PathBuf>,
+    /// Run without tokens. Logged loudly at start.
+    #[arg(long, env = "INVENTORY_INSECURE")]
+    pub insecure: bool,
+    /// TLS certificate and key (PEM) for the agent's gRPC listener.
+    #[arg(long, env = "INVENTORY_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    #[arg(long, env = "INVENTORY_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// CA (PEM) that backends' client certificates must chain to (mutual TLS).
+    #[arg(long, env = "INVENTORY_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// CA (PEM) that the center's certificate must chain to; needed for https:// centers.
+    #[arg(long, env = "INVENTORY_CENTER_CA")]
+    pub center_ca: Option<PathBuf>,
+    /// Client certificate and key (PEM) for mutual TLS with the center.
+    #[arg(long, env = "INVENTORY_CENTER_CLIENT_CERT")]
+    pub center_client_cert: Option<PathBuf>,
+    #[arg(long, env = "INVENTORY_CENTER_CLIENT_KEY")]
+    pub center_client_key: Option<PathBuf>,
+    /// Per-user Acquire rate (requests per second, GCRA) before RESOURCE_EXHAUSTED.
+    #[arg(long, env = "INVENTORY_USER_RATE_PER_SEC", default_value_t = 5)]
+    pub user_rate_per_sec: u32,
+    /// Per-user burst above the rate.
+    #[arg(long, env = "INVENTORY_USER_BURST", default_value_t = 10)]
+    pub user_burst: u32,
+    /// Requests in progress at once before new ones are shed with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "INVENTORY_MAX_CONCURRENT_REQUESTS", default_value_t = 1024)]
+    pub max_concurrent_requests: usize,
 }
 
 impl AgentConfig {
@@ -89,6 +129,21 @@ impl AgentConfig {
             lease_margin_ms: 200,
             center_timeout_ms: 2_000,
             log_format: LogFormat::Text,
+            center_token: None,
+            center_token_file: None,
+            backend_tokens: None,
+            backend_tokens_file: None,
+            insecure: true,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
+            center_ca: None,
+            center_client_cert: None,
+            center_client_key: None,
+            // Generous: end-to-end tests send many requests per user.
+            user_rate_per_sec: 100_000,
+            user_burst: 100_000,
+            max_concurrent_requests: 4_096,
         }
     }
 }

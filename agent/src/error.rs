@@ -19,6 +19,9 @@ pub enum AgentError {
     /// may retry with the same idempotency key.
     #[error("{0}")]
     Unavailable(String),
+    /// Rate-limited or overloaded: answered at once instead of queueing into timeouts.
+    #[error("{0}")]
+    ResourceExhausted(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -52,6 +55,7 @@ impl From<AgentError> for Status {
                 tracing::debug!(error = %m, "unavailable");
                 Status::unavailable(m.clone())
             }
+            AgentError::ResourceExhausted(m) => Status::resource_exhausted(m.clone()),
             AgentError::Internal(m) => {
                 tracing::error!(error = %m, "internal error");
                 Status::internal("internal error")

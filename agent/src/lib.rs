@@ -15,6 +15,7 @@ pub mod http;
 pub mod items;
 pub mod link;
 pub mod metrics;
+pub mod security;
 pub mod service;
 pub mod startup;
 pub mod store;

@@ -26,6 +26,8 @@ pub struct CenterLink {
     lease_margin_ms: u64,
     /// Whether the last call to the center got an answer.
     reachable: AtomicBool,
+    /// `Bearer <token>` for the center; never logged.
+    auth: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 }
 
 fn retryable(code: Code) -> bool {
@@ -40,11 +42,20 @@ impl CenterLink {
         agent_id: AgentId,
         call_timeout: Duration,
         lease_margin: Duration,
+        tls: Option<tonic::transport::ClientTlsConfig>,
+        token: Option<&str>,
     ) -> anyhow::Result<Self> {
-        let endpoint = Endpoint::from_shared(url.to_owned())?
+        let mut endpoint = Endpoint::from_shared(url.to_owned())?
             .connect_timeout(Duration::from_secs(2))
             .timeout(call_timeout)
             .tcp_nodelay(true);
+        if let Some(tls) = tls {
+            endpoint = endpoint.tls_config(tls)?;
+        }
+        let auth = match token {
+            Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| anyhow::anyhow!("center token is not ascii"))?),
+            None => None,
+        };
         Ok(Self {
             client: CenterClient::new(endpoint.connect_lazy()),
             channel,
@@ -55,6 +66,7 @@ impl CenterLink {
             lease_until_ms: AtomicI64::new(0),
             lease_margin_ms: lease_margin.as_millis() as u64,
             reachable: AtomicBool::new(true),
+            auth,
         })
     }
 
@@ -76,6 +88,15 @@ impl CenterLink {
 
     pub fn drop_lease(&self) {
         self.lease_until_ms.store(0, Ordering::Release);
+    }
+
+    /// A request carrying the agent's token.
+    fn req<T>(&self, message: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(message);
+        if let Some(auth) = &self.auth {
+            r.metadata_mut().insert("authorization", auth.clone());
+        }
+        r
     }
 
     pub fn reachable(&self) -> bool {
@@ -109,10 +130,10 @@ impl CenterLink {
         let r = self
             .client
             .clone()
-            .register_agent(pb::RegisterAgentRequest {
+            .register_agent(self.req(pb::RegisterAgentRequest {
                 channel: self.channel.to_string(),
                 agent_id: self.agent_id.to_string(),
-            })
+            }))
             .await?
             .into_inner();
         self.epoch.store(r.epoch, Ordering::Release);
@@ -122,7 +143,7 @@ impl CenterLink {
 
     pub async fn describe(&self, item_id: &str) -> Result<pb::DescribeItemResponse, Status> {
         let req = pb::DescribeItemRequest { item_id: item_id.to_owned(), channel: self.channel.to_string() };
-        Ok(self.client.clone().describe_item(req).await?.into_inner())
+        Ok(self.client.clone().describe_item(self.req(req)).await?.into_inner())
     }
 
     pub async fn borrow(&self, item_id: &str, quantity: u64, request_id: &str) -> Result<pb::BorrowResponse, Status> {
@@ -134,6 +155,7 @@ impl CenterLink {
                 quantity,
                 request_id: request_id.to_owned(),
             };
+            let req = self.req(req);
             async move { c.borrow(req).await.map(|r| r.into_inner()) }
         })
         .await
@@ -153,6 +175,7 @@ impl CenterLink {
                 quantity,
                 request_id: request_id.to_owned(),
             };
+            let req = self.req(req);
             async move { c.r#return(req).await.map(|r| r.into_inner()) }
         })
         .await
@@ -162,7 +185,7 @@ impl CenterLink {
     pub async fn heartbeat(&self, pools: Vec<pb::PoolReport>) -> Result<pb::HeartbeatResponse, Status> {
         let req = pb::HeartbeatRequest { channel: self.channel.to_string(), epoch: self.epoch(), pools };
         let sent_at = self.now_ms();
-        let r = self.client.clone().heartbeat(req).await.map(|r| r.into_inner());
+        let r = self.client.clone().heartbeat(self.req(req)).await.map(|r| r.into_inner());
         self.note(&r);
         if r.is_ok() {
             self.renew_lease(sent_at);
@@ -173,7 +196,7 @@ impl CenterLink {
     pub async fn watch(&self) -> Result<tonic::Streaming<pb::ChannelEvent>, Status> {
         let req = pb::WatchChannelRequest { channel: self.channel.to_string(), epoch: self.epoch() };
         // No deadline on the stream itself: it lives as long as the agent.
-        let mut request = tonic::Request::new(req);
+        let mut request = self.req(req);
         request.set_timeout(Duration::from_secs(365 * 24 * 3600));
         Ok(self.client.clone().watch_channel(request).await?.into_inner())
     }

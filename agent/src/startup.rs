@@ -14,11 +14,16 @@ use tokio_stream::wrappers::TcpListenerStream;
 use crate::agent::{Agent, AgentSettings};
 use crate::config::{AgentConfig, StoreKind};
 use crate::link::CenterLink;
+use crate::security::{BackendAuth, Security, UserLimits};
 use crate::service::AgentService;
 use crate::store::PoolStore;
 use crate::store::memory::MemoryPoolStore;
 use crate::store::redis::RedisPoolStore;
 use crate::workers;
+use tonic::service::interceptor::InterceptedService;
+
+/// Largest request the agent decodes: every Agent request is a few ids and numbers.
+const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 
 /// How long start-up keeps trying to reach the center.
 const REGISTER_PATIENCE: Duration = Duration::from_secs(30);
@@ -29,6 +34,9 @@ pub struct Application {
     grpc_addr: SocketAddr,
     http_addr: SocketAddr,
     agent: Arc<Agent>,
+    security: Arc<Security>,
+    server_tls: Option<tonic::transport::ServerTlsConfig>,
+    max_concurrent: usize,
     rebalance_interval: Duration,
     heartbeat_interval: Option<Duration>,
 }
@@ -50,18 +58,23 @@ impl Application {
             Some(id) => AgentId::parse("agent_id", id)?,
             None => AgentId::parse("agent_id", &format!("{}-{}", channel, std::process::id()))?,
         };
+        let security = Arc::new(Security::from_config(&config)?);
+        let server_tls = Security::server_tls(&config)?;
         let link = CenterLink::new(
             &config.center,
             channel,
             agent_id,
             Duration::from_millis(config.center_timeout_ms),
             Duration::from_millis(config.lease_margin_ms),
+            Security::center_tls(&config)?,
+            security.center_token.as_deref(),
         )?;
         let settings = AgentSettings {
             miss_wait: Duration::from_millis(config.miss_wait_ms),
             return_sustain_ms: config.return_sustain_ms,
         };
-        let agent = Arc::new(Agent::new(store, link, settings));
+        let limits = UserLimits::new(config.user_rate_per_sec, config.user_burst);
+        let agent = Arc::new(Agent::new(store, link, settings, limits));
         let deadline = Instant::now() + REGISTER_PATIENCE;
         loop {
             match agent.register_and_resync().await {
@@ -81,6 +94,9 @@ impl Application {
             grpc,
             http,
             agent,
+            security,
+            server_tls,
+            max_concurrent: config.max_concurrent_requests.max(1),
             rebalance_interval: Duration::from_millis(config.rebalance_interval_ms.max(1)),
             heartbeat_interval: (config.heartbeat_interval_ms > 0)
                 .then(|| Duration::from_millis(config.heartbeat_interval_ms)),
@@ -107,6 +123,7 @@ impl Application {
             tokio::spawn(workers::rebalancer(Arc::clone(&self.agent), self.rebalance_interval, stop_rx.clone())),
             tokio::spawn(workers::heartbeat(Arc::clone(&self.agent), self.heartbeat_interval, stop_rx.clone())),
             tokio::spawn(workers::watcher(Arc::clone(&self.agent), stop_rx.clone())),
+            tokio::spawn(workers::limiter_gc(Arc::clone(&self.agent), stop_rx.clone())),
         ];
 
         let (health, health_service) = tonic_health::server::health_reporter();
@@ -133,13 +150,30 @@ impl Application {
         });
 
         tracing::info!(grpc = %self.grpc_addr, http = %self.http_addr, channel = %self.agent.link.channel, "agent serving");
-        tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = self.server_tls {
+            builder = builder.tls_config(tls)?;
+        }
+        builder
             // Acquire answers in milliseconds; anything slower is stuck.
             .timeout(Duration::from_secs(10))
             .tcp_nodelay(true)
+            .layer(
+                tower::ServiceBuilder::new()
+                    // Outermost: when the limit below is reached, refuse at once
+                    // (RESOURCE_EXHAUSTED) rather than queue callers into their deadlines.
+                    .load_shed()
+                    // At most this many calls in progress across all connections.
+                    .layer(tower::limit::GlobalConcurrencyLimitLayer::new(self.max_concurrent)),
+            )
             .add_service(health_service)
             .add_service(reflection)
-            .add_service(AgentServer::new(AgentService::new(Arc::clone(&self.agent))))
+            // Backend tokens are checked before the handler parses anything.
+            .add_service(InterceptedService::new(
+                AgentServer::new(AgentService::new(Arc::clone(&self.agent)))
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES),
+                BackendAuth(Arc::clone(&self.security)),
+            ))
             .serve_with_incoming_shutdown(TcpListenerStream::new(self.grpc), async move {
                 let _ = drain_rx.wait_for(|s| *s).await;
             })

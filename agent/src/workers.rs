@@ -105,3 +105,11 @@ async fn resync_policies(agent: &Agent) {
         }
     }
 }
+
+/// Keeps the per-user rate limiter's memory to the recently active users.
+pub async fn limiter_gc(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
+    while tick(&mut stop, Duration::from_secs(1)).await {
+        let tracked = agent.limits.forget_idle();
+        tracing::trace!(tracked, "rate limiter state");
+    }
+}

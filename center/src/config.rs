@@ -2,6 +2,7 @@
 //! `INVENTORY_<FLAG>` (e.g. `INVENTORY_DATABASE_URL`).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
@@ -33,6 +34,29 @@ pub struct CenterConfig {
     pub auto_reclaim_after_ms: u64,
     #[arg(long, env = "INVENTORY_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Operators' token for the Admin service (prefer --operator-token-file).
+    #[arg(long, env = "INVENTORY_OPERATOR_TOKEN", hide_env_values = true)]
+    pub operator_token: Option<String>,
+    /// File holding the operators' token(s), one per line.
+    #[arg(long, env = "INVENTORY_OPERATOR_TOKEN_FILE")]
+    pub operator_token_file: Option<PathBuf>,
+    /// Agents' tokens, each bound to one channel: `channel:token,channel:token`.
+    #[arg(long, env = "INVENTORY_AGENT_TOKENS", hide_env_values = true)]
+    pub agent_tokens: Option<String>,
+    /// File of agents' tokens, one `channel:token` per line.
+    #[arg(long, env = "INVENTORY_AGENT_TOKENS_FILE")]
+    pub agent_tokens_file: Option<PathBuf>,
+    /// Run without tokens (anyone reaching the port may act). Logged loudly at start.
+    #[arg(long, env = "INVENTORY_INSECURE")]
+    pub insecure: bool,
+    /// TLS certificate (PEM) for the gRPC listener; with --tls-key enables TLS.
+    #[arg(long, env = "INVENTORY_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    #[arg(long, env = "INVENTORY_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// CA (PEM) that client certificates must chain to: enables mutual TLS.
+    #[arg(long, env = "INVENTORY_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
 }
 
 impl CenterConfig {
@@ -46,6 +70,14 @@ impl CenterConfig {
             reclaim_grace_ms: 0,
             auto_reclaim_after_ms: 0,
             log_format: LogFormat::Text,
+            operator_token: None,
+            operator_token_file: None,
+            agent_tokens: None,
+            agent_tokens_file: None,
+            insecure: true,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
         }
     }
 }

@@ -17,6 +17,8 @@ pub enum CenterError {
     Precondition(String),
     #[error("{0}")]
     Unavailable(String),
+    #[error("{0}")]
+    PermissionDenied(String),
     /// Details are logged, never sent to the caller.
     #[error("internal error: {0}")]
     Internal(String),
@@ -34,6 +36,7 @@ impl CenterError {
             CenterError::AlreadyExists(_) => Code::AlreadyExists,
             CenterError::Precondition(_) => Code::FailedPrecondition,
             CenterError::Unavailable(_) => Code::Unavailable,
+            CenterError::PermissionDenied(_) => Code::PermissionDenied,
             CenterError::Internal(_) => Code::Internal,
         }
     }

@@ -11,6 +11,7 @@ pub mod error;
 pub mod events;
 pub mod http;
 pub mod reclaimer;
+pub mod security;
 pub mod service;
 pub mod startup;
 pub mod store;

@@ -13,9 +13,11 @@ use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::config::CenterConfig;
 use crate::events::EventHub;
+use crate::security::{AgentAuth, OperatorAuth, Security};
 use crate::service::admin::AdminService;
 use crate::service::center::{CenterService, FaultHooks, LeaseSettings};
 use crate::store::{self, LedgerStore};
+use tonic::service::interceptor::InterceptedService;
 
 /// Largest request the center decodes; its largest message is a heartbeat with a few
 /// thousand pools.
@@ -31,10 +33,14 @@ pub struct Application {
     faults: Arc<FaultHooks>,
     lease: LeaseSettings,
     auto_reclaim_after_ms: u64,
+    security: Arc<Security>,
+    tls: Option<tonic::transport::ServerTlsConfig>,
 }
 
 impl Application {
     pub async fn build(config: CenterConfig) -> anyhow::Result<Self> {
+        let security = Arc::new(Security::from_config(&config)?);
+        let tls = Security::tls(&config)?;
         let store: Arc<dyn LedgerStore> = Arc::new(store::connect(&config.database_url).await?);
         let grpc = TcpListener::bind(config.listen).await?;
         let http = TcpListener::bind(config.http_listen).await?;
@@ -48,6 +54,8 @@ impl Application {
             faults: Arc::new(FaultHooks::default()),
             lease: LeaseSettings { lease_ttl_ms: config.lease_ttl_ms, reclaim_grace_ms: config.reclaim_grace_ms },
             auto_reclaim_after_ms: config.auto_reclaim_after_ms,
+            security,
+            tls,
         })
     }
 
@@ -99,14 +107,26 @@ impl Application {
 
         tracing::info!(grpc = %self.grpc_addr, http = %self.http_addr, "center serving");
         let mut grpc_stop = stop_rx;
-        let grpc = tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = self.tls {
+            builder = builder.tls_config(tls)?;
+        }
+        let grpc = builder
             // A stuck call must not hold a connection forever; WatchChannel streams are
             // exempt because the deadline covers only the call's start.
             .timeout(Duration::from_secs(30))
             .add_service(health_service)
             .add_service(reflection)
-            .add_service(CenterServer::new(center).max_decoding_message_size(MAX_MESSAGE_BYTES))
-            .add_service(AdminServer::new(admin).max_decoding_message_size(MAX_MESSAGE_BYTES))
+            // Tokens are checked before any handler runs; health and reflection stay open
+            // for probes.
+            .add_service(InterceptedService::new(
+                CenterServer::new(center).max_decoding_message_size(MAX_MESSAGE_BYTES),
+                AgentAuth(Arc::clone(&self.security)),
+            ))
+            .add_service(InterceptedService::new(
+                AdminServer::new(admin).max_decoding_message_size(MAX_MESSAGE_BYTES),
+                OperatorAuth(Arc::clone(&self.security)),
+            ))
             .serve_with_incoming_shutdown(TcpListenerStream::new(self.grpc), async move {
                 let _ = grpc_stop.wait_for(|s| *s).await;
             });

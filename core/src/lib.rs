@@ -5,6 +5,7 @@
 //! (callers pass `now`), no async. The services gather inputs, call these functions and
 //! carry out what they return.
 
+pub mod auth;
 pub mod ids;
 pub mod ledger;
 pub mod rebalance;

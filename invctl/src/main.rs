@@ -31,6 +31,15 @@ struct Cli {
     /// An agent's gRPC address, for `invctl agent ...`.
     #[arg(long, env = "INVENTORY_AGENT", default_value = "http://127.0.0.1:50052", global = true)]
     agent: String,
+    /// Bearer token: the operator's for the center, a backend's for `invctl agent`.
+    #[arg(long, env = "INVENTORY_TOKEN", hide_env_values = true, global = true)]
+    token: Option<String>,
+    /// File holding the token.
+    #[arg(long, env = "INVENTORY_TOKEN_FILE", global = true)]
+    token_file: Option<std::path::PathBuf>,
+    /// CA (PEM) to verify an https:// center or agent.
+    #[arg(long, env = "INVENTORY_CA", global = true)]
+    ca: Option<std::path::PathBuf>,
     /// How results are printed.
     #[arg(long, short, env = "INVENTORY_OUTPUT", value_enum, default_value = "table", global = true)]
     output: Output,
@@ -207,12 +216,67 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn admin(url: &str) -> Result<AdminClient<Channel>, Failure> {
-    let endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
-        .map_err(|e| Failure(format!("invalid --center {url:?}: {e}")))?
-        .connect_timeout(std::time::Duration::from_secs(5))
-        .timeout(std::time::Duration::from_secs(30));
-    Ok(AdminClient::new(endpoint.connect().await?))
+/// How invctl reaches a server: address, TLS trust and token.
+struct Conn {
+    token: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+    ca: Option<std::path::PathBuf>,
+}
+
+type Authed = tonic::service::interceptor::InterceptedService<Channel, Bearer>;
+
+/// Adds `authorization: Bearer <token>` to every call.
+#[derive(Clone)]
+struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(t) = &self.0 {
+            req.metadata_mut().insert("authorization", t.clone());
+        }
+        Ok(req)
+    }
+}
+
+impl Conn {
+    fn new(cli: &Cli) -> Result<Self, Failure> {
+        let token = match (&cli.token, &cli.token_file) {
+            (Some(t), _) => Some(t.trim().to_owned()),
+            (None, Some(f)) => Some(
+                std::fs::read_to_string(f)
+                    .map_err(|e| Failure(format!("cannot read --token-file {}: {e}", f.display())))?
+                    .trim()
+                    .to_owned(),
+            ),
+            (None, None) => None,
+        };
+        let token = match token {
+            Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| Failure("token is not ascii".into()))?),
+            None => None,
+        };
+        Ok(Self { token, ca: cli.ca.clone() })
+    }
+
+    async fn channel(&self, flag: &str, url: &str) -> Result<Authed, Failure> {
+        let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
+            .map_err(|e| Failure(format!("invalid --{flag} {url:?}: {e}")))?
+            .connect_timeout(std::time::Duration::from_secs(5))
+            .timeout(std::time::Duration::from_secs(30));
+        if url.starts_with("https://") {
+            let mut tls = tonic::transport::ClientTlsConfig::new();
+            if let Some(ca) = &self.ca {
+                let pem = std::fs::read_to_string(ca)
+                    .map_err(|e| Failure(format!("cannot read --ca {}: {e}", ca.display())))?;
+                tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(pem));
+            }
+            endpoint = endpoint.tls_config(tls).map_err(|e| Failure(format!("tls: {e}")))?;
+        }
+        let channel = endpoint.connect().await?;
+        Ok(tonic::service::interceptor::InterceptedService::new(channel, Bearer(self.token.clone())))
+    }
+}
+
+async fn admin(conn: &Conn, url: &str) -> Result<AdminClient<Authed>, Failure> {
+    Ok(AdminClient::new(conn.channel("center", url).await?))
 }
 
 fn print(output: Output, json: Value, table: impl FnOnce() -> String) {
@@ -264,12 +328,8 @@ fn lease_text(c: &pb::ChannelAllocation) -> String {
     }
 }
 
-async fn agent(url: &str) -> Result<AgentClient<Channel>, Failure> {
-    let endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
-        .map_err(|e| Failure(format!("invalid --agent {url:?}: {e}")))?
-        .connect_timeout(std::time::Duration::from_secs(5))
-        .timeout(std::time::Duration::from_secs(30));
-    Ok(AgentClient::new(endpoint.connect().await?))
+async fn agent(conn: &Conn, url: &str) -> Result<AgentClient<Authed>, Failure> {
+    Ok(AgentClient::new(conn.channel("agent", url).await?))
 }
 
 fn outcome_text(o: pb::AcquireOutcome) -> &'static str {
@@ -291,8 +351,8 @@ fn state_text(s: pb::ReservationState) -> &'static str {
     }
 }
 
-async fn run_agent(url: &str, out: Output, cmd: AgentCmd) -> Result<(), Failure> {
-    let mut client = agent(url).await?;
+async fn run_agent(conn: &Conn, url: &str, out: Output, cmd: AgentCmd) -> Result<(), Failure> {
+    let mut client = agent(conn, url).await?;
     match cmd {
         AgentCmd::Stock { item } => {
             let r = client.get_stock(pb::GetStockRequest { item_id: item.clone() }).await?.into_inner();
@@ -360,8 +420,9 @@ async fn run_agent(url: &str, out: Output, cmd: AgentCmd) -> Result<(), Failure>
 
 async fn run(cli: Cli) -> Result<ExitCode, Failure> {
     let out = cli.output;
+    let conn = Conn::new(&cli)?;
     match cli.command {
-        Command::Agent(cmd) => run_agent(&cli.agent, out, cmd).await?,
+        Command::Agent(cmd) => run_agent(&conn, &cli.agent, out, cmd).await?,
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "invctl", &mut std::io::stdout());
         }
@@ -370,7 +431,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 (Some(low), Some(high), Some(batch)) => Some(pb::Watermarks { low, high, batch }),
                 _ => None,
             };
-            let r = admin(&cli.center)
+            let r = admin(&conn, &cli.center)
                 .await?
                 .create_item(pb::CreateItemRequest {
                     item_id: item,
@@ -390,7 +451,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             });
         }
         Command::Item(ItemCmd::Show { item }) => {
-            let r = admin(&cli.center).await?.get_item(pb::GetItemRequest { item_id: item }).await?.into_inner();
+            let r = admin(&conn, &cli.center).await?.get_item(pb::GetItemRequest { item_id: item }).await?.into_inner();
             let i = r.item.unwrap_or_default();
             let channels: Vec<Value> = r
                 .channels
@@ -456,7 +517,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             });
         }
         Command::Item(ItemCmd::Close { item, reopen }) => {
-            let r = admin(&cli.center)
+            let r = admin(&conn, &cli.center)
                 .await?
                 .close_item(pb::CloseItemRequest { item_id: item.clone(), closed: !reopen })
                 .await?
@@ -471,7 +532,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 ChannelCmd::List => String::new(),
                 ChannelCmd::Show { channel } => channel.clone(),
             };
-            let r = admin(&cli.center)
+            let r = admin(&conn, &cli.center)
                 .await?
                 .list_channels(pb::ListChannelsRequest { channel: wanted })
                 .await?
@@ -558,7 +619,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             });
         }
         Command::Resolve { item, channel, sold } => {
-            let r = admin(&cli.center)
+            let r = admin(&conn, &cli.center)
                 .await?
                 .resolve_in_doubt(pb::ResolveInDoubtRequest { item_id: item.clone(), channel: channel.clone(), sold })
                 .await?
@@ -573,12 +634,12 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             });
         }
         Command::Item(ItemCmd::List) => {
-            let r = admin(&cli.center).await?.list_items(pb::ListItemsRequest {}).await?.into_inner();
+            let r = admin(&conn, &cli.center).await?.list_items(pb::ListItemsRequest {}).await?.into_inner();
             print(out, Value::Array(r.items.iter().map(item_json).collect()), || items_table(&r.items));
         }
         Command::Item(ItemCmd::AddStock { item, quantity, request_id }) => {
             let request_id = request_id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-            let r = admin(&cli.center)
+            let r = admin(&conn, &cli.center)
                 .await?
                 .add_stock(pb::AddStockRequest { item_id: item, quantity, request_id: request_id.clone() })
                 .await?
@@ -598,7 +659,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
         }
         Command::Watermark(WatermarkCmd::Set { item, channel, low, high, batch }) => {
             let target = channel.clone().unwrap_or_default();
-            let r = admin(&cli.center)
+            let r = admin(&conn, &cli.center)
                 .await?
                 .set_watermarks(pb::SetWatermarksRequest {
                     item_id: item.clone(),
@@ -615,7 +676,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             });
         }
         Command::Watermark(WatermarkCmd::Get { item }) => {
-            let r = admin(&cli.center)
+            let r = admin(&conn, &cli.center)
                 .await?
                 .get_watermarks(pb::GetWatermarksRequest { item_id: item.clone() })
                 .await?
@@ -643,7 +704,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             );
         }
         Command::Reconcile { item } => {
-            let r = admin(&cli.center)
+            let r = admin(&conn, &cli.center)
                 .await?
                 .reconcile(pb::ReconcileRequest { item_id: item.unwrap_or_default() })
                 .await?
@@ -685,8 +746,11 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             }
         }
         Command::Reclaim { channel } => {
-            let r =
-                admin(&cli.center).await?.reclaim(pb::ReclaimRequest { channel: channel.clone() }).await?.into_inner();
+            let r = admin(&conn, &cli.center)
+                .await?
+                .reclaim(pb::ReclaimRequest { channel: channel.clone() })
+                .await?
+                .into_inner();
             let items: Vec<Value> =
                 r.items.iter().map(|i| json!({"item_id": i.item_id, "reclaimed": i.reclaimed})).collect();
             print(out, json!({"channel": channel, "new_epoch": r.new_epoch, "items": items}), || {

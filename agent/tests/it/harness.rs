@@ -177,7 +177,7 @@ impl AgentProcess {
         cmd.args(["--channel", channel, "--agent-id", &format!("{channel}-proc"), "--center", center])
             .args(["--listen", &addr.to_string(), "--http-listen", "127.0.0.1:0"])
             .args(["--rebalance-interval-ms", "20", "--heartbeat-interval-ms", "200", "--return-sustain-ms", "500"])
-            .args(["--lease-margin-ms", "200"])
+            .args(["--lease-margin-ms", "200", "--insecure"])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

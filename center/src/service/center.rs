@@ -15,6 +15,7 @@ use super::pb_watermarks;
 use crate::clock::now_ms;
 use crate::error::CenterError;
 use crate::events::{EventHub, LedgerEvent};
+use crate::security::{authorize, own_channel};
 use crate::store::{LedgerStore, PoolReportIn};
 
 /// Lease and reclaim timing.
@@ -56,8 +57,10 @@ type Res<T> = Result<Response<T>, Status>;
 #[tonic::async_trait]
 impl pb::center_server::Center for CenterService {
     async fn register_agent(&self, request: Request<pb::RegisterAgentRequest>) -> Res<pb::RegisterAgentResponse> {
+        let own = own_channel(&request);
         let r = request.into_inner();
         let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
+        authorize(&own, channel.as_str())?;
         let agent = AgentId::parse("agent_id", &r.agent_id).map_err(CenterError::from)?;
         let reg = self.store.register(&channel, &agent, now_ms(), self.lease.lease_ttl_ms).await?;
         tracing::info!(channel = %channel, agent = %agent, epoch = reg.session.epoch, "agent registered");
@@ -79,9 +82,11 @@ impl pb::center_server::Center for CenterService {
     }
 
     async fn borrow(&self, request: Request<pb::BorrowRequest>) -> Res<pb::BorrowResponse> {
+        let own = own_channel(&request);
         let r = request.into_inner();
         let item = ItemId::parse("item_id", &r.item_id).map_err(CenterError::from)?;
         let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
+        authorize(&own, channel.as_str())?;
         let quantity = Quantity::parse("quantity", r.quantity).map_err(CenterError::from)?;
         let request_id = RequestId::parse("request_id", &r.request_id).map_err(CenterError::from)?;
         let out = self.store.borrow(&item, &channel, r.epoch, quantity, &request_id).await?;
@@ -104,9 +109,11 @@ impl pb::center_server::Center for CenterService {
     }
 
     async fn r#return(&self, request: Request<pb::ReturnRequest>) -> Res<pb::ReturnResponse> {
+        let own = own_channel(&request);
         let r = request.into_inner();
         let item = ItemId::parse("item_id", &r.item_id).map_err(CenterError::from)?;
         let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
+        authorize(&own, channel.as_str())?;
         let quantity = Quantity::parse("quantity", r.quantity).map_err(CenterError::from)?;
         let request_id = RequestId::parse("request_id", &r.request_id).map_err(CenterError::from)?;
         let out = self.store.give_back(&item, &channel, r.epoch, quantity, &request_id).await?;
@@ -121,8 +128,10 @@ impl pb::center_server::Center for CenterService {
     }
 
     async fn heartbeat(&self, request: Request<pb::HeartbeatRequest>) -> Res<pb::HeartbeatResponse> {
+        let own = own_channel(&request);
         let r = request.into_inner();
         let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
+        authorize(&own, channel.as_str())?;
         let mut reports = Vec::with_capacity(r.pools.len());
         let mut lost = Vec::new();
         for (n, p) in r.pools.iter().enumerate() {
@@ -149,6 +158,7 @@ impl pb::center_server::Center for CenterService {
     }
 
     async fn describe_item(&self, request: Request<pb::DescribeItemRequest>) -> Res<pb::DescribeItemResponse> {
+        let own = own_channel(&request);
         let r = request.into_inner();
         let item = ItemId::parse("item_id", &r.item_id).map_err(CenterError::from)?;
         let channel = if r.channel.is_empty() {
@@ -156,6 +166,9 @@ impl pb::center_server::Center for CenterService {
         } else {
             Some(Channel::parse("channel", &r.channel).map_err(CenterError::from)?)
         };
+        if let Some(c) = &channel {
+            authorize(&own, c.as_str())?;
+        }
         let policy = self.store.policy(&item, channel.as_ref()).await?;
         Ok(Response::new(pb::DescribeItemResponse {
             item_id: policy.item.item_id,
@@ -170,8 +183,10 @@ impl pb::center_server::Center for CenterService {
     type WatchChannelStream = Pin<Box<dyn Stream<Item = Result<pb::ChannelEvent, Status>> + Send>>;
 
     async fn watch_channel(&self, request: Request<pb::WatchChannelRequest>) -> Res<Self::WatchChannelStream> {
+        let own = own_channel(&request);
         let r = request.into_inner();
         let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
+        authorize(&own, channel.as_str())?;
         match self.store.session(&channel).await? {
             Some(s) => s.check_epoch(&channel, r.epoch).map_err(CenterError::from)?,
             None => return Err(CenterError::Precondition(format!("channel {channel} is not registered")).into()),

@@ -18,7 +18,7 @@ const TOTAL: u64 = 300;
 
 async fn spawn_center(db: &str, addr: SocketAddr) -> tokio::process::Child {
     let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_inventory-center"))
-        .args(["--listen", &addr.to_string(), "--http-listen", "127.0.0.1:0", "--database-url", db])
+        .args(["--listen", &addr.to_string(), "--http-listen", "127.0.0.1:0", "--database-url", db, "--insecure"])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .kill_on_drop(true)

@@ -5,4 +5,5 @@ mod concurrency;
 mod contract;
 mod lost_reply;
 mod model;
+mod security;
 mod support;

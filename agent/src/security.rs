@@ -1,0 +1,133 @@
+//! The agent's gates: backend tokens on the Agent service, the token and TLS settings it
+//! uses towards the center, and per-user rate limits (GCRA) with bounded memory.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use governor::{DefaultKeyedRateLimiter, Quota};
+use inventory_core::auth::{TokenSet, bearer};
+use tonic::service::Interceptor;
+use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use tonic::{Request, Status};
+
+use crate::config::AgentConfig;
+
+fn read(path: &std::path::Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))
+}
+
+#[derive(Debug, Default)]
+pub struct Security {
+    pub backends: TokenSet,
+    /// Sent to the center as `authorization: Bearer ...`; never logged.
+    pub center_token: Option<String>,
+}
+
+impl Security {
+    pub fn from_config(c: &AgentConfig) -> anyhow::Result<Self> {
+        let backends = match (&c.backend_tokens, &c.backend_tokens_file) {
+            (Some(t), _) => TokenSet::parse_list("backend", t),
+            (None, Some(f)) => TokenSet::parse_list("backend", &read(f)?),
+            (None, None) => Ok(TokenSet::default()),
+        }
+        .map_err(|e| anyhow::anyhow!("backend tokens: {e}"))?;
+        let center_token = match (&c.center_token, &c.center_token_file) {
+            (Some(t), _) => Some(t.trim().to_owned()),
+            (None, Some(f)) => Some(read(f)?.trim().to_owned()),
+            (None, None) => None,
+        };
+        if backends.is_empty() || center_token.is_none() {
+            if !c.insecure {
+                anyhow::bail!(
+                    "refusing to start without tokens: set --backend-tokens-file and --center-token-file \
+                     (or INVENTORY_BACKEND_TOKENS / INVENTORY_CENTER_TOKEN), or pass --insecure"
+                );
+            }
+            tracing::warn!(
+                backends = !backends.is_empty(),
+                center = center_token.is_some(),
+                "INSECURE: running without tokens"
+            );
+        }
+        Ok(Self { backends, center_token })
+    }
+
+    pub fn server_tls(c: &AgentConfig) -> anyhow::Result<Option<ServerTlsConfig>> {
+        let (Some(cert), Some(key)) = (&c.tls_cert, &c.tls_key) else {
+            if c.tls_cert.is_some() || c.tls_key.is_some() {
+                anyhow::bail!("--tls-cert and --tls-key go together");
+            }
+            return Ok(None);
+        };
+        let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
+        if let Some(ca) = &c.tls_client_ca {
+            tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
+        }
+        Ok(Some(tls))
+    }
+
+    /// TLS towards the center: verify it against --center-ca; present a client
+    /// certificate for mutual TLS when given.
+    pub fn center_tls(c: &AgentConfig) -> anyhow::Result<Option<ClientTlsConfig>> {
+        if !c.center.starts_with("https://") {
+            return Ok(None);
+        }
+        let mut tls = ClientTlsConfig::new();
+        match &c.center_ca {
+            Some(ca) => tls = tls.ca_certificate(Certificate::from_pem(read(ca)?)),
+            None => anyhow::bail!("--center {} is https: give --center-ca to verify it", c.center),
+        }
+        if let (Some(cert), Some(key)) = (&c.center_client_cert, &c.center_client_key) {
+            tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+        }
+        Ok(Some(tls))
+    }
+}
+
+/// Agent service: a backend's token (unless running without backend tokens).
+#[derive(Clone)]
+pub struct BackendAuth(pub Arc<Security>);
+
+impl Interceptor for BackendAuth {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        if self.0.backends.is_empty() {
+            return Ok(req);
+        }
+        let token = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(bearer);
+        match token {
+            None => Err(Status::unauthenticated("missing backend token (authorization: Bearer ...)")),
+            Some(t) if self.0.backends.find(t).is_some() => Ok(req),
+            Some(_) => Err(Status::unauthenticated("invalid backend token")),
+        }
+    }
+}
+
+/// Per-user request rate (GCRA). State is a small record per recently active user; a
+/// worker drops users back at full allowance, so memory follows the active set.
+pub struct UserLimits {
+    limiter: DefaultKeyedRateLimiter<String>,
+}
+
+impl UserLimits {
+    pub fn new(per_sec: u32, burst: u32) -> Self {
+        let per_sec = NonZeroU32::new(per_sec.max(1)).expect("max(1)");
+        let burst = NonZeroU32::new(burst.max(1)).expect("max(1)");
+        Self { limiter: governor::RateLimiter::keyed(Quota::per_second(per_sec).allow_burst(burst)) }
+    }
+
+    /// Whether `user` may make another request now.
+    pub fn allow(&self, user: &str) -> bool {
+        self.limiter.check_key(&user.to_owned()).is_ok()
+    }
+
+    /// Forgets users whose allowance is full again; returns how many are still tracked.
+    pub fn forget_idle(&self) -> usize {
+        self.limiter.retain_recent();
+        self.limiter.shrink_to_fit();
+        self.limiter.len()
+    }
+
+    pub fn tracked(&self) -> usize {
+        self.limiter.len()
+    }
+}
