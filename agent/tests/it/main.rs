@@ -6,4 +6,5 @@ mod harness;
 mod metrics;
 mod paths;
 mod sale;
+mod security;
 mod store_contract;

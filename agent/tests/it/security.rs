@@ -1,0 +1,232 @@
+//! The agent's gates: backend tokens, per-user rate limits under a flood, load shedding,
+//! and hostile bytes at the edge.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::future::join_all;
+use inventory_agent::agent::AcquireRequest;
+use inventory_agent::security::UserLimits;
+use inventory_agent::service::parse_acquire;
+use inventory_agent::store::memory::MemoryPoolStore;
+use inventory_agent::store::{
+    AcquireArgs, AcquireResult, PoolKey, PoolSnapshot, PoolStore, ReservationState, StoreError, Transition,
+};
+use inventory_proto::v1 as pb;
+use proptest::prelude::*;
+use prost::Message;
+use tonic::Code;
+
+use crate::harness::{Center, LocalAgent, StoreSpec, acquire_req, agent_config, stock};
+
+const BACKEND: &str = "backend-token-0123456789";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_token_is_required_and_refusals_touch_nothing() {
+    let center = Center::start_sqlite().await;
+    center.create_item("s", 10, 5, (2, 8, 5)).await;
+    let mut cfg = agent_config(&center.url, "app", &StoreSpec::Memory);
+    cfg.backend_tokens = Some(BACKEND.into());
+    let agent = LocalAgent::start_with(cfg, None).await;
+    let mut client = agent.client().await;
+    let with = |token: &str| {
+        let mut r = tonic::Request::new(acquire_req("s", "u", 1, "k"));
+        r.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+        r
+    };
+    let none = client.acquire(acquire_req("s", "u", 1, "k")).await.unwrap_err();
+    assert_eq!(none.code(), Code::Unauthenticated);
+    assert!(none.message().contains("missing backend token"), "{none:?}");
+    assert_eq!(client.acquire(with("backend-token-0123456780")).await.unwrap_err().code(), Code::Unauthenticated);
+    assert!(agent.agent.items.is_empty(), "refused calls never reached the agent's logic");
+    let ok = client.acquire(with(BACKEND)).await.unwrap().into_inner();
+    assert_eq!(ok.outcome(), pb::AcquireOutcome::Reserved);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_user_is_limited_while_others_are_served() {
+    let center = Center::start_sqlite().await;
+    center.create_item("f", 1_000, 1_000, (50, 200, 100)).await;
+    let mut cfg = agent_config(&center.url, "app", &StoreSpec::Memory);
+    cfg.user_rate_per_sec = 5;
+    cfg.user_burst = 10;
+    let agent = LocalAgent::start_with(cfg, None).await;
+    let client = agent.client().await;
+
+    // The flooder: 3,000 calls as fast as 64 concurrent streams allow (bounded count).
+    let started = Instant::now();
+    let flood = join_all((0..3_000).map(|i| {
+        let mut c = client.clone();
+        async move { c.acquire(acquire_req("f", "scalper", 1, &format!("flood-{i}"))).await }
+    }));
+    // Meanwhile 50 ordinary buyers, one request each.
+    let buyers = join_all((0..50).map(|i| {
+        let mut c = client.clone();
+        async move { c.acquire(acquire_req("f", &format!("buyer-{i}"), 1, &format!("buyer-{i}"))).await }
+    }));
+    let (flood, buyers) = tokio::join!(flood, buyers);
+    let elapsed = started.elapsed();
+    let rate = 3_000.0 / elapsed.as_secs_f64();
+    let reserved =
+        flood.iter().filter(|r| matches!(r, Ok(a) if a.get_ref().outcome() == pb::AcquireOutcome::Reserved)).count();
+    let limited = flood.iter().filter(|r| matches!(r, Err(s) if s.code() == Code::ResourceExhausted)).count();
+    eprintln!("flood: 3000 calls in {elapsed:?} ({rate:.0}/s): {reserved} reserved, {limited} rate-limited");
+    assert_eq!(reserved + limited, 3_000, "every flood call was either served or limited");
+    // Burst 10 plus 5/s for the flood's duration.
+    let allowed = 10 + (5.0 * elapsed.as_secs_f64()).ceil() as usize + 1;
+    assert!(reserved <= allowed, "{reserved} flood calls got through, at most {allowed} allowed");
+    assert!(limited >= 3_000 - allowed);
+    for (i, b) in buyers.iter().enumerate() {
+        let b = b.as_ref().unwrap_or_else(|s| panic!("buyer {i} not served: {s:?}"));
+        assert_eq!(b.get_ref().outcome(), pb::AcquireOutcome::Reserved, "buyer {i}");
+    }
+    assert_eq!(agent.agent.rate_limited.load(Ordering::Relaxed), limited as u64);
+    // The limiter tracks only recently active users.
+    assert!(agent.agent.limits.tracked() <= 51, "{} users tracked", agent.agent.limits.tracked());
+    let s = stock(&mut client.clone(), "f").await;
+    assert_eq!(s.reserved, (reserved + 50) as u64);
+}
+
+#[test]
+fn rate_limiter_memory_follows_the_active_users() {
+    // 200,000 distinct users, then all idle: the state is dropped again.
+    let limits = UserLimits::new(1_000, 1);
+    let rss = || {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+        statm.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()).unwrap_or(0) * 4096
+    };
+    let before = rss();
+    for i in 0..200_000 {
+        assert!(limits.allow(&format!("user-{i}")));
+    }
+    let tracked = limits.tracked();
+    let during = rss();
+    assert_eq!(tracked, 200_000);
+    // At 1,000/s with burst 1 each user's allowance is full again after 1 ms.
+    std::thread::sleep(Duration::from_millis(5));
+    assert_eq!(limits.forget_idle(), 0, "idle users are forgotten");
+    eprintln!(
+        "rate limiter: 200000 users tracked, resident memory grew by about {} bytes per user",
+        during.saturating_sub(before) / 200_000
+    );
+}
+
+/// A store whose Acquire waits until the gate opens: holds calls "in progress".
+struct GatedStore {
+    inner: MemoryPoolStore,
+    open: tokio::sync::watch::Sender<bool>,
+    waiting: AtomicU64,
+}
+
+impl Default for GatedStore {
+    fn default() -> Self {
+        Self { inner: MemoryPoolStore::new(), open: tokio::sync::watch::channel(false).0, waiting: AtomicU64::new(0) }
+    }
+}
+
+#[async_trait]
+impl PoolStore for GatedStore {
+    async fn acquire(&self, pool: &PoolKey, args: &AcquireArgs) -> Result<AcquireResult, StoreError> {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let mut open = self.open.subscribe();
+        let _ = open.wait_for(|o| *o).await;
+        self.inner.acquire(pool, args).await
+    }
+    async fn confirm(&self, pool: &PoolKey, id: &str) -> Result<Transition, StoreError> {
+        self.inner.confirm(pool, id).await
+    }
+    async fn cancel(&self, pool: &PoolKey, id: &str) -> Result<Transition, StoreError> {
+        self.inner.cancel(pool, id).await
+    }
+    async fn expire_due(&self, pool: &PoolKey, max: u64) -> Result<u64, StoreError> {
+        self.inner.expire_due(pool, max).await
+    }
+    async fn refill(&self, pool: &PoolKey, grant_id: &str, units: u64) -> Result<bool, StoreError> {
+        self.inner.refill(pool, grant_id, units).await
+    }
+    async fn take_for_return(&self, pool: &PoolKey, take_id: &str, max: u64) -> Result<u64, StoreError> {
+        self.inner.take_for_return(pool, take_id, max).await
+    }
+    async fn untake(&self, pool: &PoolKey, take_id: &str) -> Result<u64, StoreError> {
+        self.inner.untake(pool, take_id).await
+    }
+    async fn snapshot(&self, pool: &PoolKey) -> Result<PoolSnapshot, StoreError> {
+        self.inner.snapshot(pool).await
+    }
+    async fn reservation_state(&self, pool: &PoolKey, id: &str) -> Result<Option<ReservationState>, StoreError> {
+        self.inner.reservation_state(pool, id).await
+    }
+    async fn idempotency_keys(&self, pool: &PoolKey) -> Result<Vec<String>, StoreError> {
+        self.inner.idempotency_keys(pool).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_is_shed_at_once_instead_of_queueing() {
+    let center = Center::start_sqlite().await;
+    center.create_item("o", 100, 10, (5, 50, 20)).await;
+    let store = Arc::new(GatedStore::default());
+    let mut cfg = agent_config(&center.url, "app", &StoreSpec::Memory);
+    cfg.max_concurrent_requests = 2;
+    let agent = LocalAgent::start_with(cfg, Some(store.clone())).await;
+    let client = agent.client().await;
+    // Two calls occupy both slots (they wait inside the store).
+    let stuck: Vec<_> = (0..2)
+        .map(|i| {
+            let mut c = client.clone();
+            tokio::spawn(async move { c.acquire(acquire_req("o", &format!("u{i}"), 1, &format!("k{i}"))).await })
+        })
+        .collect();
+    assert!(
+        inventory_test_support::wait_until(Duration::from_secs(5), || async {
+            store.waiting.load(Ordering::SeqCst) >= 2
+        })
+        .await
+    );
+    let started = Instant::now();
+    let shed = client.clone().acquire(acquire_req("o", "late", 1, "late")).await.unwrap_err();
+    assert_eq!(shed.code(), Code::ResourceExhausted, "{shed:?}");
+    assert!(started.elapsed() < Duration::from_secs(1), "shed at once, not after a queue");
+    store.open.send_replace(true);
+    for s in stuck {
+        let r = s.await.unwrap().expect("in-progress calls complete");
+        assert_eq!(r.into_inner().outcome(), pb::AcquireOutcome::Reserved);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 3_000, ..ProptestConfig::default() })]
+
+    /// Any bytes at the edge: decoding either fails or yields a request that parses into
+    /// valid domain values or is refused naming a field. Nothing panics.
+    #[test]
+    fn raw_bytes_never_get_past_validation(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+        if let Ok(req) = pb::AcquireRequest::decode(bytes.as_slice()) {
+            match parse_acquire(&req) {
+                Ok(AcquireRequest { item, user, quantity, idempotency_key }) => {
+                    prop_assert!(item.as_str().bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b)));
+                    prop_assert!(user.as_str().bytes().all(|b| (0x21..=0x7e).contains(&b)));
+                    prop_assert!((1..=1_000_000_000).contains(&quantity));
+                    prop_assert!(!idempotency_key.is_empty() && idempotency_key.len() <= 64);
+                }
+                Err(e) => {
+                    let message = tonic::Status::from(e).message().to_owned();
+                    prop_assert!(message.starts_with("invalid "), "{}", message);
+                }
+            }
+        }
+    }
+
+    /// Structured hostile strings: every field refuses what it must.
+    #[test]
+    fn hostile_strings_are_refused_by_field(s in "\\PC{0,80}|[\\x00-\\x20'\";{}\\[\\]\\\\]{1,20}") {
+        let req = pb::AcquireRequest { item_id: s.clone(), user_id: "u".into(), quantity: 1, idempotency_key: "k".into() };
+        let valid = !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
+        prop_assert_eq!(parse_acquire(&req).is_ok(), valid);
+        let req = pb::AcquireRequest { item_id: "i".into(), user_id: s.clone(), quantity: 1, idempotency_key: "k".into() };
+        let valid = !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| (0x21..=0x7e).contains(&b));
+        prop_assert_eq!(parse_acquire(&req).is_ok(), valid);
+    }
+}
