@@ -8,6 +8,7 @@ const PROTOS: &[&str] =
     &["inventory/v1/common.proto", "inventory/v1/center.proto", "inventory/v1/admin.proto", "inventory/v1/agent.proto"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=build.rs");
     for proto in PROTOS {
         println!("cargo:rerun-if-changed={proto}");
     }
@@ -15,6 +16,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile(PROTOS, ["."])?;
     // The encoded descriptor set feeds gRPC server reflection.
     std::fs::write(out_dir.join("inventory_descriptor.bin"), fds.encode_to_vec())?;
-    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(fds)?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        // Malformed requests are the caller's fault: INVALID_ARGUMENT (see src/codec.rs).
+        .codec_path("crate::codec::StrictCodec")
+        .compile_fds(fds)?;
     Ok(())
 }

@@ -1,8 +1,9 @@
 //! The `inventory.v1` wire API, generated from `proto/inventory/v1/*.proto` at build time.
 //! Nothing here is written by hand.
 
-#![allow(clippy::all, clippy::pedantic)]
+pub mod codec;
 
+#[allow(clippy::all, clippy::pedantic)]
 pub mod v1 {
     tonic::include_proto!("inventory.v1");
 }

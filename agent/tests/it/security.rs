@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use futures::future::join_all;
 use inventory_agent::agent::AcquireRequest;
 use inventory_agent::security::UserLimits;
@@ -55,12 +56,19 @@ async fn a_flooding_user_is_limited_while_others_are_served() {
     let agent = LocalAgent::start_with(cfg, None).await;
     let client = agent.client().await;
 
-    // The flooder: 3,000 calls as fast as 64 concurrent streams allow (bounded count).
+    // The flooder: 3,000 calls, 128 in flight at a time over 4 connections (bounded count).
+    let mut connections = Vec::new();
+    for _ in 0..4 {
+        connections.push(agent.client().await);
+    }
     let started = Instant::now();
-    let flood = join_all((0..3_000).map(|i| {
-        let mut c = client.clone();
-        async move { c.acquire(acquire_req("f", "scalper", 1, &format!("flood-{i}"))).await }
-    }));
+    let flood = futures::stream::iter(0..3_000)
+        .map(|i| {
+            let mut c = connections[i % 4].clone();
+            async move { c.acquire(acquire_req("f", "scalper", 1, &format!("flood-{i}"))).await }
+        })
+        .buffer_unordered(128)
+        .collect::<Vec<_>>();
     // Meanwhile 50 ordinary buyers, one request each.
     let buyers = join_all((0..50).map(|i| {
         let mut c = client.clone();
@@ -73,7 +81,9 @@ async fn a_flooding_user_is_limited_while_others_are_served() {
         flood.iter().filter(|r| matches!(r, Ok(a) if a.get_ref().outcome() == pb::AcquireOutcome::Reserved)).count();
     let limited = flood.iter().filter(|r| matches!(r, Err(s) if s.code() == Code::ResourceExhausted)).count();
     eprintln!("flood: 3000 calls in {elapsed:?} ({rate:.0}/s): {reserved} reserved, {limited} rate-limited");
-    assert_eq!(reserved + limited, 3_000, "every flood call was either served or limited");
+    let other: Vec<_> =
+        flood.iter().filter_map(|r| r.as_ref().err()).filter(|s| s.code() != Code::ResourceExhausted).take(3).collect();
+    assert_eq!(reserved + limited, 3_000, "every flood call was either served or limited; others: {other:?}");
     // Burst 10 plus 5/s for the flood's duration.
     let allowed = 10 + (5.0 * elapsed.as_secs_f64()).ceil() as usize + 1;
     assert!(reserved <= allowed, "{reserved} flood calls got through, at most {allowed} allowed");
@@ -229,4 +239,62 @@ proptest! {
         let valid = !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| (0x21..=0x7e).contains(&b));
         prop_assert_eq!(parse_acquire(&req).is_ok(), valid);
     }
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawFirstField {
+    #[prost(bytes = "vec", tag = "1")]
+    first: Vec<u8>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_values_in_every_agent_rpc_are_refused_before_the_store() {
+    let center = Center::start_sqlite().await;
+    center.create_item("h", 10, 2, (2, 8, 5)).await;
+    let store = Arc::new(GatedStore::default());
+    store.open.send_replace(true);
+    let agent = LocalAgent::start_with(agent_config(&center.url, "app", &StoreSpec::Memory), Some(store.clone())).await;
+    let mut client = agent.client().await;
+    let long = "x".repeat(10 * 1024);
+    let hostile =
+        ["", long.as_str(), "a\0b", "a b", "r'; DROP TABLE t; --", "k') redis.call('FLUSHALL') --", "{app:h}"];
+    for v in hostile {
+        let c = pb::ConfirmRequest { item_id: v.into(), reservation_id: "r".into() };
+        assert_eq!(client.confirm(c).await.unwrap_err().code(), Code::InvalidArgument, "confirm item_id {v:?}");
+        let c = pb::ConfirmRequest { item_id: "h".into(), reservation_id: v.into() };
+        assert_eq!(client.confirm(c).await.unwrap_err().code(), Code::InvalidArgument, "confirm reservation_id {v:?}");
+        let c = pb::CancelRequest { item_id: v.into(), reservation_id: "r".into() };
+        assert_eq!(client.cancel(c).await.unwrap_err().code(), Code::InvalidArgument, "cancel item_id {v:?}");
+        let c = pb::CancelRequest { item_id: "h".into(), reservation_id: v.into() };
+        assert_eq!(client.cancel(c).await.unwrap_err().code(), Code::InvalidArgument, "cancel reservation_id {v:?}");
+        let g = pb::GetStockRequest { item_id: v.into() };
+        assert_eq!(client.get_stock(g).await.unwrap_err().code(), Code::InvalidArgument, "get_stock item_id {v:?}");
+        for (field, req) in [("item_id", acquire_req(v, "u", 1, "k")), ("idempotency_key", acquire_req("h", "u", 1, v))]
+        {
+            let s = client.acquire(req).await.unwrap_err();
+            assert_eq!(s.code(), Code::InvalidArgument, "acquire {field} {v:?}");
+            assert!(s.message().contains(field), "{s:?}");
+        }
+    }
+    // Invalid UTF-8 at the byte level, in the first string field of every Agent RPC.
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", agent.addr)).unwrap().connect().await.unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    for path in [
+        "/inventory.v1.Agent/Acquire",
+        "/inventory.v1.Agent/Confirm",
+        "/inventory.v1.Agent/Cancel",
+        "/inventory.v1.Agent/GetStock",
+    ] {
+        grpc.ready().await.unwrap();
+        let codec = tonic_prost::ProstCodec::<RawFirstField, RawFirstField>::default();
+        let raw = RawFirstField { first: vec![0xc3, 0x28] };
+        let s = grpc
+            .unary(tonic::Request::new(raw), tonic::codegen::http::uri::PathAndQuery::from_static(path), codec)
+            .await
+            .expect_err(path);
+        assert_eq!(s.code(), Code::InvalidArgument, "{path}: {s:?}");
+    }
+    assert_eq!(store.waiting.load(Ordering::SeqCst), 0, "no hostile request reached the store");
+    assert!(agent.agent.items.is_empty());
 }

@@ -3,6 +3,7 @@
 mod center_crash;
 mod concurrency;
 mod contract;
+mod hostile;
 mod lost_reply;
 mod model;
 mod security;

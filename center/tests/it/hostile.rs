@@ -1,0 +1,234 @@
+//! Hostile values in every string and number field of every Center and Admin RPC: each is
+//! refused with INVALID_ARGUMENT naming the field, before any I/O, and the ledger is
+//! exactly as it was.
+
+use inventory_proto::v1 as pb;
+use inventory_proto::v1::admin_client::AdminClient;
+use inventory_proto::v1::center_client::CenterClient;
+use tonic::Code;
+use tonic::transport::Channel;
+
+use crate::contract::{borrow, create, register};
+use crate::support::{Backend, TestCenter};
+
+fn hostile_strings() -> Vec<(&'static str, String)> {
+    vec![
+        ("empty", String::new()),
+        ("10 KB", "x".repeat(10 * 1024)),
+        ("NUL byte", "a\0b".into()),
+        ("space", "a b".into()),
+        ("SQL", "i'; DROP TABLE items; --".into()),
+        ("Lua", "k') redis.call('FLUSHALL') --".into()),
+        ("hash tag", "{app:i}".into()),
+        ("newline", "a\nb".into()),
+        ("unicode", "ｉｔｅｍ".into()),
+    ]
+}
+
+/// Everything an operator can see, to prove a refused call changed nothing.
+async fn ledger_state(admin: &mut AdminClient<Channel>) -> String {
+    let items = admin.list_items(pb::ListItemsRequest {}).await.unwrap().into_inner();
+    let channels = admin.list_channels(pb::ListChannelsRequest::default()).await.unwrap().into_inner();
+    let item = admin.get_item(pb::GetItemRequest { item_id: "i".into() }).await.unwrap().into_inner();
+    let wm = admin.get_watermarks(pb::GetWatermarksRequest { item_id: "i".into() }).await.unwrap().into_inner();
+    // Lease times move with heartbeats; nothing here sends any, so the whole view is stable.
+    format!("{items:?}{channels:?}{item:?}{wm:?}")
+}
+
+#[track_caller]
+fn refused<T: std::fmt::Debug>(what: &str, field: &str, r: Result<T, tonic::Status>) {
+    let s = r.expect_err(what);
+    assert_eq!(s.code(), Code::InvalidArgument, "{what}: {s:?}");
+    assert!(s.message().contains(field), "{what}: message {:?} should name {field}", s.message());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_field_of_every_rpc_refuses_hostile_values() {
+    let c = TestCenter::start(Backend::Postgres).await;
+    let (mut admin, mut center): (AdminClient<Channel>, CenterClient<Channel>) = (c.admin().await, c.center().await);
+    create(&mut admin, "i", 100).await;
+    let epoch = register(&mut center, "app").await;
+    borrow(&mut center, "i", "app", epoch, 10, "b0").await.unwrap();
+    let before = ledger_state(&mut admin).await;
+
+    for (label, v) in hostile_strings() {
+        let what = |rpc: &str, field: &str| format!("{rpc}.{field} = {label}");
+        // Center service.
+        let r = center.register_agent(pb::RegisterAgentRequest { channel: v.clone(), agent_id: "a".into() }).await;
+        refused(&what("RegisterAgent", "channel"), "channel", r);
+        let r = center.register_agent(pb::RegisterAgentRequest { channel: "app".into(), agent_id: v.clone() }).await;
+        refused(&what("RegisterAgent", "agent_id"), "agent_id", r);
+        let b = |item: &str, channel: &str, rid: &str| pb::BorrowRequest {
+            item_id: item.into(),
+            channel: channel.into(),
+            epoch,
+            quantity: 1,
+            request_id: rid.into(),
+        };
+        refused(&what("Borrow", "item_id"), "item_id", center.borrow(b(&v, "app", "r")).await);
+        refused(&what("Borrow", "channel"), "channel", center.borrow(b("i", &v, "r")).await);
+        refused(&what("Borrow", "request_id"), "request_id", center.borrow(b("i", "app", &v)).await);
+        let rt = |item: &str, channel: &str, rid: &str| pb::ReturnRequest {
+            item_id: item.into(),
+            channel: channel.into(),
+            epoch,
+            quantity: 1,
+            request_id: rid.into(),
+        };
+        refused(&what("Return", "item_id"), "item_id", center.r#return(rt(&v, "app", "r")).await);
+        refused(&what("Return", "channel"), "channel", center.r#return(rt("i", &v, "r")).await);
+        refused(&what("Return", "request_id"), "request_id", center.r#return(rt("i", "app", &v)).await);
+        let hb = |channel: &str, item: &str| pb::HeartbeatRequest {
+            channel: channel.into(),
+            epoch,
+            pools: vec![pb::PoolReport { item_id: item.into(), ..Default::default() }],
+        };
+        refused(&what("Heartbeat", "channel"), "channel", center.heartbeat(hb(&v, "i")).await);
+        refused(&what("Heartbeat", "pools[0].item_id"), "pools[0].item_id", center.heartbeat(hb("app", &v)).await);
+        let d = pb::DescribeItemRequest { item_id: v.clone(), channel: "app".into() };
+        refused(&what("DescribeItem", "item_id"), "item_id", center.describe_item(d).await);
+        let w = pb::WatchChannelRequest { channel: v.clone(), epoch };
+        refused(&what("WatchChannel", "channel"), "channel", center.watch_channel(w).await.map(|_| ()));
+        if !v.is_empty() {
+            let d = pb::DescribeItemRequest { item_id: "i".into(), channel: v.clone() };
+            refused(&what("DescribeItem", "channel"), "channel", center.describe_item(d).await);
+        }
+
+        // Admin service.
+        let ci = pb::CreateItemRequest { item_id: v.clone(), total: 1, ..Default::default() };
+        refused(&what("CreateItem", "item_id"), "item_id", admin.create_item(ci).await);
+        let a = pb::AddStockRequest { item_id: v.clone(), quantity: 1, request_id: "r".into() };
+        refused(&what("AddStock", "item_id"), "item_id", admin.add_stock(a).await);
+        let a = pb::AddStockRequest { item_id: "i".into(), quantity: 1, request_id: v.clone() };
+        refused(&what("AddStock", "request_id"), "request_id", admin.add_stock(a).await);
+        refused(
+            &what("GetItem", "item_id"),
+            "item_id",
+            admin.get_item(pb::GetItemRequest { item_id: v.clone() }).await,
+        );
+        let w = pb::SetWatermarksRequest { item_id: v.clone(), low: 1, high: 2, batch: 1, ..Default::default() };
+        refused(&what("SetWatermarks", "item_id"), "item_id", admin.set_watermarks(w).await);
+        let g = pb::GetWatermarksRequest { item_id: v.clone() };
+        refused(&what("GetWatermarks", "item_id"), "item_id", admin.get_watermarks(g).await);
+        let rs = pb::ResolveInDoubtRequest { item_id: v.clone(), channel: "app".into(), sold: 0 };
+        refused(&what("ResolveInDoubt", "item_id"), "item_id", admin.resolve_in_doubt(rs).await);
+        let rs = pb::ResolveInDoubtRequest { item_id: "i".into(), channel: v.clone(), sold: 0 };
+        refused(&what("ResolveInDoubt", "channel"), "channel", admin.resolve_in_doubt(rs).await);
+        let cl = pb::CloseItemRequest { item_id: v.clone(), closed: true };
+        refused(&what("CloseItem", "item_id"), "item_id", admin.close_item(cl).await);
+        refused(&what("Reclaim", "channel"), "channel", admin.reclaim(pb::ReclaimRequest { channel: v.clone() }).await);
+        if !v.is_empty() {
+            let w = pb::SetWatermarksRequest { item_id: "i".into(), channel: v.clone(), low: 1, high: 2, batch: 1 };
+            refused(&what("SetWatermarks", "channel"), "channel", admin.set_watermarks(w).await);
+            let r = pb::ReconcileRequest { item_id: v.clone() };
+            refused(&what("Reconcile", "item_id"), "item_id", admin.reconcile(r).await);
+            let l = pb::ListChannelsRequest { channel: v.clone() };
+            refused(&what("ListChannels", "channel"), "channel", admin.list_channels(l).await);
+        }
+    }
+
+    // Numbers: zero where it matters, maximal, and "negative" (a client's -1 is u64::MAX).
+    for n in [0, u64::MAX, 1_000_000_001] {
+        let q = |q: u64| pb::BorrowRequest {
+            item_id: "i".into(),
+            channel: "app".into(),
+            epoch,
+            quantity: q,
+            request_id: "rq".into(),
+        };
+        refused(&format!("Borrow.quantity = {n}"), "quantity", center.borrow(q(n)).await);
+        let r = pb::ReturnRequest {
+            item_id: "i".into(),
+            channel: "app".into(),
+            epoch,
+            quantity: n,
+            request_id: "rq".into(),
+        };
+        refused(&format!("Return.quantity = {n}"), "quantity", center.r#return(r).await);
+        let a = pb::AddStockRequest { item_id: "i".into(), quantity: n, request_id: "rq".into() };
+        refused(&format!("AddStock.quantity = {n}"), "quantity", admin.add_stock(a).await);
+        let ci = pb::CreateItemRequest { item_id: "j".into(), total: n, ..Default::default() };
+        refused(&format!("CreateItem.total = {n}"), "total", admin.create_item(ci).await);
+        if n != 0 {
+            let ci = pb::CreateItemRequest { item_id: "j".into(), total: 1, per_user_limit: n, ..Default::default() };
+            refused(&format!("CreateItem.per_user_limit = {n}"), "per_user_limit", admin.create_item(ci).await);
+            let ci =
+                pb::CreateItemRequest { item_id: "j".into(), total: 1, reservation_ttl_ms: n, ..Default::default() };
+            refused(&format!("CreateItem.reservation_ttl_ms = {n}"), "reservation_ttl_ms", admin.create_item(ci).await);
+            let rs = pb::ResolveInDoubtRequest { item_id: "i".into(), channel: "app".into(), sold: n };
+            if n == u64::MAX {
+                refused("ResolveInDoubt.sold = max", "sold", admin.resolve_in_doubt(rs).await);
+            }
+        }
+        let wm = |low, high, batch| pb::SetWatermarksRequest {
+            item_id: "i".into(),
+            channel: String::new(),
+            low,
+            high,
+            batch,
+        };
+        if n != 0 {
+            refused(&format!("SetWatermarks.high = {n}"), "high", admin.set_watermarks(wm(1, n, 1)).await);
+            refused(&format!("SetWatermarks.low = {n}"), "low", admin.set_watermarks(wm(n, u64::MAX, 1)).await);
+        }
+        refused(&format!("SetWatermarks.batch = {n}"), "batch", admin.set_watermarks(wm(1, 5, n)).await);
+        let ci = pb::CreateItemRequest {
+            item_id: "j".into(),
+            total: 1,
+            watermarks: Some(pb::Watermarks { low: 1, high: 5, batch: n }),
+            ..Default::default()
+        };
+        refused(&format!("CreateItem.watermarks.batch = {n}"), "batch", admin.create_item(ci).await);
+    }
+
+    assert_eq!(ledger_state(&mut admin).await, before, "a refused request changed the ledger");
+    let r = admin.reconcile(pb::ReconcileRequest::default()).await.unwrap().into_inner();
+    assert!(r.ok);
+}
+
+/// A message whose field 1 is raw bytes: lets the test put invalid UTF-8 where every RPC
+/// expects its first string.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawFirstField {
+    #[prost(bytes = "vec", tag = "1")]
+    first: Vec<u8>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_utf8_at_the_byte_level_is_invalid_argument() {
+    let c = TestCenter::start(Backend::Sqlite).await;
+    let mut admin = c.admin().await;
+    create(&mut admin, "i", 100).await;
+    let before = ledger_state(&mut admin).await;
+    let channel = tonic::transport::Endpoint::from_shared(c.url()).unwrap().connect().await.unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    let paths = [
+        "/inventory.v1.Center/RegisterAgent",
+        "/inventory.v1.Center/Borrow",
+        "/inventory.v1.Center/Return",
+        "/inventory.v1.Center/Heartbeat",
+        "/inventory.v1.Center/DescribeItem",
+        "/inventory.v1.Admin/CreateItem",
+        "/inventory.v1.Admin/AddStock",
+        "/inventory.v1.Admin/GetItem",
+        "/inventory.v1.Admin/SetWatermarks",
+        "/inventory.v1.Admin/GetWatermarks",
+        "/inventory.v1.Admin/Reconcile",
+        "/inventory.v1.Admin/Reclaim",
+        "/inventory.v1.Admin/ResolveInDoubt",
+        "/inventory.v1.Admin/CloseItem",
+        "/inventory.v1.Admin/ListChannels",
+    ];
+    for path in paths {
+        grpc.ready().await.unwrap();
+        let raw = RawFirstField { first: vec![b'i', 0xff, 0xfe, b'x'] };
+        let codec = tonic_prost::ProstCodec::<RawFirstField, RawFirstField>::default();
+        let r = grpc
+            .unary(tonic::Request::new(raw), tonic::codegen::http::uri::PathAndQuery::from_static(path), codec)
+            .await;
+        let s = r.expect_err(path);
+        assert_eq!(s.code(), Code::InvalidArgument, "{path}: {s:?}");
+        assert!(s.message().contains("malformed message"), "{path}: {s:?}");
+    }
+    assert_eq!(ledger_state(&mut admin).await, before);
+}
