@@ -21,6 +21,10 @@ use crate::metrics::Metrics;
 use crate::security::UserLimits;
 use crate::store::{AcquireArgs, AcquireResult, PoolSnapshot, PoolStore, ReservationState, Transition};
 
+/// After a Borrow or Return with an unknown outcome, resync the pool this much later (a
+/// late call has landed or been refused by then).
+const RESYNC_AFTER_UNKNOWN_MS: i64 = 5_000;
+
 /// At most one starvation Borrow per item per this many ms.
 const STARVING_SIGNAL_EVERY_MS: i64 = 200;
 
@@ -272,11 +276,23 @@ impl Agent {
     /// One Borrow, applied to the pool with the Borrow's request id as the grant id, so
     /// a replay of either counts once.
     async fn borrow_now(&self, item: &ItemRuntime, want: u64) {
+        let Ok(snap) = self.store.snapshot(&item.pool).await else { return };
         // Never borrow into a pool the store lost (the refill would quietly recreate it).
-        if let Ok(snap) = self.store.snapshot(&item.pool).await
-            && self.pool_lost(item, &snap)
-        {
+        if self.pool_lost(item, &snap) {
             return;
+        }
+        // Create the pool before its first Borrow, so that later a pool that is missing
+        // while the center counts units with the channel can only mean data loss (and not
+        // a crash between a Borrow and its refill).
+        if snap.generation == 0 {
+            let opened = format!("open-{}", uuid::Uuid::new_v4().simple());
+            if self.store.refill(&item.pool, &opened, 0).await.is_err() {
+                return;
+            }
+            match self.store.snapshot(&item.pool).await {
+                Ok(s) if s.generation != 0 => item.generation.store(s.generation, Ordering::Release),
+                _ => return,
+            }
         }
         let request_id = uuid::Uuid::new_v4().simple().to_string();
         let answer = match self.link.borrow(&item.item_id, want, &request_id).await {
@@ -284,6 +300,10 @@ impl Agent {
             Err(s) => {
                 self.metrics.center_error();
                 tracing::warn!(item = %item.item_id, code = ?s.code(), message = s.message(), "borrow failed");
+                if s.code() != Code::FailedPrecondition && s.code() != Code::NotFound {
+                    // It may have been applied: settle with the center's view later.
+                    item.schedule_resync(crate::clock::now_ms() + RESYNC_AFTER_UNKNOWN_MS);
+                }
                 return;
             }
         };
@@ -317,6 +337,9 @@ impl Agent {
 
     /// Takes up to `max` available units out of the pool and returns them to the center.
     pub async fn give_back(&self, item: &ItemRuntime, max: u64) -> u64 {
+        // Serialised with Borrows and resyncs of the item: a resync must never see units
+        // taken out for a Return that has not reached the center yet.
+        let _flight = item.borrow_lock.lock().await;
         let take_id = uuid::Uuid::new_v4().simple().to_string();
         let taken = match self.store.take_for_return(&item.pool, &take_id, max).await {
             Ok(n) => n,
@@ -342,8 +365,9 @@ impl Agent {
             }
             Err(s) => {
                 // Unknown whether it applied. The units stay out of the pool (never sold
-                // twice); the next resync with the center's view settles it.
+                // twice); a resync with the center's view settles it.
                 self.metrics.center_error();
+                item.schedule_resync(crate::clock::now_ms() + RESYNC_AFTER_UNKNOWN_MS);
                 tracing::warn!(item = %item.item_id, code = ?s.code(), "return outcome unknown");
                 0
             }
@@ -353,6 +377,9 @@ impl Agent {
     /// One pass of the rebalancer for one item: expire due reservations, then act on
     /// the watermarks.
     pub async fn rebalance(self: &Arc<Self>, item: &Arc<ItemRuntime>, now_ms: i64) -> Result<Action, AgentError> {
+        if item.resync_due(now_ms) {
+            self.resync_item(item).await?;
+        }
         let freed = self.store.expire_due(&item.pool, 1_000).await?;
         if freed > 0 {
             item.stock_returned_locally();
@@ -438,9 +465,16 @@ impl Agent {
         for holding in &reg.held {
             let id = ItemId::parse("item_id", &holding.item_id)?;
             let item = self.item(&id).await?;
+            let _flight = item.borrow_lock.lock().await;
             self.resync(&item, holding).await?;
         }
         self.link.renew_lease(sent_at);
+        // Report at once: a reclaim must never judge this incarnation by the last one's
+        // report.
+        let reports = self.reports().await;
+        if let Ok(r) = self.link.heartbeat(reports).await {
+            self.freeze_in_doubt(&r.in_doubt_items);
+        }
         tracing::info!(channel = %self.link.channel, epoch = reg.epoch, items = reg.held.len(), "registered and resynced");
         Ok(reg.epoch)
     }
@@ -462,6 +496,34 @@ impl Agent {
             item.generation.store(snap.generation, Ordering::Release);
         }
         Ok(())
+    }
+
+    /// Resyncs one pool with the center's view without registering again (after a
+    /// Borrow or Return whose outcome is unknown).
+    pub async fn resync_item(&self, item: &ItemRuntime) -> Result<(), AgentError> {
+        let _flight = item.borrow_lock.lock().await;
+        let d = self.link.describe(&item.item_id).await.map_err(from_center)?;
+        let holding = pb::ChannelHolding {
+            item_id: item.item_id.clone(),
+            held: d.held,
+            generation: d.generation,
+            in_doubt: d.in_doubt,
+        };
+        self.resync(item, &holding).await?;
+        item.resync_done();
+        tracing::info!(item = %item.item_id, held = d.held, "pool resynced with the center");
+        Ok(())
+    }
+
+    /// The center holds these items in doubt for this channel: stop selling them.
+    pub fn freeze_in_doubt(&self, items: &[String]) {
+        for id in items {
+            if let Some(item) = self.items.get(id)
+                && !item.frozen.swap(true, Ordering::AcqRel)
+            {
+                tracing::error!(item = %id, "center holds the item in doubt; frozen");
+            }
+        }
     }
 
     /// Makes the pool's total equal to what the center says the channel holds.
@@ -515,6 +577,7 @@ impl Agent {
             }
             Event::InDoubtResolved(r) => {
                 if let Some(item) = self.items.get(&r.item_id).map(|e| Arc::clone(&e)) {
+                    let _flight = item.borrow_lock.lock().await;
                     // The center settled it: the channel holds nothing of the item now.
                     if let Ok(snap) = self.store.snapshot(&item.pool).await
                         && self.align(&item, 0, &snap).await.is_ok()

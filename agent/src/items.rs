@@ -56,6 +56,8 @@ pub struct ItemRuntime {
     /// Set when the pool store lost this pool: selling stops until reconciled.
     pub frozen: AtomicBool,
     last_starving_signal_ms: AtomicI64,
+    /// When to resync the pool with the center (0: no resync pending).
+    resync_at_ms: AtomicI64,
 }
 
 impl ItemRuntime {
@@ -74,6 +76,7 @@ impl ItemRuntime {
             generation: AtomicU64::new(0),
             frozen: AtomicBool::new(false),
             last_starving_signal_ms: AtomicI64::new(0),
+            resync_at_ms: AtomicI64::new(0),
         }
     }
 
@@ -100,6 +103,20 @@ impl ItemRuntime {
         if !dry {
             self.fast_path_off();
         }
+    }
+
+    /// Asks for a resync at `at_ms` (the latest request wins).
+    pub fn schedule_resync(&self, at_ms: i64) {
+        self.resync_at_ms.store(at_ms, Ordering::Release);
+    }
+
+    pub fn resync_due(&self, now_ms: i64) -> bool {
+        let at = self.resync_at_ms.load(Ordering::Acquire);
+        at != 0 && now_ms >= at
+    }
+
+    pub fn resync_done(&self) {
+        self.resync_at_ms.store(0, Ordering::Release);
     }
 
     /// The center has plenty again (a full grant with stock to spare): prefetch resumes.

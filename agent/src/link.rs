@@ -210,8 +210,12 @@ impl CenterLink {
     {
         let mut delay = Duration::from_millis(50);
         let mut attempt = 1;
+        // Every attempt carries the epoch of the first: a call begun before a
+        // re-registration must be refused as stale, never replayed under the new epoch
+        // (the resync that came with the new epoch already counted its effect or its absence).
+        let epoch = self.epoch();
         loop {
-            let result = f(self.client.clone(), self.epoch()).await;
+            let result = f(self.client.clone(), epoch).await;
             self.note(&result);
             match result {
                 Ok(v) => return Ok(v),

@@ -338,11 +338,16 @@ pub fn check_item(item_id: &str, item: &ItemState, allocations: &[(String, Alloc
             format!("total {} != center available {} + held {}", item.total, item.available, held_sum),
         ));
     }
-    if committed > item.total as u128 {
+    // Units written off after a lost pool left `total` but may still show as sold in a
+    // pool's later reports; they are not an oversell.
+    if committed > item.total as u128 + item.written_off as u128 {
         check.violations.push(finding(
             "",
             "oversell",
-            format!("reported reserved + sold {committed} exceeds total {}", item.total),
+            format!(
+                "reported reserved + sold {committed} exceeds total {} (+ {} written off)",
+                item.total, item.written_off
+            ),
         ));
     }
     check

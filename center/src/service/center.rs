@@ -145,8 +145,23 @@ impl pb::center_server::Center for CenterService {
                 generation: p.generation,
             });
         }
+        // A report with another pool generation than the last one means the pool store
+        // lost the pool and something recreated it: as lost as a pool reported lost.
+        let known = self.store.channel_allocations(&channel).await?;
+        let mut in_doubt: Vec<String> =
+            known.iter().filter(|(_, a)| a.in_doubt > 0).map(|(item, _)| item.clone()).collect();
+        for report in &reports {
+            let before = known.iter().find(|(i, _)| i == report.item.as_str()).map_or(0, |(_, a)| a.generation);
+            if before != 0 && report.generation != 0 && report.generation != before && !lost.contains(&report.item) {
+                tracing::error!(channel = %channel, item = %report.item, before, now = report.generation, "pool generation changed");
+                lost.push(report.item.clone());
+            }
+        }
         // A lost pool: everything the channel holds of the item is in doubt, never resold.
         for item in &lost {
+            if !in_doubt.iter().any(|i| i == item.as_str()) {
+                in_doubt.push(item.to_string());
+            }
             let in_doubt = self.store.mark_lost(item, &channel, r.epoch).await?;
             tracing::error!(channel = %channel, item = %item, in_doubt, "channel lost its pool; units in doubt");
         }
@@ -154,6 +169,7 @@ impl pb::center_server::Center for CenterService {
         Ok(Response::new(pb::HeartbeatResponse {
             lease_expires_at_unix_ms: session.lease_expires_at_ms,
             lease_ttl_ms: self.lease.lease_ttl_ms,
+            in_doubt_items: in_doubt,
         }))
     }
 
@@ -177,6 +193,9 @@ impl pb::center_server::Center for CenterService {
             watermarks: Some(pb_watermarks(policy.watermarks)),
             center_available: policy.item.state.available,
             closed: policy.item.state.closed,
+            held: policy.allocation.map_or(0, |a| a.held()),
+            generation: policy.allocation.map_or(0, |a| a.generation),
+            in_doubt: policy.allocation.map_or(0, |a| a.in_doubt),
         }))
     }
 

@@ -59,6 +59,8 @@ pub struct ItemPolicy {
     pub item: ItemRecord,
     /// Effective for the channel asked about.
     pub watermarks: Watermarks,
+    /// The asking channel's allocation, when a channel was named.
+    pub allocation: Option<Allocation>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -165,6 +167,8 @@ pub trait LedgerStore: Send + Sync + 'static {
     /// Settles in-doubt units: `sold` written off, the rest back to the center. Returns
     /// the item afterwards and the units returned.
     async fn resolve_in_doubt(&self, item: &ItemId, channel: &Channel, sold: u64) -> Result<(ItemRecord, u64)>;
+    /// One channel's allocations, by item (read-only).
+    async fn channel_allocations(&self, channel: &Channel) -> Result<Vec<(String, Allocation)>>;
     /// Every registered channel with its session and allocations, by channel name.
     async fn channels(&self) -> Result<Vec<ChannelView>>;
     /// Closes (no more grants) or reopens an item.

@@ -600,6 +600,14 @@ impl LedgerStore for SqlLedger {
         Ok((record, returned))
     }
 
+    async fn channel_allocations(&self, channel: &Channel) -> Result<Vec<(String, Allocation)>> {
+        let rows = sqlx::query(&format!("{ALLOC_SELECT} WHERE channel = $1 ORDER BY item_id"))
+            .bind(channel.as_str())
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(|r| alloc_from_row(r).map(|(item, _, a)| (item, a))).collect()
+    }
+
     async fn channels(&self) -> Result<Vec<ChannelView>> {
         let mut tx = self.begin_read().await?;
         let sessions = sqlx::query(&format!("{SESSION_SELECT} ORDER BY channel")).fetch_all(&mut *tx).await?;
@@ -645,12 +653,15 @@ impl LedgerStore for SqlLedger {
     async fn policy(&self, item: &ItemId, channel: Option<&Channel>) -> Result<ItemPolicy> {
         let mut tx = self.begin_read().await?;
         let record = self.item_record(&mut tx, item).await?;
-        let watermarks = match channel {
-            Some(c) => Self::override_for(&mut tx, item.as_str(), c.as_str()).await?.unwrap_or(record.watermarks),
-            None => record.watermarks,
+        let (watermarks, allocation) = match channel {
+            Some(c) => (
+                Self::override_for(&mut tx, item.as_str(), c.as_str()).await?.unwrap_or(record.watermarks),
+                Some(Self::alloc(&mut tx, item.as_str(), c.as_str()).await?),
+            ),
+            None => (record.watermarks, None),
         };
         tx.commit().await?;
-        Ok(ItemPolicy { item: record, watermarks })
+        Ok(ItemPolicy { item: record, watermarks, allocation })
     }
 
     async fn item_ledger(&self, item: &ItemId) -> Result<ItemLedger> {

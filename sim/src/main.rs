@@ -1,0 +1,92 @@
+//! `inventory-sim [--scenario NAME] [--seed START] [--seeds N] [--steps N] [--trace]`
+//!
+//! Runs N seeds from START (default 0 and 1000) of a scenario (default `default`) and
+//! prints the first failing seed with its trace, or a summary. With `--trace`, runs the
+//! one seed START and prints its whole trace.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use inventory_sim::{Stats, run, scenario, scenarios};
+
+fn usage() -> String {
+    let names: Vec<&str> = scenarios().iter().map(|s| s.name).collect();
+    format!(
+        "usage: inventory-sim [--scenario NAME] [--seed START] [--seeds N] [--steps N] [--trace]\nscenarios: {}",
+        names.join(", ")
+    )
+}
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let (mut name, mut start, mut count, mut steps, mut trace) = ("default".to_owned(), 0u64, 1000u64, None, false);
+    while let Some(arg) = args.next() {
+        let mut value = |flag: &str| args.next().ok_or_else(|| format!("{flag} needs a value"));
+        let parsed: Result<(), String> = match arg.as_str() {
+            "--scenario" => value("--scenario").map(|v| name = v),
+            "--seed" => value("--seed").and_then(|v| v.parse().map(|n| start = n).map_err(|e| format!("--seed: {e}"))),
+            "--seeds" => {
+                value("--seeds").and_then(|v| v.parse().map(|n| count = n).map_err(|e| format!("--seeds: {e}")))
+            }
+            "--steps" => {
+                value("--steps").and_then(|v| v.parse().map(|n| steps = Some(n)).map_err(|e| format!("--steps: {e}")))
+            }
+            "--trace" => {
+                trace = true;
+                Ok(())
+            }
+            "-h" | "--help" => {
+                println!("{}", usage());
+                return ExitCode::SUCCESS;
+            }
+            other => Err(format!("unknown argument {other:?}")),
+        };
+        if let Err(e) = parsed {
+            eprintln!("{e}\n{}", usage());
+            return ExitCode::from(2);
+        }
+    }
+    let Some(mut sc) = scenario(&name) else {
+        eprintln!("unknown scenario {name:?}\n{}", usage());
+        return ExitCode::from(2);
+    };
+    if let Some(steps) = steps {
+        sc.config.steps = steps;
+    }
+    if trace {
+        return match run(start, &sc) {
+            Ok(outcome) => {
+                for line in &outcome.trace {
+                    println!("{line}");
+                }
+                println!("seed {start}: every invariant kept; {:?}", outcome.stats);
+                ExitCode::SUCCESS
+            }
+            Err(failure) => {
+                for line in &failure.trace {
+                    println!("{line}");
+                }
+                println!("{failure}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let began = Instant::now();
+    let mut total = Stats::default();
+    for seed in start..start.saturating_add(count) {
+        match run(seed, &sc) {
+            Ok(outcome) => total.add(&outcome.stats),
+            Err(failure) => {
+                println!("{failure}");
+                println!("first failing seed: {seed} ({} seeds passed before it)", seed - start);
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    println!(
+        "scenario {name}: seeds {start}..{} kept every invariant in {:.1?}\ntotals: {total:?}",
+        start.saturating_add(count),
+        began.elapsed()
+    );
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,1085 @@
+//! The simulated world: the center, the agents with their durable pools and volatile
+//! memory, the network between them, the buyers, and the reference model the checker
+//! compares against.
+//!
+//! The center's ledger arithmetic, epochs, leases and request fingerprints are the real
+//! ones from `inventory_core::ledger`; the watermark decision is the real
+//! `inventory_core::rebalance::decide`. What `center/src/store/sql.rs` does around them in
+//! one transaction (request table lookup before the epoch check, refused calls not
+//! recorded) is mirrored by [`Center`]. The pool ([`Pool`]) mirrors the in-memory
+//! reference store `agent/src/store/memory.rs` (itself the twin of the Lua scripts), with
+//! the logical clock instead of the system clock. The agent's behaviour (`agent.rs`,
+//! `link.rs`, `items.rs`) is mirrored step by step in `step.rs`.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
+
+use inventory_core::ledger::{self, Allocation, ChannelSession, ItemState, LedgerError, Mutation, PoolCounts};
+use inventory_core::watermarks::Watermarks;
+use inventory_core::{Channel, ItemId, Quantity};
+
+use crate::rng::Rng;
+
+/// Channel names, in order; a world uses the first `n`.
+pub const CHANNELS: [&str; 4] = ["app", "web", "eu-west", "partner"];
+/// Item names, in order; a world uses the first `n`.
+pub const ITEMS: [&str; 2] = ["skin", "bundle"];
+
+/// Lease of an agent's registration, and the grace before a reclaim is allowed.
+pub const LEASE_TTL_MS: u64 = 3_000;
+pub const RECLAIM_GRACE_MS: u64 = 1_000;
+/// The agent stops selling this long before its lease runs out (`--lease-margin-ms`).
+pub const LEASE_MARGIN_MS: i64 = 1_000;
+/// The agent heartbeats every third of its lease (`workers::heartbeat`).
+pub const HEARTBEAT_EVERY_MS: i64 = (LEASE_TTL_MS / 3) as i64;
+/// How long a pool stays above high before surplus goes back (`AgentSettings`).
+pub const RETURN_SUSTAIN_MS: u64 = 500;
+/// `agent.rs`: at most one starvation Borrow per item per this many ms.
+pub const STARVING_SIGNAL_EVERY_MS: i64 = 200;
+/// `link.rs`: attempts of one Borrow/Return, all with the same request id.
+pub const LINK_ATTEMPTS: u32 = 5;
+
+/// Which faults a run injects. Percentages are per opportunity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Faults {
+    /// A Borrow/Return request vanishes before the center sees it.
+    pub lose_request_pct: u32,
+    /// The center applied the call but the reply never arrives.
+    pub lose_reply_pct: u32,
+    /// A heartbeat is lost (the lease is not renewed): with enough of them a live agent's
+    /// lease expires and it can be reclaimed while it still sells (a partition).
+    pub lose_heartbeat_pct: u32,
+    /// Agents crash (volatile memory lost, pool kept) and restart.
+    pub crashes: bool,
+    /// Agents stop gracefully (SIGTERM: give back what is unreserved, final report).
+    pub stops: bool,
+    /// When the operator reclaims a channel whose lease expired (plus grace).
+    pub reclaims: Reclaims,
+    /// A pool's store loses its data (Redis restarted without persistence).
+    pub pool_data_loss: bool,
+    /// A second process of a running agent's channel registers and resyncs, fencing it.
+    pub rival_registrations: bool,
+}
+
+impl Faults {
+    /// Everything the brief lists that the real logic survives: lost, late, reordered and
+    /// replayed calls, crashes, graceful stops and restarts, stale calls of dead
+    /// incarnations, reclaims of agents that stopped gracefully. Reclaims of crashed or
+    /// partitioned agents break invariant 3 today (the `reclaim` and `partition`
+    /// scenarios).
+    pub const DEFAULT: Faults = Faults {
+        lose_request_pct: 5,
+        lose_reply_pct: 10,
+        lose_heartbeat_pct: 0,
+        crashes: true,
+        stops: true,
+        reclaims: Reclaims::StoppedAgents,
+        pool_data_loss: false,
+        rival_registrations: false,
+    };
+}
+
+/// The operator's use of `invctl reclaim`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reclaims {
+    Never,
+    /// Only channels whose agent stopped gracefully: its final report is exact.
+    StoppedAgents,
+    /// Whenever the lease has expired for the grace period.
+    LeaseExpired,
+}
+
+/// Deliberate breakage, to show the checker catches real mistakes (the simulator is not
+/// vacuous). All off in real runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Breakage {
+    /// The center applies Borrow/Return whatever epoch they carry.
+    pub skip_epoch_check: bool,
+    /// The center ignores its request table: a replayed Borrow/Return applies again.
+    pub apply_replays: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// Random steps before the run drains to quiescence and sells out.
+    pub steps: usize,
+    pub faults: Faults,
+    pub breakage: Breakage,
+    /// At quiescence, every agent registers again and resyncs before invariant 2 is
+    /// checked (the brief's procedure). Without it, a running agent keeps whatever drift
+    /// the faults left, as it does in production until it restarts or is fenced.
+    pub resync_at_quiescence: bool,
+    /// Units in doubt while no pool store lost data are a violation (invariant 7: they
+    /// stay stranded until an operator resolves them). Off: the operator resolves them at
+    /// quiescence like real losses.
+    pub doubt_requires_data_loss: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            steps: 300,
+            faults: Faults::DEFAULT,
+            breakage: Breakage::default(),
+            resync_at_quiescence: true,
+            doubt_requires_data_loss: false,
+        }
+    }
+}
+
+/// One broken rule: which invariant (as numbered in the brief) and what was seen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub invariant: &'static str,
+    pub detail: String,
+}
+
+impl Violation {
+    pub fn new(invariant: &'static str, detail: impl Into<String>) -> Self {
+        Self { invariant, detail: detail.into() }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invariant {}: {}", self.invariant, self.detail)
+    }
+}
+
+/// `x -= by`, where going below zero is a broken invariant 3 rather than a panic.
+pub fn dec(x: &mut u64, by: u64, what: &str) -> Result<(), Violation> {
+    *x = x.checked_sub(by).ok_or_else(|| Violation::new("3", format!("{what} would go negative: {x} - {by}")))?;
+    Ok(())
+}
+
+/// `x += by`, overflow being a broken invariant too.
+pub fn inc(x: &mut u64, by: u64, what: &str) -> Result<(), Violation> {
+    *x = x.checked_add(by).ok_or_else(|| Violation::new("3", format!("{what} overflows: {x} + {by}")))?;
+    Ok(())
+}
+
+pub fn qty(n: u64) -> Quantity {
+    Quantity::parse("quantity", n).expect("simulated quantities are positive and small")
+}
+
+// ---------------------------------------------------------------------------------------
+// The center
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+pub struct CenterItem {
+    pub id: ItemId,
+    pub state: ItemState,
+    pub watermarks: Watermarks,
+}
+
+/// The first answer to a request id, as the `requests` table keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    Borrow { granted: u64, center_available: u64 },
+    Return { center_available: u64 },
+    AddStock,
+}
+
+#[derive(Debug, Clone)]
+pub struct StoredRequest {
+    pub fingerprint: String,
+    pub answer: Answer,
+}
+
+/// Why the center refused a call (nothing was applied or recorded).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// FAILED_PRECONDITION: stale epoch, unregistered channel, return above held.
+    Precondition(String),
+    /// ALREADY_EXISTS: the request id was used with another payload.
+    Conflict(String),
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::Precondition(m) => write!(f, "failed precondition: {m}"),
+            Refusal::Conflict(m) => write!(f, "already exists: {m}"),
+        }
+    }
+}
+
+impl From<LedgerError> for Refusal {
+    fn from(e: LedgerError) -> Self {
+        Refusal::Precondition(e.to_string())
+    }
+}
+
+/// What the center says a channel holds of one item, at registration (`Holding`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holding {
+    pub item: String,
+    pub held: u64,
+    /// The pool generation the channel last reported (0: never).
+    pub generation: u64,
+    pub in_doubt: u64,
+}
+
+/// One pool in a heartbeat (`PoolReport`): a frozen pool is reported lost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub item: String,
+    pub counts: PoolCounts,
+    pub generation: u64,
+    pub lost: bool,
+}
+
+/// What the center publishes on `WatchChannel` (`center/src/events.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CenterEvent {
+    Restocked {
+        item: String,
+        center_available: u64,
+        from_channel: Option<String>,
+    },
+    ReturnRequested {
+        item: String,
+        starving: String,
+    },
+    /// An operator settled the channel's in-doubt units of the item.
+    InDoubtResolved {
+        item: String,
+        channel: String,
+    },
+}
+
+impl CenterEvent {
+    /// `LedgerEvent::concerns`.
+    pub fn concerns(&self, channel: &str) -> bool {
+        match self {
+            CenterEvent::Restocked { from_channel, .. } => from_channel.as_deref() != Some(channel),
+            CenterEvent::ReturnRequested { starving, .. } => starving != channel,
+            CenterEvent::InDoubtResolved { channel: target, .. } => target == channel,
+        }
+    }
+}
+
+/// The center: ledger rows plus the request table, each call one "transaction".
+#[derive(Debug, Clone, Default)]
+pub struct Center {
+    pub items: BTreeMap<String, CenterItem>,
+    /// (item, channel) -> allocation.
+    pub allocations: BTreeMap<(String, String), Allocation>,
+    pub sessions: BTreeMap<String, ChannelSession>,
+    /// (scope, request id) -> first answer.
+    pub requests: BTreeMap<(String, String), StoredRequest>,
+    /// Reference model, invariant 4: how many times each (scope, request id) changed the
+    /// ledger.
+    pub applied: BTreeMap<(String, String), u32>,
+    /// Reference model, invariant 6: mutations applied with an epoch other than the
+    /// channel's current one.
+    pub stale_applied: Vec<String>,
+    /// Published and not yet fanned out to agents.
+    pub outbox: Vec<CenterEvent>,
+}
+
+impl Center {
+    pub fn item(&self, item: &str) -> &CenterItem {
+        &self.items[item]
+    }
+
+    /// The allocations of one item, as `check_item` takes them.
+    pub fn allocations_of(&self, item: &str) -> Vec<(String, Allocation)> {
+        self.allocations.iter().filter(|((i, _), _)| i == item).map(|((_, c), a)| (c.clone(), *a)).collect()
+    }
+
+    pub fn held(&self, item: &str, channel: &str) -> u64 {
+        self.allocations.get(&(item.to_owned(), channel.to_owned())).map_or(0, Allocation::held)
+    }
+
+    /// The request-table lookup that precedes every mutation (`find_request`).
+    fn find_request(&self, m: &Mutation, request_id: &str, breakage: &Breakage) -> Result<Option<Answer>, Refusal> {
+        if breakage.apply_replays {
+            return Ok(None);
+        }
+        let Some(stored) = self.requests.get(&(m.scope(), request_id.to_owned())) else { return Ok(None) };
+        if stored.fingerprint != m.fingerprint() {
+            return Err(Refusal::Conflict(format!(
+                "request_id {request_id:?} was already used for another request ({})",
+                stored.fingerprint
+            )));
+        }
+        Ok(Some(stored.answer))
+    }
+
+    /// `put_request` plus the reference model's count of applications.
+    fn put_request(&mut self, m: &Mutation, request_id: &str, answer: Answer) {
+        let key = (m.scope(), request_id.to_owned());
+        *self.applied.entry(key.clone()).or_default() += 1;
+        self.requests.insert(key, StoredRequest { fingerprint: m.fingerprint(), answer });
+    }
+
+    /// `stale_or_unknown`, unless the epoch check is deliberately broken. Records an
+    /// application with a stale epoch for the checker.
+    fn check_epoch(&mut self, channel: &Channel, epoch: u64, what: &str, breakage: &Breakage) -> Result<(), Refusal> {
+        let Some(session) = self.sessions.get(channel.as_str()) else {
+            return Err(Refusal::Precondition(format!(
+                "stale epoch {epoch} for channel {channel}: channel is not registered"
+            )));
+        };
+        if breakage.skip_epoch_check {
+            if session.epoch != epoch {
+                self.stale_applied.push(format!("{what} with epoch {epoch}, current {}", session.epoch));
+            }
+            return Ok(());
+        }
+        Ok(session.check_epoch(channel, epoch)?)
+    }
+
+    /// `SqlLedger::borrow` + the ReturnRequested publication of the Center service.
+    /// Returns the answer and whether it was a replay.
+    pub fn borrow(
+        &mut self,
+        item: &str,
+        channel: &Channel,
+        epoch: u64,
+        quantity: u64,
+        request_id: &str,
+        breakage: &Breakage,
+    ) -> Result<(Answer, bool), Refusal> {
+        let item_id = self.item(item).id.clone();
+        let m = Mutation::Borrow { item: item_id, channel: channel.clone(), quantity: qty(quantity) };
+        if let Some(first) = self.find_request(&m, request_id, breakage)? {
+            return Ok((first, true));
+        }
+        self.check_epoch(channel, epoch, &format!("borrow {request_id}"), breakage)?;
+        let entry = self.items.get_mut(item).expect("known item");
+        let key = (item.to_owned(), channel.to_string());
+        let mut alloc = self.allocations.get(&key).copied().unwrap_or_default();
+        let granted = ledger::borrow(&mut entry.state, &mut alloc, qty(quantity));
+        if granted > 0 {
+            // Like `write_movements`: a zero grant writes no allocation row.
+            self.allocations.insert(key, alloc);
+        }
+        let center_available = entry.state.available;
+        let answer = Answer::Borrow { granted, center_available };
+        self.put_request(&m, request_id, answer);
+        if granted < quantity && center_available == 0 {
+            self.outbox.push(CenterEvent::ReturnRequested { item: item.to_owned(), starving: channel.to_string() });
+        }
+        Ok((answer, false))
+    }
+
+    /// `SqlLedger::give_back` + the Restocked publication.
+    pub fn give_back(
+        &mut self,
+        item: &str,
+        channel: &Channel,
+        epoch: u64,
+        quantity: u64,
+        request_id: &str,
+        breakage: &Breakage,
+    ) -> Result<(Answer, bool), Refusal> {
+        let item_id = self.item(item).id.clone();
+        let m = Mutation::Return { item: item_id, channel: channel.clone(), quantity: qty(quantity) };
+        if let Some(first) = self.find_request(&m, request_id, breakage)? {
+            return Ok((first, true));
+        }
+        self.check_epoch(channel, epoch, &format!("return {request_id}"), breakage)?;
+        let entry = self.items.get_mut(item).expect("known item");
+        let mut alloc = self.allocations.get(&(item.to_owned(), channel.to_string())).copied().unwrap_or_default();
+        let mut after = entry.state.clone();
+        ledger::give_back(&mut after, &mut alloc, channel, qty(quantity))?;
+        entry.state = after;
+        self.allocations.insert((item.to_owned(), channel.to_string()), alloc);
+        let center_available = entry.state.available;
+        let answer = Answer::Return { center_available };
+        self.put_request(&m, request_id, answer);
+        self.outbox.push(CenterEvent::Restocked {
+            item: item.to_owned(),
+            center_available,
+            from_channel: Some(channel.to_string()),
+        });
+        Ok((answer, false))
+    }
+
+    /// `SqlLedger::add_stock` + the Restocked publication.
+    pub fn add_stock(&mut self, item: &str, quantity: u64, request_id: &str) -> Result<bool, Refusal> {
+        let item_id = self.item(item).id.clone();
+        let m = Mutation::AddStock { item: item_id, quantity: qty(quantity) };
+        if self.find_request(&m, request_id, &Breakage::default())?.is_some() {
+            return Ok(true);
+        }
+        let entry = self.items.get_mut(item).expect("known item");
+        let mut after = entry.state.clone();
+        ledger::add_stock(&mut after, qty(quantity))?;
+        entry.state = after;
+        let center_available = entry.state.available;
+        self.put_request(&m, request_id, Answer::AddStock);
+        self.outbox.push(CenterEvent::Restocked { item: item.to_owned(), center_available, from_channel: None });
+        Ok(false)
+    }
+
+    /// `SqlLedger::register`: a new epoch, and what the channel holds of each item it has
+    /// an allocation row for, by item id.
+    pub fn register(&mut self, channel: &str, agent_id: &str, now_ms: i64) -> (u64, Vec<Holding>) {
+        let session = ChannelSession::register(self.sessions.get(channel), agent_id, now_ms, LEASE_TTL_MS);
+        let epoch = session.epoch;
+        self.sessions.insert(channel.to_owned(), session);
+        let held = self
+            .allocations
+            .iter()
+            .filter(|((_, c), _)| c == channel)
+            .map(|((i, _), a)| Holding {
+                item: i.clone(),
+                held: a.held(),
+                generation: a.generation,
+                in_doubt: a.in_doubt,
+            })
+            .collect();
+        (epoch, held)
+    }
+
+    /// The Center service's Heartbeat: `SqlLedger::mark_lost` for every pool reported
+    /// lost (everything the channel holds of it is in doubt), then `SqlLedger::heartbeat`
+    /// (renew the lease, store the reported totals and generations).
+    pub fn heartbeat(&mut self, channel: &Channel, epoch: u64, reports: &[Report], now_ms: i64) -> Result<(), Refusal> {
+        for r in reports.iter().filter(|r| r.lost) {
+            let Some(session) = self.sessions.get(channel.as_str()) else {
+                return Err(Refusal::Precondition(format!("channel {channel} is not registered")));
+            };
+            session.check_epoch(channel, epoch)?;
+            // An UPDATE: no allocation row, nothing to mark.
+            if let Some(a) = self.allocations.get_mut(&(r.item.clone(), channel.to_string())) {
+                ledger::mark_lost(a);
+                a.generation = 0;
+            }
+        }
+        let Some(session) = self.sessions.get_mut(channel.as_str()) else {
+            return Err(Refusal::Precondition(format!("channel {channel} is not registered")));
+        };
+        session.check_epoch(channel, epoch)?;
+        session.renew(now_ms, LEASE_TTL_MS);
+        for r in reports {
+            let a = self.allocations.entry((r.item.clone(), channel.to_string())).or_default();
+            a.reported = r.counts;
+            a.reported_at_ms = now_ms;
+            a.generation = r.generation;
+        }
+        Ok(())
+    }
+
+    /// `Admin/ResolveInDoubt` (`SqlLedger::resolve_in_doubt` + its publications): `sold`
+    /// units are written off, the rest of what the channel held goes back to the center.
+    /// Returns the units returned.
+    pub fn resolve_in_doubt(&mut self, item: &str, channel: &Channel, sold: u64) -> Result<u64, Refusal> {
+        let entry = self.items.get_mut(item).expect("known item");
+        let key = (item.to_owned(), channel.to_string());
+        let mut alloc = self.allocations.get(&key).copied().unwrap_or_default();
+        let mut after = entry.state.clone();
+        let returned = ledger::resolve_in_doubt(&mut after, &mut alloc, channel, sold)?;
+        entry.state = after;
+        let center_available = entry.state.available;
+        self.allocations.insert(key, alloc);
+        self.outbox.push(CenterEvent::InDoubtResolved { item: item.to_owned(), channel: channel.to_string() });
+        if returned > 0 {
+            self.outbox.push(CenterEvent::Restocked {
+                item: item.to_owned(),
+                center_available,
+                from_channel: Some(channel.to_string()),
+            });
+        }
+        Ok(returned)
+    }
+
+    /// `SqlLedger::reclaim` + the Restocked publications: units reclaimed per item.
+    pub fn reclaim(&mut self, channel: &Channel, now_ms: i64) -> Result<Vec<(String, u64)>, Refusal> {
+        let Some(session) = self.sessions.get_mut(channel.as_str()) else {
+            return Err(Refusal::Precondition(format!("channel {channel} is not registered")));
+        };
+        session.begin_reclaim(channel, now_ms, RECLAIM_GRACE_MS)?;
+        let mut out = Vec::new();
+        for ((item, c), alloc) in self.allocations.iter_mut() {
+            if c != channel.as_str() {
+                continue;
+            }
+            let entry = self.items.get_mut(item).expect("known item");
+            let units = ledger::reclaim(&mut entry.state, alloc);
+            if units > 0 {
+                self.outbox.push(CenterEvent::Restocked {
+                    item: item.clone(),
+                    center_available: entry.state.available,
+                    from_channel: Some(channel.to_string()),
+                });
+            }
+            out.push((item.clone(), units));
+        }
+        Ok(out)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The pool (durable: Redis, or the in-memory store)
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResState {
+    Reserved,
+    Confirmed,
+    Cancelled,
+    Expired,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    pub state: ResState,
+    pub quantity: u64,
+    pub expires_at_ms: i64,
+    pub user: String,
+    pub key: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Take {
+    pub units: u64,
+    pub put_back: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AcquireResult {
+    Reserved { reservation_id: String, replayed: bool },
+    SoldOut { available: u64 },
+    LimitExceeded,
+    KeyConflict,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    Done(ResState),
+    Refused(ResState),
+    NotFound,
+}
+
+/// One channel's pool of one item: `agent/src/store/memory.rs`'s `Pool` on a logical
+/// clock. Records are never forgotten (the real retention is 24 h, far beyond a run).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pool {
+    pub available: u64,
+    pub reserved: u64,
+    pub sold: u64,
+    /// 0 until the first refill creates the pool.
+    pub generation: u64,
+    pub reservations: BTreeMap<String, Reservation>,
+    /// RESERVED reservations by expiry.
+    pub due: BTreeSet<(i64, String)>,
+    /// Units each user holds (reserved + confirmed).
+    pub held_by_user: BTreeMap<String, u64>,
+    /// Idempotency key -> reservation id.
+    pub keys: BTreeMap<String, String>,
+    /// Grant id -> units applied.
+    pub grants: BTreeMap<String, u64>,
+    pub takes: BTreeMap<String, Take>,
+}
+
+impl Pool {
+    pub fn sum(&self) -> u64 {
+        self.available + self.reserved + self.sold
+    }
+
+    pub fn counts(&self) -> PoolCounts {
+        if self.generation == 0 {
+            return PoolCounts::default();
+        }
+        PoolCounts { available: self.available, reserved: self.reserved, sold: self.sold }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn acquire(
+        &mut self,
+        user: &str,
+        quantity: u64,
+        key: &str,
+        new_reservation_id: &str,
+        per_user_limit: u64,
+        ttl_ms: u64,
+        now: i64,
+    ) -> Result<AcquireResult, Violation> {
+        if let Some(id) = self.keys.get(key)
+            && let Some(r) = self.reservations.get(id)
+        {
+            if r.user == user && r.quantity == quantity {
+                return Ok(AcquireResult::Reserved { reservation_id: id.clone(), replayed: true });
+            }
+            return Ok(AcquireResult::KeyConflict);
+        }
+        let held = self.held_by_user.get(user).copied().unwrap_or(0);
+        if held.saturating_add(quantity) > per_user_limit {
+            return Ok(AcquireResult::LimitExceeded);
+        }
+        if self.available < quantity {
+            return Ok(AcquireResult::SoldOut { available: self.available });
+        }
+        let expires_at_ms = now + ttl_ms as i64;
+        dec(&mut self.available, quantity, "pool available")?;
+        inc(&mut self.reserved, quantity, "pool reserved")?;
+        inc(self.held_by_user.entry(user.to_owned()).or_default(), quantity, "user held")?;
+        self.reservations.insert(
+            new_reservation_id.to_owned(),
+            Reservation {
+                state: ResState::Reserved,
+                quantity,
+                expires_at_ms,
+                user: user.to_owned(),
+                key: key.to_owned(),
+            },
+        );
+        self.due.insert((expires_at_ms, new_reservation_id.to_owned()));
+        self.keys.insert(key.to_owned(), new_reservation_id.to_owned());
+        Ok(AcquireResult::Reserved { reservation_id: new_reservation_id.to_owned(), replayed: false })
+    }
+
+    fn finish(&mut self, id: &str, to: ResState) -> Result<u64, Violation> {
+        let r = self.reservations.get_mut(id).expect("caller checked");
+        r.state = to;
+        let (quantity, expires_at_ms, user) = (r.quantity, r.expires_at_ms, r.user.clone());
+        self.due.remove(&(expires_at_ms, id.to_owned()));
+        dec(&mut self.reserved, quantity, "pool reserved")?;
+        if to == ResState::Confirmed {
+            inc(&mut self.sold, quantity, "pool sold")?;
+        } else {
+            inc(&mut self.available, quantity, "pool available")?;
+            if let Some(held) = self.held_by_user.get_mut(&user) {
+                *held = held.saturating_sub(quantity);
+                if *held == 0 {
+                    self.held_by_user.remove(&user);
+                }
+            }
+        }
+        Ok(quantity)
+    }
+
+    pub fn confirm(&mut self, id: &str, now: i64) -> Result<Transition, Violation> {
+        let Some(r) = self.reservations.get(id) else { return Ok(Transition::NotFound) };
+        Ok(match r.state {
+            ResState::Confirmed => Transition::Done(ResState::Confirmed),
+            ResState::Cancelled | ResState::Expired => Transition::Refused(r.state),
+            ResState::Reserved if r.expires_at_ms <= now => {
+                self.finish(id, ResState::Expired)?;
+                Transition::Refused(ResState::Expired)
+            }
+            ResState::Reserved => {
+                self.finish(id, ResState::Confirmed)?;
+                Transition::Done(ResState::Confirmed)
+            }
+        })
+    }
+
+    pub fn cancel(&mut self, id: &str, now: i64) -> Result<Transition, Violation> {
+        let Some(r) = self.reservations.get(id) else { return Ok(Transition::NotFound) };
+        Ok(match r.state {
+            ResState::Confirmed => Transition::Refused(ResState::Confirmed),
+            ResState::Cancelled | ResState::Expired => Transition::Done(r.state),
+            ResState::Reserved => {
+                let to = if r.expires_at_ms <= now { ResState::Expired } else { ResState::Cancelled };
+                self.finish(id, to)?;
+                Transition::Done(to)
+            }
+        })
+    }
+
+    pub fn expire_due(&mut self, max: usize, now: i64) -> Result<u64, Violation> {
+        let due: Vec<String> =
+            self.due.iter().take_while(|(at, _)| *at <= now).take(max).map(|(_, id)| id.clone()).collect();
+        let mut freed = 0;
+        for id in due {
+            if self.reservations.get(&id).is_some_and(|r| r.state == ResState::Reserved) {
+                freed += self.finish(&id, ResState::Expired)?;
+            }
+        }
+        Ok(freed)
+    }
+
+    /// Adds units once per grant id; creates the pool (a new generation) if needed.
+    pub fn refill(&mut self, grant_id: &str, units: u64, new_generation: u64) -> Result<bool, Violation> {
+        if self.grants.contains_key(grant_id) {
+            return Ok(false);
+        }
+        self.grants.insert(grant_id.to_owned(), units);
+        if self.generation == 0 {
+            self.generation = new_generation;
+        }
+        inc(&mut self.available, units, "pool available")?;
+        Ok(true)
+    }
+
+    /// Removes up to `max` available units, once per take id (a replay returns the first
+    /// amount).
+    pub fn take_for_return(&mut self, take_id: &str, max: u64) -> Result<u64, Violation> {
+        if let Some(t) = self.takes.get(take_id) {
+            return Ok(t.units);
+        }
+        let units = max.min(self.available);
+        dec(&mut self.available, units, "pool available")?;
+        self.takes.insert(take_id.to_owned(), Take { units, put_back: false });
+        Ok(units)
+    }
+
+    /// Puts back the units of a take whose Return the center refused; once per take id.
+    pub fn untake(&mut self, take_id: &str) -> Result<u64, Violation> {
+        let Some(t) = self.takes.get_mut(take_id) else { return Ok(0) };
+        if t.put_back || t.units == 0 || self.generation == 0 {
+            return Ok(0);
+        }
+        t.put_back = true;
+        let units = t.units;
+        inc(&mut self.available, units, "pool available")?;
+        Ok(units)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Agents
+// ---------------------------------------------------------------------------------------
+
+/// Per-item flags of a running agent (`items.rs`' `ItemRuntime`), lost on a crash.
+#[derive(Debug, Clone, Default)]
+pub struct ItemFlags {
+    pub center_dry: bool,
+    pub end_of_sale: bool,
+    pub local_empty: bool,
+    pub fast_path_keys: Option<BTreeSet<String>>,
+    pub above_high_since: Option<i64>,
+    pub last_starving_signal_ms: i64,
+    pub generation: u64,
+    pub frozen: bool,
+}
+
+impl ItemFlags {
+    /// `ItemRuntime::set_center_available`.
+    pub fn set_center_available(&mut self, available: u64) {
+        self.center_dry = available == 0;
+        if !self.center_dry {
+            self.fast_path_keys = None;
+        }
+    }
+
+    /// `ItemRuntime::stock_returned_locally`.
+    pub fn stock_returned_locally(&mut self) {
+        self.local_empty = false;
+        self.fast_path_keys = None;
+    }
+
+    /// `ItemRuntime::fast_sold_out`.
+    pub fn fast_sold_out(&self, key: &str) -> Option<bool> {
+        if !self.center_dry || !self.local_empty {
+            return None;
+        }
+        self.fast_path_keys.as_ref().map(|k| !k.contains(key))
+    }
+
+    pub fn may_prefetch(&self) -> bool {
+        !self.center_dry && !self.end_of_sale
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpKind {
+    Borrow,
+    Return,
+}
+
+impl fmt::Display for OpKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OpKind::Borrow => "borrow",
+            OpKind::Return => "return",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// A Return whose units were taken from the pool, not yet sent.
+    Taken,
+    /// Attempt `attempt` is out; waiting for its reply or its deadline.
+    Waiting,
+    /// A Borrow answered with a grant not yet added to the pool.
+    Granted(u64),
+}
+
+/// One Borrow/Return call of a running agent (a `borrow_now` / `give_back` task with the
+/// link's retry loop), lost on a crash.
+#[derive(Debug, Clone)]
+pub struct Op {
+    pub kind: OpKind,
+    pub item: String,
+    /// The request id; for a Return also the take id.
+    pub request_id: String,
+    pub quantity: u64,
+    pub attempt: u32,
+    pub phase: Phase,
+}
+
+/// A running agent's volatile memory.
+#[derive(Debug, Clone)]
+pub struct AgentMem {
+    pub incarnation: u64,
+    pub epoch: u64,
+    pub items: BTreeMap<String, ItemFlags>,
+    pub ops: Vec<Op>,
+    /// The WatchChannel stream: one TCP stream, so in order.
+    pub events: VecDeque<CenterEvent>,
+    pub last_heartbeat_ms: i64,
+    /// `CenterLink::lease_until_ms`: the agent sells only before this (0: no lease).
+    pub lease_until_ms: i64,
+    /// `CenterLink::reachable`: whether the last call to the center got an answer.
+    pub reachable: bool,
+}
+
+impl AgentMem {
+    /// `CenterLink::renew_lease`: from the send time, minus the margin (at most half the
+    /// lease), never shortened.
+    pub fn renew_lease(&mut self, sent_at_ms: i64) {
+        let ttl = LEASE_TTL_MS as i64;
+        let until = sent_at_ms + ttl - LEASE_MARGIN_MS.min(ttl / 2);
+        self.lease_until_ms = self.lease_until_ms.max(until);
+    }
+
+    pub fn lease_valid(&self, now_ms: i64) -> bool {
+        now_ms < self.lease_until_ms
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Agent {
+    pub channel: Channel,
+    /// Durable: survives crashes (Redis with persistence).
+    pub pools: BTreeMap<String, Pool>,
+    /// `None` while down.
+    pub mem: Option<AgentMem>,
+    /// Down after a graceful stop (not a crash).
+    pub stopped_gracefully: bool,
+    pub incarnations: u64,
+}
+
+impl Agent {
+    pub fn name(&self) -> &str {
+        self.channel.as_str()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The network
+// ---------------------------------------------------------------------------------------
+
+/// A Borrow/Return call or its reply in flight. Separate calls are separate HTTP/2
+/// streams, so they may arrive in any order; a message is never duplicated by the
+/// network (duplicates come from retries).
+#[derive(Debug, Clone)]
+pub enum Message {
+    Request {
+        channel: usize,
+        incarnation: u64,
+        epoch: u64,
+        kind: OpKind,
+        item: String,
+        quantity: u64,
+        request_id: String,
+        attempt: u32,
+    },
+    Reply {
+        channel: usize,
+        incarnation: u64,
+        request_id: String,
+        attempt: u32,
+        result: Result<Answer, Refusal>,
+    },
+}
+
+// ---------------------------------------------------------------------------------------
+// Buyers and the reference model
+// ---------------------------------------------------------------------------------------
+
+/// An idempotency key a buyer used, for replays.
+#[derive(Debug, Clone)]
+pub struct KeyUse {
+    pub channel: usize,
+    pub item: String,
+    pub key: String,
+    pub user: String,
+    pub quantity: u64,
+    /// The reservation this key made, if it reserved, and the pool's data-loss count then.
+    pub reservation: Option<(String, u32)>,
+}
+
+/// What the checker knows beyond the system's own state.
+#[derive(Debug, Clone, Default)]
+pub struct Reference {
+    /// (channel, item) -> units reclaimed by the center that the agent has not yet
+    /// removed from its pool by a resync. Until then the pool legitimately holds more
+    /// than the center counts as the channel's.
+    pub reclaimed_unsynced: BTreeMap<(usize, String), u64>,
+    /// (channel, item, grant id) -> refills that added units.
+    pub refills: BTreeMap<(usize, String, String), u32>,
+    /// (channel, item) -> how often the pool's store lost its data.
+    pub pool_losses: BTreeMap<(usize, String), u32>,
+    /// (channel, item) -> units sold in pool data that was lost (they stay sold).
+    pub lost_sold: BTreeMap<(usize, String), u64>,
+    /// (channel, item) -> units an operator wrote off as sold when resolving in-doubt
+    /// units: they left the ledger's total but may still show as sold in the pool.
+    pub written_off: BTreeMap<(usize, String), u64>,
+    /// Broken rules noticed while stepping (e.g. a resync that could not remove units).
+    pub noticed: Vec<Violation>,
+}
+
+/// What a run exercised, to show the faults really happened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub crashes: u64,
+    pub lost_messages: u64,
+    pub retries: u64,
+    pub give_ups: u64,
+    pub replays_answered: u64,
+    pub stale_refused: u64,
+    pub reclaims: u64,
+    /// Items an operator had to resolve at quiescence (units in doubt).
+    pub resolutions: u64,
+    /// ... of which no pool store had lost data: a false alarm.
+    pub resolutions_without_data_loss: u64,
+    /// A running agent heard it was fenced and registered again.
+    pub fenced_reregistrations: u64,
+    /// ... while Borrow/Return calls of its were in flight.
+    pub fenced_with_calls_in_flight: u64,
+    pub resync_moves: u64,
+    /// Units granted or returned at the center but not reflected in a running agent's
+    /// pool once everything in flight has landed: they wait for that agent's next
+    /// registration (a crash, or being fenced), which a healthy agent never has.
+    pub drift_waiting_for_resync: u64,
+    pub sold: u64,
+}
+
+impl Stats {
+    /// Adds another run's counts.
+    pub fn add(&mut self, o: &Stats) {
+        self.crashes += o.crashes;
+        self.lost_messages += o.lost_messages;
+        self.retries += o.retries;
+        self.give_ups += o.give_ups;
+        self.replays_answered += o.replays_answered;
+        self.stale_refused += o.stale_refused;
+        self.reclaims += o.reclaims;
+        self.resolutions += o.resolutions;
+        self.resolutions_without_data_loss += o.resolutions_without_data_loss;
+        self.fenced_reregistrations += o.fenced_reregistrations;
+        self.fenced_with_calls_in_flight += o.fenced_with_calls_in_flight;
+        self.resync_moves += o.resync_moves;
+        self.drift_waiting_for_resync += o.drift_waiting_for_resync;
+        self.sold += o.sold;
+    }
+}
+
+/// Everything in one simulated run.
+#[derive(Debug, Clone)]
+pub struct World {
+    pub config: Config,
+    pub rng: Rng,
+    pub now_ms: i64,
+    pub center: Center,
+    pub agents: Vec<Agent>,
+    pub network: Vec<Message>,
+    pub keys: Vec<KeyUse>,
+    /// Reservations buyers know of: (channel, item, reservation id).
+    pub reservations: Vec<(usize, String, String)>,
+    pub reference: Reference,
+    pub stats: Stats,
+    pub trace: Vec<String>,
+    pub step: usize,
+    next_id: u64,
+    next_generation: u64,
+}
+
+impl World {
+    /// A world of 1–2 items and 2–4 channels with stock and settings drawn from the seed.
+    pub fn new(seed: u64, config: Config) -> Self {
+        let mut rng = Rng::new(seed);
+        let n_items = rng.range(1, ITEMS.len() as u64) as usize;
+        let n_channels = rng.range(2, CHANNELS.len() as u64) as usize;
+        let mut center = Center::default();
+        for name in &ITEMS[..n_items] {
+            let total = rng.range(10, 60);
+            let per_user_limit = rng.range(1, 3);
+            let ttl = rng.range(300, 3_000);
+            let batch = rng.range(1, 10);
+            let low = rng.range(0, batch);
+            let high = low + rng.range(1, 2 * batch);
+            let watermarks = Watermarks::new(low, high, batch).expect("low < high, batch >= 1");
+            center.items.insert(
+                (*name).to_owned(),
+                CenterItem {
+                    id: ItemId::parse("item_id", name).expect("valid"),
+                    state: ItemState::new(qty(total), per_user_limit, ttl),
+                    watermarks,
+                },
+            );
+        }
+        let agents = CHANNELS[..n_channels]
+            .iter()
+            .map(|c| Agent {
+                channel: Channel::parse("channel", c).expect("valid"),
+                pools: BTreeMap::new(),
+                mem: None,
+                stopped_gracefully: false,
+                incarnations: 0,
+            })
+            .collect();
+        let mut world = Self {
+            config,
+            rng,
+            now_ms: 1_000,
+            center,
+            agents,
+            network: Vec::new(),
+            keys: Vec::new(),
+            reservations: Vec::new(),
+            reference: Reference::default(),
+            stats: Stats::default(),
+            trace: Vec::new(),
+            step: 0,
+            next_id: 0,
+            next_generation: 0,
+        };
+        let summary: Vec<String> = world
+            .center
+            .items
+            .iter()
+            .map(|(n, i)| {
+                format!(
+                    "{n}: total {} limit {} ttl {} wm {}/{}/{}",
+                    i.state.total,
+                    i.state.per_user_limit,
+                    i.state.reservation_ttl_ms,
+                    i.watermarks.low,
+                    i.watermarks.high,
+                    i.watermarks.batch
+                )
+            })
+            .collect();
+        world.log(format!("world: channels {:?}; {}", &CHANNELS[..n_channels], summary.join("; ")));
+        world
+    }
+
+    pub fn item_names(&self) -> Vec<String> {
+        self.center.items.keys().cloned().collect()
+    }
+
+    /// A fresh id, unique in the run (request ids, take ids, reservation ids, keys).
+    pub fn fresh_id(&mut self, prefix: &str) -> String {
+        self.next_id += 1;
+        format!("{prefix}{}", self.next_id)
+    }
+
+    pub fn fresh_generation(&mut self) -> u64 {
+        self.next_generation += 1;
+        self.next_generation
+    }
+
+    pub fn log(&mut self, line: String) {
+        self.trace.push(format!("#{:<4} t={:<6} {line}", self.step, self.now_ms));
+    }
+}
