@@ -13,6 +13,7 @@ use inventory_core::rebalance::{self, Action, Inputs};
 use inventory_core::{ItemId, UserId};
 use inventory_proto::v1 as pb;
 use tonic::Code;
+use tracing::Instrument;
 
 use crate::error::{AgentError, from_center};
 use crate::items::{ItemRuntime, Policy};
@@ -295,7 +296,8 @@ impl Agent {
             }
         }
         let request_id = uuid::Uuid::new_v4().simple().to_string();
-        let answer = match self.link.borrow(&item.item_id, want, &request_id).await {
+        let span = tracing::info_span!("borrow", item = %item.item_id, want, trace_id = %request_id);
+        let answer = match self.link.borrow(&item.item_id, want, &request_id).instrument(span).await {
             Ok(a) => a,
             Err(s) => {
                 self.metrics.center_error();

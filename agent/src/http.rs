@@ -1,7 +1,11 @@
 //! The HTTP side port: `/healthz` and Prometheus text on `/metrics`.
+//!
+//! Counters come from [`crate::metrics::Metrics`] (atomics bumped on the hot path); the
+//! pool gauges are read from the pool store at scrape time, one snapshot per item.
 
 use std::fmt::Write;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use axum::Router;
 use axum::extract::State;
@@ -16,21 +20,64 @@ pub fn router(agent: Arc<Agent>) -> Router {
 }
 
 async fn metrics(State(agent): State<Arc<Agent>>) -> impl IntoResponse {
+    // Channel and item ids are validated to [A-Za-z0-9._:-]: safe inside label quotes.
     let channel = agent.link.channel.to_string();
     let mut out = String::new();
     agent.metrics.render(&mut out, &channel);
-    let _ = writeln!(out, "# HELP inventory_agent_pool_units Units in the channel's pool, by state.");
-    let _ = writeln!(out, "# TYPE inventory_agent_pool_units gauge");
-    for item in agent.items() {
-        if let Ok(s) = agent.store.snapshot(&item.pool).await {
-            for (state, v) in [("available", s.available), ("reserved", s.reserved), ("sold", s.sold)] {
-                let _ = writeln!(
-                    out,
-                    "inventory_agent_pool_units{{channel=\"{channel}\",item=\"{}\",state=\"{state}\"}} {v}",
-                    item.item_id
-                );
+
+    let mut items = agent.items();
+    items.sort_by(|a, b| a.item_id.cmp(&b.item_id));
+    let mut pools = String::new();
+    let mut frozen = String::new();
+    for item in &items {
+        let id = &item.item_id;
+        match agent.store.snapshot(&item.pool).await {
+            Ok(s) => {
+                for (state, v) in [("available", s.available), ("reserved", s.reserved), ("sold", s.sold)] {
+                    let _ = writeln!(
+                        pools,
+                        "inventory_agent_pool_units{{channel=\"{channel}\",item=\"{id}\",state=\"{state}\"}} {v}"
+                    );
+                }
+            }
+            Err(e) => {
+                agent.metrics.pool_store_error();
+                tracing::warn!(item = %id, error = %e, "metrics: pool unreadable");
             }
         }
+        let f = u8::from(item.frozen.load(Ordering::Acquire));
+        let _ = writeln!(frozen, "inventory_agent_pool_frozen{{channel=\"{channel}\",item=\"{id}\"}} {f}");
+    }
+    let _ = writeln!(out, "# HELP inventory_agent_pool_units Units in the channel's pool, by state.");
+    let _ = writeln!(out, "# TYPE inventory_agent_pool_units gauge");
+    out.push_str(&pools);
+    let _ = writeln!(
+        out,
+        "# HELP inventory_agent_pool_frozen 1 while selling is frozen because the pool store lost the pool."
+    );
+    let _ = writeln!(out, "# TYPE inventory_agent_pool_frozen gauge");
+    out.push_str(&frozen);
+    let name = "inventory_agent_rate_limited_total";
+    let _ = writeln!(out, "# HELP {name} Acquire calls refused by the per-user rate limit.");
+    let _ = writeln!(out, "# TYPE {name} counter");
+    let _ = writeln!(out, "{name}{{channel=\"{channel}\"}} {}", agent.rate_limited.load(Ordering::Relaxed));
+    for (name, help, v) in [
+        ("inventory_agent_epoch", "The channel epoch this agent registered with.", agent.link.epoch()),
+        ("inventory_agent_draining", "1 while the agent drains (no new acquires).", u64::from(agent.is_draining())),
+        (
+            "inventory_agent_lease_valid",
+            "1 while the agent's lease with the center is valid (it sells only then).",
+            u64::from(agent.link.lease_valid()),
+        ),
+        (
+            "inventory_agent_center_reachable",
+            "1 when the last call to the center got an answer.",
+            u64::from(agent.link.reachable()),
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        let _ = writeln!(out, "{name}{{channel=\"{channel}\"}} {v}");
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
 }

@@ -30,6 +30,17 @@ pub struct CenterLink {
     auth: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 }
 
+/// W3C trace context for a Borrow/Return: the request id (32 hex digits) is the trace id,
+/// so the agent's and the center's log lines of one call share it.
+fn with_traceparent<T>(req: &mut tonic::Request<T>, request_id: &str) {
+    if request_id.len() == 32 && request_id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        let value = format!("00-{request_id}-{}-01", &request_id[..16]);
+        if let Ok(v) = value.parse() {
+            req.metadata_mut().insert("traceparent", v);
+        }
+    }
+}
+
 fn retryable(code: Code) -> bool {
     matches!(code, Code::Unavailable | Code::DeadlineExceeded | Code::Unknown)
 }
@@ -155,7 +166,8 @@ impl CenterLink {
                 quantity,
                 request_id: request_id.to_owned(),
             };
-            let req = self.req(req);
+            let mut req = self.req(req);
+            with_traceparent(&mut req, request_id);
             async move { c.borrow(req).await.map(|r| r.into_inner()) }
         })
         .await
@@ -175,7 +187,8 @@ impl CenterLink {
                 quantity,
                 request_id: request_id.to_owned(),
             };
-            let req = self.req(req);
+            let mut req = self.req(req);
+            with_traceparent(&mut req, request_id);
             async move { c.r#return(req).await.map(|r| r.into_inner()) }
         })
         .await

@@ -1,6 +1,9 @@
-//! The Agent gRPC service: parses requests at the edge and calls [`Agent`].
+//! The Agent gRPC service: parses requests at the edge and calls [`Agent`]. Each call is
+//! also counted here (Acquire latency, rejected calls, pool store errors): the one place
+//! every answer passes through.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use inventory_core::{ItemId, RequestId, UserId};
 use inventory_proto::v1 as pb;
@@ -8,6 +11,7 @@ use tonic::{Request, Response, Status};
 
 use crate::agent::{AcquireRequest, Agent, reservation_state_pb};
 use crate::error::AgentError;
+use crate::metrics::{Method, is_pool_store_error};
 
 pub struct AgentService {
     agent: Arc<Agent>,
@@ -16,6 +20,35 @@ pub struct AgentService {
 impl AgentService {
     pub fn new(agent: Arc<Agent>) -> Self {
         Self { agent }
+    }
+
+    /// Counts an error answer (and whether the pool store caused it), then maps it.
+    fn answer<T>(&self, method: Method, result: Result<T, AgentError>) -> Res<T> {
+        match result {
+            Ok(v) => Ok(Response::new(v)),
+            Err(e) => {
+                if is_pool_store_error(&e) {
+                    self.agent.metrics.pool_store_error();
+                }
+                let status = Status::from(e);
+                self.agent.metrics.rejected(method, status.code());
+                Err(status)
+            }
+        }
+    }
+
+    async fn confirm_inner(&self, r: &pb::ConfirmRequest) -> Result<pb::ConfirmResponse, AgentError> {
+        let item = ItemId::parse("item_id", &r.item_id)?;
+        let id = RequestId::parse("reservation_id", &r.reservation_id)?;
+        let state = self.agent.confirm(&item, id.as_str()).await?;
+        Ok(pb::ConfirmResponse { state: reservation_state_pb(state) })
+    }
+
+    async fn cancel_inner(&self, r: &pb::CancelRequest) -> Result<pb::CancelResponse, AgentError> {
+        let item = ItemId::parse("item_id", &r.item_id)?;
+        let id = RequestId::parse("reservation_id", &r.reservation_id)?;
+        let state = self.agent.cancel(&item, id.as_str()).await?;
+        Ok(pb::CancelResponse { state: reservation_state_pb(state) })
     }
 }
 
@@ -36,28 +69,30 @@ type Res<T> = Result<Response<T>, Status>;
 #[tonic::async_trait]
 impl pb::agent_server::Agent for AgentService {
     async fn acquire(&self, request: Request<pb::AcquireRequest>) -> Res<pb::AcquireResponse> {
-        let req = parse_acquire(request.get_ref())?;
-        Ok(Response::new(self.agent.acquire(req).await?))
+        let started = Instant::now();
+        let result = match parse_acquire(request.get_ref()) {
+            Ok(req) => self.agent.acquire(req).await,
+            Err(e) => Err(e),
+        };
+        self.agent.metrics.observe_acquire(started.elapsed());
+        self.answer(Method::Acquire, result)
     }
 
     async fn confirm(&self, request: Request<pb::ConfirmRequest>) -> Res<pb::ConfirmResponse> {
-        let r = request.get_ref();
-        let item = ItemId::parse("item_id", &r.item_id).map_err(AgentError::from)?;
-        let id = RequestId::parse("reservation_id", &r.reservation_id).map_err(AgentError::from)?;
-        let state = self.agent.confirm(&item, id.as_str()).await?;
-        Ok(Response::new(pb::ConfirmResponse { state: reservation_state_pb(state) }))
+        let result = self.confirm_inner(request.get_ref()).await;
+        self.answer(Method::Confirm, result)
     }
 
     async fn cancel(&self, request: Request<pb::CancelRequest>) -> Res<pb::CancelResponse> {
-        let r = request.get_ref();
-        let item = ItemId::parse("item_id", &r.item_id).map_err(AgentError::from)?;
-        let id = RequestId::parse("reservation_id", &r.reservation_id).map_err(AgentError::from)?;
-        let state = self.agent.cancel(&item, id.as_str()).await?;
-        Ok(Response::new(pb::CancelResponse { state: reservation_state_pb(state) }))
+        let result = self.cancel_inner(request.get_ref()).await;
+        self.answer(Method::Cancel, result)
     }
 
     async fn get_stock(&self, request: Request<pb::GetStockRequest>) -> Res<pb::GetStockResponse> {
-        let item = ItemId::parse("item_id", &request.get_ref().item_id).map_err(AgentError::from)?;
-        Ok(Response::new(self.agent.get_stock(&item).await?))
+        let result = match ItemId::parse("item_id", &request.get_ref().item_id) {
+            Ok(item) => self.agent.get_stock(&item).await,
+            Err(e) => Err(e.into()),
+        };
+        self.answer(Method::GetStock, result)
     }
 }

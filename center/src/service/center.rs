@@ -10,6 +10,7 @@ use inventory_core::{AgentId, Channel, ItemId, Quantity, RequestId};
 use inventory_proto::v1 as pb;
 use tokio_stream::wrappers::BroadcastStream;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use super::pb_watermarks;
 use crate::clock::now_ms;
@@ -82,51 +83,14 @@ impl pb::center_server::Center for CenterService {
     }
 
     async fn borrow(&self, request: Request<pb::BorrowRequest>) -> Res<pb::BorrowResponse> {
-        let own = own_channel(&request);
-        let r = request.into_inner();
-        let item = ItemId::parse("item_id", &r.item_id).map_err(CenterError::from)?;
-        let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
-        authorize(&own, channel.as_str())?;
-        let quantity = Quantity::parse("quantity", r.quantity).map_err(CenterError::from)?;
-        let request_id = RequestId::parse("request_id", &r.request_id).map_err(CenterError::from)?;
-        let out = self.store.borrow(&item, &channel, r.epoch, quantity, &request_id).await?;
-        tracing::debug!(item = %item, channel = %channel, granted = out.granted, replayed = out.replayed, "borrow");
-        if !out.replayed && out.granted < quantity.get() && out.center_available == 0 {
-            // End of sale: this channel is short and the center is dry. Ask the others
-            // to give back what they are not selling.
-            self.events
-                .publish(LedgerEvent::ReturnRequested { item_id: item.to_string(), starving: channel.to_string() });
-        }
-        if FaultHooks::take(&self.faults.lose_borrow_replies) {
-            tracing::warn!(item = %item, channel = %channel, "fault hook: borrow committed, reply withheld");
-            std::future::pending::<()>().await;
-        }
-        Ok(Response::new(pb::BorrowResponse {
-            granted: out.granted,
-            center_available: out.center_available,
-            replayed: out.replayed,
-        }))
+        let span = tracing::info_span!("borrow", trace_id = trace_id(&request).unwrap_or_default());
+        self.borrow_inner(request).instrument(span).await
     }
 
     async fn r#return(&self, request: Request<pb::ReturnRequest>) -> Res<pb::ReturnResponse> {
-        let own = own_channel(&request);
-        let r = request.into_inner();
-        let item = ItemId::parse("item_id", &r.item_id).map_err(CenterError::from)?;
-        let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
-        authorize(&own, channel.as_str())?;
-        let quantity = Quantity::parse("quantity", r.quantity).map_err(CenterError::from)?;
-        let request_id = RequestId::parse("request_id", &r.request_id).map_err(CenterError::from)?;
-        let out = self.store.give_back(&item, &channel, r.epoch, quantity, &request_id).await?;
-        if !out.replayed {
-            self.events.publish(LedgerEvent::Restocked {
-                item_id: item.to_string(),
-                center_available: out.center_available,
-                from_channel: Some(channel.to_string()),
-            });
-        }
-        Ok(Response::new(pb::ReturnResponse { center_available: out.center_available, replayed: out.replayed }))
+        let span = tracing::info_span!("return", trace_id = trace_id(&request).unwrap_or_default());
+        self.return_inner(request).instrument(span).await
     }
-
     async fn heartbeat(&self, request: Request<pb::HeartbeatRequest>) -> Res<pb::HeartbeatResponse> {
         let own = own_channel(&request);
         let r = request.into_inner();
@@ -226,6 +190,62 @@ impl pb::center_server::Center for CenterService {
     }
 }
 
+impl CenterService {
+    async fn borrow_inner(&self, request: Request<pb::BorrowRequest>) -> Res<pb::BorrowResponse> {
+        let own = own_channel(&request);
+        let r = request.into_inner();
+        let item = ItemId::parse("item_id", &r.item_id).map_err(CenterError::from)?;
+        let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
+        authorize(&own, channel.as_str())?;
+        let quantity = Quantity::parse("quantity", r.quantity).map_err(CenterError::from)?;
+        let request_id = RequestId::parse("request_id", &r.request_id).map_err(CenterError::from)?;
+        let out = self.store.borrow(&item, &channel, r.epoch, quantity, &request_id).await?;
+        tracing::debug!(item = %item, channel = %channel, granted = out.granted, replayed = out.replayed, "borrow");
+        if !out.replayed && out.granted < quantity.get() && out.center_available == 0 {
+            // End of sale: this channel is short and the center is dry. Ask the others
+            // to give back what they are not selling.
+            self.events
+                .publish(LedgerEvent::ReturnRequested { item_id: item.to_string(), starving: channel.to_string() });
+        }
+        if FaultHooks::take(&self.faults.lose_borrow_replies) {
+            tracing::warn!(item = %item, channel = %channel, "fault hook: borrow committed, reply withheld");
+            std::future::pending::<()>().await;
+        }
+        Ok(Response::new(pb::BorrowResponse {
+            granted: out.granted,
+            center_available: out.center_available,
+            replayed: out.replayed,
+        }))
+    }
+
+    async fn return_inner(&self, request: Request<pb::ReturnRequest>) -> Res<pb::ReturnResponse> {
+        let own = own_channel(&request);
+        let r = request.into_inner();
+        let item = ItemId::parse("item_id", &r.item_id).map_err(CenterError::from)?;
+        let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
+        authorize(&own, channel.as_str())?;
+        let quantity = Quantity::parse("quantity", r.quantity).map_err(CenterError::from)?;
+        let request_id = RequestId::parse("request_id", &r.request_id).map_err(CenterError::from)?;
+        let out = self.store.give_back(&item, &channel, r.epoch, quantity, &request_id).await?;
+        if !out.replayed {
+            self.events.publish(LedgerEvent::Restocked {
+                item_id: item.to_string(),
+                center_available: out.center_available,
+                from_channel: Some(channel.to_string()),
+            });
+        }
+        Ok(Response::new(pb::ReturnResponse { center_available: out.center_available, replayed: out.replayed }))
+    }
+}
+
+/// The trace id of a W3C `traceparent` header, when the caller sent one.
+fn trace_id<T>(req: &Request<T>) -> Option<String> {
+    let v = req.metadata().get("traceparent")?.to_str().ok()?;
+    let mut parts = v.split('-');
+    let (_version, trace) = (parts.next()?, parts.next()?);
+    (trace.len() == 32 && trace.bytes().all(|b| b.is_ascii_hexdigit())).then(|| trace.to_owned())
+}
+
 async fn to_channel_event(store: &dyn LedgerStore, channel: &Channel, e: LedgerEvent) -> Option<pb::ChannelEvent> {
     use pb::channel_event::Event;
     let event = match e {
@@ -245,4 +265,20 @@ async fn to_channel_event(store: &dyn LedgerStore, channel: &Channel, e: LedgerE
         LedgerEvent::InDoubtResolved { item_id, .. } => Event::InDoubtResolved(pb::InDoubtResolved { item_id }),
     };
     Some(pb::ChannelEvent { event: Some(event) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::trace_id;
+
+    #[test]
+    fn trace_id_comes_from_a_w3c_traceparent() {
+        let mut r = tonic::Request::new(());
+        assert_eq!(trace_id(&r), None);
+        let id = "4bf92f3577b34da6a3ce929d0e0e4736";
+        r.metadata_mut().insert("traceparent", format!("00-{id}-00f067aa0ba902b7-01").parse().unwrap());
+        assert_eq!(trace_id(&r).as_deref(), Some(id));
+        r.metadata_mut().insert("traceparent", "00-nothex-00f067aa0ba902b7-01".parse().unwrap());
+        assert_eq!(trace_id(&r), None);
+    }
 }

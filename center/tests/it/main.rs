@@ -2,6 +2,7 @@
 
 mod center_crash;
 mod concurrency;
+mod console;
 mod contract;
 mod hostile;
 mod lost_reply;
