@@ -327,6 +327,7 @@ impl Agent {
                     return;
                 }
                 Err(e) => {
+                    self.metrics.pool_store_error();
                     tracing::warn!(item = %item.item_id, error = %e, attempt, "refill failed");
                     tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
                 }
@@ -346,6 +347,7 @@ impl Agent {
         let taken = match self.store.take_for_return(&item.pool, &take_id, max).await {
             Ok(n) => n,
             Err(e) => {
+                self.metrics.pool_store_error();
                 tracing::warn!(item = %item.item_id, error = %e, "take for return failed");
                 return 0;
             }

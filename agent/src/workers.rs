@@ -31,6 +31,9 @@ pub async fn rebalancer(agent: Arc<Agent>, period: Duration, mut stop: watch::Re
     while tick(&mut stop, period).await {
         for item in agent.items() {
             if let Err(e) = agent.rebalance(&item, now_ms()).await {
+                if crate::metrics::is_pool_store_error(&e) {
+                    agent.metrics.pool_store_error();
+                }
                 tracing::warn!(item = %item.item_id, error = %e, "rebalance failed");
             }
         }
