@@ -1,11 +1,18 @@
 //! Fan-out of ledger events to agents watching their channel (`WatchChannel`).
 //!
-//! In-process only: with several center replicas, an agent sees the events of the replica
-//! it is connected to, and re-reads its settings with `DescribeItem` on reconnect.
+//! On SQLite (one center process) events stay in-process. On PostgreSQL they travel
+//! through `NOTIFY inventory_events`, and every center replica `LISTEN`s and hands them to
+//! its own watchers, so an agent hears every event whichever replica it is connected to.
+//! Agents also re-read their settings with `DescribeItem` when they reconnect, so an event
+//! lost while a listener reconnects is caught up.
 
+use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The PostgreSQL channel carrying events between center replicas.
+pub const PG_CHANNEL: &str = "inventory_events";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LedgerEvent {
     /// Watermarks of an item changed: the default (`channel = None`) or one override.
     Watermarks { item_id: String, channel: Option<String> },
@@ -32,16 +39,60 @@ impl LedgerEvent {
 #[derive(Clone)]
 pub struct EventHub {
     tx: broadcast::Sender<LedgerEvent>,
+    /// Set on PostgreSQL: events go out as NOTIFY and come back through the listener.
+    notify: Option<sqlx::AnyPool>,
 }
 
 impl EventHub {
     pub fn new() -> Self {
-        Self { tx: broadcast::channel(1024).0 }
+        Self { tx: broadcast::channel(1024).0, notify: None }
+    }
+
+    /// Events shared by every center replica on this PostgreSQL database. Spawns the
+    /// listener that feeds this replica's watchers.
+    pub async fn postgres(pool: sqlx::AnyPool, url: &str) -> Result<Self, sqlx::Error> {
+        let hub = Self { tx: broadcast::channel(1024).0, notify: Some(pool) };
+        let mut listener = sqlx::postgres::PgListener::connect(url).await?;
+        listener.listen(PG_CHANNEL).await?;
+        let tx = hub.tx.clone();
+        tokio::spawn(async move {
+            loop {
+                // recv() reconnects by itself after a lost connection.
+                match listener.recv().await {
+                    Ok(n) => match serde_json::from_str::<LedgerEvent>(n.payload()) {
+                        Ok(e) => {
+                            let _ = tx.send(e);
+                        }
+                        Err(e) => tracing::warn!(error = %e, "unreadable event notification"),
+                    },
+                    Err(e) => {
+                        tracing::warn!(error = %e, "event listener failed; retrying");
+                        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                    }
+                }
+            }
+        });
+        Ok(hub)
     }
 
     pub fn publish(&self, event: LedgerEvent) {
-        // No receivers is fine: nobody is watching.
-        let _ = self.tx.send(event);
+        match &self.notify {
+            // No receivers is fine: nobody is watching.
+            None => {
+                let _ = self.tx.send(event);
+            }
+            Some(pool) => {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    let payload = serde_json::to_string(&event).unwrap_or_default();
+                    let sent =
+                        sqlx::query("SELECT pg_notify($1, $2)").bind(PG_CHANNEL).bind(payload).execute(&pool).await;
+                    if let Err(e) = sent {
+                        tracing::warn!(error = %e, "event notification failed");
+                    }
+                });
+            }
+        }
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<LedgerEvent> {

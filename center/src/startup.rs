@@ -41,7 +41,13 @@ impl Application {
     pub async fn build(config: CenterConfig) -> anyhow::Result<Self> {
         let security = Arc::new(Security::from_config(&config)?);
         let tls = Security::tls(&config)?;
-        let store: Arc<dyn LedgerStore> = Arc::new(store::connect(&config.database_url).await?);
+        let ledger = store::connect(&config.database_url).await?;
+        // On PostgreSQL, events reach the watchers of every center replica.
+        let events = match ledger.dialect() {
+            store::Dialect::Postgres => EventHub::postgres(ledger.pool(), &config.database_url).await?,
+            store::Dialect::Sqlite => EventHub::new(),
+        };
+        let store: Arc<dyn LedgerStore> = Arc::new(ledger);
         let grpc = TcpListener::bind(config.listen).await?;
         let http = TcpListener::bind(config.http_listen).await?;
         Ok(Self {
@@ -50,7 +56,7 @@ impl Application {
             grpc,
             http,
             store,
-            events: EventHub::new(),
+            events,
             faults: Arc::new(FaultHooks::default()),
             lease: LeaseSettings { lease_ttl_ms: config.lease_ttl_ms, reclaim_grace_ms: config.reclaim_grace_ms },
             auto_reclaim_after_ms: config.auto_reclaim_after_ms,

@@ -203,6 +203,11 @@ fn stale_or_unknown(channel: &Channel, session: Option<&ChannelSession>, epoch: 
 type Tx = Transaction<'static, Any>;
 
 impl SqlLedger {
+    /// The connection pool (for NOTIFY of events on PostgreSQL).
+    pub fn pool(&self) -> AnyPool {
+        self.pool.clone()
+    }
+
     pub fn dialect(&self) -> Dialect {
         self.dialect
     }

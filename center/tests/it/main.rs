@@ -7,5 +7,6 @@ mod contract;
 mod hostile;
 mod lost_reply;
 mod model;
+mod replicas;
 mod security;
 mod support;
