@@ -152,6 +152,7 @@ impl Agent {
             reservation_ttl_ms: policy.reservation_ttl_ms,
         };
         let mut result = self.store.acquire(&item.pool, &args).await?;
+        item.touch();
         if let AcquireResult::SoldOut { .. } = result {
             if item.center_dry() {
                 self.signal_starving(&item, req.quantity);
@@ -228,6 +229,7 @@ impl Agent {
     pub async fn confirm(&self, item: &ItemId, reservation_id: &str) -> Result<ReservationState, AgentError> {
         let rt = self.item(item).await?;
         let t = self.store.confirm(&rt.pool, reservation_id).await?;
+        rt.touch();
         if let Transition::Refused(ReservationState::Expired) = t {
             // The expiry just put units back.
             rt.stock_returned_locally();
@@ -238,6 +240,7 @@ impl Agent {
     pub async fn cancel(&self, item: &ItemId, reservation_id: &str) -> Result<ReservationState, AgentError> {
         let rt = self.item(item).await?;
         let t = self.store.cancel(&rt.pool, reservation_id).await?;
+        rt.touch();
         if matches!(t, Transition::Done(_)) {
             rt.stock_returned_locally();
         }

@@ -58,6 +58,10 @@ pub struct ItemRuntime {
     last_starving_signal_ms: AtomicI64,
     /// When to resync the pool with the center (0: no resync pending).
     resync_at_ms: AtomicI64,
+    /// Something happened to the pool since the rebalancer last looked at it.
+    dirty: AtomicBool,
+    /// When the rebalancer last looked at the pool (ms).
+    last_look_ms: AtomicI64,
 }
 
 impl ItemRuntime {
@@ -77,6 +81,8 @@ impl ItemRuntime {
             frozen: AtomicBool::new(false),
             last_starving_signal_ms: AtomicI64::new(0),
             resync_at_ms: AtomicI64::new(0),
+            dirty: AtomicBool::new(true),
+            last_look_ms: AtomicI64::new(0),
         }
     }
 
@@ -103,6 +109,24 @@ impl ItemRuntime {
         if !dry {
             self.fast_path_off();
         }
+    }
+
+    /// Marks the pool as changed: the rebalancer looks at it on its next tick.
+    pub fn touch(&self) {
+        self.dirty.store(true, Ordering::Release);
+    }
+
+    /// Whether the rebalancer should look at the pool now: it changed, a resync is due,
+    /// or `idle_every_ms` passed (reservations may have expired meanwhile). With many
+    /// items, quiet pools then cost one look per `idle_every_ms` instead of one per tick.
+    pub fn needs_look(&self, now_ms: i64, idle_every_ms: i64) -> bool {
+        let due = self.dirty.swap(false, Ordering::AcqRel)
+            || self.resync_due(now_ms)
+            || now_ms - self.last_look_ms.load(Ordering::Acquire) >= idle_every_ms;
+        if due {
+            self.last_look_ms.store(now_ms, Ordering::Release);
+        }
+        due
     }
 
     /// Asks for a resync at `at_ms` (the latest request wins).

@@ -11,6 +11,9 @@ use crate::agent::Agent;
 use crate::clock::now_ms;
 use crate::items::Policy;
 
+/// A pool nothing happened to is still looked at this often (expiries, above-high timing).
+const IDLE_LOOK_EVERY_MS: i64 = 500;
+
 /// Resolves once shutdown is signalled (the guard `wait_for` returns is not Send, so it
 /// is dropped here rather than held across the caller's awaits).
 async fn stopped(stop: &mut watch::Receiver<bool>) {
@@ -30,7 +33,11 @@ async fn tick(stop: &mut watch::Receiver<bool>, period: Duration) -> bool {
 pub async fn rebalancer(agent: Arc<Agent>, period: Duration, mut stop: watch::Receiver<bool>) {
     while tick(&mut stop, period).await {
         for item in agent.items() {
-            if let Err(e) = agent.rebalance(&item, now_ms()).await {
+            let now = now_ms();
+            if !item.needs_look(now, IDLE_LOOK_EVERY_MS) {
+                continue;
+            }
+            if let Err(e) = agent.rebalance(&item, now).await {
                 if crate::metrics::is_pool_store_error(&e) {
                     agent.metrics.pool_store_error();
                 }

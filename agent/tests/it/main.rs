@@ -3,6 +3,7 @@
 mod crash;
 mod faults;
 mod harness;
+mod many_items;
 mod metrics;
 mod paths;
 mod sale;
