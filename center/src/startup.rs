@@ -26,6 +26,7 @@ const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 pub struct Application {
     grpc: TcpListener,
     http: TcpListener,
+    http_tls: Option<inventory_net::ServerConfig>,
     grpc_addr: SocketAddr,
     http_addr: SocketAddr,
     store: Arc<dyn LedgerStore>,
@@ -50,7 +51,12 @@ impl Application {
         let store: Arc<dyn LedgerStore> = Arc::new(ledger);
         let grpc = TcpListener::bind(config.listen).await?;
         let http = TcpListener::bind(config.http_listen).await?;
+        let http_tls = match (&config.tls_cert, &config.tls_key) {
+            (Some(cert), Some(key)) => Some(inventory_net::server_config(cert, key)?),
+            _ => None,
+        };
         Ok(Self {
+            http_tls,
             grpc_addr: grpc.local_addr()?,
             http_addr: http.local_addr()?,
             grpc,
@@ -96,11 +102,20 @@ impl Application {
 
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut http_stop = stop_rx.clone();
-        let http =
-            axum::serve(self.http, crate::http::router(Arc::clone(&self.store))).with_graceful_shutdown(async move {
-                let _ = http_stop.wait_for(|s| *s).await;
-            });
-        let http = tokio::spawn(async move { http.await });
+        let http_stopped = async move {
+            let _ = http_stop.wait_for(|s| *s).await;
+        };
+        let router = crate::http::router(Arc::clone(&self.store));
+        // The side port speaks TLS with the gRPC port's certificate when one is set.
+        let http = match self.http_tls {
+            Some(tls) => {
+                let listener = inventory_net::TlsListener::new(self.http, tls)?;
+                tokio::spawn(async move { axum::serve(listener, router).with_graceful_shutdown(http_stopped).await })
+            }
+            None => {
+                tokio::spawn(async move { axum::serve(self.http, router).with_graceful_shutdown(http_stopped).await })
+            }
+        };
 
         let reclaimer = (self.auto_reclaim_after_ms > 0).then(|| {
             tokio::spawn(crate::reclaimer::run(

@@ -170,3 +170,43 @@ async fn mutual_tls_between_agent_and_center_and_untrusted_clients_refused() {
     };
     assert!(refused, "a client without a certificate got through");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_side_port_speaks_tls_when_configured() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
+
+    let pki = TestPki::generate();
+    let db = TestSqlite::create();
+    let mut cfg = CenterConfig::for_tests(&db.url);
+    cfg.tls_cert = Some(pki.server.cert.clone());
+    cfg.tls_key = Some(pki.server.key.clone());
+    let app = Application::build(cfg).await.expect("center starts");
+    let http = app.http_addr();
+    let _task = tokio::spawn(async move { app.run_until(std::future::pending()).await.expect("runs") });
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_file(&pki.ca).unwrap()).unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(client));
+    let tcp = tokio::net::TcpStream::connect(http).await.unwrap();
+    let mut tls = connector.connect(ServerName::try_from("localhost").unwrap(), tcp).await.expect("tls handshake");
+    tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").await.unwrap();
+    let mut body = String::new();
+    tls.read_to_string(&mut body).await.unwrap();
+    assert!(body.starts_with("HTTP/1.1 200") && body.ends_with("ok\n"), "{body}");
+
+    // Plain HTTP to the TLS port gets no answer.
+    let mut plain = tokio::net::TcpStream::connect(http).await.unwrap();
+    plain.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").await.unwrap();
+    let mut raw = Vec::new();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), plain.read_to_end(&mut raw)).await;
+    assert!(!String::from_utf8_lossy(&raw).contains("200 OK"), "plain HTTP was served");
+}
