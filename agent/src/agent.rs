@@ -323,6 +323,13 @@ impl Agent {
         if answer.granted == 0 {
             return;
         }
+        // The pool may have been lost while the Borrow was out: a refill would recreate it
+        // and hide the loss. The units then count as the channel's and fall in doubt.
+        if let Ok(snap) = self.store.snapshot(&item.pool).await
+            && self.pool_lost(item, &snap)
+        {
+            return;
+        }
         for attempt in 0..5u32 {
             match self.store.refill(&item.pool, &request_id, answer.granted).await {
                 Ok(_) => {
@@ -448,6 +455,11 @@ impl Agent {
                 continue;
             }
             if let Ok(s) = self.store.snapshot(&item.pool).await {
+                // Never report a vanished pool as an empty one.
+                if self.pool_lost(&item, &s) {
+                    out.push(pb::PoolReport { item_id: item.item_id.clone(), lost: true, ..Default::default() });
+                    continue;
+                }
                 out.push(pb::PoolReport {
                     item_id: item.item_id.clone(),
                     available: s.available,
@@ -473,7 +485,11 @@ impl Agent {
             let id = ItemId::parse("item_id", &holding.item_id)?;
             let item = self.item(&id).await?;
             let _flight = item.borrow_lock.lock().await;
-            self.resync(&item, holding).await?;
+            // Calls under the new epoch may have landed between the registration and
+            // this lock (a Return that was waiting for it, say): read the center's view
+            // again now that nothing else can move this pool.
+            let fresh = self.holding(&item).await?;
+            self.resync(&item, &fresh).await?;
         }
         self.link.renew_lease(sent_at);
         // Report at once: a reclaim must never judge this incarnation by the last one's
@@ -509,17 +525,25 @@ impl Agent {
     /// Borrow or Return whose outcome is unknown).
     pub async fn resync_item(&self, item: &ItemRuntime) -> Result<(), AgentError> {
         let _flight = item.borrow_lock.lock().await;
+        // A call that finished while this waited for the lock may have pushed the resync
+        // later (its own outcome is still unknown): then it is not due yet.
+        let Some(scheduled) = item.resync_scheduled(crate::clock::now_ms()) else { return Ok(()) };
+        let holding = self.holding(item).await?;
+        self.resync(item, &holding).await?;
+        item.resync_done(scheduled);
+        tracing::info!(item = %item.item_id, held = holding.held, "pool resynced with the center");
+        Ok(())
+    }
+
+    /// What the center says this channel holds of the item, now.
+    async fn holding(&self, item: &ItemRuntime) -> Result<pb::ChannelHolding, AgentError> {
         let d = self.link.describe(&item.item_id).await.map_err(from_center)?;
-        let holding = pb::ChannelHolding {
+        Ok(pb::ChannelHolding {
             item_id: item.item_id.clone(),
             held: d.held,
             generation: d.generation,
             in_doubt: d.in_doubt,
-        };
-        self.resync(item, &holding).await?;
-        item.resync_done();
-        tracing::info!(item = %item.item_id, held = d.held, "pool resynced with the center");
-        Ok(())
+        })
     }
 
     /// The center holds these items in doubt for this channel: stop selling them.

@@ -135,12 +135,18 @@ impl ItemRuntime {
     }
 
     pub fn resync_due(&self, now_ms: i64) -> bool {
-        let at = self.resync_at_ms.load(Ordering::Acquire);
-        at != 0 && now_ms >= at
+        self.resync_scheduled(now_ms).is_some()
     }
 
-    pub fn resync_done(&self) {
-        self.resync_at_ms.store(0, Ordering::Release);
+    /// The due resync's schedule, if one is due.
+    pub fn resync_scheduled(&self, now_ms: i64) -> Option<i64> {
+        let at = self.resync_at_ms.load(Ordering::Acquire);
+        (at != 0 && now_ms >= at).then_some(at)
+    }
+
+    /// Clears the schedule a resync served, unless a newer one replaced it meanwhile.
+    pub fn resync_done(&self, served: i64) {
+        let _ = self.resync_at_ms.compare_exchange(served, 0, Ordering::AcqRel, Ordering::Acquire);
     }
 
     /// The center has plenty again (a full grant with stock to spare): prefetch resumes.

@@ -43,20 +43,10 @@ pub fn check_bookkeeping(w: &World) -> Res {
 pub fn check_state(w: &World) -> Res {
     for (name, item) in &w.center.items {
         let allocations = w.center.allocations_of(name);
-        // 1 (and the reported-oversell rule) as Reconcile sees it. Known false alarm:
-        // after `resolve_in_doubt`, units written off as sold still show as sold in the
-        // channel's reports while `total` no longer counts them, and check_item compares
-        // with `total` alone; such an "oversell" is excused when the reports fit within
-        // `total + written_off` (the rule below checks the real pools against that).
+        // 1 (and the reported-oversell rule, against `total + written_off`: units written
+        // off as sold may still show as sold in later reports) as Reconcile sees it.
         let check = ledger::check_item(name, &item.state, &allocations);
-        let reported: u128 =
-            allocations.iter().map(|(_, a)| u128::from(a.reported.reserved) + u128::from(a.reported.sold)).sum();
-        let excused = |invariant: &str| {
-            invariant == "oversell"
-                && item.state.written_off > 0
-                && reported <= u128::from(item.state.total) + u128::from(item.state.written_off)
-        };
-        if let Some(f) = check.violations.iter().find(|f| !excused(&f.invariant)) {
+        if let Some(f) = check.violations.first() {
             let invariant = if f.invariant == "oversell" { "3" } else { "1" };
             return Err(Violation::new(invariant, format!("check_item {name}: {} {}", f.channel, f.detail)));
         }
@@ -109,25 +99,30 @@ pub fn check_state(w: &World) -> Res {
             let written_off = u128::from(w.reference.written_off.get(&(c, name.clone())).copied().unwrap_or(0));
             // Written-off units are sold units the channel no longer holds.
             let held = u128::from(w.center.held(name, agent.name())) + written_off;
-            let bought = u128::from(pool.reserved) + u128::from(pool.sold);
+            // Units sold from pool data that was later lost are still the channel's: they
+            // are in doubt (invariant 8), never back at the center or in the pool.
+            let lost_sold = u128::from(w.reference.lost_sold.get(&(c, name.clone())).copied().unwrap_or(0));
+            let bought = u128::from(pool.reserved) + u128::from(pool.sold) + lost_sold;
             if bought > held {
                 return Err(Violation::new(
-                    "3",
+                    if bought - lost_sold > held { "3" } else { "8" },
                     format!(
-                        "{}/{name}: buyers hold {bought} units of the channel ({} reserved, {} sold) but the center \
-                         counts only {held} as the channel's: {} units are also at the center, which can sell them \
-                         again",
+                        "{}/{name}: buyers hold {bought} units of the channel ({} reserved, {} sold{}) but the \
+                         center counts only {held} as the channel's: {} units are also at the center, which can \
+                         sell them again",
                         agent.name(),
                         pool.reserved,
                         pool.sold,
+                        if lost_sold > 0 {
+                            format!(", {lost_sold} sold from pool data since lost")
+                        } else {
+                            String::new()
+                        },
                         bought - held
                     ),
                 ));
             }
-            let reclaimed = u128::from(w.reference.reclaimed_unsynced.get(&(c, name.clone())).copied().unwrap_or(0));
-            // Units sold from pool data that was later lost are still the channel's: they
-            // are in doubt (invariant 8), never back in the pool.
-            let lost_sold = u128::from(w.reference.lost_sold.get(&(c, name.clone())).copied().unwrap_or(0));
+            let reclaimed = u128::from(w.reference.reclaimed(c, name));
             if in_pool + lost_sold > held + reclaimed {
                 return Err(Violation::new(
                     if lost_sold > 0 { "8" } else { "3" },

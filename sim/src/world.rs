@@ -9,7 +9,8 @@
 //! recorded) is mirrored by [`Center`]. The pool ([`Pool`]) mirrors the in-memory
 //! reference store `agent/src/store/memory.rs` (itself the twin of the Lua scripts), with
 //! the logical clock instead of the system clock. The agent's behaviour (`agent.rs`,
-//! `link.rs`, `items.rs`) is mirrored step by step in `step.rs`.
+//! `link.rs`, `items.rs`, `workers.rs`, `startup.rs`) is mirrored step by step in
+//! `step.rs`, including each item's `borrow_lock` ([`ItemFlags::waiters`]).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
@@ -32,17 +33,27 @@ pub const RECLAIM_GRACE_MS: u64 = 1_000;
 pub const LEASE_MARGIN_MS: i64 = 1_000;
 /// The agent heartbeats every third of its lease (`workers::heartbeat`).
 pub const HEARTBEAT_EVERY_MS: i64 = (LEASE_TTL_MS / 3) as i64;
+/// How long an Acquire that found the pool empty waits for the shared Borrow before it
+/// answers without retrying (`--miss-wait-ms`).
+pub const MISS_WAIT_MS: i64 = 2_000;
 /// How long a pool stays above high before surplus goes back (`AgentSettings`).
 pub const RETURN_SUSTAIN_MS: u64 = 500;
 /// `agent.rs`: at most one starvation Borrow per item per this many ms.
 pub const STARVING_SIGNAL_EVERY_MS: i64 = 200;
-/// `link.rs`: attempts of one Borrow/Return, all with the same request id.
+/// `link.rs`: attempts of one Borrow/Return, all with the same request id and epoch.
 pub const LINK_ATTEMPTS: u32 = 5;
+/// `agent.rs` `RESYNC_AFTER_UNKNOWN_MS`: a Borrow or Return whose outcome is unknown is
+/// settled by a per-item resync this much later.
+pub const RESYNC_AFTER_UNKNOWN_MS: i64 = 5_000;
+/// With [`Faults::bounded_delays`], a call or reply lands (or is gone) at most this long
+/// after it was sent: the link's deadline per attempt (`--center-timeout-ms`). Shorter
+/// than [`RESYNC_AFTER_UNKNOWN_MS`], the assumption that resync relies on.
+pub const MAX_DELAY_MS: i64 = 2_000;
 
 /// Which faults a run injects. Percentages are per opportunity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Faults {
-    /// A Borrow/Return request vanishes before the center sees it.
+    /// A Borrow/Return request (or a DescribeItem) vanishes before the center sees it.
     pub lose_request_pct: u32,
     /// The center applied the call but the reply never arrives.
     pub lose_reply_pct: u32,
@@ -57,16 +68,48 @@ pub struct Faults {
     pub reclaims: Reclaims,
     /// A pool's store loses its data (Redis restarted without persistence).
     pub pool_data_loss: bool,
-    /// A second process of a running agent's channel registers and resyncs, fencing it.
-    pub rival_registrations: bool,
+    /// Second processes of a running agent's channel registering, fencing it.
+    pub rivals: Rivals,
+    /// Calls and replies land or are gone within [`MAX_DELAY_MS`] of being sent (off: a
+    /// call may reach the center any time later, e.g. after the agent's resync).
+    pub bounded_delays: bool,
+    /// While a fenced agent registers again and resyncs, its other tasks keep running: a
+    /// Return between its take and its send, tasks queued on an item's lock behind a call
+    /// in flight, the rebalancer and the watcher may start calls under the new epoch that
+    /// the center applies before the item's resync, which then uses the `held` the
+    /// registration answered. Off, the scheduler lets the registration go first: a taken
+    /// Return is sent before it, the heartbeat worker registers again only once no task is
+    /// queued behind a call in flight, and the rebalancer and watcher wait for the end of
+    /// the resyncs (calls begun under the old epoch stay in flight).
+    pub overtaking_calls: bool,
+    /// An agent may report a pool its store lost (a heartbeat, the final report of a
+    /// graceful stop) before its rebalancer has passed over the item and noticed: the
+    /// report says generation 0, counts 0/0/0, not lost. Off, the rebalancer's check
+    /// (`pool_lost`, every 50 ms in production) runs before the report (heartbeats come
+    /// every lease/3), so a lost pool is reported `lost`.
+    pub unnoticed_loss_reported: bool,
+    /// A pool store may lose a pool while a Borrow of it is between its call and its
+    /// refill; the refill then recreates the pool under a new generation. Off, stores lose
+    /// pools only while no Borrow of them is in flight.
+    pub loss_during_borrow: bool,
+    /// An attempt may still be on its way when the link gives up on its call, and land
+    /// afterwards (within [`MAX_DELAY_MS`] with bounded delays). Off, the attempts of a
+    /// call given up are lost: an unknown outcome comes only from lost replies.
+    pub late_attempts: bool,
 }
 
 impl Faults {
-    /// Everything the brief lists that the real logic survives: lost, late, reordered and
-    /// replayed calls, crashes, graceful stops and restarts, stale calls of dead
-    /// incarnations, reclaims of agents that stopped gracefully. Reclaims of crashed or
-    /// partitioned agents break invariant 3 today (the `reclaim` and `partition`
-    /// scenarios).
+    /// Everything that the fixed logic survives: lost, late (within the deadline),
+    /// reordered and replayed calls and their unknown outcomes, crashes, graceful stops and
+    /// restarts, stale calls of dead incarnations, fencing of running agents with calls in
+    /// flight (a second process registering), pool stores losing their data (also while
+    /// the agent is down or has no generation of the pool recorded), reclaims of agents
+    /// that stopped gracefully. Left out, each breaking an invariant in its own scenario:
+    /// reclaims of crashed or partitioned agents (the documented gap), and the schedules
+    /// [`overtaking_calls`](Self::overtaking_calls),
+    /// [`unnoticed_loss_reported`](Self::unnoticed_loss_reported),
+    /// [`loss_during_borrow`](Self::loss_during_borrow),
+    /// [`late_attempts`](Self::late_attempts) and [`Rivals::SharedStore`].
     pub const DEFAULT: Faults = Faults {
         lose_request_pct: 5,
         lose_reply_pct: 10,
@@ -74,9 +117,26 @@ impl Faults {
         crashes: true,
         stops: true,
         reclaims: Reclaims::StoppedAgents,
-        pool_data_loss: false,
-        rival_registrations: false,
+        pool_data_loss: true,
+        rivals: Rivals::Fence,
+        bounded_delays: true,
+        overtaking_calls: false,
+        unnoticed_loss_reported: false,
+        loss_during_borrow: false,
+        late_attempts: false,
     };
+}
+
+/// Second processes of a channel (a deploy overlapping the running agent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rivals {
+    Never,
+    /// It registers (a new epoch) and dies before its resync: the running agent is fenced
+    /// with its calls in flight and registers again at its next heartbeat.
+    Fence,
+    /// It registers, resyncs the pools of the store it shares with the running agent,
+    /// reports and stops: two processes align one pool, each under its own locks.
+    SharedStore,
 }
 
 /// The operator's use of `invctl reclaim`.
@@ -113,6 +173,20 @@ pub struct Config {
     /// stay stranded until an operator resolves them). Off: the operator resolves them at
     /// quiescence like real losses.
     pub doubt_requires_data_loss: bool,
+    /// The agent behaves as before the fixes of commit 35edb44 in these respects (to show
+    /// the checker still sees those bugs). All off in real runs.
+    pub old_agent: OldAgent,
+}
+
+/// Behaviours of the agent before commit 35edb44, each of which the simulator found to
+/// break an invariant. All off in real runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OldAgent {
+    /// The link reads the epoch again on every attempt (a call begun before a
+    /// re-registration is replayed under the new epoch).
+    pub epoch_per_attempt: bool,
+    /// The registration's resync does not wait for the item's Borrow/Return in flight.
+    pub resync_ignores_lock: bool,
 }
 
 impl Default for Config {
@@ -122,7 +196,8 @@ impl Default for Config {
             faults: Faults::DEFAULT,
             breakage: Breakage::default(),
             resync_at_quiescence: true,
-            doubt_requires_data_loss: false,
+            doubt_requires_data_loss: true,
+            old_agent: OldAgent::default(),
         }
     }
 }
@@ -211,7 +286,8 @@ impl From<LedgerError> for Refusal {
     }
 }
 
-/// What the center says a channel holds of one item, at registration (`Holding`).
+/// What the center says a channel holds of one item, at registration (`Holding`) or in
+/// DescribeItem's `held`/`generation`/`in_doubt`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Holding {
     pub item: String,
@@ -219,6 +295,18 @@ pub struct Holding {
     /// The pool generation the channel last reported (0: never).
     pub generation: u64,
     pub in_doubt: u64,
+    /// Reference model: [`Center::changes`] when the center answered, so the checker knows
+    /// which reclaims a resync with this view takes into account.
+    pub as_of: u64,
+}
+
+/// The Center service's HeartbeatResponse, as far as the agent acts on it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeartbeatAnswer {
+    /// `in_doubt_items`: items whose units the center holds in doubt for the channel.
+    pub in_doubt_items: Vec<String>,
+    /// Items marked lost because the report came with another pool generation (for stats).
+    pub generation_changed: Vec<String>,
 }
 
 /// One pool in a heartbeat (`PoolReport`): a frozen pool is reported lost.
@@ -277,6 +365,9 @@ pub struct Center {
     pub stale_applied: Vec<String>,
     /// Published and not yet fanned out to agents.
     pub outbox: Vec<CenterEvent>,
+    /// Reference model: reclaims and in-doubt resolutions so far (they take units from a
+    /// channel behind its agent's back).
+    pub changes: u64,
 }
 
 impl Center {
@@ -431,30 +522,72 @@ impl Center {
                 held: a.held(),
                 generation: a.generation,
                 in_doubt: a.in_doubt,
+                as_of: self.changes,
             })
             .collect();
         (epoch, held)
     }
 
-    /// The Center service's Heartbeat: `SqlLedger::mark_lost` for every pool reported
-    /// lost (everything the channel holds of it is in doubt), then `SqlLedger::heartbeat`
-    /// (renew the lease, store the reported totals and generations).
-    pub fn heartbeat(&mut self, channel: &Channel, epoch: u64, reports: &[Report], now_ms: i64) -> Result<(), Refusal> {
-        for r in reports.iter().filter(|r| r.lost) {
-            let Some(session) = self.sessions.get(channel.as_str()) else {
-                return Err(Refusal::Precondition(format!("channel {channel} is not registered")));
-            };
-            session.check_epoch(channel, epoch)?;
-            // An UPDATE: no allocation row, nothing to mark.
-            if let Some(a) = self.allocations.get_mut(&(r.item.clone(), channel.to_string())) {
-                ledger::mark_lost(a);
-                a.generation = 0;
-            }
+    /// DescribeItem's `held`, `generation` and `in_doubt` for the asking channel (an
+    /// allocation row that does not exist reads as zeros).
+    pub fn describe(&self, item: &str, channel: &str) -> Holding {
+        let a = self.allocations.get(&(item.to_owned(), channel.to_owned())).copied().unwrap_or_default();
+        Holding {
+            item: item.to_owned(),
+            held: a.held(),
+            generation: a.generation,
+            in_doubt: a.in_doubt,
+            as_of: self.changes,
         }
-        let Some(session) = self.sessions.get_mut(channel.as_str()) else {
+    }
+
+    /// The Center service's Heartbeat (`center/src/service/center.rs`): a pool reported
+    /// lost, or reported with another generation than the last non-zero one the channel
+    /// reported, is marked lost (`SqlLedger::mark_lost`: everything the channel holds of it
+    /// is in doubt); then `SqlLedger::heartbeat` renews the lease and stores the reported
+    /// totals and generations. The answer lists every item the channel has units in doubt
+    /// of. (The center reads the allocations, marks and stores in separate transactions;
+    /// here they are one step.)
+    pub fn heartbeat(
+        &mut self,
+        channel: &Channel,
+        epoch: u64,
+        reports: &[Report],
+        now_ms: i64,
+    ) -> Result<HeartbeatAnswer, Refusal> {
+        let Some(session) = self.sessions.get(channel.as_str()) else {
             return Err(Refusal::Precondition(format!("channel {channel} is not registered")));
         };
+        // Every write below checks the epoch first (mark_lost, then heartbeat).
         session.check_epoch(channel, epoch)?;
+        let known = |item: &str| self.allocations.get(&(item.to_owned(), channel.to_string())).copied();
+        let mut answer = HeartbeatAnswer {
+            in_doubt_items: self
+                .allocations
+                .iter()
+                .filter(|((_, c), a)| c == channel.as_str() && a.in_doubt > 0)
+                .map(|((i, _), _)| i.clone())
+                .collect(),
+            generation_changed: Vec::new(),
+        };
+        let mut lost: Vec<String> = reports.iter().filter(|r| r.lost).map(|r| r.item.clone()).collect();
+        for r in reports {
+            let before = known(&r.item).map_or(0, |a| a.generation);
+            if before != 0 && r.generation != 0 && r.generation != before && !lost.contains(&r.item) {
+                lost.push(r.item.clone());
+                answer.generation_changed.push(r.item.clone());
+            }
+        }
+        for item in &lost {
+            if !answer.in_doubt_items.contains(item) {
+                answer.in_doubt_items.push(item.clone());
+            }
+            // An UPDATE: no allocation row, nothing to mark.
+            if let Some(a) = self.allocations.get_mut(&(item.clone(), channel.to_string())) {
+                ledger::mark_lost(a);
+            }
+        }
+        let session = self.sessions.get_mut(channel.as_str()).expect("checked above");
         session.renew(now_ms, LEASE_TTL_MS);
         for r in reports {
             let a = self.allocations.entry((r.item.clone(), channel.to_string())).or_default();
@@ -462,7 +595,7 @@ impl Center {
             a.reported_at_ms = now_ms;
             a.generation = r.generation;
         }
-        Ok(())
+        Ok(answer)
     }
 
     /// `Admin/ResolveInDoubt` (`SqlLedger::resolve_in_doubt` + its publications): `sold`
@@ -474,6 +607,7 @@ impl Center {
         let mut alloc = self.allocations.get(&key).copied().unwrap_or_default();
         let mut after = entry.state.clone();
         let returned = ledger::resolve_in_doubt(&mut after, &mut alloc, channel, sold)?;
+        self.changes += 1;
         entry.state = after;
         let center_available = entry.state.available;
         self.allocations.insert(key, alloc);
@@ -494,6 +628,7 @@ impl Center {
             return Err(Refusal::Precondition(format!("channel {channel} is not registered")));
         };
         session.begin_reclaim(channel, now_ms, RECLAIM_GRACE_MS)?;
+        self.changes += 1;
         let mut out = Vec::new();
         for ((item, c), alloc) in self.allocations.iter_mut() {
             if c != channel.as_str() {
@@ -748,6 +883,28 @@ pub struct ItemFlags {
     pub last_starving_signal_ms: i64,
     pub generation: u64,
     pub frozen: bool,
+    /// `resync_at_ms`: when to resync the pool with the center (0: none pending).
+    pub resync_at_ms: i64,
+    /// Who waits for the item's `borrow_lock`, in arrival order (tokio's mutex is fair).
+    /// The lock itself is held by the item's [`Op`], if any.
+    pub waiters: VecDeque<Waiter>,
+    /// `borrows_done`: Borrow tasks finished (a queued task that sees it move skips).
+    pub borrows_done: u64,
+    /// Acquires whose Borrow task just finished: they try the pool once more, racing the
+    /// next task the lock passes to.
+    pub retries: Vec<Miss>,
+}
+
+/// An Acquire that found the pool empty and waits for its `borrow_shared` task (at most
+/// [`MISS_WAIT_MS`]) to try once more.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Miss {
+    pub user: String,
+    pub quantity: u64,
+    pub key: String,
+    /// The buyer's key use (see [`KeyUse`]), updated if the retry reserves.
+    pub key_use: usize,
+    pub at_ms: i64,
 }
 
 impl ItemFlags {
@@ -775,6 +932,56 @@ impl ItemFlags {
 
     pub fn may_prefetch(&self) -> bool {
         !self.center_dry && !self.end_of_sale
+    }
+
+    /// `ItemRuntime::resync_due`.
+    pub fn resync_due(&self, now_ms: i64) -> bool {
+        self.resync_at_ms != 0 && now_ms >= self.resync_at_ms
+    }
+}
+
+/// The agent's tasks that wait for an item's lock or a call: while one waits, it does
+/// nothing else (the rebalancer passes over no other item, the watcher reads no further
+/// event, the heartbeat worker sends no heartbeat).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Task {
+    /// `workers::rebalancer` (a Return it decided, or `resync_item`).
+    Rebalancer,
+    /// `workers::watcher` (`on_event`: ReturnRequested, InDoubtResolved).
+    Watcher,
+    /// `workers::heartbeat` inside `register_and_resync` after being fenced.
+    Registration,
+    /// `return_all` at shutdown.
+    Shutdown,
+    /// A task of its own: `borrow_shared`'s spawned Borrow.
+    Spawned,
+}
+
+/// A task waiting for an item's `borrow_lock`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Waiter {
+    /// `borrow_shared`'s task: `borrow_now(want)` once it holds the lock, unless a Borrow
+    /// finished since the task was spawned (`seen`). `miss`: the Acquire awaiting it.
+    Borrow { want: u64, seen: u64, miss: Option<Miss> },
+    /// `give_back(max)`: take, then Return, all under the lock.
+    Return { max: u64, task: Task },
+    /// `register_and_resync`: the resync of the registration's next holding.
+    Resync,
+    /// `Agent::resync_item` (the rebalancer, after an unknown outcome).
+    ResyncItem,
+    /// `on_event(InDoubtResolved)`: empty the pool, sell again.
+    InDoubtResolved,
+}
+
+impl Waiter {
+    pub fn task(&self) -> Task {
+        match self {
+            Waiter::Borrow { .. } => Task::Spawned,
+            Waiter::Return { task, .. } => *task,
+            Waiter::Resync => Task::Registration,
+            Waiter::ResyncItem => Task::Rebalancer,
+            Waiter::InDoubtResolved => Task::Watcher,
+        }
     }
 }
 
@@ -804,7 +1011,7 @@ pub enum Phase {
 }
 
 /// One Borrow/Return call of a running agent (a `borrow_now` / `give_back` task with the
-/// link's retry loop), lost on a crash.
+/// link's retry loop), holding the item's `borrow_lock` until it is done; lost on a crash.
 #[derive(Debug, Clone)]
 pub struct Op {
     pub kind: OpKind,
@@ -814,6 +1021,24 @@ pub struct Op {
     pub quantity: u64,
     pub attempt: u32,
     pub phase: Phase,
+    /// The epoch every attempt carries, read when the link call began (`retry`); `None`
+    /// until the first attempt is sent.
+    pub epoch: Option<u64>,
+    /// The task that awaits the call.
+    pub task: Task,
+    /// A Borrow's: the Acquire awaiting it.
+    pub miss: Option<Miss>,
+}
+
+/// A `register_and_resync` under way: the holdings the center answered, resynced one
+/// after the other, each under its item's lock; the lease is granted at the end.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    pub sent_at_ms: i64,
+    pub epoch: u64,
+    pub pending: VecDeque<Holding>,
+    /// A [`Waiter::Resync`] for the first pending holding is queued.
+    pub waiting: bool,
 }
 
 /// A running agent's volatile memory.
@@ -830,9 +1055,24 @@ pub struct AgentMem {
     pub lease_until_ms: i64,
     /// `CenterLink::reachable`: whether the last call to the center got an answer.
     pub reachable: bool,
+    pub registering: Option<Registration>,
+    /// SIGTERM received: items whose unreserved units `return_all` has still to give
+    /// back (after the workers have finished what they were doing).
+    pub stopping: Option<VecDeque<String>>,
 }
 
 impl AgentMem {
+    /// Whether the task is waiting for a lock or awaiting a call.
+    pub fn busy(&self, task: Task) -> bool {
+        self.ops.iter().any(|o| o.task == task)
+            || self.items.values().any(|f| f.waiters.iter().any(|w| w.task() == task))
+    }
+
+    /// Whether the item's `borrow_lock` is held (by a Borrow or Return in flight).
+    pub fn locked(&self, item: &str) -> bool {
+        self.ops.iter().any(|o| o.item == item)
+    }
+
     /// `CenterLink::renew_lease`: from the send time, minus the margin (at most half the
     /// lease), never shortened.
     pub fn renew_lease(&mut self, sent_at_ms: i64) {
@@ -874,6 +1114,7 @@ impl Agent {
 #[derive(Debug, Clone)]
 pub enum Message {
     Request {
+        sent_at_ms: i64,
         channel: usize,
         incarnation: u64,
         epoch: u64,
@@ -884,12 +1125,21 @@ pub enum Message {
         attempt: u32,
     },
     Reply {
+        sent_at_ms: i64,
         channel: usize,
         incarnation: u64,
         request_id: String,
         attempt: u32,
         result: Result<Answer, Refusal>,
     },
+}
+
+impl Message {
+    pub fn sent_at_ms(&self) -> i64 {
+        match self {
+            Message::Request { sent_at_ms, .. } | Message::Reply { sent_at_ms, .. } => *sent_at_ms,
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -911,10 +1161,11 @@ pub struct KeyUse {
 /// What the checker knows beyond the system's own state.
 #[derive(Debug, Clone, Default)]
 pub struct Reference {
-    /// (channel, item) -> units reclaimed by the center that the agent has not yet
-    /// removed from its pool by a resync. Until then the pool legitimately holds more
-    /// than the center counts as the channel's.
-    pub reclaimed_unsynced: BTreeMap<(usize, String), u64>,
+    /// (channel, item) -> units reclaimed by the center (or returned to it by an in-doubt
+    /// resolution) that the agent has not yet removed from its pool, each with the
+    /// [`Center::changes`] count that took them. Until a resync with a view of the center
+    /// at least that recent, the pool legitimately holds more than the channel's.
+    pub reclaimed_unsynced: BTreeMap<(usize, String), Vec<(u64, u64)>>,
     /// (channel, item, grant id) -> refills that added units.
     pub refills: BTreeMap<(usize, String, String), u32>,
     /// (channel, item) -> how often the pool's store lost its data.
@@ -926,6 +1177,36 @@ pub struct Reference {
     pub written_off: BTreeMap<(usize, String), u64>,
     /// Broken rules noticed while stepping (e.g. a resync that could not remove units).
     pub noticed: Vec<Violation>,
+    /// (channel, item) whose pool the store lost and whose agent has neither frozen the
+    /// item nor resynced it since.
+    pub unnoticed_losses: BTreeSet<(usize, String)>,
+}
+
+impl Reference {
+    /// Units taken from the channel's pool behind its agent's back (reclaim, in-doubt
+    /// resolution) at center change `as_of`.
+    pub fn unsynced(&mut self, c: usize, item: &str, as_of: u64, units: u64) {
+        if units > 0 {
+            self.reclaimed_unsynced.entry((c, item.to_owned())).or_default().push((as_of, units));
+        }
+    }
+
+    /// A resync (or an in-doubt resolution heard) with the center's view as of `as_of`
+    /// has removed what was taken until then.
+    pub fn synced(&mut self, c: usize, item: &str, as_of: u64) {
+        let key = (c, item.to_owned());
+        if let Some(list) = self.reclaimed_unsynced.get_mut(&key) {
+            list.retain(|(at, _)| *at > as_of);
+            if list.is_empty() {
+                self.reclaimed_unsynced.remove(&key);
+            }
+        }
+    }
+
+    /// Units taken from the channel's pool that its agent has not removed yet.
+    pub fn reclaimed(&self, c: usize, item: &str) -> u64 {
+        self.reclaimed_unsynced.get(&(c, item.to_owned())).map_or(0, |l| l.iter().map(|(_, u)| u).sum())
+    }
 }
 
 /// What a run exercised, to show the faults really happened.
@@ -937,6 +1218,9 @@ pub struct Stats {
     pub give_ups: u64,
     pub replays_answered: u64,
     pub stale_refused: u64,
+    /// ... of which calls of the running incarnation begun before its re-registration
+    /// (refused, not replayed under the new epoch).
+    pub stale_refused_own: u64,
     pub reclaims: u64,
     /// Items an operator had to resolve at quiescence (units in doubt).
     pub resolutions: u64,
@@ -946,10 +1230,30 @@ pub struct Stats {
     pub fenced_reregistrations: u64,
     /// ... while Borrow/Return calls of its were in flight.
     pub fenced_with_calls_in_flight: u64,
+    /// A registration's resync waited for the item's Borrow/Return in flight (the lock).
+    pub resyncs_waiting_for_a_call: u64,
+    /// Borrows/Returns whose outcome stayed unknown (a resync was scheduled).
+    pub unknown_outcomes: u64,
+    /// Per-item resyncs (`resync_item`) that ran.
+    pub item_resyncs: u64,
+    /// Calls delivered because their deadline was about to pass.
+    pub late_landings: u64,
+    /// Pools created (an `open-` refill of 0) before their first Borrow.
+    pub pools_opened: u64,
+    /// Pool stores that lost a pool's data...
+    pub pool_losses: u64,
+    /// ... while its agent was down or had no generation of it recorded.
+    pub pool_losses_unrecorded: u64,
+    /// Items an agent froze because the heartbeat answer listed them in doubt.
+    pub frozen_by_center: u64,
+    /// Pools the center marked lost because a report came with another generation.
+    pub generation_changes: u64,
+    /// A fenced agent let tasks queued behind a call in flight run before registering.
+    pub reregistrations_postponed: u64,
     pub resync_moves: u64,
     /// Units granted or returned at the center but not reflected in a running agent's
     /// pool once everything in flight has landed: they wait for that agent's next
-    /// registration (a crash, or being fenced), which a healthy agent never has.
+    /// resync (registration, or 5 s after an unknown outcome).
     pub drift_waiting_for_resync: u64,
     pub sold: u64,
 }
@@ -963,11 +1267,22 @@ impl Stats {
         self.give_ups += o.give_ups;
         self.replays_answered += o.replays_answered;
         self.stale_refused += o.stale_refused;
+        self.stale_refused_own += o.stale_refused_own;
         self.reclaims += o.reclaims;
         self.resolutions += o.resolutions;
         self.resolutions_without_data_loss += o.resolutions_without_data_loss;
         self.fenced_reregistrations += o.fenced_reregistrations;
         self.fenced_with_calls_in_flight += o.fenced_with_calls_in_flight;
+        self.resyncs_waiting_for_a_call += o.resyncs_waiting_for_a_call;
+        self.unknown_outcomes += o.unknown_outcomes;
+        self.item_resyncs += o.item_resyncs;
+        self.late_landings += o.late_landings;
+        self.pools_opened += o.pools_opened;
+        self.pool_losses += o.pool_losses;
+        self.pool_losses_unrecorded += o.pool_losses_unrecorded;
+        self.frozen_by_center += o.frozen_by_center;
+        self.generation_changes += o.generation_changes;
+        self.reregistrations_postponed += o.reregistrations_postponed;
         self.resync_moves += o.resync_moves;
         self.drift_waiting_for_resync += o.drift_waiting_for_resync;
         self.sold += o.sold;

@@ -116,7 +116,8 @@ impl pb::center_server::Center for CenterService {
             known.iter().filter(|(_, a)| a.in_doubt > 0).map(|(item, _)| item.clone()).collect();
         for report in &reports {
             let before = known.iter().find(|(i, _)| i == report.item.as_str()).map_or(0, |(_, a)| a.generation);
-            if before != 0 && report.generation != 0 && report.generation != before && !lost.contains(&report.item) {
+            // A pool reported with generation 0 after a real one vanished too.
+            if before != 0 && report.generation != before && !lost.contains(&report.item) {
                 tracing::error!(channel = %channel, item = %report.item, before, now = report.generation, "pool generation changed");
                 lost.push(report.item.clone());
             }
