@@ -489,7 +489,7 @@ impl Agent {
             // this lock (a Return that was waiting for it, say): read the center's view
             // again now that nothing else can move this pool.
             let fresh = self.holding(&item).await?;
-            self.resync(&item, &fresh).await?;
+            self.resync(&item, &fresh, item.resync_pending()).await?;
         }
         self.link.renew_lease(sent_at);
         // Report at once: a reclaim must never judge this incarnation by the last one's
@@ -502,7 +502,12 @@ impl Agent {
         Ok(reg.epoch)
     }
 
-    async fn resync(&self, item: &ItemRuntime, holding: &pb::ChannelHolding) -> Result<(), AgentError> {
+    async fn resync(
+        &self,
+        item: &ItemRuntime,
+        holding: &pb::ChannelHolding,
+        only_remove: bool,
+    ) -> Result<(), AgentError> {
         let snap = self.store.snapshot(&item.pool).await?;
         let lost = holding.in_doubt > 0
             || (snap.generation == 0 && holding.held > 0)
@@ -514,7 +519,11 @@ impl Agent {
             }
             return Ok(());
         }
-        self.align(item, holding.held, &snap).await?;
+        // While a Borrow/Return of this item has an unknown outcome (a late attempt may
+        // still land), only take units away; the scheduled resync adds what is missing.
+        let pool = snap.available + snap.reserved + snap.sold;
+        let held = if only_remove { holding.held.min(pool) } else { holding.held };
+        self.align(item, held, &snap).await?;
         if snap.generation != 0 {
             item.generation.store(snap.generation, Ordering::Release);
         }
@@ -529,7 +538,7 @@ impl Agent {
         // later (its own outcome is still unknown): then it is not due yet.
         let Some(scheduled) = item.resync_scheduled(crate::clock::now_ms()) else { return Ok(()) };
         let holding = self.holding(item).await?;
-        self.resync(item, &holding).await?;
+        self.resync(item, &holding, false).await?;
         item.resync_done(scheduled);
         tracing::info!(item = %item.item_id, held = holding.held, "pool resynced with the center");
         Ok(())

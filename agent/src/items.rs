@@ -138,6 +138,11 @@ impl ItemRuntime {
         self.resync_scheduled(now_ms).is_some()
     }
 
+    /// Whether a resync is scheduled (an outcome is still unknown), due or not.
+    pub fn resync_pending(&self) -> bool {
+        self.resync_at_ms.load(Ordering::Acquire) != 0
+    }
+
     /// The due resync's schedule, if one is due.
     pub fn resync_scheduled(&self, now_ms: i64) -> Option<i64> {
         let at = self.resync_at_ms.load(Ordering::Acquire);

@@ -9,7 +9,6 @@ use std::time::Duration;
 use inventory_proto::v1::admin_server::AdminServer;
 use inventory_proto::v1::center_server::CenterServer;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::config::CenterConfig;
 use crate::events::EventHub;
@@ -148,9 +147,14 @@ impl Application {
                 AdminServer::new(admin).max_decoding_message_size(MAX_MESSAGE_BYTES),
                 OperatorAuth(Arc::clone(&self.security)),
             ))
-            .serve_with_incoming_shutdown(TcpListenerStream::new(self.grpc), async move {
-                let _ = grpc_stop.wait_for(|s| *s).await;
-            });
+            .serve_with_incoming_shutdown(
+                // Accepted sockets get TCP_NODELAY here: the builder's tcp_nodelay does not
+                // apply to a caller-supplied listener, and Nagle's delay shows as ~40 ms stalls.
+                tonic::transport::server::TcpIncoming::from(self.grpc).with_nodelay(Some(true)),
+                async move {
+                    let _ = grpc_stop.wait_for(|s| *s).await;
+                },
+            );
         tokio::spawn(async move {
             shutdown.await;
             tracing::info!("center shutting down");

@@ -18,11 +18,11 @@
 //! marking and resolution, the invariant check (`check_item`) and request fingerprints are
 //! `inventory_core::ledger`; the watermark decision is `inventory_core::rebalance::decide`.
 //! The request table (replay before the epoch check, refusals not recorded), the Center
-//! service's Heartbeat (a report with another generation than the last non-zero one is a
-//! lost pool; the answer lists the channel's items in doubt) and DescribeItem's
+//! service's Heartbeat (a report with another generation, 0 included, than the last
+//! non-zero one is a lost pool; the answer lists the channel's items in doubt) and DescribeItem's
 //! `held`/`generation`/`in_doubt`, the pool store (`agent/src/store/memory.rs`, the Lua
 //! scripts' twin) and the agent's paths (`agent.rs`, `link.rs`, `items.rs`, `workers.rs`,
-//! `startup.rs`) as of commit 35edb44 are mirrored in [`world`] and [`step`], each handler
+//! `startup.rs`) as of commit 9634405 are mirrored in [`world`] and [`step`], each handler
 //! naming what it mirrors.
 //!
 //! **Modelled:** per-call reordering and loss (calls are independent HTTP/2 streams), each
@@ -67,26 +67,26 @@
 //! survives; reclaim only of gracefully stopped agents) keeps every invariant, and so do
 //! `fence`, `data-loss`, `false-doubt` and `no-resync`, the regression tests of the bugs
 //! fixed in 35edb44 (which `old-agent`, the agent before those fixes, must still break).
-//! What the fixed logic still gets wrong is left out of `default` and shown by an
-//! `#[ignore]`d test each:
+//! Since 9634405 (agent and center as of that commit are mirrored), `default` also lets
+//! calls under a new epoch overtake a registration's resyncs (bug A), reports pools the
+//! agent has not yet checked (bug B), loses pools while a Borrow is out (bug C's wide
+//! window) and lets attempts land after their call was given up (bug D); the
+//! `old-registration-held`, `old-unchecked-reports` and `old-unchecked-refill` scenarios
+//! undo one fix each and must break an invariant at a known seed (D: `step::tests`).
+//! What the fixed logic still gets wrong is shown by an `#[ignore]`d test each:
 //!
 //! - `reclaim` and `partition`: the documented gap (ARCHITECTURE.md): a reclaim of a
 //!   crashed, slow-stopping or partitioned agent takes back units it reserved or sold
 //!   after its last report (`default` reclaims only agents that stopped gracefully).
-//! - `registration-race` (bug A, [`Faults::overtaking_calls`]): a registration's resync
-//!   uses the `held` the registration answered, though calls begun under the new epoch
-//!   (a taken Return sent after it, tasks queued on the lock behind the call in flight,
-//!   the rebalancer) may have changed it since.
-//! - `unnoticed-loss` (bug B, [`Faults::unnoticed_loss_reported`]): a lost pool reported
-//!   before the agent noticed goes out as generation 0, counts 0/0/0, which the center
-//!   takes for an empty pool.
-//! - `loss-during-borrow` (bug C, [`Faults::loss_during_borrow`]): a Borrow's refill
-//!   recreates a pool lost while the Borrow was in flight, under a generation the center
-//!   may never have seen the predecessor of.
+//! - `loss-before-refill` (bug C's remaining window, [`Faults::loss_before_refill`]): a
+//!   pool lost between `borrow_now`'s second generation check and its refill script is
+//!   recreated by the refill.
 //! - `shared-store` ([`Rivals::SharedStore`]): two processes of a channel resync one pool
 //!   store, each under its own locks.
-//! - bug D, in `resync_item` (needs [`Faults::late_attempts`]): a scripted interleaving
-//!   in `step::tests`, as seeded runs reach it too rarely.
+//! - bug E (`fence`, seed 1661): a registration's resync right after a call it waited for
+//!   gave up, before that call's last attempt lands.
+//! - bug F (`data-loss`, seed 2554): a pool lost while its channel held none of it is
+//!   frozen for good (listed in doubt with nothing in doubt to resolve).
 //!
 //! Each switch restricts the *schedule* `default` may produce (when a task runs, when a
 //! message or a data loss happens), never what the agent or the center do.
@@ -119,6 +119,8 @@ pub fn scenarios() -> Vec<Scenario> {
     let base = Config::default();
     let faults = Faults::DEFAULT;
     let with = |name, test, faults| Scenario { name, test, config: Config { faults, ..base } };
+    // The agent (and center) before 9634405, one fix undone at a time.
+    let old = |name, test, old_agent| Scenario { name, test, config: Config { old_agent, ..base } };
     vec![
         Scenario { name: "default", test: "two_hundred_seeds_keep_every_invariant", config: base },
         with(
@@ -144,26 +146,34 @@ pub fn scenarios() -> Vec<Scenario> {
             Faults { crashes: false, stops: false, lose_heartbeat_pct: 40, reclaims: Reclaims::LeaseExpired, ..faults },
         ),
         with(
-            "registration-race",
-            "calls_overtaking_a_registration_resync",
-            Faults { overtaking_calls: true, ..faults },
-        ),
-        with(
-            "unnoticed-loss",
-            "a_lost_pool_reported_before_it_is_noticed",
-            Faults { unnoticed_loss_reported: true, ..faults },
-        ),
-        with(
-            "loss-during-borrow",
-            "a_pool_lost_while_a_borrow_is_in_flight",
-            Faults { loss_during_borrow: true, ..faults },
+            "loss-before-refill",
+            "a_pool_lost_between_the_refill_check_and_the_refill",
+            Faults { loss_before_refill: true, ..faults },
         ),
         with("shared-store", "two_processes_sharing_one_pool_store", Faults { rivals: Rivals::SharedStore, ..faults }),
         Scenario {
             name: "old-agent",
             test: "the_agent_before_the_fixes_is_caught",
-            config: Config { old_agent: OldAgent { epoch_per_attempt: true, resync_ignores_lock: true }, ..base },
+            config: Config {
+                old_agent: OldAgent { epoch_per_attempt: true, resync_ignores_lock: true, ..OldAgent::default() },
+                ..base
+            },
         },
+        old(
+            "old-registration-held",
+            "a_registration_resync_reads_held_under_the_item_lock",
+            OldAgent { registration_held: true, ..OldAgent::default() },
+        ),
+        old(
+            "old-unchecked-reports",
+            "a_vanished_pool_is_reported_lost_never_empty",
+            OldAgent { unchecked_reports: true, ..OldAgent::default() },
+        ),
+        old(
+            "old-unchecked-refill",
+            "a_pool_lost_while_a_borrow_is_out_is_not_refilled",
+            OldAgent { refill_unchecked: true, ..OldAgent::default() },
+        ),
         Scenario {
             name: "broken-epoch-check",
             test: "a_center_without_the_epoch_check_is_caught",

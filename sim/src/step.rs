@@ -179,42 +179,22 @@ impl World {
     }
 
     /// The rebalancer runs: the agent is up, not shutting down, and the rebalancer is not
-    /// waiting for a lock or a Return of its own.
+    /// waiting for a lock or a Return of its own. (It keeps running while the heartbeat
+    /// worker registers again.)
     fn rebalancer_free(&self, c: usize) -> bool {
-        let overtaking = self.config.faults.overtaking_calls;
-        self.agents[c].mem.as_ref().is_some_and(|m| {
-            m.stopping.is_none() && !m.busy(Task::Rebalancer) && (overtaking || m.registering.is_none())
-        })
+        self.agents[c].mem.as_ref().is_some_and(|m| m.stopping.is_none() && !m.busy(Task::Rebalancer))
     }
 
-    /// The watcher reads its next event.
+    /// The watcher reads its next event (also while the heartbeat worker registers again).
     fn may_hear(&self, c: usize) -> bool {
-        let overtaking = self.config.faults.overtaking_calls;
-        self.agents[c].mem.as_ref().is_some_and(|m| {
-            m.stopping.is_none()
-                && !m.busy(Task::Watcher)
-                && !m.events.is_empty()
-                && (overtaking || m.registering.is_none())
-        })
+        self.agents[c]
+            .mem
+            .as_ref()
+            .is_some_and(|m| m.stopping.is_none() && !m.busy(Task::Watcher) && !m.events.is_empty())
     }
 
     fn may_stop(&self, c: usize) -> bool {
         self.agents[c].mem.as_ref().is_some_and(|m| m.stopping.is_none())
-    }
-
-    /// With [`Faults::unnoticed_loss_reported`](crate::Faults) off, the rebalancer's check
-    /// of every pool the store lost runs before the agent reports.
-    fn notice_losses(&mut self, c: usize) {
-        if self.config.faults.unnoticed_loss_reported {
-            return;
-        }
-        let lost: Vec<String> =
-            self.reference.unnoticed_losses.iter().filter(|(a, _)| *a == c).map(|(_, i)| i.clone()).collect();
-        for item in lost {
-            if self.pool_lost(c, &item) {
-                self.log(format!("{} notices that its store lost {item}; frozen", self.name(c)));
-            }
-        }
     }
 
     fn pick(&mut self, f: impl Fn(&World, usize) -> bool) -> Option<usize> {
@@ -518,7 +498,6 @@ impl World {
     /// Success renews the agent's lease from the send time.
     fn send_heartbeat(&mut self, c: usize) -> Option<Result<HeartbeatAnswer, Refusal>> {
         let sent_at = self.now_ms;
-        self.notice_losses(c);
         let reports = self.reports(c);
         if !self.calm() && self.rng.percent(self.config.faults.lose_heartbeat_pct) {
             self.mem(c).reachable = false;
@@ -527,7 +506,8 @@ impl World {
         }
         let epoch = self.mem(c).epoch;
         let channel = self.agents[c].channel.clone();
-        let result = self.center.heartbeat(&channel, epoch, &reports, self.now_ms);
+        let skip = self.config.old_agent.unchecked_reports;
+        let result = self.center.heartbeat(&channel, epoch, &reports, self.now_ms, skip);
         self.mem(c).reachable = true;
         match &result {
             Ok(answer) => {
@@ -560,26 +540,6 @@ impl World {
                 Ok(())
             }
             Some(Err(_)) => {
-                if !self.config.faults.overtaking_calls {
-                    // The scheduler lets what was begun under the old epoch go first: tasks
-                    // queued behind a call in flight run before the registration (a later
-                    // heartbeat registers), a taken Return is sent before it.
-                    let mem = self.mem(c);
-                    if mem.items.iter().any(|(i, f)| mem.locked(i) && !f.waiters.is_empty()) {
-                        self.stats.reregistrations_postponed += 1;
-                        self.log(format!(
-                            "{} is fenced; registers once the tasks queued on its locks ran",
-                            self.name(c)
-                        ));
-                        return Ok(());
-                    }
-                    for i in 0..self.mem(c).ops.len() {
-                        if self.mem(c).ops[i].phase == Phase::Taken {
-                            self.mem(c).ops[i].phase = Phase::Waiting;
-                            self.send(c, i)?;
-                        }
-                    }
-                }
                 self.log(format!("{} is fenced; registering again", self.name(c)));
                 self.stats.fenced_reregistrations += 1;
                 self.stats.fenced_with_calls_in_flight += u64::from(!self.mem(c).ops.is_empty());
@@ -591,7 +551,6 @@ impl World {
     /// `Agent::freeze_in_doubt`.
     fn freeze_in_doubt(&mut self, c: usize, items: &[String]) {
         for item in items {
-            self.reference.unnoticed_losses.remove(&(c, item.clone()));
             let flags = self.flags(c, item);
             if !flags.frozen {
                 flags.frozen = true;
@@ -661,11 +620,7 @@ impl World {
         } else if generation != flags.generation {
             flags.frozen = true;
         }
-        let frozen = flags.frozen;
-        if frozen {
-            self.reference.unnoticed_losses.remove(&(c, item.to_owned()));
-        }
-        frozen
+        flags.frozen
     }
 
     /// `Agent::signal_starving`: a pool with demand while the center looks dry still
@@ -769,9 +724,28 @@ impl World {
             Waiter::Return { max, task } => self.give_back(c, item, max, task),
             Waiter::Resync => {
                 let reg = self.mem(c).registering.as_mut().expect("a registration waits");
-                let holding = reg.pending.pop_front().expect("a holding waits");
+                let answered = reg.pending.pop_front().expect("a holding waits");
                 reg.waiting = false;
-                self.resync(c, &holding, true)?;
+                if self.config.old_agent.registration_held {
+                    self.resync(c, &answered, true)?;
+                    return self.continue_registration(c);
+                }
+                // Since 9634405: calls under the new epoch may have landed between the
+                // registration and this lock; read the center's view again (DescribeItem).
+                if !self.calm() && self.rng.percent(self.config.faults.lose_request_pct) {
+                    return self.registration_failed(c, &format!("describe {item} lost"));
+                }
+                let fresh = self.center.describe(item, self.agents[c].name());
+                if fresh.held != answered.held {
+                    self.stats.registration_held_moved += 1;
+                }
+                self.log(format!(
+                    "{} describes {item} under the lock: {} (registration said {})",
+                    self.name(c),
+                    show_holdings(std::slice::from_ref(&fresh)),
+                    answered.held
+                ));
+                self.resync(c, &fresh, true)?;
                 self.continue_registration(c)
             }
             Waiter::ResyncItem => self.resync_item(c, item),
@@ -909,7 +883,32 @@ impl World {
                 ));
                 self.settle(c)
             }
+            Phase::Granted(granted) if self.config.old_agent.refill_unchecked => {
+                self.end_op(c, i);
+                self.refill(c, &op.item, &op.request_id, granted, "borrow")?;
+                self.settle(c)
+            }
             Phase::Granted(granted) => {
+                // `borrow_now` since 9634405: the pool may have been lost while the Borrow
+                // was out; a refill would recreate it and hide the loss. The units count as
+                // the channel's and fall in doubt.
+                if self.pool_lost(c, &op.item) {
+                    self.end_op(c, i);
+                    self.stats.refills_withheld += 1;
+                    self.log(format!(
+                        "{} does not refill {granted} of {} ({}): pool lost while the borrow was out; frozen",
+                        self.name(c),
+                        op.item,
+                        op.request_id
+                    ));
+                    return self.settle(c);
+                }
+                // The snapshot passed; the refill script runs in a step of its own (no
+                // expected generation inside it: the window of `loss_before_refill`).
+                self.mem(c).ops[i].phase = Phase::Refilling(granted);
+                Ok(())
+            }
+            Phase::Refilling(granted) => {
                 self.end_op(c, i);
                 self.refill(c, &op.item, &op.request_id, granted, "borrow")?;
                 self.settle(c)
@@ -1151,10 +1150,10 @@ impl World {
     /// The end of a graceful stop: the final report (not lost: a stop whose report fails
     /// counts as a crash), then the process exits.
     fn exit(&mut self, c: usize) -> Res {
-        self.notice_losses(c);
         let reports = self.reports(c);
         let (epoch, channel) = (self.mem(c).epoch, self.agents[c].channel.clone());
-        let answer = self.center.heartbeat(&channel, epoch, &reports, self.now_ms);
+        let skip = self.config.old_agent.unchecked_reports;
+        let answer = self.center.heartbeat(&channel, epoch, &reports, self.now_ms, skip);
         self.log(format!("final report of {channel}: {} -> {answer:?}", show_reports(&reports)));
         let ops = self.agents[c].mem.take().map_or(0, |m| m.ops.len());
         self.agents[c].stopped_gracefully = answer.is_ok();
@@ -1162,8 +1161,17 @@ impl World {
         Ok(())
     }
 
-    /// `Agent::reports`: the pools as the heartbeat reports them; a frozen one as lost.
-    fn reports(&self, c: usize) -> Vec<Report> {
+    /// `Agent::reports`: the pools as the heartbeat reports them; a frozen one as lost, and
+    /// (since 9634405) one that fails the generation check (`pool_lost`, which freezes it)
+    /// too: a vanished pool is never reported as an empty one.
+    fn reports(&mut self, c: usize) -> Vec<Report> {
+        if !self.config.old_agent.unchecked_reports {
+            for item in self.item_names() {
+                if !self.flags(c, &item).frozen && self.pool_lost(c, &item) {
+                    self.log(format!("{} reports {item}: its store lost the pool; frozen", self.name(c)));
+                }
+            }
+        }
         let mem = self.agents[c].mem.as_ref().expect("a running agent reports");
         self.reports_of(c, |item| mem.items[item].frozen)
     }
@@ -1208,7 +1216,7 @@ impl World {
             stopping: None,
         });
         self.log(format!("{} starts (incarnation {})", self.name(c), self.agents[c].incarnations));
-        self.register_and_resync(c)
+        self.register(c, true)
     }
 
     /// `Agent::register_and_resync`: a new epoch (the lease is dropped), then every pool
@@ -1216,6 +1224,12 @@ impl World {
     /// other, each under the item's lock (waiting for a Borrow or Return in flight); then
     /// the lease, and a report at once.
     pub fn register_and_resync(&mut self, c: usize) -> Res {
+        self.register(c, false)
+    }
+
+    /// [`register_and_resync`](Self::register_and_resync); `startup`: by the start-up
+    /// loop, which retries a registration that failed.
+    fn register(&mut self, c: usize, startup: bool) -> Res {
         let name = self.name(c);
         let sent_at = self.now_ms;
         self.mem(c).lease_until_ms = 0; // `CenterLink::register` drops the lease
@@ -1223,8 +1237,13 @@ impl World {
         let mem = self.mem(c);
         mem.epoch = epoch;
         mem.last_heartbeat_ms = sent_at;
-        mem.registering =
-            Some(Registration { sent_at_ms: sent_at, epoch, pending: held.iter().cloned().collect(), waiting: false });
+        mem.registering = Some(Registration {
+            sent_at_ms: sent_at,
+            epoch,
+            pending: held.iter().cloned().collect(),
+            waiting: false,
+            startup,
+        });
         self.log(format!("{name} registers: epoch {epoch}, holds {}", show_holdings(&held)));
         self.continue_registration(c)?;
         self.settle(c)
@@ -1264,6 +1283,26 @@ impl World {
         Ok(())
     }
 
+    /// `register_and_resync` returned an error (a DescribeItem under an item's lock failed):
+    /// the resyncs left are not done and the lease stays dropped. The start-up loop
+    /// retries the whole registration (a new epoch); the heartbeat worker only logs it, and
+    /// its next heartbeat, under the new epoch, renews the lease.
+    fn registration_failed(&mut self, c: usize, why: &str) -> Res {
+        let reg = self.mem(c).registering.take().expect("registering");
+        self.stats.registrations_failed += 1;
+        let left: Vec<&str> = reg.pending.iter().map(|h| h.item.as_str()).collect();
+        self.log(format!(
+            "{} registration (epoch {}) fails: {why}; left unresynced: that item and {left:?}",
+            self.name(c),
+            reg.epoch
+        ));
+        if reg.startup {
+            self.log(format!("{} retries its start-up registration", self.name(c)));
+            return self.register(c, true);
+        }
+        Ok(())
+    }
+
     /// Another process of the channel registers, fencing the running agent, which
     /// registers again at its next heartbeat with its calls still in flight. With
     /// [`Rivals::Fence`] it dies before its resync; with [`Rivals::SharedStore`] it
@@ -1282,7 +1321,8 @@ impl World {
             }
             let reports = self.reports_of(c, |item| frozen.contains(item));
             let channel = self.agents[c].channel.clone();
-            let answer = self.center.heartbeat(&channel, epoch, &reports, self.now_ms);
+            let skip = self.config.old_agent.unchecked_reports;
+            let answer = self.center.heartbeat(&channel, epoch, &reports, self.now_ms, skip);
             self.log(format!("the second {name} process reports {} -> {answer:?}", show_reports(&reports)));
         }
         self.log(format!("the second {name} process stops"));
@@ -1295,9 +1335,6 @@ impl World {
     /// pool was found lost.
     fn resync(&mut self, c: usize, h: &Holding, own: bool) -> Res<bool> {
         let (item, held) = (h.item.as_str(), h.held);
-        if own {
-            self.reference.unnoticed_losses.remove(&(c, item.to_owned()));
-        }
         let generation = self.agents[c].pools.get(item).map_or(0, |p| p.generation);
         let lost = h.in_doubt > 0
             || (generation == 0 && held > 0)
@@ -1319,10 +1356,21 @@ impl World {
         Ok(false)
     }
 
-    /// `Agent::resync_item`, under the lock: DescribeItem (its `held`, `generation`,
-    /// `in_doubt`; no new epoch), then the resync. A DescribeItem that fails leaves the
-    /// resync due.
+    /// `Agent::resync_item`, under the lock: only if a resync is still due
+    /// (`resync_scheduled`), DescribeItem (its `held`, `generation`, `in_doubt`; no new
+    /// epoch), then the resync, and `resync_done` clears the schedule it served. A
+    /// DescribeItem that fails leaves the resync due.
     fn resync_item(&mut self, c: usize, item: &str) -> Res {
+        let now = self.now_ms;
+        let old = self.config.old_agent.resync_item_unconditional;
+        // Since 9634405: a call that finished while this waited for the lock may have
+        // pushed the resync later (its own outcome still unknown): then it is not due yet.
+        let scheduled = self.flags(c, item).resync_at_ms;
+        if !old && !self.flags(c, item).resync_due(now) {
+            self.stats.item_resyncs_postponed += 1;
+            self.log(format!("{} resync of {item} not due any more (now at t={scheduled})", self.name(c)));
+            return Ok(());
+        }
         if !self.calm() && self.rng.percent(self.config.faults.lose_request_pct) {
             self.log(format!("{} describe {item} lost; resync stays due", self.name(c)));
             return Ok(());
@@ -1334,7 +1382,12 @@ impl World {
             show_holdings(std::slice::from_ref(&h))
         ));
         self.resync(c, &h, true)?;
-        self.flags(c, item).resync_at_ms = 0;
+        // `resync_done(served)`: clears the schedule served, not a newer one (the old agent
+        // cleared whatever was set).
+        let flags = self.flags(c, item);
+        if old || flags.resync_at_ms == scheduled {
+            flags.resync_at_ms = 0;
+        }
         self.stats.item_resyncs += 1;
         Ok(())
     }
@@ -1463,12 +1516,13 @@ impl World {
     }
 
     /// The pool's store loses its data (Redis restarted without persistence): invariant 8.
+    /// Between a Borrow's second generation check and its refill only with
+    /// [`Faults::loss_before_refill`](crate::Faults).
     fn lose_pool(&mut self, c: usize, item: &str) {
-        let borrowing = self.agents[c]
-            .mem
-            .as_ref()
-            .is_some_and(|m| m.ops.iter().any(|o| o.kind == OpKind::Borrow && o.item == item));
-        if borrowing && !self.config.faults.loss_during_borrow {
+        let ops = self.agents[c].mem.as_ref().map_or(&[][..], |m| &m.ops[..]);
+        let borrowing = ops.iter().any(|o| o.kind == OpKind::Borrow && o.item == item);
+        let refilling = ops.iter().any(|o| matches!(o.phase, Phase::Refilling(_)) && o.item == item);
+        if refilling && !self.config.faults.loss_before_refill {
             return;
         }
         let Some(pool) = self.agents[c].pools.get_mut(item) else { return };
@@ -1480,7 +1534,7 @@ impl World {
         *self.reference.lost_sold.entry((c, item.to_owned())).or_default() += sold;
         *self.reference.pool_losses.entry((c, item.to_owned())).or_default() += 1;
         self.stats.pool_losses += 1;
-        self.reference.unnoticed_losses.insert((c, item.to_owned()));
+        self.stats.pool_losses_during_borrow += u64::from(borrowing);
         let recorded = self.agents[c].mem.as_ref().is_some_and(|m| m.items[item].generation != 0);
         self.stats.pool_losses_unrecorded += u64::from(!recorded);
         self.log(format!(
@@ -1571,26 +1625,23 @@ mod tests {
         w
     }
 
-    /// Bug D (in `Agent::resync_item`, found by this model): the rebalancer's resync, due
-    /// after an earlier unknown outcome, waits for the item's lock while a Return holds it.
-    /// The Return gives up (outcome unknown: its last attempt is still on its way) and
-    /// schedules a resync 5 s later; the waiting `resync_item` gets the lock at once,
-    /// resyncs (refilling the units the Return took, since the center has not applied it
-    /// yet) and then `resync_done()` clears the resync just scheduled. The late attempt
-    /// lands within its deadline: the center takes the units back, and the pool still has
-    /// them. (With a Borrow instead: the late grant is never added, and no resync is left
-    /// to add it.) Fixed when `resync_item`, once it holds the lock, resyncs only if the
-    /// resync is still due.
-    #[test]
-    #[ignore = "known bug D (invariant 3): resync_item runs right after a call it waited for gave up, before \
-                that call's late attempt lands, and clears the resync the call scheduled"]
-    fn a_late_return_after_resync_item() {
+    /// Was bug D (invariant 3), `a_late_return_after_resync_item`: the rebalancer's
+    /// resync, due after an earlier unknown outcome, waits for the item's lock while a
+    /// Return holds it. The Return gives up (outcome unknown: its last attempt is still on
+    /// its way) and schedules a resync 5 s later; the waiting `resync_item` got the lock at
+    /// once, resynced (refilling the units the Return took, since the center had not
+    /// applied it yet) and cleared the resync just scheduled; the late attempt then landed
+    /// and the pool still had the units. Since 9634405 `resync_item` resyncs only if a
+    /// resync is still due once it holds the lock, and clears only the schedule it served.
+    fn late_return_after_resync_item(old: bool) -> Res {
         let mut w = quiet(3);
+        w.config.old_agent.resync_item_unconditional = old;
         let item = w.item_names()[0].clone();
         // The pool holds 5 units the center granted.
         w.borrow_shared(0, &item, 5, None).unwrap();
         w.deliver(0).unwrap();
         w.deliver(0).unwrap();
+        w.progress(0, 0).unwrap();
         w.progress(0, 0).unwrap();
         assert_eq!(w.agents[0].pools[&item].available, 5);
         // An earlier Borrow or Return of the item ended with an unknown outcome 5 s ago.
@@ -1614,7 +1665,23 @@ mod tests {
             .position(|m| matches!(m, Message::Request { kind: OpKind::Return, .. }))
             .expect("attempts on their way");
         w.deliver(late).unwrap();
-        check::check_step(&w).unwrap();
+        check::check_step(&w)?;
         assert_ne!(rescheduled, 0, "the resync the Return scheduled is still pending");
+        // 5 s later the resync runs and the pool matches the center.
+        w.advance(RESYNC_AFTER_UNKNOWN_MS).unwrap();
+        w.rebalance(0, &item).unwrap();
+        assert_eq!(w.mem(0).items[&item].resync_at_ms, 0);
+        assert_eq!(w.agents[0].pools[&item].counts().sum(), w.center.held(&item, w.agents[0].name()));
+        check::check_step(&w)
+    }
+
+    #[test]
+    fn resync_item_waits_for_a_call_that_gave_up_meanwhile() {
+        late_return_after_resync_item(false).unwrap();
+        assert_eq!(
+            late_return_after_resync_item(true).expect_err("the old resync_item is caught").invariant,
+            "3",
+            "resync_item before 9634405"
+        );
     }
 }

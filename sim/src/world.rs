@@ -73,25 +73,12 @@ pub struct Faults {
     /// Calls and replies land or are gone within [`MAX_DELAY_MS`] of being sent (off: a
     /// call may reach the center any time later, e.g. after the agent's resync).
     pub bounded_delays: bool,
-    /// While a fenced agent registers again and resyncs, its other tasks keep running: a
-    /// Return between its take and its send, tasks queued on an item's lock behind a call
-    /// in flight, the rebalancer and the watcher may start calls under the new epoch that
-    /// the center applies before the item's resync, which then uses the `held` the
-    /// registration answered. Off, the scheduler lets the registration go first: a taken
-    /// Return is sent before it, the heartbeat worker registers again only once no task is
-    /// queued behind a call in flight, and the rebalancer and watcher wait for the end of
-    /// the resyncs (calls begun under the old epoch stay in flight).
-    pub overtaking_calls: bool,
-    /// An agent may report a pool its store lost (a heartbeat, the final report of a
-    /// graceful stop) before its rebalancer has passed over the item and noticed: the
-    /// report says generation 0, counts 0/0/0, not lost. Off, the rebalancer's check
-    /// (`pool_lost`, every 50 ms in production) runs before the report (heartbeats come
-    /// every lease/3), so a lost pool is reported `lost`.
-    pub unnoticed_loss_reported: bool,
-    /// A pool store may lose a pool while a Borrow of it is between its call and its
-    /// refill; the refill then recreates the pool under a new generation. Off, stores lose
-    /// pools only while no Borrow of them is in flight.
-    pub loss_during_borrow: bool,
+    /// A pool store may lose a pool in the last window of a Borrow: after `borrow_now`'s
+    /// second generation check (the snapshot once the grant is in) and before its refill
+    /// script, which then recreates the pool under a new generation. Off, stores lose
+    /// pools at any other moment, including while the Borrow's call is out or its answer
+    /// not yet checked (the check then catches the loss).
+    pub loss_before_refill: bool,
     /// An attempt may still be on its way when the link gives up on its call, and land
     /// afterwards (within [`MAX_DELAY_MS`] with bounded delays). Off, the attempts of a
     /// call given up are lost: an unknown outcome comes only from lost replies.
@@ -100,16 +87,16 @@ pub struct Faults {
 
 impl Faults {
     /// Everything that the fixed logic survives: lost, late (within the deadline),
-    /// reordered and replayed calls and their unknown outcomes, crashes, graceful stops and
-    /// restarts, stale calls of dead incarnations, fencing of running agents with calls in
-    /// flight (a second process registering), pool stores losing their data (also while
-    /// the agent is down or has no generation of the pool recorded), reclaims of agents
-    /// that stopped gracefully. Left out, each breaking an invariant in its own scenario:
-    /// reclaims of crashed or partitioned agents (the documented gap), and the schedules
-    /// [`overtaking_calls`](Self::overtaking_calls),
-    /// [`unnoticed_loss_reported`](Self::unnoticed_loss_reported),
-    /// [`loss_during_borrow`](Self::loss_during_borrow),
-    /// [`late_attempts`](Self::late_attempts) and [`Rivals::SharedStore`].
+    /// reordered and replayed calls and their unknown outcomes, attempts landing after the
+    /// link gave up on their call, crashes, graceful stops and restarts, stale calls of
+    /// dead incarnations, fencing of running agents with calls in flight (a second process
+    /// registering) while their other tasks keep starting calls under the new epoch, pool
+    /// stores losing their data (also while the agent is down, has no generation of it
+    /// recorded, has not noticed the loss before reporting, or has a Borrow of it in
+    /// flight), reclaims of agents that stopped gracefully. Left out, each breaking an
+    /// invariant in its own scenario: reclaims of crashed or partitioned agents (the
+    /// documented gap), the schedule [`loss_before_refill`](Self::loss_before_refill)
+    /// (bug C's remaining window) and [`Rivals::SharedStore`].
     pub const DEFAULT: Faults = Faults {
         lose_request_pct: 5,
         lose_reply_pct: 10,
@@ -120,10 +107,8 @@ impl Faults {
         pool_data_loss: true,
         rivals: Rivals::Fence,
         bounded_delays: true,
-        overtaking_calls: false,
-        unnoticed_loss_reported: false,
-        loss_during_borrow: false,
-        late_attempts: false,
+        loss_before_refill: false,
+        late_attempts: true,
     };
 }
 
@@ -178,15 +163,29 @@ pub struct Config {
     pub old_agent: OldAgent,
 }
 
-/// Behaviours of the agent before commit 35edb44, each of which the simulator found to
-/// break an invariant. All off in real runs.
+/// Behaviours of the agent (and center) before the fixes of commits 35edb44 and 9634405,
+/// each of which the simulator found to break an invariant. All off in real runs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OldAgent {
-    /// The link reads the epoch again on every attempt (a call begun before a
+    /// 35edb44: the link reads the epoch again on every attempt (a call begun before a
     /// re-registration is replayed under the new epoch).
     pub epoch_per_attempt: bool,
-    /// The registration's resync does not wait for the item's Borrow/Return in flight.
+    /// 35edb44: the registration's resync does not wait for the item's Borrow/Return in
+    /// flight.
     pub resync_ignores_lock: bool,
+    /// Bug A (9634405): the registration's resync uses the `held` the registration
+    /// answered, not a DescribeItem read under the item's lock.
+    pub registration_held: bool,
+    /// Bug B (9634405): `reports` does not run the generation check (a vanished pool goes
+    /// out as generation 0, counts 0/0/0), and the center skips generation-0 reports in its
+    /// generation check.
+    pub unchecked_reports: bool,
+    /// Bug C (9634405): `borrow_now` refills without checking the generation again once
+    /// the grant is in.
+    pub refill_unchecked: bool,
+    /// Bug D (9634405): `resync_item` resyncs whether or not a resync is still due once
+    /// it holds the lock, and then clears whatever schedule is set.
+    pub resync_item_unconditional: bool,
 }
 
 impl Default for Config {
@@ -542,8 +541,8 @@ impl Center {
     }
 
     /// The Center service's Heartbeat (`center/src/service/center.rs`): a pool reported
-    /// lost, or reported with another generation than the last non-zero one the channel
-    /// reported, is marked lost (`SqlLedger::mark_lost`: everything the channel holds of it
+    /// lost, or reported with another generation (0 included) than the last non-zero one
+    /// the channel reported, is marked lost (`SqlLedger::mark_lost`: everything the channel holds of it
     /// is in doubt); then `SqlLedger::heartbeat` renews the lease and stores the reported
     /// totals and generations. The answer lists every item the channel has units in doubt
     /// of. (The center reads the allocations, marks and stores in separate transactions;
@@ -554,6 +553,7 @@ impl Center {
         epoch: u64,
         reports: &[Report],
         now_ms: i64,
+        skip_generation_0: bool,
     ) -> Result<HeartbeatAnswer, Refusal> {
         let Some(session) = self.sessions.get(channel.as_str()) else {
             return Err(Refusal::Precondition(format!("channel {channel} is not registered")));
@@ -573,7 +573,10 @@ impl Center {
         let mut lost: Vec<String> = reports.iter().filter(|r| r.lost).map(|r| r.item.clone()).collect();
         for r in reports {
             let before = known(&r.item).map_or(0, |a| a.generation);
-            if before != 0 && r.generation != 0 && r.generation != before && !lost.contains(&r.item) {
+            // A pool reported with generation 0 after a real one vanished too (the center
+            // before 9634405 skipped such reports: `skip_generation_0`).
+            let skipped = skip_generation_0 && r.generation == 0;
+            if before != 0 && !skipped && r.generation != before && !lost.contains(&r.item) {
                 lost.push(r.item.clone());
                 answer.generation_changed.push(r.item.clone());
             }
@@ -934,7 +937,7 @@ impl ItemFlags {
         !self.center_dry && !self.end_of_sale
     }
 
-    /// `ItemRuntime::resync_due`.
+    /// `ItemRuntime::resync_due` (`resync_scheduled(now).is_some()`).
     pub fn resync_due(&self, now_ms: i64) -> bool {
         self.resync_at_ms != 0 && now_ms >= self.resync_at_ms
     }
@@ -1006,8 +1009,11 @@ pub enum Phase {
     Taken,
     /// Attempt `attempt` is out; waiting for its reply or its deadline.
     Waiting,
-    /// A Borrow answered with a grant not yet added to the pool.
+    /// A Borrow answered with a grant; the pool's generation not yet checked again.
     Granted(u64),
+    /// A granted Borrow whose pool passed the second generation check: the refill script
+    /// runs next (the window of [`Faults::loss_before_refill`]).
+    Refilling(u64),
 }
 
 /// One Borrow/Return call of a running agent (a `borrow_now` / `give_back` task with the
@@ -1031,7 +1037,8 @@ pub struct Op {
 }
 
 /// A `register_and_resync` under way: the holdings the center answered, resynced one
-/// after the other, each under its item's lock; the lease is granted at the end.
+/// after the other, each under its item's lock with the center's view read again there
+/// (DescribeItem); the lease is granted at the end.
 #[derive(Debug, Clone)]
 pub struct Registration {
     pub sent_at_ms: i64,
@@ -1039,6 +1046,8 @@ pub struct Registration {
     pub pending: VecDeque<Holding>,
     /// A [`Waiter::Resync`] for the first pending holding is queued.
     pub waiting: bool,
+    /// The start-up registration (retried if it fails), not the heartbeat worker's.
+    pub startup: bool,
 }
 
 /// A running agent's volatile memory.
@@ -1177,9 +1186,6 @@ pub struct Reference {
     pub written_off: BTreeMap<(usize, String), u64>,
     /// Broken rules noticed while stepping (e.g. a resync that could not remove units).
     pub noticed: Vec<Violation>,
-    /// (channel, item) whose pool the store lost and whose agent has neither frozen the
-    /// item nor resynced it since.
-    pub unnoticed_losses: BTreeSet<(usize, String)>,
 }
 
 impl Reference {
@@ -1248,9 +1254,19 @@ pub struct Stats {
     pub frozen_by_center: u64,
     /// Pools the center marked lost because a report came with another generation.
     pub generation_changes: u64,
-    /// A fenced agent let tasks queued behind a call in flight run before registering.
-    pub reregistrations_postponed: u64,
     pub resync_moves: u64,
+    /// Registration resyncs whose DescribeItem under the lock saw another `held` than the
+    /// registration answered (calls under the new epoch landed in between: bug A's case).
+    pub registration_held_moved: u64,
+    /// Registrations that failed half-way (a DescribeItem lost).
+    pub registrations_failed: u64,
+    /// `resync_item` found, once it held the lock, that the resync was pushed later by a
+    /// call that gave up meanwhile (bug D's case).
+    pub item_resyncs_postponed: u64,
+    /// Pool losses while a Borrow of the pool was in flight...
+    pub pool_losses_during_borrow: u64,
+    /// ... and grants not refilled because the pool was found lost (bug C's case).
+    pub refills_withheld: u64,
     /// Units granted or returned at the center but not reflected in a running agent's
     /// pool once everything in flight has landed: they wait for that agent's next
     /// resync (registration, or 5 s after an unknown outcome).
@@ -1282,8 +1298,12 @@ impl Stats {
         self.pool_losses_unrecorded += o.pool_losses_unrecorded;
         self.frozen_by_center += o.frozen_by_center;
         self.generation_changes += o.generation_changes;
-        self.reregistrations_postponed += o.reregistrations_postponed;
         self.resync_moves += o.resync_moves;
+        self.registration_held_moved += o.registration_held_moved;
+        self.registrations_failed += o.registrations_failed;
+        self.item_resyncs_postponed += o.item_resyncs_postponed;
+        self.pool_losses_during_borrow += o.pool_losses_during_borrow;
+        self.refills_withheld += o.refills_withheld;
         self.drift_waiting_for_resync += o.drift_waiting_for_resync;
         self.sold += o.sold;
     }

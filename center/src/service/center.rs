@@ -124,11 +124,15 @@ impl pb::center_server::Center for CenterService {
         }
         // A lost pool: everything the channel holds of the item is in doubt, never resold.
         for item in &lost {
-            if !in_doubt.iter().any(|i| i == item.as_str()) {
-                in_doubt.push(item.to_string());
+            let units = self.store.mark_lost(item, &channel, r.epoch).await?;
+            // Only units really in doubt freeze the item: a pool lost while the channel
+            // held nothing of it costs nothing.
+            if units > 0 {
+                tracing::error!(channel = %channel, item = %item, in_doubt = units, "channel lost its pool; units in doubt");
+                if !in_doubt.iter().any(|i| i == item.as_str()) {
+                    in_doubt.push(item.to_string());
+                }
             }
-            let in_doubt = self.store.mark_lost(item, &channel, r.epoch).await?;
-            tracing::error!(channel = %channel, item = %item, in_doubt, "channel lost its pool; units in doubt");
         }
         let session = self.store.heartbeat(&channel, r.epoch, &reports, now_ms(), self.lease.lease_ttl_ms).await?;
         Ok(Response::new(pb::HeartbeatResponse {

@@ -1,0 +1,73 @@
+//! The other callers of the suite: the floor (gRPC health check), the naive baseline (one
+//! PostgreSQL row per purchase) and center Borrow.
+
+use inventory_proto::v1 as pb;
+use inventory_proto::v1::center_client::CenterClient;
+use sqlx::PgPool;
+use tonic::transport::Channel;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_client::HealthClient;
+
+use crate::acquire::CALL_TIMEOUT;
+use crate::load::{Caller, Class};
+
+/// The statement of the naive baseline: the seeds' anti-pattern.
+pub const NAIVE_UPDATE: &str = "UPDATE bench_naive_stock SET count = count - 1 WHERE id = $1 AND count > 0";
+
+/// `grpc.health.v1.Health/Check`: the same server stack as Acquire, no work behind it.
+pub struct HealthCaller {
+    pub client: HealthClient<Channel>,
+}
+
+impl Caller for HealthCaller {
+    async fn call(&mut self) -> Class {
+        let mut request = tonic::Request::new(HealthCheckRequest { service: String::new() });
+        request.set_timeout(CALL_TIMEOUT);
+        match tokio::time::timeout(CALL_TIMEOUT, self.client.check(request)).await {
+            Ok(Ok(_)) => Class::Ok,
+            _ => Class::Error,
+        }
+    }
+}
+
+/// One purchase = one committed `UPDATE` of one row, over a connection pool.
+pub struct NaiveCaller {
+    pub pool: PgPool,
+}
+
+impl Caller for NaiveCaller {
+    async fn call(&mut self) -> Class {
+        let update = sqlx::query(NAIVE_UPDATE).bind(1i32).execute(&self.pool);
+        match tokio::time::timeout(CALL_TIMEOUT, update).await {
+            Ok(Ok(r)) if r.rows_affected() == 1 => Class::Ok,
+            Ok(Ok(_)) => Class::SoldOut,
+            _ => Class::Error,
+        }
+    }
+}
+
+/// Center Borrow of one unit with a fresh request id per call.
+pub struct BorrowCaller {
+    pub client: CenterClient<Channel>,
+    pub item: String,
+    pub channel: String,
+    pub epoch: u64,
+}
+
+impl Caller for BorrowCaller {
+    async fn call(&mut self) -> Class {
+        let mut request = tonic::Request::new(pb::BorrowRequest {
+            item_id: self.item.clone(),
+            channel: self.channel.clone(),
+            epoch: self.epoch,
+            quantity: 1,
+            request_id: uuid::Uuid::new_v4().simple().to_string(),
+        });
+        request.set_timeout(CALL_TIMEOUT);
+        match tokio::time::timeout(CALL_TIMEOUT, self.client.borrow(request)).await {
+            Ok(Ok(r)) if r.get_ref().granted > 0 => Class::Ok,
+            Ok(Ok(_)) => Class::SoldOut,
+            _ => Class::Error,
+        }
+    }
+}

@@ -1,0 +1,558 @@
+//! The one-command benchmark: every yardstick of the brief, side by side, in one run, on
+//! one machine, with the same load generator and concurrency:
+//!
+//! - a: the floor, `grpc.health.v1.Health/Check` on an agent;
+//! - b: Acquire on an agent with the memory store;
+//! - c: Acquire on an agent with the Redis store;
+//! - d: acquire.lua straight from Rust (`RedisPoolStore::acquire`, one EVALSHA), no gRPC;
+//! - e: the naive baseline, one PostgreSQL row updated per purchase;
+//! - f: center Borrow on PostgreSQL;
+//! - g: Acquire (Redis store) open loop at 70% of c, with default watermarks: its p99 and
+//!   the center calls (Borrow + Return) per 1,000 acquires of a steady sale;
+//! - h: Acquire (Redis store) once the item is sold out everywhere.
+//!
+//! The phases run in rounds (a..h, a..h, ...) and each figure is its median round, so a
+//! burst of other work on a shared machine skews one round, not the result.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use inventory_agent::store::redis::RedisPoolStore;
+use inventory_agent::store::{PoolKey, PoolStore};
+use inventory_proto::v1 as pb;
+use inventory_proto::v1::admin_client::AdminClient;
+use inventory_proto::v1::agent_client::AgentClient;
+use inventory_proto::v1::center_client::CenterClient;
+use sqlx::PgPool;
+use tokio::runtime::Handle;
+use tonic::transport::Channel;
+use tonic_health::pb::health_client::HealthClient;
+
+use crate::acquire::{self, AcquireCaller, Target, Workload};
+use crate::callers::{BorrowCaller, HealthCaller, NaiveCaller};
+use crate::env::{AgentHandle, BenchDatabase, BenchRedis, CenterHandle, Store, channels};
+use crate::load::{self, Caller, LoadReport, LoadSpec};
+use crate::report::{Phase, PhaseResult, Report, Settings, render};
+use crate::skew::{Skew, UserSampler};
+use crate::stats::{fmt_latency, fmt_rate};
+use crate::sysinfo::{CpuSnapshot, Machine};
+
+/// Stock of the in-stock items: far more than any run sells.
+const BIG_STOCK: u64 = 100_000_000;
+/// Stock of the item that is sold out before phase h measures.
+const SOLD_OUT_STOCK: u64 = 1_000;
+/// Per-user limit of every item: high, so every fresh key of a skewed population reserves
+/// (the most work per call, and the most units taken from the pool).
+const PER_USER_LIMIT: u64 = 1_000_000;
+const RESERVATION_TTL_MS: u64 = 300_000;
+/// The naive baseline's row starts with this many units.
+const NAIVE_STOCK: i64 = 1_000_000_000_000;
+/// Connections of the naive baseline's pool at most (PostgreSQL allows 100 in all).
+const NAIVE_MAX_CONNECTIONS: usize = 50;
+/// The longest the sold-out phase waits for the item to sell out.
+const DRAIN_LIMIT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone)]
+pub struct SuiteOptions {
+    pub quick: bool,
+    pub rounds: usize,
+    pub concurrency: usize,
+    pub connections: usize,
+    pub warmup: Duration,
+    pub duration: Duration,
+    pub users: u64,
+    pub skew: Skew,
+    pub replay_share: f64,
+    /// Open-loop rate of phase g as a share of c's peak.
+    pub steady_share: f64,
+    /// Watermarks (low, high, batch) of phase g's item; `None`: the defaults for its total.
+    pub steady_watermarks: Option<(u64, u64, u64)>,
+    pub seed: u64,
+    pub output: PathBuf,
+    /// Run only these phases (g needs c and runs it too); empty means all.
+    pub only: Vec<Phase>,
+}
+
+impl SuiteOptions {
+    fn wanted(&self, p: Phase) -> bool {
+        self.only.is_empty() || self.only.contains(&p) || (p == Phase::C && self.only.contains(&Phase::G))
+    }
+}
+
+/// Runs the suite, prints the tables, writes the JSON. Returns whether every outcome
+/// check passed.
+pub async fn run(opts: SuiteOptions, servers_rt: Handle) -> anyhow::Result<bool> {
+    let started_at_unix_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis();
+    let db = BenchDatabase::create().await?;
+    let (redis, mut redis_conn) = match BenchRedis::connect().await {
+        Ok(r) => r,
+        Err(e) => {
+            db.drop_database().await;
+            return Err(e);
+        }
+    };
+    let versions = (BenchRedis::version(&mut redis_conn).await, db.server_version().await);
+    eprintln!("bench: database {} and Redis prefix {}", db.url, redis.prefix);
+    let result = async {
+        let world = World::start(&servers_rt, &db, &redis, opts.steady_watermarks).await?;
+        let mut runner = Runner::new(&opts, &world, &db, &redis, &mut redis_conn);
+        let outcome = tokio::select! {
+            r = runner.run_rounds() => r,
+            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        };
+        let results = runner.finish().await;
+        world.stop().await;
+        outcome.map(|()| results)
+    }
+    .await;
+    redis.delete_keys(&mut redis_conn).await;
+    db.drop_database().await;
+    let (results, failures) = result?;
+
+    let settings = Settings {
+        quick: opts.quick,
+        rounds: opts.rounds,
+        concurrency: opts.concurrency,
+        connections: opts.connections,
+        warmup_s: opts.warmup.as_secs_f64(),
+        duration_s: opts.duration.as_secs_f64(),
+        users: opts.users,
+        skew: opts.skew.to_string(),
+        replay_share: opts.replay_share,
+        steady_share: opts.steady_share,
+        steady_watermarks: opts.steady_watermarks.map(|(l, h, b)| format!("{l}/{h}/{b}")),
+        seed: opts.seed,
+        naive_pool_connections: naive_connections(opts.concurrency),
+        redis_version: versions.0,
+        postgres_version: versions.1,
+    };
+    let report = Report::new(started_at_unix_ms, Machine::detect(), settings, results, failures);
+    println!("{}", render(&report));
+    if let Some(dir) = opts.output.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    }
+    std::fs::write(&opts.output, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("write {}", opts.output.display()))?;
+    println!("JSON written to {}", opts.output.display());
+    Ok(report.checks_ok && report.failures.is_empty())
+}
+
+fn naive_connections(concurrency: usize) -> u32 {
+    u32::try_from(concurrency.clamp(1, NAIVE_MAX_CONNECTIONS)).unwrap_or(1)
+}
+
+/// The center and the two agents, on the servers' runtime.
+struct World {
+    center: CenterHandle,
+    memory_agent: AgentHandle,
+    redis_agent: AgentHandle,
+}
+
+impl World {
+    async fn start(
+        rt: &Handle,
+        db: &BenchDatabase,
+        redis: &BenchRedis,
+        steady_watermarks: Option<(u64, u64, u64)>,
+    ) -> anyhow::Result<Self> {
+        let center = CenterHandle::start(rt, &db.url).await?;
+        let items = async {
+            let mut admin = AdminClient::new(channels(&center.url, 1).await?.remove(0));
+            // In-stock items for b and c: watermarks wide enough that the pool never runs
+            // dry at peak, so these phases measure the hot path and not the center.
+            let wide = Some(pb::Watermarks { low: 20_000, high: 200_000, batch: 100_000 });
+            let steady = steady_watermarks.map(|(low, high, batch)| pb::Watermarks { low, high, batch });
+            for (item, total, watermarks) in [
+                ("bench-mem", BIG_STOCK, wide),
+                ("bench-redis", BIG_STOCK, wide),
+                // g: a steady sale with the default watermarks (derived from the total),
+                // unless --steady-watermarks says otherwise.
+                ("bench-steady", BIG_STOCK, steady),
+                ("bench-soldout", SOLD_OUT_STOCK, None),
+                ("bench-borrow", 1_000_000_000, None),
+            ] {
+                admin
+                    .create_item(pb::CreateItemRequest {
+                        item_id: item.to_owned(),
+                        total,
+                        per_user_limit: PER_USER_LIMIT,
+                        reservation_ttl_ms: RESERVATION_TTL_MS,
+                        watermarks,
+                    })
+                    .await
+                    .with_context(|| format!("create item {item}"))?;
+            }
+            anyhow::Ok(())
+        }
+        .await;
+        if let Err(e) = items {
+            center.stop().await;
+            return Err(e);
+        }
+        let memory_agent = match AgentHandle::start(rt, &center.url, "mem", &Store::Memory).await {
+            Ok(a) => a,
+            Err(e) => {
+                center.stop().await;
+                return Err(e);
+            }
+        };
+        let store = Store::Redis { url: redis.url.clone(), prefix: redis.prefix.clone() };
+        let redis_agent = match AgentHandle::start(rt, &center.url, "redis", &store).await {
+            Ok(a) => a,
+            Err(e) => {
+                memory_agent.stop("memory agent").await;
+                center.stop().await;
+                return Err(e);
+            }
+        };
+        Ok(Self { center, memory_agent, redis_agent })
+    }
+
+    async fn stop(self) {
+        self.memory_agent.stop("memory agent").await;
+        self.redis_agent.stop("redis agent").await;
+        self.center.stop().await;
+    }
+}
+
+/// The callers of each phase live across rounds, so keys stay unique and the outcome
+/// checks cover every round.
+#[derive(Default)]
+struct Fixtures {
+    health: Option<Vec<HealthCaller>>,
+    memory: Option<Vec<AcquireCaller>>,
+    redis: Option<Vec<AcquireCaller>>,
+    lua: Option<Vec<AcquireCaller>>,
+    naive_pool: Option<PgPool>,
+    naive: Option<Vec<NaiveCaller>>,
+    borrow: Option<Vec<BorrowCaller>>,
+    steady: Option<Vec<AcquireCaller>>,
+    sold_out: Option<Vec<AcquireCaller>>,
+}
+
+struct Runner<'a> {
+    opts: &'a SuiteOptions,
+    world: &'a World,
+    db: &'a BenchDatabase,
+    redis: &'a BenchRedis,
+    redis_conn: &'a mut redis::aio::MultiplexedConnection,
+    fx: Fixtures,
+    results: Vec<PhaseResult>,
+    failures: Vec<String>,
+}
+
+impl<'a> Runner<'a> {
+    fn new(
+        opts: &'a SuiteOptions,
+        world: &'a World,
+        db: &'a BenchDatabase,
+        redis: &'a BenchRedis,
+        redis_conn: &'a mut redis::aio::MultiplexedConnection,
+    ) -> Self {
+        Self { opts, world, db, redis, redis_conn, fx: Fixtures::default(), results: Vec::new(), failures: Vec::new() }
+    }
+
+    fn spec(&self) -> LoadSpec {
+        LoadSpec {
+            warmup: self.opts.warmup,
+            duration: self.opts.duration,
+            max_requests: load::MAX_REQUESTS,
+            rate: None,
+            stop: None,
+        }
+    }
+
+    async fn run_rounds(&mut self) -> anyhow::Result<()> {
+        for round in 0..self.opts.rounds.max(1) {
+            for phase in Phase::ALL.into_iter().filter(|p| self.opts.wanted(*p)) {
+                if self.failures.iter().any(|f| f.starts_with(phase.id())) {
+                    continue;
+                }
+                // A broken phase is reported and skipped; the others still run.
+                if let Err(e) = self.run_phase(phase, round).await {
+                    eprintln!("bench: round {} {} FAILED: {e:#}", round + 1, phase.id());
+                    self.failures.push(format!("{}: round {}: {e:#}", phase.id(), round + 1));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn run_phase(&mut self, phase: Phase, round: usize) -> anyhow::Result<()> {
+        let (world, spec) = (self.world, self.spec());
+        match phase {
+            Phase::A => {
+                let callers = match self.fx.health.take() {
+                    Some(c) => c,
+                    None => {
+                        self.connect(&world.memory_agent.url, |c| HealthCaller { client: HealthClient::new(c) }).await?
+                    }
+                };
+                let (_, callers) = self.measure(phase, round, &spec, callers, None).await?;
+                self.fx.health = Some(callers);
+            }
+            Phase::B => {
+                let callers = match self.fx.memory.take() {
+                    Some(c) => c,
+                    None => self.agent_callers(&world.memory_agent, "bench-mem", "b").await?,
+                };
+                let (_, callers) = self.measure(phase, round, &spec, callers, Some(&world.memory_agent)).await?;
+                self.fx.memory = Some(callers);
+            }
+            Phase::C => {
+                let callers = match self.fx.redis.take() {
+                    Some(c) => c,
+                    None => self.agent_callers(&world.redis_agent, "bench-redis", "c").await?,
+                };
+                let (_, callers) = self.measure(phase, round, &spec, callers, Some(&world.redis_agent)).await?;
+                self.fx.redis = Some(callers);
+            }
+            Phase::D => {
+                let callers = match self.fx.lua.take() {
+                    Some(c) => c,
+                    None => self.lua_callers().await?,
+                };
+                let (_, callers) = self.measure(phase, round, &spec, callers, None).await?;
+                self.fx.lua = Some(callers);
+            }
+            Phase::E => {
+                let callers = match self.fx.naive.take() {
+                    Some(c) => c,
+                    None => self.naive_callers().await?,
+                };
+                let (_, callers) = self.measure(phase, round, &spec, callers, None).await?;
+                self.fx.naive = Some(callers);
+            }
+            Phase::F => {
+                let callers = match self.fx.borrow.take() {
+                    Some(c) => c,
+                    None => self.borrow_callers().await?,
+                };
+                let (_, callers) = self.measure(phase, round, &spec, callers, None).await?;
+                self.fx.borrow = Some(callers);
+            }
+            Phase::G => {
+                let peak = self.median_rate(Phase::C).context("phase g needs c's peak rate, and c measured none")?;
+                let spec = LoadSpec { rate: Some(peak * self.opts.steady_share), ..spec };
+                let callers = match self.fx.steady.take() {
+                    Some(c) => c,
+                    None => self.agent_callers(&world.redis_agent, "bench-steady", "g").await?,
+                };
+                let (_, callers) = self.measure(phase, round, &spec, callers, Some(&world.redis_agent)).await?;
+                self.fx.steady = Some(callers);
+            }
+            Phase::H => {
+                let callers = match self.fx.sold_out.take() {
+                    Some(c) => c,
+                    None => self.sell_out().await?,
+                };
+                let (_, callers) = self.measure(phase, round, &spec, callers, Some(&world.redis_agent)).await?;
+                self.fx.sold_out = Some(callers);
+            }
+        }
+        Ok(())
+    }
+
+    /// The median rate a phase reached in the rounds so far.
+    fn median_rate(&self, phase: Phase) -> Option<f64> {
+        let mut rates: Vec<f64> =
+            self.results.iter().filter(|r| r.phase == phase && r.throughput > 0.0).map(|r| r.throughput).collect();
+        rates.sort_by(f64::total_cmp);
+        rates.get(rates.len().checked_sub(1)? / 2).copied()
+    }
+
+    /// Runs one measurement and records CPU use and the agent's center calls around it.
+    async fn measure<C: Caller>(
+        &mut self,
+        phase: Phase,
+        round: usize,
+        spec: &LoadSpec,
+        callers: Vec<C>,
+        agent: Option<&AgentHandle>,
+    ) -> anyhow::Result<(LoadReport, Vec<C>)> {
+        eprintln!("bench: round {} {} {} ({} callers) ...", round + 1, phase.id(), phase.title(), callers.len());
+        let calls_before = agent.map(AgentHandle::center_calls);
+        let fast_before = agent.map(AgentHandle::fast_path_answers);
+        let before = CpuSnapshot::take(Some(self.redis_conn)).await;
+        let (report, callers) = load::run(spec, callers).await?;
+        let cpu = CpuSnapshot::take(Some(self.redis_conn)).await.since(&before);
+        let mut result = PhaseResult::new(phase, round, &report, cpu);
+        result.center_calls = agent.zip(calls_before).map(|(a, b)| a.center_calls().saturating_sub(b));
+        result.fast_path_answers = agent.zip(fast_before).map(|(a, b)| a.fast_path_answers().saturating_sub(b));
+        eprintln!(
+            "bench: round {} {} {:>10}/s  p50 {}  p99 {}  errors {}",
+            round + 1,
+            phase.id(),
+            fmt_rate(result.throughput),
+            fmt_latency(result.latency_us.p50_us),
+            fmt_latency(result.latency_us.p99_us),
+            result.measured.errors
+        );
+        self.results.push(result);
+        Ok((report, callers))
+    }
+
+    /// `concurrency` callers over `connections` gRPC connections to `url`.
+    async fn connect<C>(&self, url: &str, make: impl FnMut(Channel) -> C) -> anyhow::Result<Vec<C>> {
+        let conns = channels(url, self.opts.connections).await?;
+        Ok(conns.into_iter().cycle().take(self.opts.concurrency).map(make).collect())
+    }
+
+    fn workload(&self, item: &str, tag: &str) -> anyhow::Result<Arc<Workload>> {
+        Ok(Arc::new(Workload {
+            item: item.to_owned(),
+            quantity: 1,
+            users: Arc::new(UserSampler::new(self.opts.users, self.opts.skew).map_err(anyhow::Error::msg)?),
+            replay_share: self.opts.replay_share,
+            run_id: format!("{tag}{:x}", rand::random::<u32>()),
+            seed: self.opts.seed,
+        }))
+    }
+
+    async fn agent_callers(&self, agent: &AgentHandle, item: &str, tag: &str) -> anyhow::Result<Vec<AcquireCaller>> {
+        let workload = self.workload(item, tag)?;
+        let mut index = 0;
+        self.connect(&agent.url, |c| {
+            index += 1;
+            AcquireCaller::new(index, Target::Agent(AgentClient::new(c)), Arc::clone(&workload))
+        })
+        .await
+    }
+
+    /// Callers of acquire.lua through `RedisPoolStore`, one store (one multiplexed Redis
+    /// connection) per gRPC connection the other phases use.
+    async fn lua_callers(&self) -> anyhow::Result<Vec<AcquireCaller>> {
+        let pool = PoolKey::new("lua-direct", "bench-lua");
+        let mut stores = Vec::new();
+        for _ in 0..self.opts.connections {
+            stores.push(Arc::new(RedisPoolStore::new(&self.redis.url, &self.redis.prefix).await?));
+        }
+        stores[0].refill(&pool, "bench-refill", BIG_STOCK).await?;
+        let workload = self.workload("bench-lua", "d")?;
+        Ok((0..self.opts.concurrency)
+            .map(|i| {
+                let target = Target::Store {
+                    store: Arc::clone(&stores[i % stores.len()]),
+                    pool: pool.clone(),
+                    per_user_limit: PER_USER_LIMIT,
+                    reservation_ttl_ms: RESERVATION_TTL_MS,
+                };
+                AcquireCaller::new(i, target, Arc::clone(&workload))
+            })
+            .collect())
+    }
+
+    async fn naive_callers(&mut self) -> anyhow::Result<Vec<NaiveCaller>> {
+        let size = naive_connections(self.opts.concurrency);
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(size)
+            .min_connections(size)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect(&self.db.url)
+            .await
+            .context("connect the naive baseline's pool")?;
+        sqlx::query("CREATE TABLE bench_naive_stock (id INT PRIMARY KEY, count BIGINT NOT NULL)")
+            .execute(&pool)
+            .await?;
+        sqlx::query("INSERT INTO bench_naive_stock (id, count) VALUES (1, $1)")
+            .bind(NAIVE_STOCK)
+            .execute(&pool)
+            .await?;
+        self.fx.naive_pool = Some(pool.clone());
+        Ok((0..self.opts.concurrency).map(|_| NaiveCaller { pool: pool.clone() }).collect())
+    }
+
+    async fn borrow_callers(&self) -> anyhow::Result<Vec<BorrowCaller>> {
+        let conns = channels(&self.world.center.url, 1).await?;
+        let reg = CenterClient::new(conns[0].clone())
+            .register_agent(pb::RegisterAgentRequest {
+                channel: "bench-center".into(),
+                agent_id: "bench-center-1".into(),
+            })
+            .await?
+            .into_inner();
+        self.connect(&self.world.center.url, |c| BorrowCaller {
+            client: CenterClient::new(c),
+            item: "bench-borrow".into(),
+            channel: "bench-center".into(),
+            epoch: reg.epoch,
+        })
+        .await
+    }
+
+    /// Sells the small item out (closed loop until the agent says sold out everywhere) and
+    /// returns the callers, whose ledgers keep what they reserved.
+    async fn sell_out(&self) -> anyhow::Result<Vec<AcquireCaller>> {
+        let item = "bench-soldout";
+        let agent = &self.world.redis_agent;
+        let callers = self.agent_callers(agent, item, "h").await?;
+        let probe = AgentClient::new(channels(&agent.url, 1).await?.remove(0));
+        eprintln!("bench: selling out {SOLD_OUT_STOCK} units of {item} ...");
+        let stop = Arc::new(AtomicBool::new(false));
+        let monitor = tokio::spawn(watch_sold_out(probe, item.to_owned(), Arc::clone(&stop)));
+        let drain =
+            LoadSpec { warmup: Duration::ZERO, duration: DRAIN_LIMIT, stop: Some(Arc::clone(&stop)), ..self.spec() };
+        let (report, callers) = load::run(&drain, callers).await?;
+        stop.store(true, Ordering::Relaxed);
+        let (sold_out, last) = monitor.await.unwrap_or((false, None));
+        anyhow::ensure!(
+            sold_out,
+            "item {item} did not sell out within {DRAIN_LIMIT:?}: answers {:?}, last stock {last:?}",
+            report.warmup
+        );
+        Ok(callers)
+    }
+
+    /// The outcome checks over every round, attached to the phases' results; closes the
+    /// naive baseline's pool and every connection of the callers.
+    async fn finish(&mut self) -> (Vec<PhaseResult>, Vec<String>) {
+        let checks = [
+            (Phase::B, self.fx.memory.take(), BIG_STOCK),
+            (Phase::C, self.fx.redis.take(), BIG_STOCK),
+            (Phase::D, self.fx.lua.take(), BIG_STOCK),
+            (Phase::G, self.fx.steady.take(), BIG_STOCK),
+            (Phase::H, self.fx.sold_out.take(), SOLD_OUT_STOCK),
+        ];
+        for (phase, callers, stock) in checks {
+            let Some(callers) = callers else { continue };
+            let outcome = acquire::check(callers.iter().map(|c| &c.ledger), 1, Some(stock));
+            if !outcome.ok {
+                eprintln!("bench: {} OUTCOME CHECK FAILED: {outcome:?}", phase.id());
+            }
+            for r in self.results.iter_mut().filter(|r| r.phase == phase) {
+                r.outcome = Some(outcome.clone());
+            }
+        }
+        if let Some(pool) = self.fx.naive_pool.take() {
+            pool.close().await;
+        }
+        // Close every connection, so the servers' graceful shutdown has nothing to wait for.
+        self.fx = Fixtures::default();
+        (std::mem::take(&mut self.results), std::mem::take(&mut self.failures))
+    }
+}
+
+/// Polls GetStock until the agent reports the item sold out everywhere (its pool empty and
+/// the center dry), then sets `stop`. Returns whether it saw that, and the last answer.
+async fn watch_sold_out(
+    mut client: AgentClient<Channel>,
+    item: String,
+    stop: Arc<AtomicBool>,
+) -> (bool, Option<pb::GetStockResponse>) {
+    let mut last = None;
+    while !stop.load(Ordering::Relaxed) {
+        if let Ok(answer) = client.get_stock(pb::GetStockRequest { item_id: item.clone() }).await {
+            let answer = answer.into_inner();
+            if answer.sold_out {
+                stop.store(true, Ordering::Relaxed);
+                return (true, Some(answer));
+            }
+            last = Some(answer);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (false, last)
+}
