@@ -54,11 +54,15 @@ impl EventHub {
         let hub = Self { tx: broadcast::channel(1024).0, notify: Some(pool) };
         let mut listener = sqlx::postgres::PgListener::connect(url).await?;
         listener.listen(PG_CHANNEL).await?;
-        let tx = hub.tx.clone();
+        // The listener holds only a weak handle: when the center (and its hub) goes away,
+        // the task ends instead of reconnecting forever.
+        let tx = hub.tx.downgrade();
         tokio::spawn(async move {
             loop {
                 // recv() reconnects by itself after a lost connection.
-                match listener.recv().await {
+                let received = listener.recv().await;
+                let Some(tx) = tx.upgrade() else { return };
+                match received {
                     Ok(n) => match serde_json::from_str::<LedgerEvent>(n.payload()) {
                         Ok(e) => {
                             let _ = tx.send(e);
@@ -67,6 +71,7 @@ impl EventHub {
                     },
                     Err(e) => {
                         tracing::warn!(error = %e, "event listener failed; retrying");
+                        drop(tx);
                         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
                     }
                 }
