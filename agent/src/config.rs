@@ -1,6 +1,7 @@
 //! Command-line and environment configuration. Every flag is also read from
 //! `INVENTORY_<FLAG>` (e.g. `INVENTORY_REDIS_URL`).
 
+pub use inventory_net::{LogFormat, init_tracing};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -10,12 +11,6 @@ pub enum StoreKind {
     Memory,
     /// Pools in Redis, changed only by the Lua scripts in `lua/`.
     Redis,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
 }
 
 #[derive(Debug, Clone, clap::Parser)]
@@ -146,13 +141,4 @@ impl AgentConfig {
             max_concurrent_requests: 4_096,
         }
     }
-}
-
-pub fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    };
 }

@@ -12,9 +12,7 @@ use tonic::{Request, Status};
 
 use crate::config::AgentConfig;
 
-fn read(path: &std::path::Path) -> anyhow::Result<String> {
-    std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))
-}
+use inventory_net::read_text as read;
 
 #[derive(Debug, Default)]
 pub struct Security {
@@ -53,17 +51,7 @@ impl Security {
     }
 
     pub fn server_tls(c: &AgentConfig) -> anyhow::Result<Option<ServerTlsConfig>> {
-        let (Some(cert), Some(key)) = (&c.tls_cert, &c.tls_key) else {
-            if c.tls_cert.is_some() || c.tls_key.is_some() {
-                anyhow::bail!("--tls-cert and --tls-key go together");
-            }
-            return Ok(None);
-        };
-        let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
-        if let Some(ca) = &c.tls_client_ca {
-            tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
-        }
-        Ok(Some(tls))
+        inventory_net::grpc_server_tls(c.tls_cert.as_deref(), c.tls_key.as_deref(), c.tls_client_ca.as_deref())
     }
 
     /// TLS towards the center: verify it against --center-ca; present a client

@@ -1,14 +1,9 @@
 //! Command-line and environment configuration. Every flag is also read from
 //! `INVENTORY_<FLAG>` (e.g. `INVENTORY_DATABASE_URL`).
 
+pub use inventory_net::{LogFormat, init_tracing};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
 
 #[derive(Debug, Clone, clap::Parser)]
 #[command(name = "inventory-center", version, about = "Authoritative inventory ledger for flash sales (gRPC)")]
@@ -80,14 +75,4 @@ impl CenterConfig {
             tls_client_ca: None,
         }
     }
-}
-
-/// Installs the global tracing subscriber (RUST_LOG filters, default `info`).
-pub fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    };
 }

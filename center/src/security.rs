@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use inventory_core::auth::{TokenSet, bearer};
 use tonic::service::Interceptor;
-use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+use tonic::transport::ServerTlsConfig;
 use tonic::{Request, Status};
 
 use crate::config::CenterConfig;
@@ -20,23 +20,19 @@ pub struct Security {
     pub agents: TokenSet,
 }
 
-fn read(path: &std::path::Path) -> anyhow::Result<String> {
-    std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))
-}
-
 impl Security {
     /// Tokens from flags, files or environment. Without any, the center starts only with
     /// `--insecure`, and says so.
     pub fn from_config(c: &CenterConfig) -> anyhow::Result<Self> {
         let operators = match (&c.operator_token, &c.operator_token_file) {
             (Some(t), _) => TokenSet::single("operator", t),
-            (None, Some(f)) => TokenSet::parse_list("operator", &read(f)?),
+            (None, Some(f)) => TokenSet::parse_list("operator", &inventory_net::read_text(f)?),
             (None, None) => Ok(TokenSet::default()),
         }
         .map_err(|e| anyhow::anyhow!("operator token: {e}"))?;
         let agents = match (&c.agent_tokens, &c.agent_tokens_file) {
             (Some(t), _) => TokenSet::parse_pairs(t),
-            (None, Some(f)) => TokenSet::parse_pairs(&read(f)?),
+            (None, Some(f)) => TokenSet::parse_pairs(&inventory_net::read_text(f)?),
             (None, None) => Ok(TokenSet::default()),
         }
         .map_err(|e| anyhow::anyhow!("agent tokens: {e}"))?;
@@ -57,17 +53,7 @@ impl Security {
     }
 
     pub fn tls(c: &CenterConfig) -> anyhow::Result<Option<ServerTlsConfig>> {
-        let (Some(cert), Some(key)) = (&c.tls_cert, &c.tls_key) else {
-            if c.tls_cert.is_some() || c.tls_key.is_some() {
-                anyhow::bail!("--tls-cert and --tls-key go together");
-            }
-            return Ok(None);
-        };
-        let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
-        if let Some(ca) = &c.tls_client_ca {
-            tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
-        }
-        Ok(Some(tls))
+        inventory_net::grpc_server_tls(c.tls_cert.as_deref(), c.tls_key.as_deref(), c.tls_client_ca.as_deref())
     }
 }
 

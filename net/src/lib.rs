@@ -1,8 +1,10 @@
-//! The HTTP side port (metrics, health, console) over TLS.
+//! Edges shared by the center and the agent: TLS for the gRPC listener and the HTTP side
+//! port, logging set-up, and the shutdown signal.
 //!
-//! `axum::serve` takes any [`axum::serve::Listener`]; [`TlsListener`] accepts TCP
-//! connections and completes each TLS handshake in its own task (a slow or hostile client
-//! cannot hold up the others), handing finished streams to the server.
+//! The HTTP side port (metrics, health, console) over TLS: `axum::serve` takes any
+//! [`axum::serve::Listener`]; [`TlsListener`] accepts TCP connections and completes each
+//! TLS handshake in its own task (a slow or hostile client cannot hold up the others),
+//! handing finished streams to the server.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -91,5 +93,64 @@ impl axum::serve::Listener for TlsListener {
 
     fn local_addr(&self) -> std::io::Result<Self::Addr> {
         Ok(self.local)
+    }
+}
+
+/// Reads a text file (PEM, token list), naming it in the error.
+pub fn read_text(path: &Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))
+}
+
+/// TLS for a gRPC listener from `--tls-cert`/`--tls-key`, with `--tls-client-ca`
+/// requiring client certificates (mutual TLS). None when no certificate is given.
+pub fn grpc_server_tls(
+    cert: Option<&Path>,
+    key: Option<&Path>,
+    client_ca: Option<&Path>,
+) -> anyhow::Result<Option<tonic::transport::ServerTlsConfig>> {
+    use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+    let (Some(cert), Some(key)) = (cert, key) else {
+        if cert.is_some() || key.is_some() {
+            anyhow::bail!("--tls-cert and --tls-key go together");
+        }
+        return Ok(None);
+    };
+    let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(read_text(cert)?, read_text(key)?));
+    if let Some(ca) = client_ca {
+        tls = tls.client_ca_root(Certificate::from_pem(read_text(ca)?));
+    }
+    Ok(Some(tls))
+}
+
+/// How logs are written (`--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Installs the global tracing subscriber (RUST_LOG filters, default `info`).
+pub fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+/// Resolves on SIGTERM (orchestrators) or Ctrl-C (a terminal).
+pub async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(error = %e, "no SIGTERM handler; Ctrl-C only");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
     }
 }
