@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use inventory_agent::agent::Agent;
 use inventory_agent::config::StoreKind;
-use inventory_agent::store::PoolStore;
+use inventory_agent::store::{
+    AcquireArgs, AcquireResult, PoolKey, PoolSnapshot, PoolStore, ReservationState, StoreError, Transition,
+};
 use inventory_agent::{AgentConfig, Application as AgentApp};
 use inventory_center::{Application as CenterApp, CenterConfig};
 use inventory_proto::v1 as pb;
@@ -248,4 +250,78 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> String {
 /// The value of one sample in Prometheus text, by its full name with labels.
 pub fn sample(metrics: &str, series: &str) -> Option<f64> {
     metrics.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
+}
+
+/// A memory store that counts Acquire calls and can hold them at a gate: lets tests see
+/// which answers never reach the store, and keep calls "in progress".
+pub struct ObservedStore {
+    inner: inventory_agent::store::memory::MemoryPoolStore,
+    /// Acquire calls that reached the store (counted before the gate).
+    pub acquires: std::sync::atomic::AtomicU64,
+    open: tokio::sync::watch::Sender<bool>,
+}
+
+impl ObservedStore {
+    /// Counts, never holds.
+    pub fn counting() -> Self {
+        Self::with_gate(true)
+    }
+
+    /// Holds every Acquire until [`ObservedStore::open_gate`].
+    pub fn gated() -> Self {
+        Self::with_gate(false)
+    }
+
+    fn with_gate(open: bool) -> Self {
+        Self {
+            inner: inventory_agent::store::memory::MemoryPoolStore::new(),
+            acquires: Default::default(),
+            open: tokio::sync::watch::channel(open).0,
+        }
+    }
+
+    pub fn open_gate(&self) {
+        self.open.send_replace(true);
+    }
+
+    pub fn acquire_calls(&self) -> u64 {
+        self.acquires.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[async_trait::async_trait]
+impl PoolStore for ObservedStore {
+    async fn acquire(&self, pool: &PoolKey, args: &AcquireArgs) -> Result<AcquireResult, StoreError> {
+        self.acquires.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut open = self.open.subscribe();
+        let _ = open.wait_for(|o| *o).await;
+        self.inner.acquire(pool, args).await
+    }
+    async fn confirm(&self, pool: &PoolKey, id: &str) -> Result<Transition, StoreError> {
+        self.inner.confirm(pool, id).await
+    }
+    async fn cancel(&self, pool: &PoolKey, id: &str) -> Result<Transition, StoreError> {
+        self.inner.cancel(pool, id).await
+    }
+    async fn expire_due(&self, pool: &PoolKey, max: u64) -> Result<u64, StoreError> {
+        self.inner.expire_due(pool, max).await
+    }
+    async fn refill(&self, pool: &PoolKey, grant_id: &str, units: u64) -> Result<bool, StoreError> {
+        self.inner.refill(pool, grant_id, units).await
+    }
+    async fn take_for_return(&self, pool: &PoolKey, take_id: &str, max: u64) -> Result<u64, StoreError> {
+        self.inner.take_for_return(pool, take_id, max).await
+    }
+    async fn untake(&self, pool: &PoolKey, take_id: &str) -> Result<u64, StoreError> {
+        self.inner.untake(pool, take_id).await
+    }
+    async fn snapshot(&self, pool: &PoolKey) -> Result<PoolSnapshot, StoreError> {
+        self.inner.snapshot(pool).await
+    }
+    async fn reservation_state(&self, pool: &PoolKey, id: &str) -> Result<Option<ReservationState>, StoreError> {
+        self.inner.reservation_state(pool, id).await
+    }
+    async fn idempotency_keys(&self, pool: &PoolKey) -> Result<Vec<String>, StoreError> {
+        self.inner.idempotency_keys(pool).await
+    }
 }

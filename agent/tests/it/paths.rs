@@ -1,64 +1,16 @@
 //! The agent's edge and hot-path behaviour against a real center (SQLite ledger).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use inventory_agent::store::memory::MemoryPoolStore;
-use inventory_agent::store::{
-    AcquireArgs, AcquireResult, PoolKey, PoolSnapshot, PoolStore, ReservationState, StoreError, Transition,
-};
 use inventory_proto::v1 as pb;
 use inventory_test_support::wait_until;
 use tonic::Code;
 
-use crate::harness::{Center, LocalAgent, StoreSpec, acquire_req, agent_config, stock};
+use crate::harness::{Center, LocalAgent, ObservedStore, StoreSpec, acquire_req, agent_config, stock};
 
-/// A memory store that counts Acquire calls, to see which answers never reach the store.
-#[derive(Default)]
-struct CountingStore {
-    inner: MemoryPoolStore,
-    acquires: AtomicU64,
-}
-
-#[async_trait]
-impl PoolStore for CountingStore {
-    async fn acquire(&self, pool: &PoolKey, args: &AcquireArgs) -> Result<AcquireResult, StoreError> {
-        self.acquires.fetch_add(1, Ordering::SeqCst);
-        self.inner.acquire(pool, args).await
-    }
-    async fn confirm(&self, pool: &PoolKey, id: &str) -> Result<Transition, StoreError> {
-        self.inner.confirm(pool, id).await
-    }
-    async fn cancel(&self, pool: &PoolKey, id: &str) -> Result<Transition, StoreError> {
-        self.inner.cancel(pool, id).await
-    }
-    async fn expire_due(&self, pool: &PoolKey, max: u64) -> Result<u64, StoreError> {
-        self.inner.expire_due(pool, max).await
-    }
-    async fn refill(&self, pool: &PoolKey, grant_id: &str, units: u64) -> Result<bool, StoreError> {
-        self.inner.refill(pool, grant_id, units).await
-    }
-    async fn take_for_return(&self, pool: &PoolKey, take_id: &str, max: u64) -> Result<u64, StoreError> {
-        self.inner.take_for_return(pool, take_id, max).await
-    }
-    async fn untake(&self, pool: &PoolKey, take_id: &str) -> Result<u64, StoreError> {
-        self.inner.untake(pool, take_id).await
-    }
-    async fn snapshot(&self, pool: &PoolKey) -> Result<PoolSnapshot, StoreError> {
-        self.inner.snapshot(pool).await
-    }
-    async fn reservation_state(&self, pool: &PoolKey, id: &str) -> Result<Option<ReservationState>, StoreError> {
-        self.inner.reservation_state(pool, id).await
-    }
-    async fn idempotency_keys(&self, pool: &PoolKey) -> Result<Vec<String>, StoreError> {
-        self.inner.idempotency_keys(pool).await
-    }
-}
-
-async fn counting_agent(center: &Center, channel: &str) -> (LocalAgent, Arc<CountingStore>) {
-    let store = Arc::new(CountingStore::default());
+async fn counting_agent(center: &Center, channel: &str) -> (LocalAgent, Arc<ObservedStore>) {
+    let store = Arc::new(ObservedStore::counting());
     let agent =
         LocalAgent::start_with(agent_config(&center.url, channel, &StoreSpec::Memory), Some(store.clone())).await;
     (agent, store)
@@ -86,18 +38,18 @@ async fn sold_out_fast_path_answers_from_memory_until_restock() {
     let item = Arc::clone(&agent.agent.items.get("skin").unwrap());
     assert!(wait_until(Duration::from_secs(5), || async { item.fast_sold_out("fresh") == Some(true) }).await);
 
-    let before = store.acquires.load(Ordering::SeqCst);
+    let before = store.acquire_calls();
     for i in 0..50 {
         let r = client.acquire(acquire_req("skin", &format!("late{i}"), 1, &format!("late-k{i}"))).await.unwrap();
         assert_eq!(r.into_inner().outcome(), pb::AcquireOutcome::SoldOut);
     }
-    assert_eq!(store.acquires.load(Ordering::SeqCst), before, "sold-out answers must not touch the store");
+    assert_eq!(store.acquire_calls(), before, "sold-out answers must not touch the store");
 
     // A replay of a key that reserved still gets its reservation.
     let replay = client.acquire(acquire_req("skin", "u0", 1, "k0")).await.unwrap().into_inner();
     assert_eq!(replay.outcome(), pb::AcquireOutcome::Reserved);
     assert!(replay.replayed);
-    assert_eq!(store.acquires.load(Ordering::SeqCst), before + 1);
+    assert_eq!(store.acquire_calls(), before + 1);
 
     // A restock turns the fast path off and sales resume.
     center
@@ -151,7 +103,7 @@ async fn bad_input_is_invalid_argument_and_never_reaches_the_store() {
     assert_eq!(confirm.unwrap_err().code(), Code::InvalidArgument);
     let unknown = client.confirm(pb::ConfirmRequest { item_id: "skin".into(), reservation_id: "r1".into() }).await;
     assert_eq!(unknown.unwrap_err().code(), Code::NotFound);
-    assert_eq!(store.acquires.load(Ordering::SeqCst), 0, "no bad request reached the store");
+    assert_eq!(store.acquire_calls(), 0, "no bad request reached the store");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,25 +2,20 @@
 //! and hostile bytes at the edge.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use futures::StreamExt;
 use futures::future::join_all;
 use inventory_agent::agent::AcquireRequest;
 use inventory_agent::security::UserLimits;
 use inventory_agent::service::parse_acquire;
-use inventory_agent::store::memory::MemoryPoolStore;
-use inventory_agent::store::{
-    AcquireArgs, AcquireResult, PoolKey, PoolSnapshot, PoolStore, ReservationState, StoreError, Transition,
-};
 use inventory_proto::v1 as pb;
 use proptest::prelude::*;
 use prost::Message;
 use tonic::Code;
 
-use crate::harness::{Center, LocalAgent, StoreSpec, acquire_req, agent_config, stock};
+use crate::harness::{Center, LocalAgent, ObservedStore, StoreSpec, acquire_req, agent_config, stock};
 
 const BACKEND: &str = "backend-token-0123456789";
 
@@ -123,61 +118,11 @@ fn rate_limiter_memory_follows_the_active_users() {
     );
 }
 
-/// A store whose Acquire waits until the gate opens: holds calls "in progress".
-struct GatedStore {
-    inner: MemoryPoolStore,
-    open: tokio::sync::watch::Sender<bool>,
-    waiting: AtomicU64,
-}
-
-impl Default for GatedStore {
-    fn default() -> Self {
-        Self { inner: MemoryPoolStore::new(), open: tokio::sync::watch::channel(false).0, waiting: AtomicU64::new(0) }
-    }
-}
-
-#[async_trait]
-impl PoolStore for GatedStore {
-    async fn acquire(&self, pool: &PoolKey, args: &AcquireArgs) -> Result<AcquireResult, StoreError> {
-        self.waiting.fetch_add(1, Ordering::SeqCst);
-        let mut open = self.open.subscribe();
-        let _ = open.wait_for(|o| *o).await;
-        self.inner.acquire(pool, args).await
-    }
-    async fn confirm(&self, pool: &PoolKey, id: &str) -> Result<Transition, StoreError> {
-        self.inner.confirm(pool, id).await
-    }
-    async fn cancel(&self, pool: &PoolKey, id: &str) -> Result<Transition, StoreError> {
-        self.inner.cancel(pool, id).await
-    }
-    async fn expire_due(&self, pool: &PoolKey, max: u64) -> Result<u64, StoreError> {
-        self.inner.expire_due(pool, max).await
-    }
-    async fn refill(&self, pool: &PoolKey, grant_id: &str, units: u64) -> Result<bool, StoreError> {
-        self.inner.refill(pool, grant_id, units).await
-    }
-    async fn take_for_return(&self, pool: &PoolKey, take_id: &str, max: u64) -> Result<u64, StoreError> {
-        self.inner.take_for_return(pool, take_id, max).await
-    }
-    async fn untake(&self, pool: &PoolKey, take_id: &str) -> Result<u64, StoreError> {
-        self.inner.untake(pool, take_id).await
-    }
-    async fn snapshot(&self, pool: &PoolKey) -> Result<PoolSnapshot, StoreError> {
-        self.inner.snapshot(pool).await
-    }
-    async fn reservation_state(&self, pool: &PoolKey, id: &str) -> Result<Option<ReservationState>, StoreError> {
-        self.inner.reservation_state(pool, id).await
-    }
-    async fn idempotency_keys(&self, pool: &PoolKey) -> Result<Vec<String>, StoreError> {
-        self.inner.idempotency_keys(pool).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overload_is_shed_at_once_instead_of_queueing() {
     let center = Center::start_sqlite().await;
     center.create_item("o", 100, 10, (5, 50, 20)).await;
-    let store = Arc::new(GatedStore::default());
+    let store = Arc::new(ObservedStore::gated());
     let mut cfg = agent_config(&center.url, "app", &StoreSpec::Memory);
     cfg.max_concurrent_requests = 2;
     let agent = LocalAgent::start_with(cfg, Some(store.clone())).await;
@@ -189,17 +134,12 @@ async fn overload_is_shed_at_once_instead_of_queueing() {
             tokio::spawn(async move { c.acquire(acquire_req("o", &format!("u{i}"), 1, &format!("k{i}"))).await })
         })
         .collect();
-    assert!(
-        inventory_test_support::wait_until(Duration::from_secs(5), || async {
-            store.waiting.load(Ordering::SeqCst) >= 2
-        })
-        .await
-    );
+    assert!(inventory_test_support::wait_until(Duration::from_secs(5), || async { store.acquire_calls() >= 2 }).await);
     let started = Instant::now();
     let shed = client.clone().acquire(acquire_req("o", "late", 1, "late")).await.unwrap_err();
     assert_eq!(shed.code(), Code::ResourceExhausted, "{shed:?}");
     assert!(started.elapsed() < Duration::from_secs(1), "shed at once, not after a queue");
-    store.open.send_replace(true);
+    store.open_gate();
     for s in stuck {
         let r = s.await.unwrap().expect("in-progress calls complete");
         assert_eq!(r.into_inner().outcome(), pb::AcquireOutcome::Reserved);
@@ -251,8 +191,8 @@ struct RawFirstField {
 async fn hostile_values_in_every_agent_rpc_are_refused_before_the_store() {
     let center = Center::start_sqlite().await;
     center.create_item("h", 10, 2, (2, 8, 5)).await;
-    let store = Arc::new(GatedStore::default());
-    store.open.send_replace(true);
+    let store = Arc::new(ObservedStore::gated());
+    store.open_gate();
     let agent = LocalAgent::start_with(agent_config(&center.url, "app", &StoreSpec::Memory), Some(store.clone())).await;
     let mut client = agent.client().await;
     let long = "x".repeat(10 * 1024);
@@ -295,6 +235,6 @@ async fn hostile_values_in_every_agent_rpc_are_refused_before_the_store() {
             .expect_err(path);
         assert_eq!(s.code(), Code::InvalidArgument, "{path}: {s:?}");
     }
-    assert_eq!(store.waiting.load(Ordering::SeqCst), 0, "no hostile request reached the store");
+    assert_eq!(store.acquire_calls(), 0, "no hostile request reached the store");
     assert!(agent.agent.items.is_empty());
 }
