@@ -10,16 +10,23 @@
 --   1 grant_id
 --   2 units
 --   3 retention_ms: how long an applied grant_id is remembered
--- Returns 1 if applied now, 0 if grant_id was applied before (a replay).
+--   4 must_exist: '1' to refuse a pool that does not exist (a grant must never recreate a
+--     pool the store lost); '0' (or absent) creates it
+-- Returns 1 if applied now, 0 if grant_id was applied before (a replay), -1 if must_exist
+-- and the pool does not exist (nothing is recorded).
 
 local K_POOL, K_GRANTS, K_GC = KEYS[1], KEYS[2], KEYS[3]
 local grant_id = ARGV[1]
 local units = tonumber(ARGV[2])
 local retention = tonumber(ARGV[3])
+local must_exist = ARGV[4] == '1'
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
+if must_exist and redis.call('HEXISTS', K_POOL, 'generation') == 0 then
+  return -1
+end
 if redis.call('HSETNX', K_GRANTS, grant_id, units) == 0 then
   return 0
 end

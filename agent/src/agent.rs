@@ -20,7 +20,7 @@ use crate::items::{ItemRuntime, Policy};
 use crate::link::CenterLink;
 use crate::metrics::Metrics;
 use crate::security::UserLimits;
-use crate::store::{AcquireArgs, AcquireResult, PoolSnapshot, PoolStore, ReservationState, Transition};
+use crate::store::{AcquireArgs, AcquireResult, PoolSnapshot, PoolStore, ReservationState, StoreError, Transition};
 
 /// After a Borrow or Return with an unknown outcome, resync the pool this much later (a
 /// late call has landed or been refused by then).
@@ -331,9 +331,16 @@ impl Agent {
             return;
         }
         for attempt in 0..5u32 {
-            match self.store.refill(&item.pool, &request_id, answer.granted).await {
+            match self.store.refill_existing(&item.pool, &request_id, answer.granted).await {
                 Ok(_) => {
                     item.stock_returned_locally();
+                    return;
+                }
+                Err(StoreError::PoolMissing(_)) => {
+                    // Lost after the check above: freeze; the units fall in doubt.
+                    if !item.frozen.swap(true, Ordering::AcqRel) {
+                        tracing::error!(item = %item.item_id, "pool lost while a Borrow was out; frozen");
+                    }
                     return;
                 }
                 Err(e) => {

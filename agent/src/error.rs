@@ -30,7 +30,7 @@ impl From<StoreError> for AgentError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::Unavailable(_) => AgentError::Unavailable(e.to_string()),
-            StoreError::Protocol(_) => AgentError::Internal(e.to_string()),
+            StoreError::Protocol(_) | StoreError::PoolMissing(_) => AgentError::Internal(e.to_string()),
         }
     }
 }

@@ -359,6 +359,16 @@ impl PoolStore for MemoryPoolStore {
         Ok(lock(&p).refill(grant_id, units, now_ms(), self.retention_ms))
     }
 
+    async fn refill_existing(&self, pool: &PoolKey, grant_id: &str, units: u64) -> Result<bool, StoreError> {
+        let missing = || StoreError::PoolMissing(pool.hash_tag());
+        let p = self.existing(pool).ok_or_else(missing)?;
+        let mut guard = lock(&p);
+        if guard.generation == 0 {
+            return Err(missing());
+        }
+        Ok(guard.refill(grant_id, units, now_ms(), self.retention_ms))
+    }
+
     async fn take_for_return(&self, pool: &PoolKey, take_id: &str, max_units: u64) -> Result<u64, StoreError> {
         let p = self.existing_or_new(pool);
         Ok(lock(&p).take_for_return(take_id, max_units, now_ms(), self.retention_ms))

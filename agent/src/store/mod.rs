@@ -115,6 +115,9 @@ pub enum StoreError {
     Unavailable(String),
     #[error("pool store returned an unexpected answer: {0}")]
     Protocol(String),
+    /// The pool does not exist in the store (never opened, or the store lost it).
+    #[error("pool {0} does not exist in the store")]
+    PoolMissing(String),
 }
 
 #[async_trait]
@@ -139,6 +142,11 @@ pub trait PoolStore: Send + Sync + 'static {
     /// Adds `units` granted by the center to available, once per `grant_id` (a replayed
     /// refill counts once). Creates the pool if needed. Returns whether it was applied.
     async fn refill(&self, pool: &PoolKey, grant_id: &str, units: u64) -> Result<bool, StoreError>;
+
+    /// Like [`PoolStore::refill`], but never creates the pool: a pool that does not exist is
+    /// [`StoreError::PoolMissing`] and nothing is recorded. Grants use this, so a pool the
+    /// store lost between the Borrow and the refill is not quietly recreated.
+    async fn refill_existing(&self, pool: &PoolKey, grant_id: &str, units: u64) -> Result<bool, StoreError>;
 
     /// Removes up to `max_units` from available so they can be returned to the center,
     /// once per `take_id` (a replay returns the first amount). Returns the units taken.

@@ -122,6 +122,35 @@ impl RedisPoolStore {
     }
 }
 
+impl RedisPoolStore {
+    async fn refill_script(
+        &self,
+        pool: &PoolKey,
+        grant_id: &str,
+        units: u64,
+        must_exist: bool,
+    ) -> Result<bool, StoreError> {
+        let k = self.keys(pool);
+        let reply: Value = self
+            .scripts
+            .refill
+            .key(&k.pool)
+            .key(&k.grants)
+            .key(&k.gc)
+            .arg(grant_id)
+            .arg(units)
+            .arg(self.retention_ms)
+            .arg(if must_exist { "1" } else { "0" })
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(map_err)?;
+        match int("refill", &reply)? {
+            -1 => Err(StoreError::PoolMissing(pool.hash_tag())),
+            n => Ok(n == 1),
+        }
+    }
+}
+
 fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -308,20 +337,11 @@ impl PoolStore for RedisPoolStore {
     }
 
     async fn refill(&self, pool: &PoolKey, grant_id: &str, units: u64) -> Result<bool, StoreError> {
-        let k = self.keys(pool);
-        let reply: Value = self
-            .scripts
-            .refill
-            .key(&k.pool)
-            .key(&k.grants)
-            .key(&k.gc)
-            .arg(grant_id)
-            .arg(units)
-            .arg(self.retention_ms)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(map_err)?;
-        Ok(int("refill", &reply)? == 1)
+        self.refill_script(pool, grant_id, units, false).await
+    }
+
+    async fn refill_existing(&self, pool: &PoolKey, grant_id: &str, units: u64) -> Result<bool, StoreError> {
+        self.refill_script(pool, grant_id, units, true).await
     }
 
     async fn take_for_return(&self, pool: &PoolKey, take_id: &str, max_units: u64) -> Result<u64, StoreError> {

@@ -309,6 +309,9 @@ impl PoolStore for ObservedStore {
     async fn refill(&self, pool: &PoolKey, grant_id: &str, units: u64) -> Result<bool, StoreError> {
         self.inner.refill(pool, grant_id, units).await
     }
+    async fn refill_existing(&self, pool: &PoolKey, grant_id: &str, units: u64) -> Result<bool, StoreError> {
+        self.inner.refill_existing(pool, grant_id, units).await
+    }
     async fn take_for_return(&self, pool: &PoolKey, take_id: &str, max: u64) -> Result<u64, StoreError> {
         self.inner.take_for_return(pool, take_id, max).await
     }

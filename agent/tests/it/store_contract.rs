@@ -91,6 +91,7 @@ contract_suite!(
     concurrent_acquires_never_oversell_and_conserve_units,
     per_user_limit_holds_under_concurrent_requests,
     refill_replay_counts_once,
+    a_grant_never_recreates_a_missing_pool,
     take_for_return_and_untake_replays_count_once,
     short_ttl_reservations_expire_through_the_sweeper,
     hostile_strings_are_stored_as_data,
@@ -493,6 +494,22 @@ async fn per_user_limit_holds_under_concurrent_requests(backend: &Backend) {
     }
     assert_eq!(reserved, 2);
     assert_eq!(counters(&*store, &p).await, (98, 2, 0));
+}
+
+async fn a_grant_never_recreates_a_missing_pool(backend: &Backend) {
+    let store = backend.store().await;
+    let p = pool("sku-existing");
+    // A grant for a pool that does not exist is refused and records nothing...
+    assert!(matches!(store.refill_existing(&p, "grant-1", 10).await, Err(StoreError::PoolMissing(_))));
+    assert_eq!(snap(&*store, &p).await.generation, 0, "the pool was not created");
+    // ...so once the pool is opened, the same grant id still applies.
+    assert!(store.refill(&p, "open", 0).await.unwrap());
+    let generation = snap(&*store, &p).await.generation;
+    assert_ne!(generation, 0);
+    assert!(store.refill_existing(&p, "grant-1", 10).await.unwrap());
+    assert!(!store.refill_existing(&p, "grant-1", 10).await.unwrap(), "a replay counts once");
+    assert_eq!(counters(&*store, &p).await, (10, 0, 0));
+    assert_eq!(snap(&*store, &p).await.generation, generation);
 }
 
 async fn refill_replay_counts_once(backend: &Backend) {
