@@ -59,6 +59,8 @@ pub struct Agent {
     pub rate_limited: std::sync::atomic::AtomicU64,
     pub link: CenterLink,
     pub items: DashMap<String, Arc<ItemRuntime>>,
+    /// Items being loaded from the center (one DescribeItem per item at a time).
+    loading: DashMap<String, Arc<tokio::sync::OnceCell<Arc<ItemRuntime>>>>,
     pub metrics: Metrics,
     pub settings: AgentSettings,
     draining: AtomicBool,
@@ -72,6 +74,7 @@ impl Agent {
             rate_limited: Default::default(),
             link,
             items: DashMap::new(),
+            loading: DashMap::new(),
             metrics: Metrics::default(),
             settings,
             draining: AtomicBool::new(false),
@@ -91,14 +94,21 @@ impl Agent {
         if let Some(rt) = self.items.get(item.as_str()) {
             return Ok(Arc::clone(&rt));
         }
-        let d = self.link.describe(item.as_str()).await.map_err(from_center)?;
-        let rt = Arc::new(ItemRuntime::new(
-            item.to_string(),
-            self.link.channel.as_str(),
-            Policy::from_describe(&d),
-            d.center_available,
-        ));
-        Ok(Arc::clone(self.items.entry(item.to_string()).or_insert(rt).value()))
+        // Single flight: the first buyers of a new item all wait for one DescribeItem
+        // instead of each asking the center.
+        let cell = Arc::clone(self.loading.entry(item.to_string()).or_default().value());
+        let rt = cell
+            .get_or_try_init(|| async {
+                let d = self.link.describe(item.as_str()).await.map_err(from_center)?;
+                Ok::<_, AgentError>(Arc::new(ItemRuntime::new(
+                    item.to_string(),
+                    self.link.channel.as_str(),
+                    Policy::from_describe(&d),
+                    d.center_available,
+                )))
+            })
+            .await?;
+        Ok(Arc::clone(self.items.entry(item.to_string()).or_insert_with(|| Arc::clone(rt)).value()))
     }
 
     pub fn items(&self) -> Vec<Arc<ItemRuntime>> {
@@ -123,6 +133,12 @@ impl Agent {
             ));
         }
         let item = self.item(&req.item).await?;
+        if item.held_in_doubt.load(Ordering::Acquire) {
+            return Err(AgentError::Unavailable(format!(
+                "units of item {} are in doubt at the center; selling waits for an operator to resolve them",
+                item.item_id
+            )));
+        }
         if item.frozen.load(Ordering::Acquire) {
             return Err(AgentError::Unavailable(format!(
                 "pool of item {} lost its data in the store; selling is frozen until reconciled",
@@ -502,7 +518,7 @@ impl Agent {
         // Report at once: a reclaim must never judge this incarnation by the last one's
         // report.
         let reports = self.reports().await;
-        if let Ok(r) = self.link.heartbeat(reports).await {
+        if let Ok(r) = self.link.heartbeat(reports, false).await {
             self.freeze_in_doubt(&r.in_doubt_items);
         }
         tracing::info!(channel = %self.link.channel, epoch = reg.epoch, items = reg.held.len(), "registered and resynced");
@@ -516,13 +532,20 @@ impl Agent {
         only_remove: bool,
     ) -> Result<(), AgentError> {
         let snap = self.store.snapshot(&item.pool).await?;
-        let lost = holding.in_doubt > 0
-            || (snap.generation == 0 && holding.held > 0)
+        let lost = (snap.generation == 0 && holding.held > 0)
             || (holding.generation != 0 && snap.generation != 0 && snap.generation != holding.generation);
         if lost {
             // Never resell: the units may have been sold before the store lost them.
             if !item.frozen.swap(true, Ordering::AcqRel) {
                 tracing::error!(item = %item.item_id, held = holding.held, "pool lost in the store; units in doubt, item frozen");
+            }
+            return Ok(());
+        }
+        if holding.in_doubt > 0 {
+            // The pool is intact, but the center holds some of its units in doubt: sell
+            // nothing until they are settled; keep reporting the pool as it is.
+            if !item.held_in_doubt.swap(true, Ordering::AcqRel) {
+                tracing::error!(item = %item.item_id, in_doubt = holding.in_doubt, "units in doubt at the center; not selling");
             }
             return Ok(());
         }
@@ -566,9 +589,9 @@ impl Agent {
     pub fn freeze_in_doubt(&self, items: &[String]) {
         for id in items {
             if let Some(item) = self.items.get(id)
-                && !item.frozen.swap(true, Ordering::AcqRel)
+                && !item.held_in_doubt.swap(true, Ordering::AcqRel)
             {
-                tracing::error!(item = %id, "center holds the item in doubt; frozen");
+                tracing::error!(item = %id, "center holds units of the item in doubt; not selling it");
             }
         }
     }
@@ -625,12 +648,15 @@ impl Agent {
             Event::InDoubtResolved(r) => {
                 if let Some(item) = self.items.get(&r.item_id).map(|e| Arc::clone(&e)) {
                     let _flight = item.borrow_lock.lock().await;
-                    // The center settled it: the channel holds nothing of the item now.
+                    // The center settled it: bring the pool to what the channel holds now
+                    // (nothing after a lost pool; what was not in doubt after a reclaim).
+                    let held = self.holding(&item).await.map(|h| h.held).unwrap_or(0);
                     if let Ok(snap) = self.store.snapshot(&item.pool).await
-                        && self.align(&item, 0, &snap).await.is_ok()
+                        && self.align(&item, held, &snap).await.is_ok()
                     {
                         item.generation.store(snap.generation, Ordering::Release);
                         item.frozen.store(false, Ordering::Release);
+                        item.held_in_doubt.store(false, Ordering::Release);
                         item.stock_returned_locally();
                         tracing::warn!(item = %r.item_id, "in-doubt units resolved; selling again");
                     }

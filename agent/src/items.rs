@@ -55,6 +55,10 @@ pub struct ItemRuntime {
     pub generation: AtomicU64,
     /// Set when the pool store lost this pool: selling stops until reconciled.
     pub frozen: AtomicBool,
+    /// Set while the center holds some of the channel's units of this item in doubt (a
+    /// reclaim without the agent's last word): no selling until an operator settles them,
+    /// but the pool itself is intact and reported as it is.
+    pub held_in_doubt: AtomicBool,
     last_starving_signal_ms: AtomicI64,
     /// When to resync the pool with the center (0: no resync pending).
     resync_at_ms: AtomicI64,
@@ -79,6 +83,7 @@ impl ItemRuntime {
             borrows_done: AtomicU64::new(0),
             generation: AtomicU64::new(0),
             frozen: AtomicBool::new(false),
+            held_in_doubt: AtomicBool::new(false),
             last_starving_signal_ms: AtomicI64::new(0),
             resync_at_ms: AtomicI64::new(0),
             dirty: AtomicBool::new(true),

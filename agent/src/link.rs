@@ -195,8 +195,13 @@ impl CenterLink {
     }
 
     /// Reports and, on success, renews the lease (counted from the send time).
-    pub async fn heartbeat(&self, pools: Vec<pb::PoolReport>) -> Result<pb::HeartbeatResponse, Status> {
-        let req = pb::HeartbeatRequest { channel: self.channel.to_string(), epoch: self.epoch(), pools };
+    /// `last_report`: the agent has stopped selling and this is its last word (drain).
+    pub async fn heartbeat(
+        &self,
+        pools: Vec<pb::PoolReport>,
+        last_report: bool,
+    ) -> Result<pb::HeartbeatResponse, Status> {
+        let req = pb::HeartbeatRequest { channel: self.channel.to_string(), epoch: self.epoch(), pools, last_report };
         let sent_at = self.now_ms();
         let r = self.client.clone().heartbeat(self.req(req)).await.map(|r| r.into_inner());
         self.note(&r);

@@ -203,9 +203,11 @@ impl Application {
         for t in tasks {
             let _ = t.await;
         }
+        // No Acquire is taken any more: what the pools hold now is final, and the last
+        // report says so (a later Reclaim may then put the unsold units back on sale).
         self.agent.return_all().await;
         let reports = self.agent.reports().await;
-        if let Err(s) = self.agent.link.heartbeat(reports).await {
+        if let Err(s) = self.agent.link.heartbeat(reports, true).await {
             tracing::warn!(code = ?s.code(), "final report failed");
         }
         http.await??;

@@ -56,7 +56,7 @@ pub async fn heartbeat(agent: Arc<Agent>, period: Option<Duration>, mut stop: wa
             return;
         }
         let reports = agent.reports().await;
-        match agent.link.heartbeat(reports).await {
+        match agent.link.heartbeat(reports, false).await {
             Ok(r) => agent.freeze_in_doubt(&r.in_doubt_items),
             Err(s) if s.code() == Code::FailedPrecondition => {
                 tracing::warn!(message = s.message(), "fenced by the center; registering again");

@@ -37,8 +37,8 @@ pub async fn run(store: Arc<dyn LedgerStore>, events: EventHub, after_ms: u64, m
             let Ok(channel) = Channel::parse("channel", &c.channel) else { continue };
             match store.reclaim(&channel, now, after_ms).await {
                 Ok(out) => {
-                    for (item_id, units, center_available) in out.items {
-                        tracing::warn!(channel = %channel, item = %item_id, units, new_epoch = out.new_epoch, "auto reclaimed");
+                    for (item_id, units, center_available, in_doubt) in out.items {
+                        tracing::warn!(channel = %channel, item = %item_id, units, in_doubt, new_epoch = out.new_epoch, "auto reclaimed");
                         if units > 0 {
                             events.publish(LedgerEvent::Restocked {
                                 item_id,

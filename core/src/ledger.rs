@@ -91,7 +91,7 @@ pub enum LedgerError {
     LeaseLive { channel: String, remaining_ms: i64 },
     #[error("channel {channel} has nothing in doubt")]
     NothingInDoubt { channel: String },
-    #[error("cannot write off {sold} units as sold: channel {channel} holds {held}")]
+    #[error("cannot write off {sold} units as sold: channel {channel} has {held} in doubt")]
     SoldExceedsHeld { channel: String, held: u64, sold: u64 },
 }
 
@@ -149,9 +149,18 @@ pub fn mark_lost(alloc: &mut Allocation) {
     alloc.reported = PoolCounts::default();
 }
 
-/// Settles in-doubt units: `sold` leave the system as sold (total goes down), the rest
-/// return to the center. The channel holds nothing of the item afterwards. Returns the
-/// units returned to center available.
+/// Reclaim of a channel whose agent stopped without a last report: it may have sold some
+/// of its unreported units after its last report, so they go in doubt (not back on sale)
+/// until an operator settles them. Returns how many.
+pub fn reclaim_into_doubt(alloc: &mut Allocation) -> u64 {
+    let units = reclaimable(alloc);
+    alloc.in_doubt += units;
+    units
+}
+
+/// Settles in-doubt units: `sold` of them leave the system as sold (total goes down), the
+/// rest return to the center; the channel keeps what was not in doubt. Returns the units
+/// returned to center available.
 pub fn resolve_in_doubt(
     item: &mut ItemState,
     alloc: &mut Allocation,
@@ -161,18 +170,22 @@ pub fn resolve_in_doubt(
     if alloc.in_doubt == 0 {
         return Err(LedgerError::NothingInDoubt { channel: channel.to_string() });
     }
-    let held = alloc.held();
-    if sold > held {
-        return Err(LedgerError::SoldExceedsHeld { channel: channel.to_string(), held, sold });
+    let doubt = alloc.in_doubt;
+    if sold > doubt {
+        return Err(LedgerError::SoldExceedsHeld { channel: channel.to_string(), held: doubt, sold });
     }
-    alloc.reclaimed += held;
+    alloc.reclaimed += doubt;
     alloc.in_doubt = 0;
-    alloc.reported = PoolCounts::default();
-    alloc.generation = 0;
+    if alloc.held() == 0 {
+        alloc.reported = PoolCounts::default();
+        alloc.generation = 0;
+    } else {
+        alloc.reported.available = alloc.reported.available.saturating_sub(doubt);
+    }
     item.total -= sold;
     item.written_off += sold;
-    item.available += held - sold;
-    Ok(held - sold)
+    item.available += doubt - sold;
+    Ok(doubt - sold)
 }
 
 /// Takes back [`reclaimable`] units; returns how many.
@@ -429,6 +442,21 @@ mod tests {
         assert_eq!((item.total, item.available, item.written_off, a.held(), a.in_doubt), (75, 75, 25, 0, 0));
         assert!(check_item("i", &item, &[("app".into(), a)]).violations.is_empty());
         assert!(resolve_in_doubt(&mut item, &mut a, &ch("app"), 0).is_err(), "nothing left in doubt");
+    }
+
+    #[test]
+    fn reclaim_without_a_last_report_puts_unreported_units_in_doubt() {
+        let mut item = ItemState::new(q(100), 1, 1000);
+        let mut a = Allocation::default();
+        borrow(&mut item, &mut a, q(50));
+        a.reported = PoolCounts { available: 30, reserved: 5, sold: 15 };
+        assert_eq!(reclaim_into_doubt(&mut a), 30);
+        assert_eq!((item.available, a.held(), a.in_doubt), (50, 50, 30), "nothing back on sale yet");
+        assert_eq!(reclaimable(&a), 0, "no second reclaim of the same units");
+        // The channel's orders show 2 of them sold after its last report.
+        assert_eq!(resolve_in_doubt(&mut item, &mut a, &ch("app"), 2).unwrap(), 28);
+        assert_eq!((item.total, item.available, a.held(), a.in_doubt), (98, 78, 20, 0));
+        assert!(check_item("i", &item, &[("app".into(), a)]).violations.is_empty());
     }
 
     #[test]

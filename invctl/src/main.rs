@@ -74,7 +74,8 @@ enum Command {
         #[arg(long)]
         sold: u64,
     },
-    /// Take back a dead channel's unsold units (refused while its lease is live).
+    /// Take back a dead channel's unsold units (refused while its lease is live); without
+    /// the agent's last report they go in doubt instead (settle with `resolve`).
     Reclaim {
         #[arg(long)]
         channel: String,
@@ -751,12 +752,15 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 .reclaim(pb::ReclaimRequest { channel: channel.clone() })
                 .await?
                 .into_inner();
-            let items: Vec<Value> =
-                r.items.iter().map(|i| json!({"item_id": i.item_id, "reclaimed": i.reclaimed})).collect();
+            let items: Vec<Value> = r
+                .items
+                .iter()
+                .map(|i| json!({"item_id": i.item_id, "reclaimed": i.reclaimed, "in_doubt": i.in_doubt}))
+                .collect();
             print(out, json!({"channel": channel, "new_epoch": r.new_epoch, "items": items}), || {
-                let mut t = Table::new(&["ITEM", "RECLAIMED"]);
+                let mut t = Table::new(&["ITEM", "RECLAIMED", "IN DOUBT"]);
                 for i in &r.items {
-                    t.row(vec![i.item_id.clone(), i.reclaimed.to_string()]);
+                    t.row(vec![i.item_id.clone(), i.reclaimed.to_string(), i.in_doubt.to_string()]);
                 }
                 format!("channel {channel} fenced at epoch {}\n{}", r.new_epoch, t.render())
             });

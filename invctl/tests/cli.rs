@@ -160,6 +160,7 @@ async fn channel_list_show_close_and_resolve() {
             channel: "app".into(),
             epoch,
             pools: vec![pb::PoolReport { item_id: "i".into(), lost: true, ..Default::default() }],
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -19,11 +19,14 @@
 //! `inventory_core::ledger`; the watermark decision is `inventory_core::rebalance::decide`.
 //! The request table (replay before the epoch check, refusals not recorded), the Center
 //! service's Heartbeat (a report with another generation, 0 included, than the last
-//! non-zero one is a lost pool; the answer lists the channel's items in doubt) and DescribeItem's
+//! non-zero one is a lost pool; the answer lists the channel's items with units in doubt,
+//! a lost pool only if `mark_lost` put units in doubt) and DescribeItem's
 //! `held`/`generation`/`in_doubt`, the pool store (`agent/src/store/memory.rs`, the Lua
 //! scripts' twin) and the agent's paths (`agent.rs`, `link.rs`, `items.rs`, `workers.rs`,
-//! `startup.rs`) as of commit 9634405 are mirrored in [`world`] and [`step`], each handler
-//! naming what it mirrors.
+//! `startup.rs`; a registration's resync only removing units while an outcome of the item
+//! is unknown) are mirrored as of commit 0be322a (whose protocol logic is 47263b0's:
+//! 0be322a only ends the center's event listener with the center) in [`world`] and
+//! [`step`], each handler naming what it mirrors.
 //!
 //! **Modelled:** per-call reordering and loss (calls are independent HTTP/2 streams), each
 //! call or reply landing within the link's deadline ([`world::MAX_DELAY_MS`]); the link's
@@ -44,7 +47,8 @@
 //! the locks, with lost-pool detection by generation and in-doubt units; then the lease,
 //! and a report at once); heartbeats reporting the pools (a frozen one as lost), renewing
 //! the lease, and freezing the items the center holds in doubt; a per-item resync 5 s
-//! (logical) after a Borrow or Return with an unknown outcome; reclaim; an operator
+//! (logical) after a Borrow or Return with an unknown outcome (at quiescence, time moves on
+//! until each scheduled one is due and the rebalancer runs it); reclaim; an operator
 //! resolving units in doubt at quiescence; the sold-out fast path and the end-of-sale
 //! flags; and, in their scenarios, lost heartbeats (a partition) and second processes
 //! sharing the pool store.
@@ -67,12 +71,16 @@
 //! survives; reclaim only of gracefully stopped agents) keeps every invariant, and so do
 //! `fence`, `data-loss`, `false-doubt` and `no-resync`, the regression tests of the bugs
 //! fixed in 35edb44 (which `old-agent`, the agent before those fixes, must still break).
-//! Since 9634405 (agent and center as of that commit are mirrored), `default` also lets
-//! calls under a new epoch overtake a registration's resyncs (bug A), reports pools the
-//! agent has not yet checked (bug B), loses pools while a Borrow is out (bug C's wide
-//! window) and lets attempts land after their call was given up (bug D); the
+//! Since 9634405, `default` also lets calls under a new epoch overtake a registration's
+//! resyncs (bug A), reports pools the agent has not yet checked (bug B), loses pools while
+//! a Borrow is out (bug C's wide window) and lets attempts land after their call was given
+//! up (bug D); the
 //! `old-registration-held`, `old-unchecked-reports` and `old-unchecked-refill` scenarios
 //! undo one fix each and must break an invariant at a known seed (D: `step::tests`).
+//! Since 47263b0 the bugs E and F this model found are fixed too: `old-registration-adds`
+//! (`fence` with a registration's resync adding units while an outcome is unknown; seed
+//! 1661) and `old-lost-listed` (`data-loss` with the center listing a pool lost at held 0
+//! in doubt; seed 2554) undo one fix each and must break invariants 3 and 7 there.
 //! What the fixed logic still gets wrong is shown by an `#[ignore]`d test each:
 //!
 //! - `reclaim` and `partition`: the documented gap (ARCHITECTURE.md): a reclaim of a
@@ -83,10 +91,6 @@
 //!   recreated by the refill.
 //! - `shared-store` ([`Rivals::SharedStore`]): two processes of a channel resync one pool
 //!   store, each under its own locks.
-//! - bug E (`fence`, seed 1661): a registration's resync right after a call it waited for
-//!   gave up, before that call's last attempt lands.
-//! - bug F (`data-loss`, seed 2554): a pool lost while its channel held none of it is
-//!   frozen for good (listed in doubt with nothing in doubt to resolve).
 //!
 //! Each switch restricts the *schedule* `default` may produce (when a task runs, when a
 //! message or a data loss happens), never what the agent or the center do.
@@ -174,6 +178,26 @@ pub fn scenarios() -> Vec<Scenario> {
             "a_pool_lost_while_a_borrow_is_out_is_not_refilled",
             OldAgent { refill_unchecked: true, ..OldAgent::default() },
         ),
+        // The agent and center before 47263b0, one fix undone, with the faults of the
+        // scenario that found the bug.
+        Scenario {
+            name: "old-registration-adds",
+            test: "a_registration_resync_only_removes_while_an_outcome_is_unknown",
+            config: Config {
+                faults: Faults { pool_data_loss: false, ..faults },
+                old_agent: OldAgent { registration_adds_while_unknown: true, ..OldAgent::default() },
+                ..base
+            },
+        },
+        Scenario {
+            name: "old-lost-listed",
+            test: "a_pool_lost_at_held_zero_freezes_nothing",
+            config: Config {
+                faults: Faults { rivals: Rivals::Never, ..faults },
+                old_agent: OldAgent { lost_listed_without_units: true, ..OldAgent::default() },
+                ..base
+            },
+        },
         Scenario {
             name: "broken-epoch-check",
             test: "a_center_without_the_epoch_check_is_caught",
@@ -305,10 +329,50 @@ fn quiesce(w: &mut World, ck: Checker) -> Result<(), Violation> {
         w.finish(c, &item, &id, true)?;
         ck(w)?;
     }
+    if resync {
+        scheduled_resyncs(w, ck)?;
+    }
     w.log("--- the operator resolves units in doubt ---".to_owned());
     w.resolve_in_doubt()?;
     ck(w)?;
     w.drain(&mut |w| ck(w))
+}
+
+/// Since 47263b0 a registration's resync only removes units from a pool while an outcome
+/// of the item is unknown: what is missing is added by the per-item resync scheduled for
+/// 5 s after that outcome. Time moves on (heartbeats go out) until every scheduled resync
+/// is due, and the rebalancer runs each; then one more heartbeat each reports what they
+/// found (a lost pool puts its units in doubt before the operator resolves them).
+fn scheduled_resyncs(w: &mut World, ck: Checker) -> Result<(), Violation> {
+    if w.scheduled_resyncs().is_empty() {
+        return Ok(());
+    }
+    w.log("--- scheduled resyncs run when due ---".to_owned());
+    for _ in 0..100 {
+        let scheduled = w.scheduled_resyncs();
+        if scheduled.is_empty() {
+            w.step += 1;
+            w.advance(world::HEARTBEAT_EVERY_MS)?;
+            ck(w)?;
+            return w.drain(&mut |w| ck(w));
+        }
+        let now = w.now_ms;
+        let due: Vec<(usize, String)> =
+            scheduled.into_iter().filter(|(_, _, at)| *at <= now).map(|(c, item, _)| (c, item)).collect();
+        if due.is_empty() {
+            w.step += 1;
+            w.advance(world::HEARTBEAT_EVERY_MS)?;
+            ck(w)?;
+            continue;
+        }
+        for (c, item) in due {
+            w.step += 1;
+            w.resync_if_due(c, &item)?;
+            ck(w)?;
+        }
+        w.drain(&mut |w| ck(w))?;
+    }
+    Err(Violation::new("2", format!("scheduled resyncs never ran: {:?}", w.scheduled_resyncs())))
 }
 
 /// Rounds of demand in a row that may sell nothing before stock counts as stranded. The

@@ -14,6 +14,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
+use inventory_core::Channel;
 use inventory_core::ledger::PoolCounts;
 use inventory_core::rebalance::{self, Action, Inputs};
 
@@ -506,8 +507,7 @@ impl World {
         }
         let epoch = self.mem(c).epoch;
         let channel = self.agents[c].channel.clone();
-        let skip = self.config.old_agent.unchecked_reports;
-        let result = self.center.heartbeat(&channel, epoch, &reports, self.now_ms, skip);
+        let result = self.center_heartbeat(&channel, epoch, &reports);
         self.mem(c).reachable = true;
         match &result {
             Ok(answer) => {
@@ -527,6 +527,21 @@ impl World {
             Err(r) => self.log(format!("heartbeat {channel} epoch {epoch} -> {r}")),
         }
         Some(result)
+    }
+
+    /// The center's Heartbeat (as it was before a fix if the scenario says so), counting
+    /// pools marked lost with nothing in doubt.
+    fn center_heartbeat(
+        &mut self,
+        channel: &Channel,
+        epoch: u64,
+        reports: &[Report],
+    ) -> Result<HeartbeatAnswer, Refusal> {
+        let result = self.center.heartbeat(channel, epoch, reports, self.now_ms, self.config.old_agent);
+        if let Ok(answer) = &result {
+            self.stats.lost_pools_without_units += answer.lost_without_units.len() as u64;
+        }
+        result
     }
 
     /// `workers::heartbeat`: report every pool (a frozen one as lost) and freeze what the
@@ -567,15 +582,10 @@ impl World {
             self.log(format!("rebalance {}/{item}: the rebalancer is busy", self.name(c)));
             return Ok(());
         }
-        let now = self.now_ms;
-        if self.flags(c, item).resync_due(now) {
-            self.lock(c, item, Waiter::ResyncItem)?;
-            if self.flags(c, item).resync_due(now) {
-                // Waiting for the lock (the rebalancer blocks), or the DescribeItem failed
-                // (the pass ends with an error; the resync stays due).
-                return Ok(());
-            }
+        if !self.due_resync(c, item)? {
+            return Ok(());
         }
+        let now = self.now_ms;
         let freed = self.agents[c].pools.entry(item.to_owned()).or_default().expire_due(1_000, now)?;
         if freed > 0 {
             self.flags(c, item).stock_returned_locally();
@@ -606,6 +616,42 @@ impl World {
             }
             Action::Hold => Ok(()),
         }
+    }
+
+    /// The start of the rebalancer's pass over an item: a due per-item resync, under the
+    /// item's lock. Returns whether the pass goes on (not if the resync is still due:
+    /// waiting for the lock, the rebalancer blocking, or its DescribeItem failed, which
+    /// ends the pass with an error).
+    fn due_resync(&mut self, c: usize, item: &str) -> Res<bool> {
+        let now = self.now_ms;
+        if self.flags(c, item).resync_due(now) {
+            self.lock(c, item, Waiter::ResyncItem)?;
+            return Ok(!self.flags(c, item).resync_due(now));
+        }
+        Ok(true)
+    }
+
+    /// Per-item resyncs scheduled in running agents: (channel, item, when due).
+    pub fn scheduled_resyncs(&self) -> Vec<(usize, String, i64)> {
+        let mut scheduled = Vec::new();
+        for (c, agent) in self.agents.iter().enumerate() {
+            let Some(mem) = agent.mem.as_ref() else { continue };
+            for (item, flags) in &mem.items {
+                if flags.resync_at_ms != 0 {
+                    scheduled.push((c, item.clone(), flags.resync_at_ms));
+                }
+            }
+        }
+        scheduled
+    }
+
+    /// A rebalancer pass over the item that only runs its due resync (the rest of the
+    /// pass is left to later passes), if the rebalancer is free.
+    pub fn resync_if_due(&mut self, c: usize, item: &str) -> Res {
+        if self.rebalancer_free(c) {
+            self.due_resync(c, item)?;
+        }
+        Ok(())
     }
 
     /// `Agent::pool_lost`: a pool whose generation changed since first seen was lost by
@@ -726,8 +772,12 @@ impl World {
                 let reg = self.mem(c).registering.as_mut().expect("a registration waits");
                 let answered = reg.pending.pop_front().expect("a holding waits");
                 reg.waiting = false;
+                // Since 47263b0: while a Borrow/Return of the item has an unknown outcome (a
+                // resync is scheduled), only take units away (`item.resync_pending()`).
+                let only_remove =
+                    !self.config.old_agent.registration_adds_while_unknown && self.flags(c, item).resync_at_ms != 0;
                 if self.config.old_agent.registration_held {
-                    self.resync(c, &answered, true)?;
+                    self.resync(c, &answered, true, only_remove)?;
                     return self.continue_registration(c);
                 }
                 // Since 9634405: calls under the new epoch may have landed between the
@@ -745,7 +795,7 @@ impl World {
                     show_holdings(std::slice::from_ref(&fresh)),
                     answered.held
                 ));
-                self.resync(c, &fresh, true)?;
+                self.resync(c, &fresh, true, only_remove)?;
                 self.continue_registration(c)
             }
             Waiter::ResyncItem => self.resync_item(c, item),
@@ -1152,8 +1202,7 @@ impl World {
     fn exit(&mut self, c: usize) -> Res {
         let reports = self.reports(c);
         let (epoch, channel) = (self.mem(c).epoch, self.agents[c].channel.clone());
-        let skip = self.config.old_agent.unchecked_reports;
-        let answer = self.center.heartbeat(&channel, epoch, &reports, self.now_ms, skip);
+        let answer = self.center_heartbeat(&channel, epoch, &reports);
         self.log(format!("final report of {channel}: {} -> {answer:?}", show_reports(&reports)));
         let ops = self.agents[c].mem.take().map_or(0, |m| m.ops.len());
         self.agents[c].stopped_gracefully = answer.is_ok();
@@ -1315,14 +1364,13 @@ impl World {
         if self.config.faults.rivals == Rivals::SharedStore {
             let mut frozen = BTreeSet::new();
             for h in held {
-                if self.resync(c, &h, false)? {
+                if self.resync(c, &h, false, false)? {
                     frozen.insert(h.item.clone());
                 }
             }
             let reports = self.reports_of(c, |item| frozen.contains(item));
             let channel = self.agents[c].channel.clone();
-            let skip = self.config.old_agent.unchecked_reports;
-            let answer = self.center.heartbeat(&channel, epoch, &reports, self.now_ms, skip);
+            let answer = self.center_heartbeat(&channel, epoch, &reports);
             self.log(format!("the second {name} process reports {} -> {answer:?}", show_reports(&reports)));
         }
         self.log(format!("the second {name} process stops"));
@@ -1330,10 +1378,12 @@ impl World {
     }
 
     /// `Agent::resync`: a pool the store lost (or the center holds in doubt) is frozen;
-    /// any other is aligned with `held`. The running agent's flags are updated only if it
-    /// is the one resyncing (`own`, not a [`rival`](Self::rival)). Returns whether the
-    /// pool was found lost.
-    fn resync(&mut self, c: usize, h: &Holding, own: bool) -> Res<bool> {
+    /// any other is aligned with `held`, or (`only_remove`, since 47263b0: a registration
+    /// while an outcome of the item is unknown) with `min(held, pool sum)`, leaving what is
+    /// missing to the scheduled `resync_item`. The running agent's flags are updated only
+    /// if it is the one resyncing (`own`, not a [`rival`](Self::rival)). Returns whether
+    /// the pool was found lost.
+    fn resync(&mut self, c: usize, h: &Holding, own: bool, only_remove: bool) -> Res<bool> {
         let (item, held) = (h.item.as_str(), h.held);
         let generation = self.agents[c].pools.get(item).map_or(0, |p| p.generation);
         let lost = h.in_doubt > 0
@@ -1347,8 +1397,18 @@ impl World {
             }
             return Ok(true);
         }
-        self.log(format!("{} resyncs {item} with held {held}", self.name(c)));
-        self.align(c, item, held)?;
+        let pool_sum = self.agents[c].pools.get(item).map_or(0, |p| p.counts().sum());
+        let target = if only_remove { held.min(pool_sum) } else { held };
+        if target < held {
+            self.stats.registration_adds_withheld += 1;
+            self.log(format!(
+                "{} resyncs {item} with held {held}, only removing (an outcome is unknown): pool stays at {target}",
+                self.name(c)
+            ));
+        } else {
+            self.log(format!("{} resyncs {item} with held {held}", self.name(c)));
+        }
+        self.align(c, item, target)?;
         if generation != 0 && own {
             self.flags(c, item).generation = generation;
         }
@@ -1381,7 +1441,7 @@ impl World {
             self.name(c),
             show_holdings(std::slice::from_ref(&h))
         ));
-        self.resync(c, &h, true)?;
+        self.resync(c, &h, true, false)?;
         // `resync_done(served)`: clears the schedule served, not a newer one (the old agent
         // cleared whatever was set).
         let flags = self.flags(c, item);

@@ -158,13 +158,13 @@ pub struct Config {
     /// stay stranded until an operator resolves them). Off: the operator resolves them at
     /// quiescence like real losses.
     pub doubt_requires_data_loss: bool,
-    /// The agent behaves as before the fixes of commit 35edb44 in these respects (to show
-    /// the checker still sees those bugs). All off in real runs.
+    /// The agent (or center) behaves as before the fixes of 35edb44, 9634405 or 47263b0 in
+    /// these respects (to show the checker still sees those bugs). All off in real runs.
     pub old_agent: OldAgent,
 }
 
-/// Behaviours of the agent (and center) before the fixes of commits 35edb44 and 9634405,
-/// each of which the simulator found to break an invariant. All off in real runs.
+/// Behaviours of the agent (and center) before the fixes of commits 35edb44, 9634405 and
+/// 47263b0, each of which the simulator found to break an invariant. All off in real runs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OldAgent {
     /// 35edb44: the link reads the epoch again on every attempt (a call begun before a
@@ -186,6 +186,14 @@ pub struct OldAgent {
     /// Bug D (9634405): `resync_item` resyncs whether or not a resync is still due once
     /// it holds the lock, and then clears whatever schedule is set.
     pub resync_item_unconditional: bool,
+    /// Bug E (47263b0): the registration's resync adds units even while a Borrow/Return
+    /// of the item has an unknown outcome (a resync scheduled), so a late attempt of a
+    /// Return that gave up takes back units the resync just refilled.
+    pub registration_adds_while_unknown: bool,
+    /// Bug F (47263b0): the center lists every item it marks lost in `in_doubt_items`,
+    /// even when `mark_lost` put nothing in doubt (the channel held none of it): the agent
+    /// freezes the item for good.
+    pub lost_listed_without_units: bool,
 }
 
 impl Default for Config {
@@ -306,6 +314,9 @@ pub struct HeartbeatAnswer {
     pub in_doubt_items: Vec<String>,
     /// Items marked lost because the report came with another pool generation (for stats).
     pub generation_changed: Vec<String>,
+    /// Items marked lost with nothing in doubt: the channel held none of them (for stats;
+    /// bug F's case).
+    pub lost_without_units: Vec<String>,
 }
 
 /// One pool in a heartbeat (`PoolReport`): a frozen pool is reported lost.
@@ -545,15 +556,18 @@ impl Center {
     /// the channel reported, is marked lost (`SqlLedger::mark_lost`: everything the channel holds of it
     /// is in doubt); then `SqlLedger::heartbeat` renews the lease and stores the reported
     /// totals and generations. The answer lists every item the channel has units in doubt
-    /// of. (The center reads the allocations, marks and stores in separate transactions;
-    /// here they are one step.)
+    /// of: since 47263b0 a lost pool is listed only if `mark_lost` put units in doubt (a
+    /// pool lost while the channel held none of it freezes nothing). (The center reads the
+    /// allocations, marks and stores in separate transactions; here they are one step.)
+    /// `old`: the center before 9634405 (`unchecked_reports`) or 47263b0
+    /// (`lost_listed_without_units`).
     pub fn heartbeat(
         &mut self,
         channel: &Channel,
         epoch: u64,
         reports: &[Report],
         now_ms: i64,
-        skip_generation_0: bool,
+        old: OldAgent,
     ) -> Result<HeartbeatAnswer, Refusal> {
         let Some(session) = self.sessions.get(channel.as_str()) else {
             return Err(Refusal::Precondition(format!("channel {channel} is not registered")));
@@ -569,25 +583,32 @@ impl Center {
                 .map(|((i, _), _)| i.clone())
                 .collect(),
             generation_changed: Vec::new(),
+            lost_without_units: Vec::new(),
         };
         let mut lost: Vec<String> = reports.iter().filter(|r| r.lost).map(|r| r.item.clone()).collect();
         for r in reports {
             let before = known(&r.item).map_or(0, |a| a.generation);
             // A pool reported with generation 0 after a real one vanished too (the center
             // before 9634405 skipped such reports: `skip_generation_0`).
-            let skipped = skip_generation_0 && r.generation == 0;
+            let skipped = old.unchecked_reports && r.generation == 0;
             if before != 0 && !skipped && r.generation != before && !lost.contains(&r.item) {
                 lost.push(r.item.clone());
                 answer.generation_changed.push(r.item.clone());
             }
         }
         for item in &lost {
-            if !answer.in_doubt_items.contains(item) {
-                answer.in_doubt_items.push(item.clone());
-            }
-            // An UPDATE: no allocation row, nothing to mark.
-            if let Some(a) = self.allocations.get_mut(&(item.clone(), channel.to_string())) {
+            // An UPDATE: no allocation row, nothing to mark (and nothing in doubt).
+            let units = self.allocations.get_mut(&(item.clone(), channel.to_string())).map_or(0, |a| {
                 ledger::mark_lost(a);
+                a.in_doubt
+            });
+            if units == 0 {
+                answer.lost_without_units.push(item.clone());
+            }
+            // Only units really in doubt freeze the item.
+            let listed = units > 0 || old.lost_listed_without_units;
+            if listed && !answer.in_doubt_items.contains(item) {
+                answer.in_doubt_items.push(item.clone());
             }
         }
         let session = self.sessions.get_mut(channel.as_str()).expect("checked above");
@@ -1267,6 +1288,12 @@ pub struct Stats {
     pub pool_losses_during_borrow: u64,
     /// ... and grants not refilled because the pool was found lost (bug C's case).
     pub refills_withheld: u64,
+    /// Registration resyncs that, an outcome of the item being unknown, left out units
+    /// the center counts as the channel's (only removing; bug E's case).
+    pub registration_adds_withheld: u64,
+    /// Pools the center marked lost while the channel held none of them, not listed in
+    /// doubt (bug F's case).
+    pub lost_pools_without_units: u64,
     /// Units granted or returned at the center but not reflected in a running agent's
     /// pool once everything in flight has landed: they wait for that agent's next
     /// resync (registration, or 5 s after an unknown outcome).
@@ -1298,6 +1325,8 @@ impl Stats {
         self.pool_losses_unrecorded += o.pool_losses_unrecorded;
         self.frozen_by_center += o.frozen_by_center;
         self.generation_changes += o.generation_changes;
+        self.registration_adds_withheld += o.registration_adds_withheld;
+        self.lost_pools_without_units += o.lost_pools_without_units;
         self.resync_moves += o.resync_moves;
         self.registration_held_moved += o.registration_held_moved;
         self.registrations_failed += o.registrations_failed;

@@ -1,6 +1,7 @@
 //! The simulator's tests: many seeds keep every invariant, a seed replays exactly, the
-//! bugs fixed in commit 35edb44 stay fixed (and the agent before the fixes is caught), and
-//! deliberately broken centers are caught (the checker is not vacuous).
+//! bugs fixed in commits 35edb44, 9634405 and 47263b0 stay fixed (and the agent or center
+//! before each fix is caught), and deliberately broken centers are caught (the checker is
+//! not vacuous).
 //!
 //! `INVENTORY_SIM_SEEDS=<n>` sets how many seeds the seed sweeps run (default 200, or more
 //! for a scenario whose known failure shows later); `INVENTORY_SIM_SEED=<n>` runs that one
@@ -105,6 +106,9 @@ fn two_hundred_seeds_keep_every_invariant() {
         // The schedules of bugs A, B and C (wide window) happen in `default` now.
         assert!(stats.registration_held_moved > 0, "calls overtook a registration: {stats:?}");
         assert!(stats.pool_losses_during_borrow > 0 && stats.refills_withheld > 0, "{stats:?}");
+        // ... and of E and F (47263b0).
+        assert!(stats.registration_adds_withheld > 0, "registrations only removed while unknown: {stats:?}");
+        assert!(stats.lost_pools_without_units > 0, "pools lost at held 0 froze nothing: {stats:?}");
     }
 }
 
@@ -248,20 +252,20 @@ fn reclaim_of_a_partitioned_agent() {
 // tests (D's is scripted, in `step::tests`)
 // ---------------------------------------------------------------------------------------
 
-/// One seed of a scenario must keep every invariant; the same seed with one fix of
-/// 9634405 undone (`old`) must break `invariant`: the model still sees the bug.
-fn fixed_at(seed: u64, old: &str, invariant: &str) {
+/// One seed of a scenario (`fixed`) must keep every invariant; the same seed with one fix
+/// undone (`old`, the same faults) must break `invariant`: the model still sees the bug.
+/// Returns the stats of the fixed run.
+fn fixed_at(seed: u64, fixed: &str, old: &str, invariant: &str) -> Stats {
     let began = Instant::now();
     let f = run(seed, &named(old)).expect_err("the agent without the fix is caught");
     assert_eq!(f.violation.invariant, invariant, "{f}");
-    if let Err(f) = run(seed, &named("default")) {
-        panic!("\n{f}\n");
-    }
+    let outcome = run(seed, &named(fixed)).unwrap_or_else(|f| panic!("\n{f}\n"));
     println!(
-        "seed {seed}: {old} breaks {}; the fixed agent keeps every invariant ({:.1?})",
+        "seed {seed}: {old} breaks {}; the fixed agent keeps every invariant in {fixed} ({:.1?})",
         f.violation,
         began.elapsed()
     );
+    outcome.stats
 }
 
 /// Was bug A, `calls_overtaking_a_registration_resync` (invariant 3, seed 12): a
@@ -272,7 +276,7 @@ fn fixed_at(seed: u64, old: &str, invariant: &str) {
 /// those calls overtake the registration (they used to be held back by a switch).
 #[test]
 fn a_registration_resync_reads_held_under_the_item_lock() {
-    fixed_at(12, "old-registration-held", "3");
+    fixed_at(12, "default", "old-registration-held", "3");
 }
 
 /// Was bug B, `a_lost_pool_reported_before_it_is_noticed` (invariant 8, seed 511 of its
@@ -284,7 +288,7 @@ fn a_registration_resync_reads_held_under_the_item_lock() {
 /// reports pools whatever the rebalancer has noticed (it used to be a switch).
 #[test]
 fn a_vanished_pool_is_reported_lost_never_empty() {
-    fixed_at(66, "old-unchecked-reports", "8");
+    fixed_at(66, "default", "old-unchecked-reports", "8");
 }
 
 /// Was bug C's wide window, `a_pool_lost_while_a_borrow_is_in_flight` (invariants 8 and
@@ -294,7 +298,45 @@ fn a_vanished_pool_is_reported_lost_never_empty() {
 /// What is left of C is [`a_pool_lost_between_the_refill_check_and_the_refill`].
 #[test]
 fn a_pool_lost_while_a_borrow_is_out_is_not_refilled() {
-    fixed_at(991, "old-unchecked-refill", "8");
+    fixed_at(991, "default", "old-unchecked-refill", "8");
+}
+
+// ---------------------------------------------------------------------------------------
+// Former known bugs E and F, fixed in commit 47263b0: regression tests
+// ---------------------------------------------------------------------------------------
+
+/// Was bug E, `a_registration_resync_right_after_a_call_gave_up` (invariant 3, seed 1661
+/// of scenario `fence`): the registration's resync, like `resync_item` before the fix of
+/// D, could run right after a call it waited for on the item's lock gave up, before that
+/// call's last attempt landed. web was fenced and registered again (epoch 3) while its
+/// Return t97 of 6 units was out; the Return gave up (a resync scheduled 5 s later); the
+/// registration's resync got the lock, read `held 12` (the Return had not landed) and
+/// refilled the 6 taken units; then attempt 5 landed and the center took them back: 6
+/// units existed twice until the `resync_item` 5 s later. Now, while an item's resync is
+/// scheduled (`resync_pending`), a registration's resync only removes units (target
+/// `min(held, pool)`), leaving what is missing to `resync_item`, which runs once the call
+/// can no longer land. `old-registration-adds` (scenario `fence` with the registration
+/// adding as before) first breaks at this very seed.
+#[test]
+fn a_registration_resync_only_removes_while_an_outcome_is_unknown() {
+    let stats = fixed_at(1661, "fence", "old-registration-adds", "3");
+    assert!(stats.registration_adds_withheld > 0, "the registration left the units out: {stats:?}");
+    assert!(stats.item_resyncs > 0, "the scheduled resync added them later: {stats:?}");
+}
+
+/// Was bug F, `a_pool_lost_at_held_zero_is_not_frozen_for_good` (invariant 7, seed 2554
+/// of scenario `data-loss`): a pool the store lost while its channel held none of it,
+/// reported with generation 0 after a non-zero one, was marked lost; `mark_lost` put
+/// nothing in doubt, but the heartbeat answer listed the item in `in_doubt_items` anyway,
+/// so the agent froze it for good (no units in doubt, so no `ResolveInDoubt` and no
+/// `InDoubtResolved`). Both channels' bundle pools were lost at held 0 and its 15 units
+/// stayed at the center, unsellable. Now the center lists a lost item only if
+/// `mark_lost` put units in doubt. `old-lost-listed` (scenario `data-loss` with the
+/// center listing every lost item) first breaks at this very seed.
+#[test]
+fn a_pool_lost_at_held_zero_freezes_nothing() {
+    let stats = fixed_at(2554, "data-loss", "old-lost-listed", "7");
+    assert!(stats.lost_pools_without_units > 0, "pools were lost at held 0: {stats:?}");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -317,49 +359,6 @@ fn a_pool_lost_while_a_borrow_is_out_is_not_refilled() {
             and its refill is recreated by the refill (first seen at seed 61)"]
 fn a_pool_lost_between_the_refill_check_and_the_refill() {
     assert_every_seed_passes("loss-before-refill");
-}
-
-/// Bug E (found by this model once attempts may land after the link gave up, as `default`
-/// now allows): the registration's resync, like `resync_item` before the fix of D, can
-/// run right after a call it waited for on the item's lock gave up, before that call's
-/// last attempt lands. Seed 1661 (scenario `fence`; beyond the 200 seeds of the sweeps):
-/// web is fenced and registers again (epoch 3) while its Return t97 of 6 units is out;
-/// the Return gives up (a resync scheduled for 5 s later); the registration's resync gets
-/// the lock, reads `held 12` (the Return has not landed) and refills the 6 taken units;
-/// then attempt 5 lands and the center takes them back: 6 units exist twice (invariant 3)
-/// until the `resync_item` 5 s later removes them, and can be sold meanwhile. Likely fix:
-/// while an item's resync is scheduled (an outcome unknown), a registration's resync
-/// only removes units, never adds any (leaving that to `resync_item` once the call can no
-/// longer land).
-#[test]
-#[ignore = "known bug E (invariant 3): a registration resync right after a call gave up refills units \
-            its late attempt then returns (first seen at seed 1661 of scenario fence)"]
-fn a_registration_resync_right_after_a_call_gave_up() {
-    let seed = env_u64("INVENTORY_SIM_SEED").unwrap_or(1661);
-    if let Err(f) = run(seed, &named("fence")) {
-        panic!("\n{f}\n");
-    }
-}
-
-/// Bug F (found by this model after the center-side fix of B): a pool the store lost
-/// while its channel held none of it, reported with generation 0 after a non-zero one,
-/// is now marked lost; `mark_lost` puts nothing in doubt (`held` is 0), but the heartbeat
-/// answer lists the item in `in_doubt_items` anyway, so the agent freezes it and reports
-/// it `lost` from then on. No units in doubt means no `ResolveInDoubt` and no
-/// `InDoubtResolved`: the item stays frozen on that channel for good. Seed 2554 (scenario
-/// `data-loss`, also `no-resync`): both channels' bundle pools are lost at held 0; the
-/// registrations at quiescence report them with generation 0; both freeze bundle; its 15
-/// units stay at the center, unsellable (invariant 7). Likely fix: the center lists an
-/// item in `in_doubt_items` only if the channel has units of it in doubt (`mark_lost`
-/// returned > 0), and does not treat a generation-0 report at `held` 0 as a loss.
-#[test]
-#[ignore = "known bug F (invariant 7): a pool lost while its channel held none of it is frozen for good \
-            (first seen at seed 2554 of scenario data-loss)"]
-fn a_pool_lost_at_held_zero_is_not_frozen_for_good() {
-    let seed = env_u64("INVENTORY_SIM_SEED").unwrap_or(2554);
-    if let Err(f) = run(seed, &named("data-loss")) {
-        panic!("\n{f}\n");
-    }
 }
 
 /// A gap beyond the fixes: two processes of one channel sharing a pool store (a deploy

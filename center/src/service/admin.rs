@@ -260,8 +260,8 @@ impl pb::admin_server::Admin for AdminService {
     async fn reclaim(&self, request: Request<pb::ReclaimRequest>) -> Res<pb::ReclaimResponse> {
         let channel = Channel::parse("channel", &request.get_ref().channel).map_err(CenterError::from)?;
         let out = self.store.reclaim(&channel, now_ms(), self.lease.reclaim_grace_ms).await?;
-        for (item_id, units, center_available) in &out.items {
-            tracing::warn!(channel = %channel, item = %item_id, units, new_epoch = out.new_epoch, "reclaimed");
+        for (item_id, units, center_available, in_doubt) in &out.items {
+            tracing::warn!(channel = %channel, item = %item_id, units, in_doubt, new_epoch = out.new_epoch, "reclaimed");
             if *units > 0 {
                 self.events.publish(LedgerEvent::Restocked {
                     item_id: item_id.clone(),
@@ -274,7 +274,7 @@ impl pb::admin_server::Admin for AdminService {
             items: out
                 .items
                 .into_iter()
-                .map(|(item_id, reclaimed, _)| pb::ReclaimedItem { item_id, reclaimed })
+                .map(|(item_id, reclaimed, _, in_doubt)| pb::ReclaimedItem { item_id, reclaimed, in_doubt })
                 .collect(),
             new_epoch: out.new_epoch,
         }))

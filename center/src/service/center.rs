@@ -134,7 +134,8 @@ impl pb::center_server::Center for CenterService {
                 }
             }
         }
-        let session = self.store.heartbeat(&channel, r.epoch, &reports, now_ms(), self.lease.lease_ttl_ms).await?;
+        let session =
+            self.store.heartbeat(&channel, r.epoch, &reports, r.last_report, now_ms(), self.lease.lease_ttl_ms).await?;
         Ok(Response::new(pb::HeartbeatResponse {
             lease_expires_at_unix_ms: session.lease_expires_at_ms,
             lease_ttl_ms: self.lease.lease_ttl_ms,

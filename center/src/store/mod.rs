@@ -103,8 +103,8 @@ pub struct PoolReportIn {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReclaimOutcome {
-    /// `(item_id, units reclaimed, center available afterwards)`.
-    pub items: Vec<(String, u64, u64)>,
+    /// `(item_id, units back at the center, center available afterwards, units put in doubt)`.
+    pub items: Vec<(String, u64, u64, u64)>,
     pub new_epoch: u64,
 }
 
@@ -159,6 +159,7 @@ pub trait LedgerStore: Send + Sync + 'static {
         channel: &Channel,
         epoch: u64,
         reports: &[PoolReportIn],
+        last_report: bool,
         now_ms: i64,
         lease_ttl_ms: u64,
     ) -> Result<ChannelSession>;

@@ -451,7 +451,7 @@ impl LedgerStore for SqlLedger {
             "INSERT INTO channels (channel, epoch, agent_id, lease_expires_at_ms, last_heartbeat_ms) \
              VALUES ($1, $2, $3, $4, $5) ON CONFLICT (channel) DO UPDATE SET epoch = channels.epoch + 1, \
              agent_id = excluded.agent_id, lease_expires_at_ms = excluded.lease_expires_at_ms, \
-             last_heartbeat_ms = excluded.last_heartbeat_ms RETURNING epoch",
+             last_heartbeat_ms = excluded.last_heartbeat_ms, last_report = 0 RETURNING epoch",
         )
         .bind(channel.as_str())
         .bind(i(session.epoch))
@@ -535,6 +535,7 @@ impl LedgerStore for SqlLedger {
         channel: &Channel,
         epoch: u64,
         reports: &[PoolReportIn],
+        last_report: bool,
         now_ms: i64,
         lease_ttl_ms: u64,
     ) -> Result<ChannelSession> {
@@ -543,12 +544,15 @@ impl LedgerStore for SqlLedger {
         stale_or_unknown(channel, session.as_ref(), epoch)?;
         let mut session = session.expect("checked above");
         session.renew(now_ms, lease_ttl_ms);
-        sqlx::query("UPDATE channels SET lease_expires_at_ms = $1, last_heartbeat_ms = $2 WHERE channel = $3")
-            .bind(session.lease_expires_at_ms)
-            .bind(session.last_heartbeat_ms)
-            .bind(channel.as_str())
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "UPDATE channels SET lease_expires_at_ms = $1, last_heartbeat_ms = $2, last_report = $3 WHERE channel = $4",
+        )
+        .bind(session.lease_expires_at_ms)
+        .bind(session.last_heartbeat_ms)
+        .bind(i64::from(last_report))
+        .bind(channel.as_str())
+        .execute(&mut *tx)
+        .await?;
         for PoolReportIn { item, counts: pool, generation } in reports {
             let exists = sqlx::query("SELECT item_id FROM items WHERE item_id = $1")
                 .bind(item.as_str())
@@ -830,6 +834,12 @@ impl LedgerStore for SqlLedger {
             .await?
             .ok_or_else(|| CenterError::Precondition(format!("channel {channel} is not registered")))?;
         session.begin_reclaim(channel, now_ms, grace_ms)?;
+        // Did the agent say its last word (drained)? Only then is its last report final.
+        let last_word: i64 = sqlx::query("SELECT last_report FROM channels WHERE channel = $1")
+            .bind(channel.as_str())
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get("last_report")?;
         sqlx::query("UPDATE channels SET epoch = $1 WHERE channel = $2")
             .bind(i(session.epoch))
             .bind(channel.as_str())
@@ -839,6 +849,14 @@ impl LedgerStore for SqlLedger {
         for (id, before) in items {
             let mut alloc = Self::alloc(&mut tx, id.as_str(), channel.as_str()).await?;
             let mut after = before.clone();
+            if last_word == 0 {
+                let doubt = ledger::reclaim_into_doubt(&mut alloc);
+                if doubt > 0 {
+                    Self::write_doubt(&mut tx, id.as_str(), channel.as_str(), &alloc).await?;
+                }
+                reclaimed.push((id.to_string(), 0, after.available, doubt));
+                continue;
+            }
             let units = ledger::reclaim(&mut after, &mut alloc);
             if units > 0 {
                 Self::write_item(&mut tx, id.as_str(), &before, &after).await?;
@@ -852,7 +870,7 @@ impl LedgerStore for SqlLedger {
                 .execute(&mut *tx)
                 .await?;
             }
-            reclaimed.push((id.to_string(), units, after.available));
+            reclaimed.push((id.to_string(), units, after.available, 0));
         }
         tx.commit().await?;
         Ok(ReclaimOutcome { items: reclaimed, new_epoch: session.epoch })

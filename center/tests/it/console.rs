@@ -88,7 +88,12 @@ impl SimulatedAgent {
         #[allow(clippy::needless_update)]
         let pool = pb::PoolReport { item_id: ITEM.into(), available, reserved, sold, ..Default::default() };
         self.client
-            .heartbeat(pb::HeartbeatRequest { channel: self.channel.clone(), epoch: self.epoch, pools: vec![pool] })
+            .heartbeat(pb::HeartbeatRequest {
+                channel: self.channel.clone(),
+                epoch: self.epoch,
+                pools: vec![pool],
+                ..Default::default()
+            })
             .await
             .expect("heartbeat");
     }

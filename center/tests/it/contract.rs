@@ -30,6 +30,7 @@ crate::for_each_backend!(
     list_channels_shows_sessions_and_holdings,
     auto_reclaim_takes_back_a_dead_channels_units,
     in_doubt_units_are_never_reclaimed_and_resolve_once,
+    reclaim_without_a_last_report_puts_unreported_units_in_doubt,
 );
 
 pub async fn create(admin: &mut AdminClient<Channel>, item: &str, total: u64) -> pb::Item {
@@ -246,6 +247,7 @@ async fn stale_epoch_is_failed_precondition_and_changes_nothing(c: TestCenter) {
                 sold: 0,
                 ..Default::default()
             }],
+            ..Default::default()
         })
         .await;
     assert_status(hb, Code::FailedPrecondition, "stale epoch");
@@ -314,6 +316,7 @@ async fn bad_input_is_invalid_argument_naming_the_field(c: TestCenter) {
             pb::PoolReport { item_id: "i".into(), ..Default::default() },
             pb::PoolReport { item_id: "b a d".into(), ..Default::default() },
         ],
+        ..Default::default()
     };
     assert_status(center.heartbeat(hb).await, Code::InvalidArgument, "pools[1].item_id");
     // Nothing changed.
@@ -366,6 +369,7 @@ async fn reconcile_reports_drift_and_detects_corruption(c: TestCenter) {
         channel: "app".into(),
         epoch,
         pools: vec![pb::PoolReport { item_id: "i".into(), available, reserved, sold, ..Default::default() }],
+        ..Default::default()
     };
     center.heartbeat(report(30, 4, 6)).await.unwrap();
     let clean = reconcile(&mut admin).await;
@@ -413,6 +417,8 @@ async fn reclaim_waits_for_lease_then_fences_the_old_epoch(c: TestCenter) {
                 sold: 15,
                 ..Default::default()
             }],
+            // The agent drained: this report is its last word.
+            last_report: true,
         })
         .await
         .unwrap()
@@ -432,7 +438,7 @@ async fn reclaim_waits_for_lease_then_fences_the_old_epoch(c: TestCenter) {
             }
         }
     };
-    assert_eq!(outcome.items, vec![pb::ReclaimedItem { item_id: "i".into(), reclaimed: 30 }]);
+    assert_eq!(outcome.items, vec![pb::ReclaimedItem { item_id: "i".into(), reclaimed: 30, in_doubt: 0 }]);
     assert!(outcome.new_epoch > epoch);
     let view = ledger(&mut admin, "i").await;
     assert_conserved(&view);
@@ -535,6 +541,7 @@ async fn list_channels_shows_sessions_and_holdings(c: TestCenter) {
                 sold: 4,
                 ..Default::default()
             }],
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -581,6 +588,7 @@ async fn auto_reclaim_takes_back_a_dead_channels_units(c: TestCenter) {
             channel: "app".into(),
             epoch,
             pools: vec![pb::PoolReport { item_id: "i".into(), available: 30, reserved: 10, ..Default::default() }],
+            last_report: true,
         })
         .await
         .unwrap();
@@ -610,6 +618,7 @@ async fn in_doubt_units_are_never_reclaimed_and_resolve_once(c: TestCenter) {
             channel: "app".into(),
             epoch,
             pools: vec![pb::PoolReport { item_id: "i".into(), lost: true, ..Default::default() }],
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -637,7 +646,7 @@ async fn in_doubt_units_are_never_reclaimed_and_resolve_once(c: TestCenter) {
     };
     assert_eq!(out.items[0].reclaimed, 0);
     let resolve = |sold| pb::ResolveInDoubtRequest { item_id: "i".into(), channel: "app".into(), sold };
-    assert_status(admin.resolve_in_doubt(resolve(41)).await, Code::FailedPrecondition, "holds 40");
+    assert_status(admin.resolve_in_doubt(resolve(41)).await, Code::FailedPrecondition, "has 40 in doubt");
     let done = admin.resolve_in_doubt(resolve(15)).await.unwrap().into_inner();
     assert_eq!((done.written_off, done.returned_to_center), (15, 25));
     assert_status(admin.resolve_in_doubt(resolve(15)).await, Code::FailedPrecondition, "nothing in doubt");
@@ -646,4 +655,57 @@ async fn in_doubt_units_are_never_reclaimed_and_resolve_once(c: TestCenter) {
     assert_eq!((item.total, item.available, item.written_off, view.channels[0].held), (85, 85, 15, 0));
     let r = reconcile(&mut admin).await;
     assert!(r.ok && r.in_doubt.is_empty(), "{r:?}");
+}
+
+async fn reclaim_without_a_last_report_puts_unreported_units_in_doubt(c: TestCenter) {
+    let backend = backend_of(&c);
+    drop(c);
+    let c = TestCenter::start_with(backend, |cfg| cfg.lease_ttl_ms = 200).await;
+    let (mut admin, mut center) = (c.admin().await, c.center().await);
+    create(&mut admin, "i", 100).await;
+    let epoch = register(&mut center, "app").await;
+    borrow(&mut center, "i", "app", epoch, 50, "b1").await.unwrap();
+    // A report, but not a last word: the agent may go on selling after it (a crash, or a
+    // partition in which it sells until its lease ends).
+    center
+        .heartbeat(pb::HeartbeatRequest {
+            channel: "app".into(),
+            epoch,
+            pools: vec![pb::PoolReport {
+                item_id: "i".into(),
+                available: 30,
+                reserved: 5,
+                sold: 15,
+                ..Default::default()
+            }],
+            last_report: false,
+        })
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let out = loop {
+        match admin.reclaim(pb::ReclaimRequest { channel: "app".into() }).await {
+            Ok(r) => break r.into_inner(),
+            Err(_) => {
+                assert!(std::time::Instant::now() < deadline, "reclaim never allowed");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert_eq!(out.items, vec![pb::ReclaimedItem { item_id: "i".into(), reclaimed: 0, in_doubt: 30 }]);
+    let view = ledger(&mut admin, "i").await;
+    assert_eq!((view.item.as_ref().unwrap().available, view.channels[0].held, view.channels[0].in_doubt), (50, 50, 30));
+    let r = reconcile(&mut admin).await;
+    assert!(r.ok && r.in_doubt.len() == 1, "{r:?}");
+    // The channel's orders show 3 more sold after its last report.
+    let done = admin
+        .resolve_in_doubt(pb::ResolveInDoubtRequest { item_id: "i".into(), channel: "app".into(), sold: 3 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((done.written_off, done.returned_to_center), (3, 27));
+    let view = ledger(&mut admin, "i").await;
+    let item = view.item.as_ref().unwrap();
+    assert_eq!((item.total, item.available, view.channels[0].held, view.channels[0].in_doubt), (97, 77, 20, 0));
+    assert!(reconcile(&mut admin).await.ok);
 }

@@ -82,6 +82,7 @@ async fn every_field_of_every_rpc_refuses_hostile_values() {
             channel: channel.into(),
             epoch,
             pools: vec![pb::PoolReport { item_id: item.into(), ..Default::default() }],
+            ..Default::default()
         };
         refused(&what("Heartbeat", "channel"), "channel", center.heartbeat(hb(&v, "i")).await);
         refused(&what("Heartbeat", "pools[0].item_id"), "pools[0].item_id", center.heartbeat(hb("app", &v)).await);

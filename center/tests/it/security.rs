@@ -78,7 +78,7 @@ async fn missing_wrong_and_foreign_tokens_are_refused_and_change_nothing() {
         Code::Unauthenticated
     );
     assert_eq!(center.borrow(with_token(borrow("b1"), WEB)).await.unwrap_err().code(), Code::PermissionDenied);
-    let hb = pb::HeartbeatRequest { channel: "app".into(), epoch, pools: vec![] };
+    let hb = pb::HeartbeatRequest { channel: "app".into(), epoch, pools: vec![], ..Default::default() };
     assert_eq!(center.heartbeat(with_token(hb, WEB)).await.unwrap_err().code(), Code::PermissionDenied);
     // Nothing changed: the item is untouched and only the legitimate registration exists.
     let view =
