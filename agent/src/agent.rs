@@ -376,6 +376,11 @@ impl Agent {
         // Serialised with Borrows and resyncs of the item: a resync must never see units
         // taken out for a Return that has not reached the center yet.
         let _flight = item.borrow_lock.lock().await;
+        // A lost or in-doubt pool gives nothing back: only an operator's resolution moves
+        // those units.
+        if item.frozen.load(Ordering::Acquire) || item.held_in_doubt.load(Ordering::Acquire) {
+            return 0;
+        }
         let take_id = uuid::Uuid::new_v4().simple().to_string();
         let taken = match self.store.take_for_return(&item.pool, &take_id, max).await {
             Ok(n) => n,
@@ -464,6 +469,8 @@ impl Agent {
         }
         if snap.generation != known && !item.frozen.swap(true, Ordering::AcqRel) {
             tracing::error!(item = %item.item_id, known, now = snap.generation, "pool lost its data; frozen");
+            // Ask the center soon: if the channel held nothing of the item, nothing was lost.
+            item.schedule_resync(crate::clock::now_ms() + 1_000);
         }
         item.frozen.load(Ordering::Acquire)
     }
@@ -532,6 +539,17 @@ impl Agent {
         only_remove: bool,
     ) -> Result<(), AgentError> {
         let snap = self.store.snapshot(&item.pool).await?;
+        if holding.held == 0 && holding.in_doubt == 0 {
+            // The channel holds nothing of the item: a lost pool cost nothing. Sell again
+            // from whatever the store has now (aligned to nothing).
+            if item.frozen.swap(false, Ordering::AcqRel) {
+                tracing::info!(item = %item.item_id, "pool lost while holding nothing; selling again");
+            }
+            item.held_in_doubt.store(false, Ordering::Release);
+            self.align(item, 0, &snap).await?;
+            item.generation.store(snap.generation, Ordering::Release);
+            return Ok(());
+        }
         let lost = (snap.generation == 0 && holding.held > 0)
             || (holding.generation != 0 && snap.generation != 0 && snap.generation != holding.generation);
         if lost {

@@ -114,7 +114,9 @@ pub fn give_back(
     channel: &Channel,
     quantity: Quantity,
 ) -> Result<(), LedgerError> {
-    let held = alloc.held();
+    // Units in doubt are not the channel's to give back: only an operator's resolution
+    // moves them (else they would come back twice).
+    let held = alloc.held() - alloc.in_doubt.min(alloc.held());
     if quantity.get() > held {
         return Err(LedgerError::ReturnExceedsHeld { channel: channel.to_string(), held, quantity: quantity.get() });
     }
@@ -442,6 +444,18 @@ mod tests {
         assert_eq!((item.total, item.available, item.written_off, a.held(), a.in_doubt), (75, 75, 25, 0, 0));
         assert!(check_item("i", &item, &[("app".into(), a)]).violations.is_empty());
         assert!(resolve_in_doubt(&mut item, &mut a, &ch("app"), 0).is_err(), "nothing left in doubt");
+    }
+
+    #[test]
+    fn units_in_doubt_cannot_be_returned() {
+        let mut item = ItemState::new(q(100), 1, 1000);
+        let mut a = Allocation::default();
+        borrow(&mut item, &mut a, q(10));
+        a.reported = PoolCounts { available: 10, reserved: 0, sold: 0 };
+        reclaim_into_doubt(&mut a);
+        assert!(give_back(&mut item, &mut a, &ch("app"), q(1)).is_err());
+        assert_eq!(resolve_in_doubt(&mut item, &mut a, &ch("app"), 0).unwrap(), 10);
+        assert!(check_item("i", &item, &[("app".into(), a)]).violations.is_empty());
     }
 
     #[test]

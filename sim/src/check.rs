@@ -148,11 +148,15 @@ pub fn check_state(w: &World) -> Res {
         if w.config.doubt_requires_data_loss {
             for (c, agent) in w.agents.iter().enumerate() {
                 let a = w.center.allocations.get(&(name.clone(), agent.name().to_owned())).copied().unwrap_or_default();
-                if a.in_doubt > 0 && !w.reference.pool_losses.contains_key(&(c, name.clone())) {
+                let key = (c, name.clone());
+                let explained =
+                    w.reference.pool_losses.contains_key(&key) || w.reference.reclaimed_into_doubt.contains_key(&key);
+                if a.in_doubt > 0 && !explained {
                     return Err(Violation::new(
                         "7",
                         format!(
-                            "{}/{name}: {} units in doubt though no pool store lost data; they are stranded until \
+                            "{}/{name}: {} units in doubt though no pool store lost data and no reclaim put them \
+                             in doubt; they are stranded until \
                              an operator resolves them",
                             agent.name(),
                             a.in_doubt
@@ -257,12 +261,13 @@ pub fn whereabouts(w: &World, item: &str) -> String {
             flags.map_or_else(
                 || " (down)".to_owned(),
                 |f| format!(
-                    " (center_dry {}, end_of_sale {}, local_empty {}, fast path {}, frozen {})",
+                    " (center_dry {}, end_of_sale {}, local_empty {}, fast path {}, frozen {}, held in doubt {})",
                     f.center_dry,
                     f.end_of_sale,
                     f.local_empty,
                     f.fast_path_keys.is_some(),
-                    f.frozen
+                    f.frozen,
+                    f.held_in_doubt
                 )
             )
         ));

@@ -17,16 +17,22 @@
 //! **Over the real rules:** the center's arithmetic, epochs, leases, reclaim, in-doubt
 //! marking and resolution, the invariant check (`check_item`) and request fingerprints are
 //! `inventory_core::ledger`; the watermark decision is `inventory_core::rebalance::decide`.
-//! The request table (replay before the epoch check, refusals not recorded), the Center
-//! service's Heartbeat (a report with another generation, 0 included, than the last
-//! non-zero one is a lost pool; the answer lists the channel's items with units in doubt,
-//! a lost pool only if `mark_lost` put units in doubt) and DescribeItem's
+//! Since 195d94b, also `ledger::reclaim_into_doubt` and the new `resolve_in_doubt` (only
+//! the `in_doubt` part is settled; the channel keeps the rest). The request table (replay
+//! before the epoch check, refusals not recorded), the Center service's Heartbeat (a
+//! report with another generation, 0 included, than the last non-zero one is a lost pool;
+//! the answer lists the channel's items with units in doubt, a lost pool only if
+//! `mark_lost` put units in doubt; `last_report` stored per channel, reset by a
+//! registration), the reclaim (`ledger::reclaim` only if the channel's last report was its
+//! last word, `reclaim_into_doubt` otherwise) and DescribeItem's
 //! `held`/`generation`/`in_doubt`, the pool store (`agent/src/store/memory.rs`, the Lua
 //! scripts' twin) and the agent's paths (`agent.rs`, `link.rs`, `items.rs`, `workers.rs`,
 //! `startup.rs`; a registration's resync only removing units while an outcome of the item
-//! is unknown) are mirrored as of commit 0be322a (whose protocol logic is 47263b0's:
-//! 0be322a only ends the center's event listener with the center) in [`world`] and
-//! [`step`], each handler naming what it mirrors.
+//! is unknown; the drain's final report with `last_report`; an intact pool whose units
+//! are partly in doubt kept and reported as it is, but not sold (`held_in_doubt`, also set
+//! by a heartbeat answer's `in_doubt_items`); on `InDoubtResolved`, the pool aligned to
+//! the `held` DescribeItem reads under the lock) are mirrored as of commit 195d94b in
+//! [`world`] and [`step`], each handler naming what it mirrors.
 //!
 //! **Modelled:** per-call reordering and loss (calls are independent HTTP/2 streams), each
 //! call or reply landing within the link's deadline ([`world::MAX_DELAY_MS`]); the link's
@@ -46,10 +52,12 @@
 //! still in flight is abandoned); registration (lease dropped; resyncs item by item under
 //! the locks, with lost-pool detection by generation and in-doubt units; then the lease,
 //! and a report at once); heartbeats reporting the pools (a frozen one as lost), renewing
-//! the lease, and freezing the items the center holds in doubt; a per-item resync 5 s
+//! the lease, and stopping sales of the items the center holds in doubt; a per-item resync 5 s
 //! (logical) after a Borrow or Return with an unknown outcome (at quiescence, time moves on
 //! until each scheduled one is due and the rebalancer runs it); reclaim; an operator
-//! resolving units in doubt at quiescence; the sold-out fast path and the end-of-sale
+//! resolving units in doubt at quiescence with the true sold count (the pool's sold units
+//! and those sold from lost pool data, less those written off before and those the
+//! channel keeps, `held - in_doubt`); the sold-out fast path and the end-of-sale
 //! flags; and, in their scenarios, lost heartbeats (a partition) and second processes
 //! sharing the pool store.
 //!
@@ -81,11 +89,24 @@
 //! (`fence` with a registration's resync adding units while an outcome is unknown; seed
 //! 1661) and `old-lost-listed` (`data-loss` with the center listing a pool lost at held 0
 //! in doubt; seed 2554) undo one fix each and must break invariants 3 and 7 there.
+//! Since 195d94b the documented reclaim gap is closed: a reclaim of a channel whose last
+//! report was not its last word puts its unreported units in doubt instead of back on
+//! sale. `old-reclaim-crashed` and `old-reclaim-partitioned` (`reclaim` and `partition`
+//! with the center reclaiming as before, [`OldAgent::reclaim_without_last_word`]) must
+//! break invariant 3 at seeds 7 and 13, where the fixed center keeps every invariant.
 //! What the fixed logic still gets wrong is shown by an `#[ignore]`d test each:
 //!
-//! - `reclaim` and `partition`: the documented gap (ARCHITECTURE.md): a reclaim of a
-//!   crashed, slow-stopping or partitioned agent takes back units it reserved or sold
-//!   after its last report (`default` reclaims only agents that stopped gracefully).
+//! - `reclaim` and `partition` (bug G, found mirroring 195d94b): `ledger::give_back` only
+//!   checks `held`, so an agent's Return of units the center holds in doubt is accepted
+//!   (`return_all` at a drain or the rebalancer of a `held_in_doubt` item; or a Return
+//!   taken before a pool was lost, `data-loss` seed 768), and `resolve_in_doubt`, which
+//!   now settles `in_doubt` rather than `held`, puts the same units back on sale again
+//!   (invariant 1; seeds 60 and 1). So `default` still reclaims only agents that stopped
+//!   gracefully. `reclaim-returns-spare-doubt` and `partition-returns-spare-doubt` add a
+//!   likely fix that is not in the product ([`Proposed::return_spares_doubt`]: the center
+//!   refuses a Return of units in doubt) and keep every invariant over the tested seeds.
+//! - `partition-returns-spare-doubt` beyond those seeds (seed 509): a pool lost at held 0
+//!   stays frozen as long as its agent runs (nothing in doubt, so nothing unfreezes it).
 //! - `loss-before-refill` (bug C's remaining window, [`Faults::loss_before_refill`]): a
 //!   pool lost between `borrow_now`'s second generation check and its refill script is
 //!   recreated by the refill.
@@ -93,7 +114,9 @@
 //!   store, each under its own locks.
 //!
 //! Each switch restricts the *schedule* `default` may produce (when a task runs, when a
-//! message or a data loss happens), never what the agent or the center do.
+//! message or a data loss happens), never what the agent or the center do; only
+//! [`OldAgent`] (the code before a fix), [`Breakage`] and [`Proposed`] (a fix not in the
+//! product) change the rules.
 //! `broken-epoch-check` and `broken-replays` break the center on purpose and must be
 //! caught.
 
@@ -105,7 +128,7 @@ pub mod world;
 use std::fmt;
 
 use world::ResState;
-pub use world::{Breakage, Config, Faults, OldAgent, Reclaims, Rivals, Stats, Violation, World};
+pub use world::{Breakage, Config, Faults, OldAgent, Proposed, Reclaims, Rivals, Stats, Violation, World};
 
 /// How many trailing trace lines a failure shows.
 pub const SHOWN_TRACE: usize = 50;
@@ -122,6 +145,12 @@ pub struct Scenario {
 pub fn scenarios() -> Vec<Scenario> {
     let base = Config::default();
     let faults = Faults::DEFAULT;
+    // Reclaims of any channel whose lease expired (as in `default`), without the faults
+    // that would hide the schedule: crashes and stops; or lost heartbeats (a partition).
+    let reclaim = Faults { reclaims: Reclaims::LeaseExpired, ..faults };
+    let partition =
+        Faults { crashes: false, stops: false, lose_heartbeat_pct: 40, reclaims: Reclaims::LeaseExpired, ..faults };
+    let spare = Proposed { return_spares_doubt: true };
     let with = |name, test, faults| Scenario { name, test, config: Config { faults, ..base } };
     // The agent (and center) before 9634405, one fix undone at a time.
     let old = |name, test, old_agent| Scenario { name, test, config: Config { old_agent, ..base } };
@@ -143,12 +172,8 @@ pub fn scenarios() -> Vec<Scenario> {
             test: "drift_settles_without_a_new_registration",
             config: Config { resync_at_quiescence: false, faults: Faults { rivals: Rivals::Never, ..faults }, ..base },
         },
-        with("reclaim", "reclaim_of_a_crashed_agent", Faults { reclaims: Reclaims::LeaseExpired, ..faults }),
-        with(
-            "partition",
-            "reclaim_of_a_partitioned_agent",
-            Faults { crashes: false, stops: false, lose_heartbeat_pct: 40, reclaims: Reclaims::LeaseExpired, ..faults },
-        ),
+        with("reclaim", "a_reclaim_of_a_crashed_agent_puts_its_unreported_units_in_doubt", reclaim),
+        with("partition", "a_reclaim_of_a_partitioned_agent_puts_its_unreported_units_in_doubt", partition),
         with(
             "loss-before-refill",
             "a_pool_lost_between_the_refill_check_and_the_refill",
@@ -197,6 +222,38 @@ pub fn scenarios() -> Vec<Scenario> {
                 old_agent: OldAgent { lost_listed_without_units: true, ..OldAgent::default() },
                 ..base
             },
+        },
+        // The center before 195d94b: a reclaim puts every unreported unit back on sale,
+        // whether or not the agent said its last word.
+        Scenario {
+            name: "old-reclaim-crashed",
+            test: "a_reclaim_of_a_crashed_agent_puts_its_unreported_units_in_doubt",
+            config: Config {
+                faults: reclaim,
+                old_agent: OldAgent { reclaim_without_last_word: true, ..OldAgent::default() },
+                ..base
+            },
+        },
+        Scenario {
+            name: "old-reclaim-partitioned",
+            test: "a_reclaim_of_a_partitioned_agent_puts_its_unreported_units_in_doubt",
+            config: Config {
+                faults: partition,
+                old_agent: OldAgent { reclaim_without_last_word: true, ..OldAgent::default() },
+                ..base
+            },
+        },
+        // Bug G's likely fix (not in the product): the center refuses Returns of units in
+        // doubt. With it, reclaims of any expired channel keep every invariant.
+        Scenario {
+            name: "reclaim-returns-spare-doubt",
+            test: "with_returns_sparing_units_in_doubt_reclaims_keep_every_invariant",
+            config: Config { faults: reclaim, proposed: spare, ..base },
+        },
+        Scenario {
+            name: "partition-returns-spare-doubt",
+            test: "with_returns_sparing_units_in_doubt_reclaims_keep_every_invariant",
+            config: Config { faults: partition, proposed: spare, ..base },
         },
         Scenario {
             name: "broken-epoch-check",

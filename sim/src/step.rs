@@ -280,6 +280,10 @@ impl World {
             self.log(format!("{what} -> unavailable (the agent's lease expired)"));
             return Ok(());
         }
+        if self.flags(c, item).held_in_doubt {
+            self.log(format!("{what} -> unavailable (units in doubt at the center)"));
+            return Ok(());
+        }
         if self.flags(c, item).frozen {
             self.log(format!("{what} -> unavailable (pool frozen)"));
             return Ok(());
@@ -507,7 +511,7 @@ impl World {
         }
         let epoch = self.mem(c).epoch;
         let channel = self.agents[c].channel.clone();
-        let result = self.center_heartbeat(&channel, epoch, &reports);
+        let result = self.center_heartbeat(&channel, epoch, &reports, false);
         self.mem(c).reachable = true;
         match &result {
             Ok(answer) => {
@@ -530,14 +534,16 @@ impl World {
     }
 
     /// The center's Heartbeat (as it was before a fix if the scenario says so), counting
-    /// pools marked lost with nothing in doubt.
+    /// pools marked lost with nothing in doubt. `last_report`: only the drain's final
+    /// report (195d94b).
     fn center_heartbeat(
         &mut self,
         channel: &Channel,
         epoch: u64,
         reports: &[Report],
+        last_report: bool,
     ) -> Result<HeartbeatAnswer, Refusal> {
-        let result = self.center.heartbeat(channel, epoch, reports, self.now_ms, self.config.old_agent);
+        let result = self.center.heartbeat(channel, epoch, reports, last_report, self.now_ms, self.config.old_agent);
         if let Ok(answer) = &result {
             self.stats.lost_pools_without_units += answer.lost_without_units.len() as u64;
         }
@@ -563,14 +569,15 @@ impl World {
         }
     }
 
-    /// `Agent::freeze_in_doubt`.
+    /// `Agent::freeze_in_doubt`: since 195d94b it sets `held_in_doubt` (no selling; the
+    /// pool is still reported as it is), not `frozen`.
     fn freeze_in_doubt(&mut self, c: usize, items: &[String]) {
         for item in items {
             let flags = self.flags(c, item);
-            if !flags.frozen {
-                flags.frozen = true;
+            if !flags.held_in_doubt {
+                flags.held_in_doubt = true;
                 self.stats.frozen_by_center += 1;
-                self.log(format!("{} freezes {item}: the center holds it in doubt", self.name(c)));
+                self.log(format!("{} stops selling {item}: the center holds units of it in doubt", self.name(c)));
             }
         }
     }
@@ -800,17 +807,31 @@ impl World {
             }
             Waiter::ResyncItem => self.resync_item(c, item),
             Waiter::InDoubtResolved => {
-                // The center settled it: the channel holds nothing of the item now. Empty the
-                // pool, sell again.
+                // The center settled it (195d94b): bring the pool to what the channel holds
+                // now (nothing after a lost pool; what was not in doubt after a reclaim),
+                // read with DescribeItem under the lock (a failed read counts as 0:
+                // `unwrap_or(0)`), and sell again.
+                let h = if !self.calm() && self.rng.percent(self.config.faults.lose_request_pct) {
+                    self.log(format!("{} describe {item} lost; aligning to 0", self.name(c)));
+                    None
+                } else {
+                    Some(self.center.describe(item, self.agents[c].name()))
+                };
+                let held = h.as_ref().map_or(0, |h| h.held);
                 let generation = self.agents[c].pools.get(item).map_or(0, |p| p.generation);
-                self.align(c, item, 0)?;
+                self.align(c, item, held)?;
                 let flags = self.flags(c, item);
                 flags.generation = generation;
                 flags.frozen = false;
+                flags.held_in_doubt = false;
                 flags.stock_returned_locally();
-                let as_of = self.center.changes;
-                self.reference.synced(c, item, as_of);
-                self.log(format!("{} sells {item} again (in doubt resolved)", self.name(c)));
+                if let Some(h) = h {
+                    self.reference.synced(c, item, h.as_of);
+                }
+                self.log(format!(
+                    "{} sells {item} again (in doubt resolved; pool aligned to held {held})",
+                    self.name(c)
+                ));
                 Ok(())
             }
         }
@@ -1036,7 +1057,10 @@ impl World {
                 let breakage = self.config.breakage;
                 let result = match kind {
                     OpKind::Borrow => self.center.borrow(&item, &ch, epoch, quantity, &request_id, &breakage),
-                    OpKind::Return => self.center.give_back(&item, &ch, epoch, quantity, &request_id, &breakage),
+                    OpKind::Return => {
+                        let proposed = self.config.proposed;
+                        self.center.give_back(&item, &ch, epoch, quantity, &request_id, &breakage, proposed)
+                    }
                 };
                 match &result {
                     Ok((_, true)) => self.stats.replays_answered += 1,
@@ -1197,12 +1221,13 @@ impl World {
         self.settle(c)
     }
 
-    /// The end of a graceful stop: the final report (not lost: a stop whose report fails
-    /// counts as a crash), then the process exits.
+    /// The end of a graceful stop: the final report, the agent's last word (`last_report`:
+    /// a reclaim may put its unsold units back on sale; not lost: a stop whose report
+    /// fails counts as a crash), then the process exits.
     fn exit(&mut self, c: usize) -> Res {
         let reports = self.reports(c);
         let (epoch, channel) = (self.mem(c).epoch, self.agents[c].channel.clone());
-        let answer = self.center_heartbeat(&channel, epoch, &reports);
+        let answer = self.center_heartbeat(&channel, epoch, &reports, true);
         self.log(format!("final report of {channel}: {} -> {answer:?}", show_reports(&reports)));
         let ops = self.agents[c].mem.take().map_or(0, |m| m.ops.len());
         self.agents[c].stopped_gracefully = answer.is_ok();
@@ -1370,15 +1395,17 @@ impl World {
             }
             let reports = self.reports_of(c, |item| frozen.contains(item));
             let channel = self.agents[c].channel.clone();
-            let answer = self.center_heartbeat(&channel, epoch, &reports);
+            let answer = self.center_heartbeat(&channel, epoch, &reports, false);
             self.log(format!("the second {name} process reports {} -> {answer:?}", show_reports(&reports)));
         }
         self.log(format!("the second {name} process stops"));
         Ok(())
     }
 
-    /// `Agent::resync`: a pool the store lost (or the center holds in doubt) is frozen;
-    /// any other is aligned with `held`, or (`only_remove`, since 47263b0: a registration
+    /// `Agent::resync`: a pool the store lost is frozen; an intact pool of which the center
+    /// holds units in doubt (195d94b: a reclaim without the agent's last word) is left as
+    /// it is and sells nothing (`held_in_doubt`) until an operator resolves them; any
+    /// other is aligned with `held`, or (`only_remove`, since 47263b0: a registration
     /// while an outcome of the item is unknown) with `min(held, pool sum)`, leaving what is
     /// missing to the scheduled `resync_item`. The running agent's flags are updated only
     /// if it is the one resyncing (`own`, not a [`rival`](Self::rival)). Returns whether
@@ -1386,9 +1413,8 @@ impl World {
     fn resync(&mut self, c: usize, h: &Holding, own: bool, only_remove: bool) -> Res<bool> {
         let (item, held) = (h.item.as_str(), h.held);
         let generation = self.agents[c].pools.get(item).map_or(0, |p| p.generation);
-        let lost = h.in_doubt > 0
-            || (generation == 0 && held > 0)
-            || (h.generation != 0 && generation != 0 && generation != h.generation);
+        let lost =
+            (generation == 0 && held > 0) || (h.generation != 0 && generation != 0 && generation != h.generation);
         if lost {
             // Never resell: the units may have been sold before the store lost them.
             self.log(format!("{} resync: pool of {item} lost; units in doubt, item frozen", self.name(c)));
@@ -1396,6 +1422,18 @@ impl World {
                 self.flags(c, item).frozen = true;
             }
             return Ok(true);
+        }
+        if h.in_doubt > 0 {
+            self.log(format!(
+                "{} resync: {} units of {item} in doubt at the center; pool kept, not selling",
+                self.name(c),
+                h.in_doubt
+            ));
+            if own && !self.flags(c, item).held_in_doubt {
+                self.flags(c, item).held_in_doubt = true;
+                self.stats.held_in_doubt += 1;
+            }
+            return Ok(false);
         }
         let pool_sum = self.agents[c].pools.get(item).map_or(0, |p| p.counts().sum());
         let target = if only_remove { held.min(pool_sum) } else { held };
@@ -1500,7 +1538,11 @@ impl World {
             let sold_in_pool = self.agents[c].pools.get(&item).map_or(0, |p| p.sold);
             let lost = self.reference.lost_sold.get(&key).copied().unwrap_or(0);
             let already = self.reference.written_off.get(&key).copied().unwrap_or(0);
-            let sold = (sold_in_pool + lost).saturating_sub(already);
+            // Since 195d94b the channel keeps what was not in doubt (`held - in_doubt`): of
+            // the pool's sold units, only those beyond it were sold from units in doubt.
+            let alloc = self.center.allocations[&(item.clone(), channel.clone())];
+            let kept = alloc.held() - alloc.in_doubt;
+            let sold = (sold_in_pool + lost).saturating_sub(already).saturating_sub(kept);
             let ch = self.agents[c].channel.clone();
             self.step += 1;
             let returned = self.center.resolve_in_doubt(&item, &ch, sold).map_err(|r| {
@@ -1510,7 +1552,9 @@ impl World {
                 "operator resolves {channel}/{item}: {sold} written off as sold, {returned} back to the center"
             ));
             self.stats.resolutions += 1;
-            if !self.reference.pool_losses.contains_key(&key) {
+            let after_reclaim = self.reference.reclaimed_into_doubt.contains_key(&key);
+            self.stats.resolutions_after_reclaim += u64::from(after_reclaim);
+            if !self.reference.pool_losses.contains_key(&key) && !after_reclaim {
                 self.stats.resolutions_without_data_loss += 1;
             }
             *self.reference.written_off.entry(key.clone()).or_default() += sold;
@@ -1526,16 +1570,22 @@ impl World {
     fn reclaim(&mut self, c: usize) -> Res {
         let channel = self.agents[c].channel.clone();
         let alive = if self.agents[c].mem.is_some() { "running" } else { "down" };
-        match self.center.reclaim(&channel, self.now_ms) {
+        match self.center.reclaim(&channel, self.now_ms, self.config.old_agent) {
             Err(r) => {
                 self.log(format!("reclaim {channel} ({alive}) -> {r}"));
             }
             Ok(items) => {
-                self.log(format!("reclaim {channel} ({alive}) -> {items:?}"));
+                self.log(format!("reclaim {channel} ({alive}) -> (item, back on sale, in doubt) {items:?}"));
                 self.stats.reclaims += 1;
                 let as_of = self.center.changes;
-                for (item, units) in items {
+                let (on_sale, doubt): (u64, u64) = items.iter().fold((0, 0), |(s, d), (_, u, x)| (s + u, d + x));
+                self.stats.reclaims_on_sale += u64::from(on_sale > 0);
+                self.stats.reclaims_into_doubt += u64::from(doubt > 0);
+                for (item, units, in_doubt) in items {
                     self.reference.unsynced(c, &item, as_of, units);
+                    if in_doubt > 0 {
+                        *self.reference.reclaimed_into_doubt.entry((c, item)).or_default() += in_doubt;
+                    }
                 }
                 self.fan_out();
             }

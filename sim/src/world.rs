@@ -93,9 +93,11 @@ impl Faults {
     /// registering) while their other tasks keep starting calls under the new epoch, pool
     /// stores losing their data (also while the agent is down, has no generation of it
     /// recorded, has not noticed the loss before reporting, or has a Borrow of it in
-    /// flight), reclaims of agents that stopped gracefully. Left out, each breaking an
-    /// invariant in its own scenario: reclaims of crashed or partitioned agents (the
-    /// documented gap), the schedule [`loss_before_refill`](Self::loss_before_refill)
+    /// flight), reclaims of agents that stopped gracefully (drained: their last report is
+    /// their last word). Left out, each breaking an invariant in its own scenario:
+    /// reclaims of crashed or partitioned agents (since 195d94b their unreported units go
+    /// in doubt, but bug G: a Return of units in doubt is accepted, and the resolution
+    /// hands them out again), the schedule [`loss_before_refill`](Self::loss_before_refill)
     /// (bug C's remaining window) and [`Rivals::SharedStore`].
     pub const DEFAULT: Faults = Faults {
         lose_request_pct: 5,
@@ -161,6 +163,19 @@ pub struct Config {
     /// The agent (or center) behaves as before the fixes of 35edb44, 9634405 or 47263b0 in
     /// these respects (to show the checker still sees those bugs). All off in real runs.
     pub old_agent: OldAgent,
+    /// A fix not (yet) in the product, to show what it would take. All off in real runs.
+    pub proposed: Proposed,
+}
+
+/// Rules the product does not have (yet), each closing a gap the model found. All off in
+/// real runs: the model mirrors the product.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Proposed {
+    /// Bug G: the center refuses a Return of units in doubt (`quantity > held - in_doubt`
+    /// while `in_doubt > 0`; FailedPrecondition, so the agent puts the units back).
+    /// Without it, `ledger::give_back` only checks `held`, and `resolve_in_doubt` (which
+    /// since 195d94b settles `in_doubt`, not `held`) hands the returned units out again.
+    pub return_spares_doubt: bool,
 }
 
 /// Behaviours of the agent (and center) before the fixes of commits 35edb44, 9634405 and
@@ -194,6 +209,11 @@ pub struct OldAgent {
     /// even when `mark_lost` put nothing in doubt (the channel held none of it): the agent
     /// freezes the item for good.
     pub lost_listed_without_units: bool,
+    /// The known gap closed by 195d94b: the center's reclaim ignores whether the channel's
+    /// last report was its last word (`last_report`, sent only by a drain) and always puts
+    /// `held - reported(reserved+sold)` back on sale, also for a crashed or partitioned
+    /// agent that sold after its last report.
+    pub reclaim_without_last_word: bool,
 }
 
 impl Default for Config {
@@ -205,6 +225,7 @@ impl Default for Config {
             resync_at_quiescence: true,
             doubt_requires_data_loss: true,
             old_agent: OldAgent::default(),
+            proposed: Proposed::default(),
         }
     }
 }
@@ -375,6 +396,9 @@ pub struct Center {
     pub stale_applied: Vec<String>,
     /// Published and not yet fanned out to agents.
     pub outbox: Vec<CenterEvent>,
+    /// Channel -> whether its last heartbeat was its last word (`last_report`, sent by a
+    /// drain's final report); reset to false by a registration (`channels.last_report`).
+    pub last_report: BTreeMap<String, bool>,
     /// Reference model: reclaims and in-doubt resolutions so far (they take units from a
     /// channel behind its agent's back).
     pub changes: u64,
@@ -467,7 +491,10 @@ impl Center {
         Ok((answer, false))
     }
 
-    /// `SqlLedger::give_back` + the Restocked publication.
+    /// `SqlLedger::give_back` + the Restocked publication (`ledger::give_back` checks only
+    /// `held`, units in doubt included: bug G). `proposed.return_spares_doubt`: G's likely
+    /// fix, not in the product.
+    #[allow(clippy::too_many_arguments)]
     pub fn give_back(
         &mut self,
         item: &str,
@@ -476,6 +503,7 @@ impl Center {
         quantity: u64,
         request_id: &str,
         breakage: &Breakage,
+        proposed: Proposed,
     ) -> Result<(Answer, bool), Refusal> {
         let item_id = self.item(item).id.clone();
         let m = Mutation::Return { item: item_id, channel: channel.clone(), quantity: qty(quantity) };
@@ -485,6 +513,14 @@ impl Center {
         self.check_epoch(channel, epoch, &format!("return {request_id}"), breakage)?;
         let entry = self.items.get_mut(item).expect("known item");
         let mut alloc = self.allocations.get(&(item.to_owned(), channel.to_string())).copied().unwrap_or_default();
+        let spare = alloc.held().saturating_sub(alloc.in_doubt);
+        if proposed.return_spares_doubt && alloc.in_doubt > 0 && quantity > spare {
+            return Err(Refusal::Precondition(format!(
+                "cannot return {quantity} units: channel {channel} has {} in doubt of {} held",
+                alloc.in_doubt,
+                alloc.held()
+            )));
+        }
         let mut after = entry.state.clone();
         ledger::give_back(&mut after, &mut alloc, channel, qty(quantity))?;
         entry.state = after;
@@ -523,6 +559,7 @@ impl Center {
         let session = ChannelSession::register(self.sessions.get(channel), agent_id, now_ms, LEASE_TTL_MS);
         let epoch = session.epoch;
         self.sessions.insert(channel.to_owned(), session);
+        self.last_report.insert(channel.to_owned(), false);
         let held = self
             .allocations
             .iter()
@@ -559,6 +596,7 @@ impl Center {
     /// of: since 47263b0 a lost pool is listed only if `mark_lost` put units in doubt (a
     /// pool lost while the channel held none of it freezes nothing). (The center reads the
     /// allocations, marks and stores in separate transactions; here they are one step.)
+    /// Since 195d94b it also stores `last_report` (the drain's final report says true).
     /// `old`: the center before 9634405 (`unchecked_reports`) or 47263b0
     /// (`lost_listed_without_units`).
     pub fn heartbeat(
@@ -566,6 +604,7 @@ impl Center {
         channel: &Channel,
         epoch: u64,
         reports: &[Report],
+        last_report: bool,
         now_ms: i64,
         old: OldAgent,
     ) -> Result<HeartbeatAnswer, Refusal> {
@@ -613,6 +652,7 @@ impl Center {
         }
         let session = self.sessions.get_mut(channel.as_str()).expect("checked above");
         session.renew(now_ms, LEASE_TTL_MS);
+        self.last_report.insert(channel.to_string(), last_report);
         for r in reports {
             let a = self.allocations.entry((r.item.clone(), channel.to_string())).or_default();
             a.reported = r.counts;
@@ -623,8 +663,8 @@ impl Center {
     }
 
     /// `Admin/ResolveInDoubt` (`SqlLedger::resolve_in_doubt` + its publications): `sold`
-    /// units are written off, the rest of what the channel held goes back to the center.
-    /// Returns the units returned.
+    /// of the units in doubt are written off, the rest of them go back to the center; the
+    /// channel keeps what was not in doubt (since 195d94b). Returns the units returned.
     pub fn resolve_in_doubt(&mut self, item: &str, channel: &Channel, sold: u64) -> Result<u64, Refusal> {
         let entry = self.items.get_mut(item).expect("known item");
         let key = (item.to_owned(), channel.to_string());
@@ -646,16 +686,32 @@ impl Center {
         Ok(returned)
     }
 
-    /// `SqlLedger::reclaim` + the Restocked publications: units reclaimed per item.
-    pub fn reclaim(&mut self, channel: &Channel, now_ms: i64) -> Result<Vec<(String, u64)>, Refusal> {
+    /// `SqlLedger::reclaim` + the Restocked publications: per item, the units reclaimed
+    /// (back on sale) and the units put in doubt. Since 195d94b only a channel whose last
+    /// report was its last word (a drain) is reclaimed with `ledger::reclaim`; any other's
+    /// unreported units go in doubt (`ledger::reclaim_into_doubt`), nothing back on sale.
+    /// `old.reclaim_without_last_word`: the center before 195d94b.
+    pub fn reclaim(
+        &mut self,
+        channel: &Channel,
+        now_ms: i64,
+        old: OldAgent,
+    ) -> Result<Vec<(String, u64, u64)>, Refusal> {
         let Some(session) = self.sessions.get_mut(channel.as_str()) else {
             return Err(Refusal::Precondition(format!("channel {channel} is not registered")));
         };
         session.begin_reclaim(channel, now_ms, RECLAIM_GRACE_MS)?;
         self.changes += 1;
+        let last_word =
+            old.reclaim_without_last_word || self.last_report.get(channel.as_str()).copied().unwrap_or(false);
         let mut out = Vec::new();
         for ((item, c), alloc) in self.allocations.iter_mut() {
             if c != channel.as_str() {
+                continue;
+            }
+            if !last_word {
+                let doubt = ledger::reclaim_into_doubt(alloc);
+                out.push((item.clone(), 0, doubt));
                 continue;
             }
             let entry = self.items.get_mut(item).expect("known item");
@@ -667,7 +723,7 @@ impl Center {
                     from_channel: Some(channel.to_string()),
                 });
             }
-            out.push((item.clone(), units));
+            out.push((item.clone(), units, 0));
         }
         Ok(out)
     }
@@ -907,6 +963,10 @@ pub struct ItemFlags {
     pub last_starving_signal_ms: i64,
     pub generation: u64,
     pub frozen: bool,
+    /// `held_in_doubt` (195d94b): the center holds some of the channel's units of the item
+    /// in doubt (a reclaim without the agent's last word) while the pool is intact: no
+    /// selling, but the pool is reported as it is.
+    pub held_in_doubt: bool,
     /// `resync_at_ms`: when to resync the pool with the center (0: none pending).
     pub resync_at_ms: i64,
     /// Who waits for the item's `borrow_lock`, in arrival order (tokio's mutex is fair).
@@ -1205,6 +1265,9 @@ pub struct Reference {
     /// (channel, item) -> units an operator wrote off as sold when resolving in-doubt
     /// units: they left the ledger's total but may still show as sold in the pool.
     pub written_off: BTreeMap<(usize, String), u64>,
+    /// (channel, item) -> units a reclaim without the agent's last word put in doubt (a
+    /// legitimate doubt without any data loss).
+    pub reclaimed_into_doubt: BTreeMap<(usize, String), u64>,
     /// Broken rules noticed while stepping (e.g. a resync that could not remove units).
     pub noticed: Vec<Violation>,
 }
@@ -1251,8 +1314,18 @@ pub struct Stats {
     pub reclaims: u64,
     /// Items an operator had to resolve at quiescence (units in doubt).
     pub resolutions: u64,
-    /// ... of which no pool store had lost data: a false alarm.
+    /// ... of which neither a pool store had lost data nor a reclaim without the agent's
+    /// last word had put units in doubt: a false alarm.
     pub resolutions_without_data_loss: u64,
+    /// ... of units a reclaim without the agent's last word put in doubt (195d94b).
+    pub resolutions_after_reclaim: u64,
+    /// Reclaims of a channel whose last report was not its last word (a crashed, fenced
+    /// or partitioned agent) that put units in doubt...
+    pub reclaims_into_doubt: u64,
+    /// ... and reclaims of a drained channel that put units back on sale.
+    pub reclaims_on_sale: u64,
+    /// Items an agent stopped selling (`held_in_doubt`) while reporting the pool as it is.
+    pub held_in_doubt: u64,
     /// A running agent heard it was fenced and registered again.
     pub fenced_reregistrations: u64,
     /// ... while Borrow/Return calls of its were in flight.
@@ -1314,6 +1387,10 @@ impl Stats {
         self.reclaims += o.reclaims;
         self.resolutions += o.resolutions;
         self.resolutions_without_data_loss += o.resolutions_without_data_loss;
+        self.resolutions_after_reclaim += o.resolutions_after_reclaim;
+        self.reclaims_into_doubt += o.reclaims_into_doubt;
+        self.reclaims_on_sale += o.reclaims_on_sale;
+        self.held_in_doubt += o.held_in_doubt;
         self.fenced_reregistrations += o.fenced_reregistrations;
         self.fenced_with_calls_in_flight += o.fenced_with_calls_in_flight;
         self.resyncs_waiting_for_a_call += o.resyncs_waiting_for_a_call;
