@@ -123,6 +123,29 @@ impl RedisPoolStore {
 }
 
 impl RedisPoolStore {
+    /// Confirm and cancel take the same keys and arguments; only the script differs.
+    async fn transition_script(
+        &self,
+        script: &Script,
+        what: &str,
+        pool: &PoolKey,
+        reservation_id: &str,
+    ) -> Result<Transition, StoreError> {
+        let k = self.keys(pool);
+        let reply: Value = script
+            .key(&k.pool)
+            .key(&k.res)
+            .key(&k.due)
+            .key(&k.held)
+            .key(&k.gc)
+            .arg(reservation_id)
+            .arg(self.retention_ms)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(map_err)?;
+        transition(what, reply)
+    }
+
     async fn refill_script(
         &self,
         pool: &PoolKey,
@@ -279,39 +302,11 @@ impl PoolStore for RedisPoolStore {
     }
 
     async fn confirm(&self, pool: &PoolKey, reservation_id: &str) -> Result<Transition, StoreError> {
-        let k = self.keys(pool);
-        let reply: Value = self
-            .scripts
-            .confirm
-            .key(&k.pool)
-            .key(&k.res)
-            .key(&k.due)
-            .key(&k.held)
-            .key(&k.gc)
-            .arg(reservation_id)
-            .arg(self.retention_ms)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(map_err)?;
-        transition("confirm", reply)
+        self.transition_script(&self.scripts.confirm, "confirm", pool, reservation_id).await
     }
 
     async fn cancel(&self, pool: &PoolKey, reservation_id: &str) -> Result<Transition, StoreError> {
-        let k = self.keys(pool);
-        let reply: Value = self
-            .scripts
-            .cancel
-            .key(&k.pool)
-            .key(&k.res)
-            .key(&k.due)
-            .key(&k.held)
-            .key(&k.gc)
-            .arg(reservation_id)
-            .arg(self.retention_ms)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(map_err)?;
-        transition("cancel", reply)
+        self.transition_script(&self.scripts.cancel, "cancel", pool, reservation_id).await
     }
 
     async fn expire_due(&self, pool: &PoolKey, max: u64) -> Result<u64, StoreError> {

@@ -273,6 +273,42 @@ impl SqlLedger {
         Ok(())
     }
 
+    /// The one transaction behind Borrow and Return: lock the item row, answer a replay
+    /// with the stored first answer, check the epoch, apply `rule` to the item and the
+    /// channel's allocation, write what changed, and record the answer under the request id.
+    /// Returns the answer and whether it was a replay.
+    async fn movement<T, F>(
+        &self,
+        item: &ItemId,
+        channel: &Channel,
+        epoch: u64,
+        m: &Mutation,
+        request_id: &RequestId,
+        rule: F,
+    ) -> Result<(T, bool)>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(&mut ItemState, &mut Allocation) -> Result<T>,
+    {
+        let mut tx = self.begin().await?;
+        let (before, _) = self.lock_item(&mut tx, item).await?;
+        if let Some(first) = Self::find_request::<T>(&mut tx, m, request_id).await? {
+            return Ok((first, true));
+        }
+        let session = self.session(&mut tx, channel, &self.q.lock_channel_share).await?;
+        stale_or_unknown(channel, session.as_ref(), epoch)?;
+        let mut alloc = Self::alloc(&mut tx, item.as_str(), channel.as_str()).await?;
+        let mut after = before.clone();
+        let outcome = rule(&mut after, &mut alloc)?;
+        if after != before {
+            Self::write_item(&mut tx, item.as_str(), &before, &after).await?;
+            Self::write_movements(&mut tx, item.as_str(), channel.as_str(), &alloc).await?;
+        }
+        Self::put_request(&mut tx, m, request_id, &outcome).await?;
+        tx.commit().await?;
+        Ok((outcome, false))
+    }
+
     /// Writes the in-doubt state and the report fields it resets.
     async fn write_doubt(tx: &mut Tx, item: &str, channel: &str, a: &Allocation) -> Result<()> {
         sqlx::query(
@@ -483,24 +519,13 @@ impl LedgerStore for SqlLedger {
         request_id: &RequestId,
     ) -> Result<BorrowOutcome> {
         let m = Mutation::Borrow { item: item.clone(), channel: channel.clone(), quantity };
-        let mut tx = self.begin().await?;
-        let (before, _) = self.lock_item(&mut tx, item).await?;
-        if let Some(first) = Self::find_request::<BorrowOutcome>(&mut tx, &m, request_id).await? {
-            return Ok(BorrowOutcome { replayed: true, ..first });
-        }
-        let session = self.session(&mut tx, channel, &self.q.lock_channel_share).await?;
-        stale_or_unknown(channel, session.as_ref(), epoch)?;
-        let mut alloc = Self::alloc(&mut tx, item.as_str(), channel.as_str()).await?;
-        let mut after = before.clone();
-        let granted = ledger::borrow(&mut after, &mut alloc, quantity);
-        let outcome = BorrowOutcome { granted, center_available: after.available, replayed: false };
-        if granted > 0 {
-            Self::write_item(&mut tx, item.as_str(), &before, &after).await?;
-            Self::write_movements(&mut tx, item.as_str(), channel.as_str(), &alloc).await?;
-        }
-        Self::put_request(&mut tx, &m, request_id, &outcome).await?;
-        tx.commit().await?;
-        Ok(outcome)
+        let (out, replayed) = self
+            .movement(item, channel, epoch, &m, request_id, |after, alloc| {
+                let granted = ledger::borrow(after, alloc, quantity);
+                Ok(BorrowOutcome { granted, center_available: after.available, replayed: false })
+            })
+            .await?;
+        Ok(BorrowOutcome { replayed, ..out })
     }
 
     async fn give_back(
@@ -512,22 +537,13 @@ impl LedgerStore for SqlLedger {
         request_id: &RequestId,
     ) -> Result<ReturnOutcome> {
         let m = Mutation::Return { item: item.clone(), channel: channel.clone(), quantity };
-        let mut tx = self.begin().await?;
-        let (before, _) = self.lock_item(&mut tx, item).await?;
-        if let Some(first) = Self::find_request::<ReturnOutcome>(&mut tx, &m, request_id).await? {
-            return Ok(ReturnOutcome { replayed: true, ..first });
-        }
-        let session = self.session(&mut tx, channel, &self.q.lock_channel_share).await?;
-        stale_or_unknown(channel, session.as_ref(), epoch)?;
-        let mut alloc = Self::alloc(&mut tx, item.as_str(), channel.as_str()).await?;
-        let mut after = before.clone();
-        ledger::give_back(&mut after, &mut alloc, channel, quantity)?;
-        Self::write_item(&mut tx, item.as_str(), &before, &after).await?;
-        Self::write_movements(&mut tx, item.as_str(), channel.as_str(), &alloc).await?;
-        let outcome = ReturnOutcome { center_available: after.available, replayed: false };
-        Self::put_request(&mut tx, &m, request_id, &outcome).await?;
-        tx.commit().await?;
-        Ok(outcome)
+        let (out, replayed) = self
+            .movement(item, channel, epoch, &m, request_id, |after, alloc| {
+                ledger::give_back(after, alloc, channel, quantity)?;
+                Ok(ReturnOutcome { center_available: after.available, replayed: false })
+            })
+            .await?;
+        Ok(ReturnOutcome { replayed, ..out })
     }
 
     async fn heartbeat(
