@@ -6,20 +6,27 @@
 --   1 pool    hash  available, reserved, sold, generation
 --   2 grants  hash  grant_id -> units applied
 --   3 gc      zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten
+--   4 fence   string  the highest center epoch that fenced the pool (see fence.lua)
 -- ARGV:
 --   1 grant_id
 --   2 units
 --   3 retention_ms: how long an applied grant_id is remembered
 --   4 must_exist: '1' to refuse a pool that does not exist (a grant must never recreate a
---     pool the store lost); '0' (or absent) creates it
+--     pool the store lost); '0' creates it
+--   5 epoch: the caller's center epoch; refused if the pool was fenced with a later one
 -- Returns 1 if applied now, 0 if grant_id was applied before (a replay), -1 if must_exist
--- and the pool does not exist (nothing is recorded).
+-- and the pool does not exist, -2 if fenced (nothing is recorded for -1 and -2).
 
-local K_POOL, K_GRANTS, K_GC = KEYS[1], KEYS[2], KEYS[3]
+local K_POOL, K_GRANTS, K_GC, K_FENCE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local grant_id = ARGV[1]
 local units = tonumber(ARGV[2])
 local retention = tonumber(ARGV[3])
 local must_exist = ARGV[4] == '1'
+local epoch = tonumber(ARGV[5])
+
+if tonumber(redis.call('GET', K_FENCE) or '0') > epoch then
+  return -2
+end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

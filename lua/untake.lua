@@ -4,13 +4,21 @@
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
 --   1 pool   hash  available, reserved, sold, generation
 --   2 takes  hash  take_id -> cjson {n = units taken, b = 0|1 (put back by untake)}
+--   3 fence  string  the highest center epoch that fenced the pool (see fence.lua)
 -- ARGV:
 --   1 take_id
+--   2 epoch: the caller's center epoch; refused if the pool was fenced with a later one
 -- Returns the units put back now: 0 on a replay, for an unknown take_id, or when the pool
--- is gone (Redis lost it; the units are then in doubt, not resold).
+-- is gone (Redis lost it; the units are then in doubt, not resold); -2 if fenced (the
+-- channel's new incarnation counts these units through its resync instead).
 
-local K_POOL, K_TAKES = KEYS[1], KEYS[2]
+local K_POOL, K_TAKES, K_FENCE = KEYS[1], KEYS[2], KEYS[3]
 local take_id = ARGV[1]
+local epoch = tonumber(ARGV[2])
+
+if tonumber(redis.call('GET', K_FENCE) or '0') > epoch then
+  return -2
+end
 
 local raw = redis.call('HGET', K_TAKES, take_id)
 if not raw then

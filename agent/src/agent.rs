@@ -36,11 +36,13 @@ pub struct AgentSettings {
     pub miss_wait: Duration,
     /// How long the pool must stay above the high watermark before surplus goes back.
     pub return_sustain_ms: u64,
+    /// How long a replica's claim to lead the channel lasts unless renewed.
+    pub leader_ttl_ms: u64,
 }
 
 impl Default for AgentSettings {
     fn default() -> Self {
-        Self { miss_wait: Duration::from_secs(2), return_sustain_ms: 2_000 }
+        Self { miss_wait: Duration::from_secs(2), return_sustain_ms: 2_000, leader_ttl_ms: 3_000 }
     }
 }
 
@@ -64,6 +66,9 @@ pub struct Agent {
     pub metrics: Metrics,
     pub settings: AgentSettings,
     draining: AtomicBool,
+    /// Whether this replica leads its channel (see [`crate::replicas`]): only the leader
+    /// talks to the center about stock; every replica sells from the shared pools.
+    leading: AtomicBool,
 }
 
 impl Agent {
@@ -78,7 +83,16 @@ impl Agent {
             metrics: Metrics::default(),
             settings,
             draining: AtomicBool::new(false),
+            leading: AtomicBool::new(false),
         }
+    }
+
+    pub fn is_leading(&self) -> bool {
+        self.leading.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_leading(&self, leading: bool) {
+        self.leading.store(leading, Ordering::Release);
     }
 
     pub fn start_draining(&self) {
@@ -108,7 +122,12 @@ impl Agent {
                 )))
             })
             .await?;
-        Ok(Arc::clone(self.items.entry(item.to_string()).or_insert_with(|| Arc::clone(rt)).value()))
+        let rt = Arc::clone(self.items.entry(item.to_string()).or_insert_with(|| Arc::clone(rt)).value());
+        if !self.is_leading() {
+            // The leader may not know the item yet: it looks after every pool's stock.
+            crate::replicas::want(self, &rt).await;
+        }
+        Ok(rt)
     }
 
     pub fn items(&self) -> Vec<Arc<ItemRuntime>> {
@@ -169,7 +188,14 @@ impl Agent {
         };
         let mut result = self.store.acquire(&item.pool, &args).await?;
         item.touch();
-        if let AcquireResult::SoldOut { .. } = result {
+        if let AcquireResult::SoldOut { .. } = result
+            && !self.is_leading()
+        {
+            // A follower does not borrow: it tells the leader and waits for the refill.
+            if crate::replicas::wait_for_stock(self, &item, req.quantity).await {
+                result = self.store.acquire(&item.pool, &args).await?;
+            }
+        } else if let AcquireResult::SoldOut { .. } = result {
             if item.center_dry() {
                 self.signal_starving(&item, req.quantity);
             } else {
@@ -200,7 +226,9 @@ impl Agent {
             }
             AcquireResult::SoldOut { available } => {
                 self.metrics.acquire(Outcome::SoldOut);
-                if available == 0 {
+                // Followers skip the in-memory fast path: another replica's cancel or the
+                // leader's refill would not reach this process's view of the pool.
+                if available == 0 && self.is_leading() {
                     item.mark_local_empty();
                     if item.fast_path_wanted() {
                         self.enable_fast_path(&item).await;
@@ -304,9 +332,12 @@ impl Agent {
         // Create the pool before its first Borrow, so that later a pool that is missing
         // while the center counts units with the channel can only mean data loss (and not
         // a crash between a Borrow and its refill).
+        // The epoch this Borrow is sent under: its refill is refused once a later
+        // incarnation of the channel fenced the pool (that one's resync counts the grant).
+        let epoch = self.link.epoch();
         if snap.generation == 0 {
             let opened = format!("open-{}", uuid::Uuid::new_v4().simple());
-            if self.store.refill(&item.pool, &opened, 0).await.is_err() {
+            if self.store.refill(&item.pool, &opened, 0, epoch).await.is_err() {
                 return;
             }
             match self.store.snapshot(&item.pool).await {
@@ -347,9 +378,13 @@ impl Agent {
             return;
         }
         for attempt in 0..5u32 {
-            match self.store.refill_existing(&item.pool, &request_id, answer.granted).await {
+            match self.store.refill_existing(&item.pool, &request_id, answer.granted, epoch).await {
                 Ok(_) => {
                     item.stock_returned_locally();
+                    return;
+                }
+                Err(StoreError::Fenced(_)) => {
+                    tracing::warn!(item = %item.item_id, granted = answer.granted, "pool fenced by a newer incarnation of the channel; its resync counts this grant");
                     return;
                 }
                 Err(StoreError::PoolMissing(_)) => {
@@ -382,7 +417,8 @@ impl Agent {
             return 0;
         }
         let take_id = uuid::Uuid::new_v4().simple().to_string();
-        let taken = match self.store.take_for_return(&item.pool, &take_id, max).await {
+        let epoch = self.link.epoch();
+        let taken = match self.store.take_for_return(&item.pool, &take_id, max, epoch).await {
             Ok(n) => n,
             Err(e) => {
                 self.metrics.pool_store_error();
@@ -402,7 +438,8 @@ impl Agent {
                 // The center refused (stale epoch, or it holds less for us than we think):
                 // the units stay ours; the next resync settles the difference.
                 tracing::warn!(item = %item.item_id, message = s.message(), "return refused; units put back");
-                let _ = self.store.untake(&item.pool, &take_id).await;
+                // Refused as fenced when a newer incarnation took over: its resync counts them.
+                let _ = self.store.untake(&item.pool, &take_id, epoch).await;
                 0
             }
             Err(s) => {
@@ -429,6 +466,10 @@ impl Agent {
         let snap = self.store.snapshot(&item.pool).await?;
         if self.pool_lost(item, &snap) {
             return Ok(Action::Hold);
+        }
+        if snap.available > 0 {
+            // Units came back through another replica (a cancel, say): sell them here too.
+            item.stock_returned_locally();
         }
         let policy = item.policy();
         let since = {
@@ -515,6 +556,10 @@ impl Agent {
             let id = ItemId::parse("item_id", &holding.item_id)?;
             let item = self.item(&id).await?;
             let _flight = item.borrow_lock.lock().await;
+            // Fence first: from here on no call of an earlier incarnation (another replica
+            // sharing the store, or this process before re-registering) moves units in or
+            // out of the pool, so the pool and the center's view below stay comparable.
+            self.store.raise_fence(&item.pool, reg.epoch).await?;
             // Calls under the new epoch may have landed between the registration and
             // this lock (a Return that was waiting for it, say): read the center's view
             // again now that nothing else can move this pool.
@@ -522,6 +567,7 @@ impl Agent {
             self.resync(&item, &fresh, item.resync_pending()).await?;
         }
         self.link.renew_lease(sent_at);
+        crate::replicas::publish_lease(self).await;
         // Report at once: a reclaim must never judge this incarnation by the last one's
         // report.
         let reports = self.reports().await;
@@ -618,13 +664,14 @@ impl Agent {
     async fn align(&self, item: &ItemRuntime, held: u64, snap: &PoolSnapshot) -> Result<(), AgentError> {
         let pool = snap.available + snap.reserved + snap.sold;
         let op_id = format!("resync-{}", uuid::Uuid::new_v4().simple());
+        let epoch = self.link.epoch();
         if held > pool {
-            self.store.refill(&item.pool, &op_id, held - pool).await?;
+            self.store.refill(&item.pool, &op_id, held - pool, epoch).await?;
             tracing::warn!(item = %item.item_id, units = held - pool, "resync: added units granted but missing from the pool");
             item.stock_returned_locally();
         } else if pool > held {
             let excess = pool - held;
-            let taken = self.store.take_for_return(&item.pool, &op_id, excess).await?;
+            let taken = self.store.take_for_return(&item.pool, &op_id, excess, epoch).await?;
             tracing::warn!(item = %item.item_id, units = taken, "resync: removed units the center no longer counts as ours");
             if taken < excess {
                 tracing::error!(item = %item.item_id, units = excess - taken, "resync: reserved/sold units beyond what the center granted");

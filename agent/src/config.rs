@@ -42,6 +42,21 @@ pub struct AgentConfig {
     /// Prefix of every Redis key (before the pool's `{channel:item}` hash tag).
     #[arg(long, env = "INVENTORY_REDIS_PREFIX", default_value = "inv:")]
     pub redis_prefix: String,
+    /// Seed nodes of a Redis Cluster (comma separated `redis://host:port`); with it the
+    /// pools live in the cluster (implies `--store redis`; `--redis-url` is not used).
+    #[arg(long, env = "INVENTORY_REDIS_CLUSTER", value_delimiter = ',')]
+    pub redis_cluster: Vec<String>,
+    /// Replicas that must acknowledge each pool write before it is answered (Redis WAIT);
+    /// 1 with replicated Redis, so a failover loses no acknowledged sale. 0: don't wait.
+    #[arg(long, env = "INVENTORY_REDIS_REPLICA_ACKS", default_value_t = 0)]
+    pub redis_replica_acks: u32,
+    /// How long a write waits for those acknowledgements before it answers UNAVAILABLE.
+    #[arg(long, env = "INVENTORY_REDIS_REPLICA_ACK_TIMEOUT_MS", default_value_t = 500)]
+    pub redis_replica_ack_timeout_ms: u64,
+    /// Replicas of one channel sharing a pool store elect a leader through it; a leader's
+    /// claim lasts this long unless renewed (a dead leader is replaced after it).
+    #[arg(long, env = "INVENTORY_LEADER_TTL_MS", default_value_t = 3_000)]
+    pub leader_ttl_ms: u64,
     /// How often the rebalancer looks at each pool.
     #[arg(long, env = "INVENTORY_REBALANCE_INTERVAL_MS", default_value_t = 50)]
     pub rebalance_interval_ms: u64,
@@ -117,6 +132,10 @@ impl AgentConfig {
             store,
             redis_url: redis_url.to_owned(),
             redis_prefix: redis_prefix.to_owned(),
+            redis_cluster: Vec::new(),
+            redis_replica_acks: 0,
+            redis_replica_ack_timeout_ms: 500,
+            leader_ttl_ms: 1_000,
             rebalance_interval_ms: 20,
             heartbeat_interval_ms: 200,
             return_sustain_ms: 500,

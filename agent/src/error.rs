@@ -29,7 +29,7 @@ pub enum AgentError {
 impl From<StoreError> for AgentError {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::Unavailable(_) => AgentError::Unavailable(e.to_string()),
+            StoreError::Unavailable(_) | StoreError::Fenced(_) => AgentError::Unavailable(e.to_string()),
             StoreError::Protocol(_) | StoreError::PoolMissing(_) => AgentError::Internal(e.to_string()),
         }
     }

@@ -186,6 +186,10 @@ impl ItemRuntime {
         !self.center_dry() && !self.end_of_sale()
     }
 
+    pub fn local_empty(&self) -> bool {
+        self.local_empty.load(Ordering::Acquire)
+    }
+
     pub fn mark_local_empty(&self) {
         self.local_empty.store(true, Ordering::Release);
     }

@@ -4,7 +4,8 @@
 //! - [`agent`]: the hot path, borrowing/returning, resync with the center;
 //! - [`items`]: per-item flags behind the sold-out fast path and end of sale;
 //! - [`link`]: the center client (request ids, retries, epoch);
-//! - [`workers`]: rebalancer, heartbeat and event watcher loops;
+//! - [`replicas`]: one leader per channel among replicas sharing a pool store;
+//! - [`workers`]: rebalancer, heartbeat, event watcher and leadership loops;
 //! - [`service`], [`http`], [`startup`]: the gRPC edge, metrics, and wiring.
 
 pub mod agent;
@@ -15,6 +16,7 @@ pub mod http;
 pub mod items;
 pub mod link;
 pub mod metrics;
+pub mod replicas;
 pub mod security;
 pub mod service;
 pub mod startup;

@@ -97,6 +97,18 @@ impl CenterLink {
         self.lease_until_ms.fetch_max(until, Ordering::AcqRel);
     }
 
+    /// A follower replica sells under the lease its leader published: `left_ms` from now.
+    pub fn follow_lease(&self, left_ms: u64, asked_at_ms: i64) {
+        // Counted from when the follower asked, so the answer's travel time only shortens it.
+        let until = asked_at_ms.saturating_add(i64::try_from(left_ms).unwrap_or(i64::MAX));
+        self.lease_until_ms.store(if left_ms == 0 { 0 } else { until }, Ordering::Release);
+    }
+
+    /// How long this agent may still sell, in ms (0: not at all).
+    pub fn lease_left_ms(&self) -> u64 {
+        u64::try_from(self.lease_until_ms.load(Ordering::Acquire) - self.now_ms()).unwrap_or(0)
+    }
+
     pub fn drop_lease(&self) {
         self.lease_until_ms.store(0, Ordering::Release);
     }

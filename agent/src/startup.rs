@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 use crate::agent::{Agent, AgentSettings};
 use crate::config::{AgentConfig, StoreKind};
 use crate::link::CenterLink;
+use crate::replicas;
 use crate::security::{BackendAuth, Security, UserLimits};
 use crate::service::AgentService;
 use crate::store::PoolStore;
@@ -43,9 +44,19 @@ pub struct Application {
 
 impl Application {
     pub async fn build(config: AgentConfig) -> anyhow::Result<Self> {
+        let acks_timeout = Duration::from_millis(config.redis_replica_ack_timeout_ms);
         let store: Arc<dyn PoolStore> = match config.store {
+            _ if !config.redis_cluster.is_empty() => Arc::new(
+                RedisPoolStore::new_cluster(&config.redis_cluster, &config.redis_prefix)
+                    .await?
+                    .with_replica_acks(config.redis_replica_acks, acks_timeout),
+            ),
             StoreKind::Memory => Arc::new(MemoryPoolStore::new()),
-            StoreKind::Redis => Arc::new(RedisPoolStore::new(&config.redis_url, &config.redis_prefix).await?),
+            StoreKind::Redis => Arc::new(
+                RedisPoolStore::new(&config.redis_url, &config.redis_prefix)
+                    .await?
+                    .with_replica_acks(config.redis_replica_acks, acks_timeout),
+            ),
         };
         Self::build_with_store(config, store).await
     }
@@ -72,19 +83,31 @@ impl Application {
         let settings = AgentSettings {
             miss_wait: Duration::from_millis(config.miss_wait_ms),
             return_sustain_ms: config.return_sustain_ms,
+            leader_ttl_ms: config.leader_ttl_ms.max(30),
         };
         let limits = UserLimits::new(config.user_rate_per_sec, config.user_burst);
         let agent = Arc::new(Agent::new(store, link, settings, limits));
-        let deadline = Instant::now() + REGISTER_PATIENCE;
-        loop {
-            match agent.register_and_resync().await {
-                Ok(_) => break,
-                Err(e) if Instant::now() < deadline => {
-                    tracing::warn!(error = %e, "cannot register with the center yet; retrying");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+        // Replicas of the channel sharing this store: the first one leads; the others
+        // follow (and sell under the leader's lease) until one of them takes over.
+        replicas::announce(&agent).await?;
+        if replicas::claim(&agent).await? {
+            agent.set_leading(true);
+            let deadline = Instant::now() + REGISTER_PATIENCE;
+            loop {
+                match agent.register_and_resync().await {
+                    Ok(_) => break,
+                    Err(e) if Instant::now() < deadline => {
+                        tracing::warn!(error = %e, "cannot register with the center yet; retrying");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        // Keep the claim meanwhile (the leadership loop is not running yet).
+                        let _ = replicas::claim(&agent).await;
+                    }
+                    Err(e) => anyhow::bail!("cannot register with the center at {}: {e}", config.center),
                 }
-                Err(e) => anyhow::bail!("cannot register with the center at {}: {e}", config.center),
             }
+        } else {
+            tracing::info!(channel = %agent.link.channel, "another replica leads the channel; following it");
+            replicas::step(&agent).await;
         }
         let grpc = TcpListener::bind(config.listen).await?;
         let http = TcpListener::bind(config.http_listen).await?;
@@ -129,6 +152,7 @@ impl Application {
             tokio::spawn(workers::heartbeat(Arc::clone(&self.agent), self.heartbeat_interval, stop_rx.clone())),
             tokio::spawn(workers::watcher(Arc::clone(&self.agent), stop_rx.clone())),
             tokio::spawn(workers::limiter_gc(Arc::clone(&self.agent), stop_rx.clone())),
+            tokio::spawn(workers::leadership(Arc::clone(&self.agent), stop_rx.clone())),
         ];
 
         let (health, health_service) = tonic_health::server::health_reporter();
@@ -203,12 +227,19 @@ impl Application {
         for t in tasks {
             let _ = t.await;
         }
-        // No Acquire is taken any more: what the pools hold now is final, and the last
-        // report says so (a later Reclaim may then put the unsold units back on sale).
-        self.agent.return_all().await;
-        let reports = self.agent.reports().await;
-        if let Err(s) = self.agent.link.heartbeat(reports, true).await {
-            tracing::warn!(code = ?s.code(), "final report failed");
+        let was_leading = self.agent.is_leading();
+        if replicas::hand_over(&self.agent).await {
+            // Other replicas of the channel go on selling from the shared pools: their
+            // stock stays; one of them leads (and talks to the center) from now on.
+            tracing::info!(was_leading, "other replicas of the channel remain; stock stays in the pools");
+        } else if was_leading {
+            // No Acquire is taken any more: what the pools hold now is final, and the last
+            // report says so (a later Reclaim may then put the unsold units back on sale).
+            self.agent.return_all().await;
+            let reports = self.agent.reports().await;
+            if let Err(s) = self.agent.link.heartbeat(reports, true).await {
+                tracing::warn!(code = ?s.code(), "final report failed");
+            }
         }
         http.await??;
         tracing::info!("agent stopped");

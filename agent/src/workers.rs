@@ -1,5 +1,6 @@
-//! Background work, one task each, all stopped by one shutdown signal:
-//! the rebalancer (expiry sweep + watermarks), the heartbeat, and the event watcher.
+//! Background work, one task each, all stopped by one shutdown signal: the rebalancer
+//! (expiry sweep + watermarks), the heartbeat and the event watcher (these three only on
+//! the replica leading the channel), and the leadership loop.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +11,8 @@ use tonic::Code;
 use crate::agent::Agent;
 use crate::clock::now_ms;
 use crate::items::Policy;
+use crate::replicas;
+use inventory_core::ItemId;
 
 /// A pool nothing happened to is still looked at this often (expiries, above-high timing).
 const IDLE_LOOK_EVERY_MS: i64 = 500;
@@ -32,6 +35,17 @@ async fn tick(stop: &mut watch::Receiver<bool>, period: Duration) -> bool {
 /// Sweeps expired reservations and keeps each pool between its watermarks.
 pub async fn rebalancer(agent: Arc<Agent>, period: Duration, mut stop: watch::Receiver<bool>) {
     while tick(&mut stop, period).await {
+        if !agent.is_leading() {
+            continue;
+        }
+        // Items the followers loaded or found short of stock: look at them now.
+        for id in replicas::take_wants(&agent).await {
+            if let Ok(id) = ItemId::parse("item_id", &id)
+                && let Ok(item) = agent.item(&id).await
+            {
+                item.touch();
+            }
+        }
         for item in agent.items() {
             let now = now_ms();
             if !item.needs_look(now, IDLE_LOOK_EVERY_MS) {
@@ -55,13 +69,26 @@ pub async fn heartbeat(agent: Arc<Agent>, period: Option<Duration>, mut stop: wa
         if !tick(&mut stop, period).await {
             return;
         }
+        if !agent.is_leading() {
+            continue;
+        }
         let reports = agent.reports().await;
         match agent.link.heartbeat(reports, false).await {
-            Ok(r) => agent.freeze_in_doubt(&r.in_doubt_items),
+            Ok(r) => {
+                agent.freeze_in_doubt(&r.in_doubt_items);
+                replicas::publish_lease(&agent).await;
+            }
             Err(s) if s.code() == Code::FailedPrecondition => {
-                tracing::warn!(message = s.message(), "fenced by the center; registering again");
-                if let Err(e) = agent.register_and_resync().await {
-                    tracing::warn!(error = %e, "re-registration failed");
+                // Register again only while this replica still leads the channel; else
+                // the replica that leads now registered, and this one follows.
+                if matches!(replicas::claim(&agent).await, Ok(true)) {
+                    tracing::warn!(message = s.message(), "fenced by the center; registering again");
+                    if let Err(e) = agent.register_and_resync().await {
+                        tracing::warn!(error = %e, "re-registration failed");
+                    }
+                } else {
+                    tracing::warn!(message = s.message(), "fenced by the center; another replica leads");
+                    agent.set_leading(false);
                 }
             }
             Err(s) => {
@@ -78,6 +105,13 @@ pub async fn watcher(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
     loop {
         if *stop.borrow() {
             return;
+        }
+        if !agent.is_leading() {
+            // Events are the leader's business (they move stock).
+            if !tick(&mut stop, Duration::from_millis(200)).await {
+                return;
+            }
+            continue;
         }
         match agent.link.watch().await {
             Ok(mut stream) => {
@@ -113,6 +147,17 @@ async fn resync_policies(agent: &Agent) {
             item.set_policy(Policy::from_describe(&d));
             item.set_center_available(d.center_available);
         }
+    }
+}
+
+/// Leadership among the channel's replicas: renew or take the claim, follow the lease.
+pub async fn leadership(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
+    let period = Duration::from_millis((agent.settings.leader_ttl_ms / 3).max(10));
+    while tick(&mut stop, period).await {
+        if agent.is_draining() {
+            return;
+        }
+        replicas::step(&agent).await;
     }
 }
 

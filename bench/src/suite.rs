@@ -430,7 +430,7 @@ impl<'a> Runner<'a> {
         for _ in 0..self.opts.connections {
             stores.push(Arc::new(RedisPoolStore::new(&self.redis.url, &self.redis.prefix).await?));
         }
-        stores[0].refill(&pool, "bench-refill", BIG_STOCK).await?;
+        stores[0].refill(&pool, "bench-refill", BIG_STOCK, 0).await?;
         let workload = self.workload("bench-lua", "d")?;
         Ok((0..self.opts.concurrency)
             .map(|i| {

@@ -6,6 +6,7 @@
 //! its own `redis-server` process on a free port when it must kill, flush or restart Redis.
 //! An unreachable server fails the test with a message saying how to start it.
 
+pub mod cluster;
 pub mod pki;
 pub mod proxy;
 use std::net::TcpListener;

@@ -15,7 +15,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use dashmap::DashMap;
 
-use super::{AcquireArgs, AcquireResult, PoolKey, PoolSnapshot, PoolStore, ReservationState, StoreError, Transition};
+use super::{
+    AcquireArgs, AcquireResult, ChannelOp, ChannelReply, PoolKey, PoolSnapshot, PoolStore, ReservationState,
+    StoreError, Transition,
+};
 
 /// How long finished reservations (with their idempotency keys), applied grant ids and take
 /// ids are remembered before the sweeper (`expire_due`) forgets them.
@@ -67,6 +70,8 @@ struct Pool {
     takes: HashMap<String, Take>,
     /// Records by the time after which they may be forgotten.
     gc: BTreeSet<(i64, Forgettable)>,
+    /// The highest center epoch that fenced the pool.
+    fence: u64,
 }
 
 impl Pool {
@@ -281,6 +286,7 @@ fn new_generation() -> u64 {
 #[derive(Debug)]
 pub struct MemoryPoolStore {
     pools: DashMap<PoolKey, Arc<Mutex<Pool>>>,
+    channels: DashMap<String, Arc<Mutex<ChannelState>>>,
     retention_ms: i64,
 }
 
@@ -292,7 +298,7 @@ impl Default for MemoryPoolStore {
 
 impl MemoryPoolStore {
     pub fn new() -> Self {
-        Self { pools: DashMap::new(), retention_ms: duration_ms(DEFAULT_RECORD_RETENTION) }
+        Self { pools: DashMap::new(), channels: DashMap::new(), retention_ms: duration_ms(DEFAULT_RECORD_RETENTION) }
     }
 
     /// How long finished reservations, grant ids and take ids are remembered (default
@@ -354,29 +360,55 @@ impl PoolStore for MemoryPoolStore {
         Ok(lock(&p).expire_due(max, now_ms(), self.retention_ms))
     }
 
-    async fn refill(&self, pool: &PoolKey, grant_id: &str, units: u64) -> Result<bool, StoreError> {
+    async fn refill(&self, pool: &PoolKey, grant_id: &str, units: u64, epoch: u64) -> Result<bool, StoreError> {
         let p = self.existing_or_new(pool);
-        Ok(lock(&p).refill(grant_id, units, now_ms(), self.retention_ms))
+        let mut guard = lock(&p);
+        fenced(pool, &guard, epoch)?;
+        Ok(guard.refill(grant_id, units, now_ms(), self.retention_ms))
     }
 
-    async fn refill_existing(&self, pool: &PoolKey, grant_id: &str, units: u64) -> Result<bool, StoreError> {
+    async fn refill_existing(
+        &self,
+        pool: &PoolKey,
+        grant_id: &str,
+        units: u64,
+        epoch: u64,
+    ) -> Result<bool, StoreError> {
         let missing = || StoreError::PoolMissing(pool.hash_tag());
         let p = self.existing(pool).ok_or_else(missing)?;
         let mut guard = lock(&p);
+        fenced(pool, &guard, epoch)?;
         if guard.generation == 0 {
             return Err(missing());
         }
         Ok(guard.refill(grant_id, units, now_ms(), self.retention_ms))
     }
 
-    async fn take_for_return(&self, pool: &PoolKey, take_id: &str, max_units: u64) -> Result<u64, StoreError> {
+    async fn take_for_return(
+        &self,
+        pool: &PoolKey,
+        take_id: &str,
+        max_units: u64,
+        epoch: u64,
+    ) -> Result<u64, StoreError> {
         let p = self.existing_or_new(pool);
-        Ok(lock(&p).take_for_return(take_id, max_units, now_ms(), self.retention_ms))
+        let mut guard = lock(&p);
+        fenced(pool, &guard, epoch)?;
+        Ok(guard.take_for_return(take_id, max_units, now_ms(), self.retention_ms))
     }
 
-    async fn untake(&self, pool: &PoolKey, take_id: &str) -> Result<u64, StoreError> {
+    async fn untake(&self, pool: &PoolKey, take_id: &str, epoch: u64) -> Result<u64, StoreError> {
         let Some(p) = self.existing(pool) else { return Ok(0) };
-        Ok(lock(&p).untake(take_id))
+        let mut guard = lock(&p);
+        fenced(pool, &guard, epoch)?;
+        Ok(guard.untake(take_id))
+    }
+
+    async fn raise_fence(&self, pool: &PoolKey, epoch: u64) -> Result<u64, StoreError> {
+        let p = self.existing_or_new(pool);
+        let mut guard = lock(&p);
+        guard.fence = guard.fence.max(epoch);
+        Ok(guard.fence)
     }
 
     async fn snapshot(&self, pool: &PoolKey) -> Result<PoolSnapshot, StoreError> {
@@ -397,6 +429,90 @@ impl PoolStore for MemoryPoolStore {
     async fn idempotency_keys(&self, pool: &PoolKey) -> Result<Vec<String>, StoreError> {
         let Some(p) = self.existing(pool) else { return Ok(Vec::new()) };
         Ok(lock(&p).keys.keys().cloned().collect())
+    }
+
+    async fn channel_op(&self, channel: &str, op: ChannelOp<'_>) -> Result<ChannelReply, StoreError> {
+        let state = Arc::clone(self.channels.entry(channel.to_owned()).or_default().value());
+        let mut c = state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        Ok(c.apply(op, now_ms()))
+    }
+}
+
+/// Refuses an operation of an incarnation older than the pool's fence.
+fn fenced(pool: &PoolKey, p: &Pool, epoch: u64) -> Result<(), StoreError> {
+    if p.fence > epoch { Err(StoreError::Fenced(pool.hash_tag())) } else { Ok(()) }
+}
+
+/// One channel's coordination state (twin of `lua/channel.lua`).
+#[derive(Debug, Default)]
+struct ChannelState {
+    /// The leader and until when (ms) it leads.
+    leader: Option<(String, i64)>,
+    /// Until when (ms) the channel may sell.
+    lease_until: i64,
+    wants: BTreeSet<String>,
+    /// Replica -> until when (ms) it is alive.
+    replicas: HashMap<String, i64>,
+}
+
+impl ChannelState {
+    fn apply(&mut self, op: ChannelOp<'_>, now: i64) -> ChannelReply {
+        if self.leader.as_ref().is_some_and(|(_, until)| *until <= now) {
+            self.leader = None;
+        }
+        let ms = |ttl: u64| now.saturating_add(i64::try_from(ttl.max(1)).unwrap_or(i64::MAX));
+        let leads = |l: &Option<(String, i64)>, r: &str| l.as_ref().is_some_and(|(who, _)| who == r);
+        match op {
+            ChannelOp::Lead { replica, ttl_ms } => {
+                let free_or_mine = self.leader.is_none() || leads(&self.leader, replica);
+                if free_or_mine {
+                    self.leader = Some((replica.to_owned(), ms(ttl_ms)));
+                }
+                ChannelReply::Done(free_or_mine)
+            }
+            ChannelOp::Resign { replica } => {
+                let mine = leads(&self.leader, replica);
+                if mine {
+                    self.leader = None;
+                }
+                ChannelReply::Done(mine)
+            }
+            ChannelOp::Publish { replica, ttl_ms } => {
+                let mine = leads(&self.leader, replica);
+                if mine {
+                    self.lease_until = ms(ttl_ms);
+                }
+                ChannelReply::Done(mine)
+            }
+            ChannelOp::LeaseLeft => ChannelReply::Millis(u64::try_from(self.lease_until - now).unwrap_or(0)),
+            ChannelOp::Want { item_id } => {
+                self.wants.insert(item_id.to_owned());
+                ChannelReply::Done(true)
+            }
+            ChannelOp::TakeWants { max } => {
+                let n = usize::try_from(max.max(1)).unwrap_or(usize::MAX);
+                let taken: Vec<String> = self.wants.iter().take(n).cloned().collect();
+                for id in &taken {
+                    self.wants.remove(id);
+                }
+                ChannelReply::Items(taken)
+            }
+            ChannelOp::Leader => ChannelReply::Leader(self.leader.as_ref().map(|(who, _)| who.clone())),
+            ChannelOp::Present { replica, ttl_ms } => {
+                let others = self.others_alive(replica, now);
+                self.replicas.insert(replica.to_owned(), ms(ttl_ms));
+                ChannelReply::Count(others)
+            }
+            ChannelOp::Absent { replica } => {
+                self.replicas.remove(replica);
+                ChannelReply::Count(self.others_alive(replica, now))
+            }
+        }
+    }
+
+    fn others_alive(&mut self, replica: &str, now: i64) -> u64 {
+        self.replicas.retain(|_, until| *until > now);
+        self.replicas.keys().filter(|r| *r != replica).count() as u64
     }
 }
 

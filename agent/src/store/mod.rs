@@ -118,6 +118,15 @@ pub enum StoreError {
     /// The pool does not exist in the store (never opened, or the store lost it).
     #[error("pool {0} does not exist in the store")]
     PoolMissing(String),
+    /// The pool was fenced by a later center epoch: the caller's incarnation of the channel
+    /// is over (another replica, or this one, registered again) and must not move its units.
+    #[error("pool {0} was fenced by a later epoch of its channel")]
+    Fenced(String),
+}
+
+/// Key names of a channel's coordination state: `{channel}` is its hash tag.
+pub fn channel_tag(channel: &str) -> String {
+    format!("{{{channel}}}")
 }
 
 #[async_trait]
@@ -141,20 +150,35 @@ pub trait PoolStore: Send + Sync + 'static {
 
     /// Adds `units` granted by the center to available, once per `grant_id` (a replayed
     /// refill counts once). Creates the pool if needed. Returns whether it was applied.
-    async fn refill(&self, pool: &PoolKey, grant_id: &str, units: u64) -> Result<bool, StoreError>;
+    ///
+    /// `epoch` is the caller's center epoch: this and the three operations below are
+    /// refused with [`StoreError::Fenced`] once the pool was fenced with a later epoch
+    /// ([`PoolStore::raise_fence`]).
+    async fn refill(&self, pool: &PoolKey, grant_id: &str, units: u64, epoch: u64) -> Result<bool, StoreError>;
 
     /// Like [`PoolStore::refill`], but never creates the pool: a pool that does not exist is
     /// [`StoreError::PoolMissing`] and nothing is recorded. Grants use this, so a pool the
     /// store lost between the Borrow and the refill is not quietly recreated.
-    async fn refill_existing(&self, pool: &PoolKey, grant_id: &str, units: u64) -> Result<bool, StoreError>;
+    async fn refill_existing(&self, pool: &PoolKey, grant_id: &str, units: u64, epoch: u64)
+    -> Result<bool, StoreError>;
 
     /// Removes up to `max_units` from available so they can be returned to the center,
     /// once per `take_id` (a replay returns the first amount). Returns the units taken.
-    async fn take_for_return(&self, pool: &PoolKey, take_id: &str, max_units: u64) -> Result<u64, StoreError>;
+    async fn take_for_return(
+        &self,
+        pool: &PoolKey,
+        take_id: &str,
+        max_units: u64,
+        epoch: u64,
+    ) -> Result<u64, StoreError>;
 
     /// Puts back units taken by `take_for_return` whose Return the center refused or
     /// never applied; once per `take_id`.
-    async fn untake(&self, pool: &PoolKey, take_id: &str) -> Result<u64, StoreError>;
+    async fn untake(&self, pool: &PoolKey, take_id: &str, epoch: u64) -> Result<u64, StoreError>;
+
+    /// Raises the pool's fence to `epoch` (never lowers it) and returns the fence. A new
+    /// incarnation of the channel does this before it reads a pool to resync it.
+    async fn raise_fence(&self, pool: &PoolKey, epoch: u64) -> Result<u64, StoreError>;
 
     /// The counters, the generation and the store's clock.
     async fn snapshot(&self, pool: &PoolKey) -> Result<PoolSnapshot, StoreError>;
@@ -169,4 +193,44 @@ pub trait PoolStore: Send + Sync + 'static {
     /// Every idempotency key the pool remembers (keys that reserved). Bounded by the
     /// pool's reservations within the record retention.
     async fn idempotency_keys(&self, pool: &PoolKey) -> Result<Vec<String>, StoreError>;
+
+    /// Coordination of the replicas of one channel sharing this store (`lua/channel.lua`).
+    async fn channel_op(&self, channel: &str, op: ChannelOp<'_>) -> Result<ChannelReply, StoreError>;
+}
+
+/// One coordination step between the agent replicas of a channel (see `lua/channel.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChannelOp<'a> {
+    /// Claim or renew the leadership for `ttl_ms`.
+    Lead { replica: &'a str, ttl_ms: u64 },
+    /// Drop the leadership if `replica` holds it.
+    Resign { replica: &'a str },
+    /// Set the channel's selling lease to `ttl_ms` from now, only if `replica` leads.
+    Publish { replica: &'a str, ttl_ms: u64 },
+    /// How long the channel's selling lease still runs.
+    LeaseLeft,
+    /// A follower saw this item short of stock (or loaded it first).
+    Want { item_id: &'a str },
+    /// Take up to `max` wanted items.
+    TakeWants { max: u64 },
+    /// Who leads.
+    Leader,
+    /// `replica` is alive for `ttl_ms`; answers how many other replicas are.
+    Present { replica: &'a str, ttl_ms: u64 },
+    /// `replica` is going away; answers how many other replicas are alive.
+    Absent { replica: &'a str },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChannelReply {
+    /// Lead, Resign, Publish, Want: whether it took effect.
+    Done(bool),
+    /// LeaseLeft: milliseconds.
+    Millis(u64),
+    /// TakeWants: item ids.
+    Items(Vec<String>),
+    /// Leader: the leading replica, if any.
+    Leader(Option<String>),
+    /// Present, Absent: how many other replicas are alive.
+    Count(u64),
 }

@@ -3,9 +3,11 @@
 //! only clock is Redis `TIME`.
 //!
 //! Keys of one pool: `<prefix>{channel:item}:<name>` for the names `pool`, `res`, `due`,
-//! `held`, `idem`, `gc`, `grants`, `takes`; the scripts' header comments say what each
-//! holds. All carry the pool's hash tag, so a pool lives on one Redis Cluster slot, and
-//! every key a script touches is passed in KEYS. Request data goes in ARGV only.
+//! `held`, `idem`, `gc`, `grants`, `takes`, `fence`; of one channel (replica coordination):
+//! `<prefix>{channel}:<name>` for `leader`, `lease`, `wants`. The scripts' header comments
+//! say what each holds. All keys of a script carry one hash tag, so each call lives on one
+//! Redis Cluster slot, and every key a script touches is passed in KEYS. Request data goes
+//! in ARGV only.
 //!
 //! **Architecture invariant:** Rust never reads or writes pool keys directly; it builds
 //! key names, passes arguments and parses answers. The rules live in the scripts, whose
@@ -15,10 +17,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, ServerErrorKind, Value};
 
 use super::memory::{DEFAULT_RECORD_RETENTION, GC_BATCH};
-use super::{AcquireArgs, AcquireResult, PoolKey, PoolSnapshot, PoolStore, ReservationState, StoreError, Transition};
+use super::{
+    AcquireArgs, AcquireResult, ChannelOp, ChannelReply, PoolKey, PoolSnapshot, PoolStore, ReservationState,
+    StoreError, Transition, channel_tag,
+};
 
 struct Scripts {
     acquire: Script,
@@ -31,6 +39,8 @@ struct Scripts {
     snapshot: Script,
     reservation_state: Script,
     idempotency_keys: Script,
+    fence: Script,
+    channel: Script,
 }
 
 impl Scripts {
@@ -46,6 +56,8 @@ impl Scripts {
             snapshot: Script::new(include_str!("../../../lua/snapshot.lua")),
             reservation_state: Script::new(include_str!("../../../lua/reservation_state.lua")),
             idempotency_keys: Script::new(include_str!("../../../lua/idempotency_keys.lua")),
+            fence: Script::new(include_str!("../../../lua/fence.lua")),
+            channel: Script::new(include_str!("../../../lua/channel.lua")),
         }
     }
 }
@@ -60,15 +72,33 @@ struct Keys {
     gc: String,
     grants: String,
     takes: String,
+    fence: String,
 }
 
-/// The Redis [`PoolStore`]. Cheap to share behind an `Arc`; the connection manager
-/// multiplexes concurrent calls over one connection and reconnects after Redis restarts.
+/// One Redis server (through a connection manager that multiplexes concurrent calls over
+/// one connection and reconnects after restarts) or a Redis Cluster (the cluster client
+/// routes each script call by its first key, follows MOVED/ASK and failovers, and sends
+/// `SCRIPT LOAD` to every node when a node answers NOSCRIPT).
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// How many replicas must acknowledge a write before it is answered (Redis `WAIT`).
+#[derive(Debug, Clone, Copy)]
+struct Durability {
+    replicas: u32,
+    timeout_ms: u64,
+}
+
+/// The Redis [`PoolStore`]. Cheap to share behind an `Arc`.
 pub struct RedisPoolStore {
-    conn: ConnectionManager,
+    conn: Conn,
     key_prefix: String,
     retention_ms: u64,
     scripts: Scripts,
+    durability: Option<Durability>,
 }
 
 impl std::fmt::Debug for RedisPoolStore {
@@ -81,9 +111,7 @@ impl RedisPoolStore {
     /// Connects to `redis_url`; every key starts with `key_prefix` (which must not contain
     /// `{` or `}`, so the pool's hash tag stays the first braces of each key).
     pub async fn new(redis_url: &str, key_prefix: &str) -> Result<Self, StoreError> {
-        if key_prefix.contains(['{', '}']) {
-            return Err(StoreError::Protocol(format!("key prefix {key_prefix:?} must not contain braces")));
-        }
+        check_prefix(key_prefix)?;
         let client = redis::Client::open(redis_url)
             .map_err(|e| StoreError::Unavailable(format!("bad redis url {redis_url:?}: {e}")))?;
         let config = ConnectionManagerConfig::new()
@@ -91,12 +119,44 @@ impl RedisPoolStore {
             .set_response_timeout(Some(Duration::from_secs(2)))
             .set_max_delay(Duration::from_secs(2));
         let conn = ConnectionManager::new_with_config(client, config).await.map_err(map_err)?;
-        Ok(Self {
+        Ok(Self::with_conn(Conn::Single(conn), key_prefix))
+    }
+
+    /// Connects to a Redis Cluster through any of its `seed_nodes` (`redis://host:port`);
+    /// the client learns the rest of the cluster, and again after a failover.
+    pub async fn new_cluster(seed_nodes: &[String], key_prefix: &str) -> Result<Self, StoreError> {
+        check_prefix(key_prefix)?;
+        if seed_nodes.is_empty() {
+            return Err(StoreError::Protocol("a Redis Cluster needs at least one seed node".to_owned()));
+        }
+        let client = ClusterClientBuilder::new(seed_nodes.to_vec())
+            .connection_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_secs(2))
+            .retries(6)
+            .max_retry_wait(500)
+            .build()
+            .map_err(|e| StoreError::Unavailable(format!("bad redis cluster seed nodes {seed_nodes:?}: {e}")))?;
+        let conn = client.get_async_connection().await.map_err(map_err)?;
+        Ok(Self::with_conn(Conn::Cluster(conn), key_prefix))
+    }
+
+    fn with_conn(conn: Conn, key_prefix: &str) -> Self {
+        Self {
             conn,
             key_prefix: key_prefix.to_owned(),
             retention_ms: duration_ms(DEFAULT_RECORD_RETENTION),
             scripts: Scripts::load(),
-        })
+            durability: None,
+        }
+    }
+
+    /// Answers a write only once `replicas` replicas of the pool's server acknowledged it
+    /// (Redis `WAIT`, up to `timeout`); a write they did not acknowledge in time answers
+    /// [`StoreError::Unavailable`] (retry with the same ids: every write is idempotent).
+    /// Without this, a failover may lose the last writes a master acknowledged.
+    pub fn with_replica_acks(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.durability = (replicas > 0).then(|| Durability { replicas, timeout_ms: duration_ms(timeout).max(1) });
+        self
     }
 
     /// How long finished reservations, grant ids and take ids are remembered (default
@@ -118,8 +178,59 @@ impl RedisPoolStore {
             gc: key("gc"),
             grants: key("grants"),
             takes: key("takes"),
+            fence: key("fence"),
         }
     }
+
+    /// Runs a script that only reads.
+    async fn read<T: FromRedisValue>(&self, call: &ScriptInvocation<'_>) -> Result<T, StoreError> {
+        match self.conn.clone() {
+            Conn::Single(mut c) => call.invoke_async(&mut c).await,
+            Conn::Cluster(mut c) => call.invoke_async(&mut c).await,
+        }
+        .map_err(map_err)
+    }
+
+    /// Runs a script that writes the pool whose key is `routing_key`, then waits for
+    /// replicas when asked to (the `WAIT` goes to the same server on the same connection,
+    /// so it covers this write).
+    async fn write<T: FromRedisValue>(&self, routing_key: &str, call: &ScriptInvocation<'_>) -> Result<T, StoreError> {
+        let Some(d) = self.durability else { return self.read(call).await };
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(d.replicas).arg(d.timeout_ms);
+        let (reply, acked): (T, i64) = match self.conn.clone() {
+            Conn::Single(mut c) => {
+                let reply = call.invoke_async(&mut c).await.map_err(map_err)?;
+                (reply, wait.query_async(&mut c).await.map_err(map_err)?)
+            }
+            Conn::Cluster(mut c) => {
+                let reply = call.invoke_async(&mut c).await.map_err(map_err)?;
+                // Route WAIT like a write of the pool's key: to the master holding its slot.
+                let route = Route::with_key(routing_key, SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                // Mid-failover the client's slot map may still name a replica here: then
+                // the write's durability is unknown, and the caller retries (idempotent).
+                match c.route_command(wait, routing).await.map_err(map_err)? {
+                    Value::Int(n) => (reply, n),
+                    other => return Err(StoreError::Unavailable(format!("WAIT for {routing_key}: {other:?}"))),
+                }
+            }
+        };
+        if acked < i64::from(d.replicas) {
+            return Err(StoreError::Unavailable(format!(
+                "write to {routing_key} acknowledged by {acked} of {} replicas within {} ms",
+                d.replicas, d.timeout_ms
+            )));
+        }
+        Ok(reply)
+    }
+}
+
+fn check_prefix(key_prefix: &str) -> Result<(), StoreError> {
+    if key_prefix.contains(['{', '}']) {
+        return Err(StoreError::Protocol(format!("key prefix {key_prefix:?} must not contain braces")));
+    }
+    Ok(())
 }
 
 impl RedisPoolStore {
@@ -132,17 +243,9 @@ impl RedisPoolStore {
         reservation_id: &str,
     ) -> Result<Transition, StoreError> {
         let k = self.keys(pool);
-        let reply: Value = script
-            .key(&k.pool)
-            .key(&k.res)
-            .key(&k.due)
-            .key(&k.held)
-            .key(&k.gc)
-            .arg(reservation_id)
-            .arg(self.retention_ms)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(map_err)?;
+        let mut call = script.key(&k.pool);
+        call.key(&k.res).key(&k.due).key(&k.held).key(&k.gc).arg(reservation_id).arg(self.retention_ms);
+        let reply: Value = self.write(&k.pool, &call).await?;
         transition(what, reply)
     }
 
@@ -152,23 +255,16 @@ impl RedisPoolStore {
         grant_id: &str,
         units: u64,
         must_exist: bool,
+        epoch: u64,
     ) -> Result<bool, StoreError> {
         let k = self.keys(pool);
-        let reply: Value = self
-            .scripts
-            .refill
-            .key(&k.pool)
-            .key(&k.grants)
-            .key(&k.gc)
-            .arg(grant_id)
-            .arg(units)
-            .arg(self.retention_ms)
-            .arg(if must_exist { "1" } else { "0" })
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(map_err)?;
+        let mut call = self.scripts.refill.key(&k.pool);
+        call.key(&k.grants).key(&k.gc).key(&k.fence);
+        call.arg(grant_id).arg(units).arg(self.retention_ms).arg(if must_exist { "1" } else { "0" }).arg(epoch);
+        let reply: Value = self.write(&k.pool, &call).await?;
         match int("refill", &reply)? {
             -1 => Err(StoreError::PoolMissing(pool.hash_tag())),
+            -2 => Err(StoreError::Fenced(pool.hash_tag())),
             n => Ok(n == 1),
         }
     }
@@ -281,23 +377,11 @@ impl PoolStore for RedisPoolStore {
             return Err(StoreError::Protocol("acquire quantity must be positive".to_owned()));
         }
         let k = self.keys(pool);
-        let reply: Value = self
-            .scripts
-            .acquire
-            .key(&k.pool)
-            .key(&k.res)
-            .key(&k.due)
-            .key(&k.held)
-            .key(&k.idem)
-            .arg(&args.user_id)
-            .arg(args.quantity)
-            .arg(&args.idempotency_key)
-            .arg(&args.new_reservation_id)
-            .arg(args.per_user_limit)
-            .arg(args.reservation_ttl_ms)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(map_err)?;
+        let mut call = self.scripts.acquire.key(&k.pool);
+        call.key(&k.res).key(&k.due).key(&k.held).key(&k.idem);
+        call.arg(&args.user_id).arg(args.quantity).arg(&args.idempotency_key).arg(&args.new_reservation_id);
+        call.arg(args.per_user_limit).arg(args.reservation_ttl_ms);
+        let reply: Value = self.write(&k.pool, &call).await?;
         acquire_result(reply, &args.new_reservation_id)
     }
 
@@ -311,70 +395,68 @@ impl PoolStore for RedisPoolStore {
 
     async fn expire_due(&self, pool: &PoolKey, max: u64) -> Result<u64, StoreError> {
         let k = self.keys(pool);
-        let reply: Value = self
-            .scripts
-            .expire
-            .key(&k.pool)
-            .key(&k.res)
-            .key(&k.due)
-            .key(&k.held)
-            .key(&k.idem)
-            .key(&k.gc)
-            .key(&k.grants)
-            .key(&k.takes)
-            .arg(max)
-            .arg(self.retention_ms)
-            .arg(GC_BATCH)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(map_err)?;
+        let mut call = self.scripts.expire.key(&k.pool);
+        call.key(&k.res).key(&k.due).key(&k.held).key(&k.idem).key(&k.gc).key(&k.grants).key(&k.takes);
+        call.arg(max).arg(self.retention_ms).arg(GC_BATCH);
+        // An expiry lost in a failover is found due again: no need to wait for replicas.
+        let reply: Value = self.read(&call).await?;
         uint("expire_due", &reply)
     }
 
-    async fn refill(&self, pool: &PoolKey, grant_id: &str, units: u64) -> Result<bool, StoreError> {
-        self.refill_script(pool, grant_id, units, false).await
+    async fn refill(&self, pool: &PoolKey, grant_id: &str, units: u64, epoch: u64) -> Result<bool, StoreError> {
+        self.refill_script(pool, grant_id, units, false, epoch).await
     }
 
-    async fn refill_existing(&self, pool: &PoolKey, grant_id: &str, units: u64) -> Result<bool, StoreError> {
-        self.refill_script(pool, grant_id, units, true).await
+    async fn refill_existing(
+        &self,
+        pool: &PoolKey,
+        grant_id: &str,
+        units: u64,
+        epoch: u64,
+    ) -> Result<bool, StoreError> {
+        self.refill_script(pool, grant_id, units, true, epoch).await
     }
 
-    async fn take_for_return(&self, pool: &PoolKey, take_id: &str, max_units: u64) -> Result<u64, StoreError> {
+    async fn take_for_return(
+        &self,
+        pool: &PoolKey,
+        take_id: &str,
+        max_units: u64,
+        epoch: u64,
+    ) -> Result<u64, StoreError> {
         let k = self.keys(pool);
-        let reply: Value = self
-            .scripts
-            .take_for_return
-            .key(&k.pool)
-            .key(&k.takes)
-            .key(&k.gc)
-            .arg(take_id)
-            .arg(max_units)
-            .arg(self.retention_ms)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(map_err)?;
-        uint("take_for_return", &reply)
+        let mut call = self.scripts.take_for_return.key(&k.pool);
+        call.key(&k.takes).key(&k.gc).key(&k.fence).arg(take_id).arg(max_units).arg(self.retention_ms).arg(epoch);
+        let reply: Value = self.write(&k.pool, &call).await?;
+        match int("take_for_return", &reply)? {
+            -2 => Err(StoreError::Fenced(pool.hash_tag())),
+            _ => uint("take_for_return", &reply),
+        }
     }
 
-    async fn untake(&self, pool: &PoolKey, take_id: &str) -> Result<u64, StoreError> {
+    async fn untake(&self, pool: &PoolKey, take_id: &str, epoch: u64) -> Result<u64, StoreError> {
         let k = self.keys(pool);
-        let reply: Value = self
-            .scripts
-            .untake
-            .key(&k.pool)
-            .key(&k.takes)
-            .arg(take_id)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(map_err)?;
-        uint("untake", &reply)
+        let mut call = self.scripts.untake.key(&k.pool);
+        call.key(&k.takes).key(&k.fence).arg(take_id).arg(epoch);
+        let reply: Value = self.write(&k.pool, &call).await?;
+        match int("untake", &reply)? {
+            -2 => Err(StoreError::Fenced(pool.hash_tag())),
+            _ => uint("untake", &reply),
+        }
+    }
+
+    async fn raise_fence(&self, pool: &PoolKey, epoch: u64) -> Result<u64, StoreError> {
+        let k = self.keys(pool);
+        let mut call = self.scripts.fence.key(&k.fence);
+        call.arg(epoch);
+        let reply: Value = self.write(&k.pool, &call).await?;
+        uint("raise_fence", &reply)
     }
 
     async fn snapshot(&self, pool: &PoolKey) -> Result<PoolSnapshot, StoreError> {
         const WHAT: &str = "snapshot";
         let k = self.keys(pool);
-        let reply: Value =
-            self.scripts.snapshot.key(&k.pool).invoke_async(&mut self.conn.clone()).await.map_err(map_err)?;
+        let reply: Value = self.read(&self.scripts.snapshot.key(&k.pool)).await?;
         let items = array(WHAT, reply)?;
         let [available, reserved, sold, generation, now_ms] = items.as_slice() else {
             return Err(StoreError::Protocol(format!("snapshot: unexpected reply {items:?}")));
@@ -395,15 +477,9 @@ impl PoolStore for RedisPoolStore {
     ) -> Result<Option<ReservationState>, StoreError> {
         const WHAT: &str = "reservation_state";
         let k = self.keys(pool);
-        let reply: Value = self
-            .scripts
-            .reservation_state
-            .key(&k.res)
-            .arg(reservation_id)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(map_err)?;
-        match reply {
+        let mut call = self.scripts.reservation_state.key(&k.res);
+        call.arg(reservation_id);
+        match self.read(&call).await? {
             Value::Nil => Ok(None),
             other => Ok(Some(state(WHAT, &string(WHAT, &other)?)?)),
         }
@@ -411,6 +487,40 @@ impl PoolStore for RedisPoolStore {
 
     async fn idempotency_keys(&self, pool: &PoolKey) -> Result<Vec<String>, StoreError> {
         let k = self.keys(pool);
-        self.scripts.idempotency_keys.key(&k.idem).invoke_async(&mut self.conn.clone()).await.map_err(map_err)
+        self.read(&self.scripts.idempotency_keys.key(&k.idem)).await
+    }
+
+    async fn channel_op(&self, channel: &str, op: ChannelOp<'_>) -> Result<ChannelReply, StoreError> {
+        const WHAT: &str = "channel";
+        let base = format!("{}{}", self.key_prefix, channel_tag(channel));
+        let leader = format!("{base}:leader");
+        let mut call = self.scripts.channel.key(&leader);
+        call.key(format!("{base}:lease")).key(format!("{base}:wants")).key(format!("{base}:replicas"));
+        match op {
+            ChannelOp::Lead { replica, ttl_ms } => call.arg("lead").arg(replica).arg(ttl_ms.max(1)),
+            ChannelOp::Resign { replica } => call.arg("resign").arg(replica),
+            ChannelOp::Publish { replica, ttl_ms } => call.arg("publish").arg(replica).arg(ttl_ms.max(1)),
+            ChannelOp::LeaseLeft => call.arg("lease_left"),
+            ChannelOp::Want { item_id } => call.arg("want").arg(item_id),
+            ChannelOp::TakeWants { max } => call.arg("take_wants").arg(max.max(1)),
+            ChannelOp::Leader => call.arg("leader"),
+            ChannelOp::Present { replica, ttl_ms } => call.arg("present").arg(replica).arg(ttl_ms.max(1)),
+            ChannelOp::Absent { replica } => call.arg("absent").arg(replica),
+        };
+        // Coordination state is soft (a lost leader key or want is found again), so these
+        // writes do not wait for replicas.
+        let reply: Value = self.read(&call).await?;
+        Ok(match op {
+            ChannelOp::LeaseLeft => ChannelReply::Millis(uint(WHAT, &reply)?),
+            ChannelOp::Present { .. } | ChannelOp::Absent { .. } => ChannelReply::Count(uint(WHAT, &reply)?),
+            ChannelOp::TakeWants { .. } => {
+                ChannelReply::Items(array(WHAT, reply)?.iter().map(|v| string(WHAT, v)).collect::<Result<Vec<_>, _>>()?)
+            }
+            ChannelOp::Leader => match reply {
+                Value::Nil => ChannelReply::Leader(None),
+                other => ChannelReply::Leader(Some(string(WHAT, &other)?)),
+            },
+            _ => ChannelReply::Done(int(WHAT, &reply)? == 1),
+        })
     }
 }

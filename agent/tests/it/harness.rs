@@ -9,7 +9,8 @@ use std::time::Duration;
 use inventory_agent::agent::Agent;
 use inventory_agent::config::StoreKind;
 use inventory_agent::store::{
-    AcquireArgs, AcquireResult, PoolKey, PoolSnapshot, PoolStore, ReservationState, StoreError, Transition,
+    AcquireArgs, AcquireResult, ChannelOp, ChannelReply, PoolKey, PoolSnapshot, PoolStore, ReservationState,
+    StoreError, Transition,
 };
 use inventory_agent::{AgentConfig, Application as AgentApp};
 use inventory_center::{Application as CenterApp, CenterConfig};
@@ -306,17 +307,23 @@ impl PoolStore for ObservedStore {
     async fn expire_due(&self, pool: &PoolKey, max: u64) -> Result<u64, StoreError> {
         self.inner.expire_due(pool, max).await
     }
-    async fn refill(&self, pool: &PoolKey, grant_id: &str, units: u64) -> Result<bool, StoreError> {
-        self.inner.refill(pool, grant_id, units).await
+    async fn refill(&self, pool: &PoolKey, grant_id: &str, units: u64, epoch: u64) -> Result<bool, StoreError> {
+        self.inner.refill(pool, grant_id, units, epoch).await
     }
-    async fn refill_existing(&self, pool: &PoolKey, grant_id: &str, units: u64) -> Result<bool, StoreError> {
-        self.inner.refill_existing(pool, grant_id, units).await
+    async fn refill_existing(&self, pool: &PoolKey, id: &str, units: u64, epoch: u64) -> Result<bool, StoreError> {
+        self.inner.refill_existing(pool, id, units, epoch).await
     }
-    async fn take_for_return(&self, pool: &PoolKey, take_id: &str, max: u64) -> Result<u64, StoreError> {
-        self.inner.take_for_return(pool, take_id, max).await
+    async fn take_for_return(&self, pool: &PoolKey, id: &str, max: u64, epoch: u64) -> Result<u64, StoreError> {
+        self.inner.take_for_return(pool, id, max, epoch).await
     }
-    async fn untake(&self, pool: &PoolKey, take_id: &str) -> Result<u64, StoreError> {
-        self.inner.untake(pool, take_id).await
+    async fn untake(&self, pool: &PoolKey, take_id: &str, epoch: u64) -> Result<u64, StoreError> {
+        self.inner.untake(pool, take_id, epoch).await
+    }
+    async fn raise_fence(&self, pool: &PoolKey, epoch: u64) -> Result<u64, StoreError> {
+        self.inner.raise_fence(pool, epoch).await
+    }
+    async fn channel_op(&self, channel: &str, op: ChannelOp<'_>) -> Result<ChannelReply, StoreError> {
+        self.inner.channel_op(channel, op).await
     }
     async fn snapshot(&self, pool: &PoolKey) -> Result<PoolSnapshot, StoreError> {
         self.inner.snapshot(pool).await
@@ -327,4 +334,45 @@ impl PoolStore for ObservedStore {
     async fn idempotency_keys(&self, pool: &PoolKey) -> Result<Vec<String>, StoreError> {
         self.inner.idempotency_keys(pool).await
     }
+}
+
+/// Codes the Agent API tells callers to retry with the same idempotency key.
+pub fn retryable(code: tonic::Code) -> bool {
+    matches!(code, tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown)
+}
+
+/// One buyer as a channel backend would behave: Acquire one unit with its own key, retried
+/// (same key) while the agent answers with a retryable code, then Confirm, retried the
+/// same way. Returns the confirmed reservation id, or None when sold out. Bounded: at most
+/// `attempts` tries of each call, 100 ms apart.
+pub async fn buy_one(client: &mut AgentClient<Channel>, item: &str, user: &str, attempts: u32) -> Option<String> {
+    let key = format!("key-{user}");
+    let mut reservation = None;
+    for _ in 0..attempts {
+        match client.acquire(acquire_req(item, user, 1, &key)).await {
+            Ok(r) => {
+                let r = r.into_inner();
+                match r.outcome() {
+                    pb::AcquireOutcome::Reserved => reservation = Some(r.reservation_id),
+                    pb::AcquireOutcome::SoldOut => return None,
+                    other => panic!("{user}: unexpected outcome {other:?}"),
+                }
+                break;
+            }
+            Err(s) if retryable(s.code()) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(s) => panic!("{user}: acquire failed: {s:?}"),
+        }
+    }
+    let id = reservation.unwrap_or_else(|| panic!("{user}: acquire still failing after {attempts} attempts"));
+    for _ in 0..attempts {
+        match client.confirm(pb::ConfirmRequest { item_id: item.into(), reservation_id: id.clone() }).await {
+            Ok(r) => {
+                assert_eq!(r.into_inner().state(), pb::ReservationState::Confirmed, "{user}: confirm of {id}");
+                return Some(id);
+            }
+            Err(s) if retryable(s.code()) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(s) => panic!("{user}: confirm of {id} failed (an acknowledged reservation was lost?): {s:?}"),
+        }
+    }
+    panic!("{user}: confirm of {id} still failing after {attempts} attempts");
 }

@@ -14,7 +14,8 @@ use std::time::Duration;
 use inventory_agent::store::memory::{DEFAULT_RECORD_RETENTION, MemoryPoolStore};
 use inventory_agent::store::redis::RedisPoolStore;
 use inventory_agent::store::{
-    AcquireArgs, AcquireResult, PoolKey, PoolSnapshot, PoolStore, ReservationState, StoreError, Transition,
+    AcquireArgs, AcquireResult, ChannelOp, ChannelReply, PoolKey, PoolSnapshot, PoolStore, ReservationState,
+    StoreError, Transition,
 };
 use inventory_test_support::{RedisServer, TestRedis, wait_until};
 use rand::Rng;
@@ -59,6 +60,26 @@ impl Backend {
     }
 }
 
+impl Backend {
+    /// `n` handles on one shared store, as `n` agent replicas of a channel see it: one
+    /// memory store shared in-process, or `n` connections to one Redis.
+    async fn shared_stores(&self, n: usize) -> Vec<Arc<dyn PoolStore>> {
+        match self {
+            Backend::Memory => {
+                let store: Arc<dyn PoolStore> = Arc::new(MemoryPoolStore::new());
+                (0..n).map(|_| Arc::clone(&store)).collect()
+            }
+            Backend::Redis(_) => {
+                let mut out = Vec::new();
+                for _ in 0..n {
+                    out.push(self.store().await);
+                }
+                out
+            }
+        }
+    }
+}
+
 macro_rules! contract_suite {
     ($($test:ident),* $(,)?) => {
         mod memory {
@@ -96,6 +117,10 @@ contract_suite!(
     short_ttl_reservations_expire_through_the_sweeper,
     hostile_strings_are_stored_as_data,
     finished_records_are_forgotten_after_retention,
+    a_fenced_pool_refuses_the_moves_of_older_epochs,
+    fencing_races_with_old_epoch_refills_and_counts_each_unit_once,
+    replicas_elect_one_leader_and_share_its_lease,
+    wants_and_presence_between_replicas,
 );
 
 // ---------------------------------------------------------------------------------------
@@ -181,7 +206,7 @@ async fn sweep_until_freed(store: &Arc<dyn PoolStore>, pool: &PoolKey, units: u6
 async fn state_machine_with_every_refusal(backend: &Backend) {
     let store = backend.store().await;
     let p = pool("sku-states");
-    assert!(store.refill(&p, "grant-1", 10).await.unwrap());
+    assert!(store.refill(&p, "grant-1", 10, 0).await.unwrap());
     assert_eq!(counters(&*store, &p).await, (10, 0, 0));
 
     // reserved -> confirmed; confirm is idempotent, cancel after confirm is refused.
@@ -230,7 +255,7 @@ async fn state_machine_with_every_refusal(backend: &Backend) {
 async fn confirm_and_cancel_past_expiry_expire_on_the_spot(backend: &Backend) {
     let store = backend.store().await;
     let p = pool("sku-late");
-    store.refill(&p, "grant-1", 5).await.unwrap();
+    store.refill(&p, "grant-1", 5, 0).await.unwrap();
     let limit = 2;
 
     let (late_confirm, exp1) = reserve_with(&*store, &p, &acquire_args("dave", 2, "k1", limit, SHORT_TTL_MS)).await;
@@ -262,7 +287,7 @@ async fn confirm_and_cancel_past_expiry_expire_on_the_spot(backend: &Backend) {
 async fn replayed_acquire_returns_the_same_reservation_and_deducts_once(backend: &Backend) {
     let store = backend.store().await;
     let p = pool("sku-replay");
-    store.refill(&p, "grant-1", 10).await.unwrap();
+    store.refill(&p, "grant-1", 10, 0).await.unwrap();
 
     let first = acquire_args("erin", 2, "key-erin-1", 5, LONG_TTL_MS);
     let (id, expires_at_ms) = reserve_with(&*store, &p, &first).await;
@@ -300,7 +325,7 @@ async fn replayed_acquire_returns_the_same_reservation_and_deducts_once(backend:
 async fn key_reused_with_another_payload_conflicts(backend: &Backend) {
     let store = backend.store().await;
     let p = pool("sku-conflict");
-    store.refill(&p, "grant-1", 10).await.unwrap();
+    store.refill(&p, "grant-1", 10, 0).await.unwrap();
     let first = acquire_args("frank", 2, "key-frank", 5, LONG_TTL_MS);
     reserve_with(&*store, &p, &first).await;
     let before = counters(&*store, &p).await;
@@ -315,14 +340,14 @@ async fn key_reused_with_another_payload_conflicts(backend: &Backend) {
 
     // Keys are scoped to the pool: the same key in another pool is a new request.
     let q = pool("sku-conflict-other");
-    store.refill(&q, "grant-1", 10).await.unwrap();
+    store.refill(&q, "grant-1", 10, 0).await.unwrap();
     reserve_with(&*store, &q, &other_user).await;
 }
 
 async fn per_user_limit_is_freed_by_cancel_and_expiry_but_not_by_confirm(backend: &Backend) {
     let store = backend.store().await;
     let p = pool("sku-limit");
-    store.refill(&p, "grant-1", 100).await.unwrap();
+    store.refill(&p, "grant-1", 100, 0).await.unwrap();
     let limit = 3;
     let args = |user: &str, qty: u64, key: &str| acquire_args(user, qty, key, limit, LONG_TTL_MS);
 
@@ -357,7 +382,7 @@ async fn per_user_limit_is_freed_by_cancel_and_expiry_but_not_by_confirm(backend
 async fn sold_out_and_limit_answers_write_nothing(backend: &Backend) {
     let store = backend.store().await;
     let p = pool("sku-fastpath");
-    store.refill(&p, "grant-1", 3).await.unwrap();
+    store.refill(&p, "grant-1", 3, 0).await.unwrap();
     reserve(&*store, &p, "ken", 1).await;
     let before = snap(&*store, &p).await;
 
@@ -375,7 +400,7 @@ async fn sold_out_and_limit_answers_write_nothing(backend: &Backend) {
     }
 
     // Nothing was remembered for those keys: once stock arrives the same request reserves.
-    store.refill(&p, "grant-2", 5).await.unwrap();
+    store.refill(&p, "grant-2", 5, 0).await.unwrap();
     let retry = AcquireArgs { new_reservation_id: uuid::Uuid::new_v4().to_string(), ..too_many.clone() };
     reserve_with(&*store, &p, &retry).await;
     assert_eq!(counters(&*store, &p).await, (2, 6, 0));
@@ -395,29 +420,29 @@ async fn missing_pool_reads_as_empty_generation_zero(backend: &Backend) {
         AcquireResult::SoldOut { available: 0 }
     );
     assert_eq!(store.expire_due(&p, 10).await.unwrap(), 0);
-    assert_eq!(store.untake(&p, "take-1").await.unwrap(), 0);
-    assert_eq!(store.take_for_return(&p, "take-1", 5).await.unwrap(), 0);
+    assert_eq!(store.untake(&p, "take-1", 0).await.unwrap(), 0);
+    assert_eq!(store.take_for_return(&p, "take-1", 5, 0).await.unwrap(), 0);
     assert_eq!(snap(&*store, &p).await.generation, 0);
 
     // The first refill creates it, with a nonzero generation that later refills keep.
-    assert!(store.refill(&p, "grant-1", 0).await.unwrap());
+    assert!(store.refill(&p, "grant-1", 0, 0).await.unwrap());
     let created = snap(&*store, &p).await;
     assert_ne!(created.generation, 0);
     assert!(created.generation < (1 << 63), "generation {} does not fit an i64", created.generation);
     assert_eq!((created.available, created.reserved, created.sold), (0, 0, 0));
-    store.refill(&p, "grant-2", 4).await.unwrap();
+    store.refill(&p, "grant-2", 4, 0).await.unwrap();
     assert_eq!(snap(&*store, &p).await.generation, created.generation);
     // The take recorded before the pool existed took nothing and stays a replay.
-    assert_eq!(store.take_for_return(&p, "take-1", 5).await.unwrap(), 0);
+    assert_eq!(store.take_for_return(&p, "take-1", 5, 0).await.unwrap(), 0);
     assert_eq!(counters(&*store, &p).await, (4, 0, 0));
 }
 
 async fn concurrent_acquires_never_oversell_and_conserve_units(backend: &Backend) {
     let store = backend.store().await;
     let p = pool("sku-race");
-    assert!(store.refill(&p, "grant-1", 100).await.unwrap());
-    assert!(store.refill(&p, "grant-2", 30).await.unwrap());
-    assert_eq!(store.take_for_return(&p, "take-1", 30).await.unwrap(), 30);
+    assert!(store.refill(&p, "grant-1", 100, 0).await.unwrap());
+    assert!(store.refill(&p, "grant-2", 30, 0).await.unwrap());
+    assert_eq!(store.take_for_return(&p, "take-1", 30, 0).await.unwrap(), 30);
     let (refilled, taken) = (130, 30);
 
     const TASKS: usize = 64;
@@ -476,7 +501,7 @@ async fn concurrent_acquires_never_oversell_and_conserve_units(backend: &Backend
 async fn per_user_limit_holds_under_concurrent_requests(backend: &Backend) {
     let store = backend.store().await;
     let p = pool("sku-greedy");
-    store.refill(&p, "grant-1", 100).await.unwrap();
+    store.refill(&p, "grant-1", 100, 0).await.unwrap();
     let mut tasks = Vec::new();
     for i in 0..50 {
         let (store, p) = (Arc::clone(&store), p.clone());
@@ -500,14 +525,14 @@ async fn a_grant_never_recreates_a_missing_pool(backend: &Backend) {
     let store = backend.store().await;
     let p = pool("sku-existing");
     // A grant for a pool that does not exist is refused and records nothing...
-    assert!(matches!(store.refill_existing(&p, "grant-1", 10).await, Err(StoreError::PoolMissing(_))));
+    assert!(matches!(store.refill_existing(&p, "grant-1", 10, 0).await, Err(StoreError::PoolMissing(_))));
     assert_eq!(snap(&*store, &p).await.generation, 0, "the pool was not created");
     // ...so once the pool is opened, the same grant id still applies.
-    assert!(store.refill(&p, "open", 0).await.unwrap());
+    assert!(store.refill(&p, "open", 0, 0).await.unwrap());
     let generation = snap(&*store, &p).await.generation;
     assert_ne!(generation, 0);
-    assert!(store.refill_existing(&p, "grant-1", 10).await.unwrap());
-    assert!(!store.refill_existing(&p, "grant-1", 10).await.unwrap(), "a replay counts once");
+    assert!(store.refill_existing(&p, "grant-1", 10, 0).await.unwrap());
+    assert!(!store.refill_existing(&p, "grant-1", 10, 0).await.unwrap(), "a replay counts once");
     assert_eq!(counters(&*store, &p).await, (10, 0, 0));
     assert_eq!(snap(&*store, &p).await.generation, generation);
 }
@@ -515,19 +540,19 @@ async fn a_grant_never_recreates_a_missing_pool(backend: &Backend) {
 async fn refill_replay_counts_once(backend: &Backend) {
     let store = backend.store().await;
     let p = pool("sku-refill");
-    assert!(store.refill(&p, "grant-1", 10).await.unwrap());
+    assert!(store.refill(&p, "grant-1", 10, 0).await.unwrap());
     let generation = snap(&*store, &p).await.generation;
-    assert!(!store.refill(&p, "grant-1", 10).await.unwrap());
-    assert!(!store.refill(&p, "grant-1", 10).await.unwrap());
+    assert!(!store.refill(&p, "grant-1", 10, 0).await.unwrap());
+    assert!(!store.refill(&p, "grant-1", 10, 0).await.unwrap());
     assert_eq!(counters(&*store, &p).await, (10, 0, 0));
-    assert!(store.refill(&p, "grant-2", 5).await.unwrap());
+    assert!(store.refill(&p, "grant-2", 5, 0).await.unwrap());
     assert_eq!(counters(&*store, &p).await, (15, 0, 0));
 
     // Concurrent replays of one grant apply it once.
     let mut tasks = Vec::new();
     for _ in 0..20 {
         let (store, p) = (Arc::clone(&store), p.clone());
-        tasks.push(tokio::spawn(async move { store.refill(&p, "grant-3", 7).await.unwrap() }));
+        tasks.push(tokio::spawn(async move { store.refill(&p, "grant-3", 7, 0).await.unwrap() }));
     }
     let mut applied = 0;
     for task in tasks {
@@ -541,33 +566,33 @@ async fn refill_replay_counts_once(backend: &Backend) {
 async fn take_for_return_and_untake_replays_count_once(backend: &Backend) {
     let store = backend.store().await;
     let p = pool("sku-take");
-    store.refill(&p, "grant-1", 10).await.unwrap();
+    store.refill(&p, "grant-1", 10, 0).await.unwrap();
     reserve(&*store, &p, "olga", 1).await;
 
-    assert_eq!(store.take_for_return(&p, "take-1", 4).await.unwrap(), 4);
+    assert_eq!(store.take_for_return(&p, "take-1", 4, 0).await.unwrap(), 4);
     assert_eq!(counters(&*store, &p).await, (5, 1, 0));
     // A replay returns the first amount and takes nothing more, whatever max it carries.
-    assert_eq!(store.take_for_return(&p, "take-1", 9).await.unwrap(), 4);
+    assert_eq!(store.take_for_return(&p, "take-1", 9, 0).await.unwrap(), 4);
     assert_eq!(counters(&*store, &p).await, (5, 1, 0));
     // Takes never dip into reserved units.
-    assert_eq!(store.take_for_return(&p, "take-2", 100).await.unwrap(), 5);
+    assert_eq!(store.take_for_return(&p, "take-2", 100, 0).await.unwrap(), 5);
     assert_eq!(counters(&*store, &p).await, (0, 1, 0));
-    assert_eq!(store.take_for_return(&p, "take-3", 100).await.unwrap(), 0);
+    assert_eq!(store.take_for_return(&p, "take-3", 100, 0).await.unwrap(), 0);
 
-    assert_eq!(store.untake(&p, "take-1").await.unwrap(), 4);
-    assert_eq!(store.untake(&p, "take-1").await.unwrap(), 0);
-    assert_eq!(store.untake(&p, "no-such-take").await.unwrap(), 0);
-    assert_eq!(store.untake(&p, "take-3").await.unwrap(), 0);
+    assert_eq!(store.untake(&p, "take-1", 0).await.unwrap(), 4);
+    assert_eq!(store.untake(&p, "take-1", 0).await.unwrap(), 0);
+    assert_eq!(store.untake(&p, "no-such-take", 0).await.unwrap(), 0);
+    assert_eq!(store.untake(&p, "take-3", 0).await.unwrap(), 0);
     assert_eq!(counters(&*store, &p).await, (4, 1, 0));
     // A take replayed after its untake still takes nothing.
-    assert_eq!(store.take_for_return(&p, "take-1", 4).await.unwrap(), 4);
+    assert_eq!(store.take_for_return(&p, "take-1", 4, 0).await.unwrap(), 4);
     assert_eq!(counters(&*store, &p).await, (4, 1, 0));
 
     // Concurrent replays of one take and of one untake count once.
     let mut tasks = Vec::new();
     for _ in 0..20 {
         let (store, p) = (Arc::clone(&store), p.clone());
-        tasks.push(tokio::spawn(async move { store.take_for_return(&p, "take-4", 3).await.unwrap() }));
+        tasks.push(tokio::spawn(async move { store.take_for_return(&p, "take-4", 3, 0).await.unwrap() }));
     }
     for task in tasks {
         assert_eq!(task.await.unwrap(), 3);
@@ -576,7 +601,7 @@ async fn take_for_return_and_untake_replays_count_once(backend: &Backend) {
     let mut tasks = Vec::new();
     for _ in 0..20 {
         let (store, p) = (Arc::clone(&store), p.clone());
-        tasks.push(tokio::spawn(async move { store.untake(&p, "take-4").await.unwrap() }));
+        tasks.push(tokio::spawn(async move { store.untake(&p, "take-4", 0).await.unwrap() }));
     }
     let mut put_back = 0;
     for task in tasks {
@@ -590,7 +615,7 @@ async fn take_for_return_and_untake_replays_count_once(backend: &Backend) {
 async fn short_ttl_reservations_expire_through_the_sweeper(backend: &Backend) {
     let store = backend.store().await;
     let p = pool("sku-ttl");
-    store.refill(&p, "grant-1", 10).await.unwrap();
+    store.refill(&p, "grant-1", 10, 0).await.unwrap();
     let keep = reserve(&*store, &p, "pat", 1).await;
     let mut short = Vec::new();
     for i in 0..4 {
@@ -652,13 +677,13 @@ async fn hostile_strings_are_stored_as_data(backend: &Backend) {
     let store = backend.store().await;
     let p = pool("sku-hostile");
     let bystander = pool("other-item");
-    store.refill(&bystander, "bystander-grant", 7).await.unwrap();
+    store.refill(&bystander, "bystander-grant", 7, 0).await.unwrap();
     let hostile = hostile_strings();
     assert!(hostile.iter().all(|s| s.len() <= 128 && s.bytes().all(|b| (0x21..=0x7e).contains(&b))));
 
     for (i, grant) in hostile.iter().enumerate() {
-        assert!(store.refill(&p, grant, 3).await.unwrap(), "grant {i}");
-        assert!(!store.refill(&p, grant, 3).await.unwrap(), "grant {i} replayed");
+        assert!(store.refill(&p, grant, 3, 0).await.unwrap(), "grant {i}");
+        assert!(!store.refill(&p, grant, 3, 0).await.unwrap(), "grant {i} replayed");
     }
     let refilled = 3 * hostile.len() as u64;
     assert_eq!(counters(&*store, &p).await, (refilled, 0, 0));
@@ -693,12 +718,12 @@ async fn hostile_strings_are_stored_as_data(backend: &Backend) {
     assert_eq!(counters(&*store, &p).await, (refilled - confirmed, 0, confirmed));
 
     for take in &hostile {
-        assert_eq!(store.take_for_return(&p, take, 1).await.unwrap(), 1);
-        assert_eq!(store.take_for_return(&p, take, 1).await.unwrap(), 1);
+        assert_eq!(store.take_for_return(&p, take, 1, 0).await.unwrap(), 1);
+        assert_eq!(store.take_for_return(&p, take, 1, 0).await.unwrap(), 1);
     }
     for take in &hostile {
-        assert_eq!(store.untake(&p, take).await.unwrap(), 1);
-        assert_eq!(store.untake(&p, take).await.unwrap(), 0);
+        assert_eq!(store.untake(&p, take, 0).await.unwrap(), 1);
+        assert_eq!(store.untake(&p, take, 0).await.unwrap(), 0);
     }
     assert_eq!(counters(&*store, &p).await, (refilled - confirmed, 0, confirmed));
     // Nothing ran: the other pool is intact.
@@ -708,13 +733,13 @@ async fn hostile_strings_are_stored_as_data(backend: &Backend) {
 async fn finished_records_are_forgotten_after_retention(backend: &Backend) {
     let store = backend.store_with_retention(Duration::ZERO).await;
     let p = pool("sku-forget");
-    store.refill(&p, "grant-1", 10).await.unwrap();
+    store.refill(&p, "grant-1", 10, 0).await.unwrap();
     let done = acquire_args("rita", 1, "key-done", 10, LONG_TTL_MS);
     let (done_id, _) = reserve_with(&*store, &p, &done).await;
     let open = acquire_args("rita", 1, "key-open", 10, LONG_TTL_MS);
     let (open_id, open_exp) = reserve_with(&*store, &p, &open).await;
     assert_eq!(store.confirm(&p, &done_id).await.unwrap(), Transition::Done(Confirmed));
-    store.take_for_return(&p, "take-1", 2).await.unwrap();
+    store.take_for_return(&p, "take-1", 2, 0).await.unwrap();
 
     // The sweeper forgets finished records once their retention (here 0) ran out.
     let forgot = wait_until(WAIT, || {
@@ -728,8 +753,8 @@ async fn finished_records_are_forgotten_after_retention(backend: &Backend) {
     assert!(forgot, "the confirmed reservation was not forgotten");
     // Its key is forgotten with it; the grant and the take too.
     reserve_with(&*store, &p, &AcquireArgs { new_reservation_id: "new-id".to_owned(), ..done }).await;
-    assert!(store.refill(&p, "grant-1", 1).await.unwrap());
-    assert_eq!(store.untake(&p, "take-1").await.unwrap(), 0);
+    assert!(store.refill(&p, "grant-1", 1, 0).await.unwrap());
+    assert_eq!(store.untake(&p, "take-1", 0).await.unwrap(), 0);
     // A reservation that can still change state is never forgotten, nor its key.
     assert_eq!(state(&*store, &p, &open_id).await, Some(Reserved));
     assert_eq!(
@@ -738,6 +763,155 @@ async fn finished_records_are_forgotten_after_retention(backend: &Backend) {
     );
     // Counters are untouched by forgetting: 10 + 1 refilled - 2 taken = 6 + 2 reserved + 1 sold.
     assert_eq!(counters(&*store, &p).await, (6, 2, 1));
+}
+
+async fn a_fenced_pool_refuses_the_moves_of_older_epochs(backend: &Backend) {
+    let store = backend.store().await;
+    let p = pool("sku-fence");
+    assert!(store.refill(&p, "grant-1", 10, 3).await.unwrap());
+    assert_eq!(store.take_for_return(&p, "take-1", 2, 3).await.unwrap(), 2);
+    assert_eq!(store.raise_fence(&p, 5).await.unwrap(), 5);
+    assert_eq!(store.raise_fence(&p, 4).await.unwrap(), 5, "a fence never goes down");
+    // Every move of an older epoch is refused and records nothing...
+    let fenced = |r: Result<u64, StoreError>| matches!(r, Err(StoreError::Fenced(_)));
+    assert!(fenced(store.refill(&p, "grant-2", 7, 4).await.map(u64::from)));
+    assert!(fenced(store.refill_existing(&p, "grant-3", 7, 4).await.map(u64::from)));
+    assert!(fenced(store.take_for_return(&p, "take-2", 1, 4).await));
+    assert!(fenced(store.untake(&p, "take-1", 4).await));
+    assert_eq!(counters(&*store, &p).await, (8, 0, 0));
+    // ...so the same ids still apply under the fencing epoch (nothing half-recorded).
+    assert!(store.refill(&p, "grant-2", 7, 5).await.unwrap());
+    assert!(store.refill_existing(&p, "grant-3", 1, 5).await.unwrap());
+    assert_eq!(store.take_for_return(&p, "take-2", 1, 5).await.unwrap(), 1);
+    assert_eq!(store.untake(&p, "take-1", 5).await.unwrap(), 2);
+    assert_eq!(counters(&*store, &p).await, (17, 0, 0));
+    // Selling is not fenced: the hot path belongs to every replica.
+    reserve(&*store, &p, "una", 1).await;
+    assert_eq!(counters(&*store, &p).await, (16, 1, 0));
+}
+
+/// An old incarnation keeps refilling while a new one fences the pool: whatever the
+/// interleaving, the pool holds exactly the units of the refills that were accepted, and
+/// none of the old epoch's is accepted after the fence answered.
+async fn fencing_races_with_old_epoch_refills_and_counts_each_unit_once(backend: &Backend) {
+    let stores = backend.shared_stores(2).await;
+    let p = pool("sku-fence-race");
+    stores[0].refill(&p, "open", 0, 1).await.unwrap();
+    for n in 0..10 {
+        assert!(stores[n % 2].refill_existing(&p, &format!("before-{n}"), 1, 1).await.unwrap());
+    }
+    let fenced_at = Arc::new(tokio::sync::OnceCell::new());
+    let mut tasks = Vec::new();
+    for n in 0..200u64 {
+        let (store, pk, fence_seen) = (Arc::clone(&stores[n as usize % 2]), p.clone(), Arc::clone(&fenced_at));
+        tasks.push(tokio::spawn(async move {
+            let started_after_fence = fence_seen.get().is_some();
+            match store.refill_existing(&pk, &format!("old-{n}"), 1, 1).await {
+                Ok(applied) => {
+                    assert!(!started_after_fence, "refill {n} of the old epoch applied after the fence");
+                    u64::from(applied)
+                }
+                Err(StoreError::Fenced(_)) => 0,
+                Err(e) => panic!("refill {n}: {e}"),
+            }
+        }));
+        if n == 100 {
+            assert_eq!(stores[1].raise_fence(&p, 2).await.unwrap(), 2);
+            fenced_at.set(()).unwrap();
+        }
+    }
+    let mut applied = 10;
+    for t in tasks {
+        applied += t.await.unwrap();
+    }
+    assert!(applied <= 10 + 101, "applied {applied}: refills started after the fence were accepted");
+    assert_eq!(counters(&*stores[0], &p).await, (applied, 0, 0));
+    assert!(matches!(stores[0].refill(&p, "late", 1, 1).await, Err(StoreError::Fenced(_))));
+}
+
+async fn replicas_elect_one_leader_and_share_its_lease(backend: &Backend) {
+    let stores = backend.shared_stores(2).await;
+    let ch = format!("ch-{}", rand::rng().random::<u32>());
+    let reply = |r: Result<ChannelReply, StoreError>| r.expect("channel op");
+    // Ten replicas claim at once: exactly one leads.
+    let mut tasks = Vec::new();
+    for n in 0..10 {
+        let (store, ch) = (Arc::clone(&stores[n % 2]), ch.clone());
+        tasks.push(tokio::spawn(async move {
+            let replica = format!("r{n}");
+            let won = store.channel_op(&ch, ChannelOp::Lead { replica: &replica, ttl_ms: 60_000 }).await.unwrap();
+            (replica, won == ChannelReply::Done(true))
+        }));
+    }
+    let mut winners = Vec::new();
+    for t in tasks {
+        let (replica, won) = t.await.unwrap();
+        if won {
+            winners.push(replica);
+        }
+    }
+    assert_eq!(winners.len(), 1, "leaders: {winners:?}");
+    let leader = winners[0].clone();
+    let other = if leader == "r0" { "r1" } else { "r0" };
+    assert_eq!(reply(stores[1].channel_op(&ch, ChannelOp::Leader).await), ChannelReply::Leader(Some(leader.clone())));
+    // Only the leader renews and publishes the lease.
+    fn lead(r: &str) -> ChannelOp<'_> {
+        ChannelOp::Lead { replica: r, ttl_ms: 60_000 }
+    }
+    assert_eq!(reply(stores[0].channel_op(&ch, lead(&leader)).await), ChannelReply::Done(true));
+    assert_eq!(reply(stores[0].channel_op(&ch, lead(other)).await), ChannelReply::Done(false));
+    fn publish(r: &str) -> ChannelOp<'_> {
+        ChannelOp::Publish { replica: r, ttl_ms: 5_000 }
+    }
+    assert_eq!(reply(stores[1].channel_op(&ch, publish(other)).await), ChannelReply::Done(false));
+    assert_eq!(reply(stores[1].channel_op(&ch, ChannelOp::LeaseLeft).await), ChannelReply::Millis(0));
+    assert_eq!(reply(stores[1].channel_op(&ch, publish(&leader)).await), ChannelReply::Done(true));
+    match reply(stores[0].channel_op(&ch, ChannelOp::LeaseLeft).await) {
+        ChannelReply::Millis(ms) => assert!(ms > 0 && ms <= 5_000, "lease left {ms}"),
+        r => panic!("lease_left: {r:?}"),
+    }
+    // Resigning is the leader's alone; then another replica takes over.
+    fn resign(r: &str) -> ChannelOp<'_> {
+        ChannelOp::Resign { replica: r }
+    }
+    assert_eq!(reply(stores[0].channel_op(&ch, resign(other)).await), ChannelReply::Done(false));
+    assert_eq!(reply(stores[0].channel_op(&ch, resign(&leader)).await), ChannelReply::Done(true));
+    assert_eq!(reply(stores[1].channel_op(&ch, lead(other)).await), ChannelReply::Done(true));
+    // A claim that is not renewed lapses, and then another replica can lead.
+    assert_eq!(reply(stores[1].channel_op(&ch, resign(other)).await), ChannelReply::Done(true));
+    let short = ChannelOp::Lead { replica: &leader, ttl_ms: 50 };
+    assert_eq!(reply(stores[0].channel_op(&ch, short).await), ChannelReply::Done(true));
+    let taken = wait_until(WAIT, || {
+        let (store, ch) = (Arc::clone(&stores[1]), ch.clone());
+        async move { store.channel_op(&ch, lead(other)).await.unwrap() == ChannelReply::Done(true) }
+    })
+    .await;
+    assert!(taken, "the lapsed claim was never free again");
+}
+
+async fn wants_and_presence_between_replicas(backend: &Backend) {
+    let stores = backend.shared_stores(2).await;
+    let ch = format!("ch-{}", rand::rng().random::<u32>());
+    for item in ["sku-a", "sku-b", "sku-a"] {
+        stores[1].channel_op(&ch, ChannelOp::Want { item_id: item }).await.unwrap();
+    }
+    let mut wants = match stores[0].channel_op(&ch, ChannelOp::TakeWants { max: 10 }).await.unwrap() {
+        ChannelReply::Items(items) => items,
+        r => panic!("take_wants: {r:?}"),
+    };
+    wants.sort();
+    assert_eq!(wants, vec!["sku-a".to_owned(), "sku-b".to_owned()]);
+    assert_eq!(
+        stores[0].channel_op(&ch, ChannelOp::TakeWants { max: 10 }).await.unwrap(),
+        ChannelReply::Items(Vec::new()),
+        "wants are taken once"
+    );
+    let present = |r: &'static str| ChannelOp::Present { replica: r, ttl_ms: 60_000 };
+    assert_eq!(stores[0].channel_op(&ch, present("r0")).await.unwrap(), ChannelReply::Count(0));
+    assert_eq!(stores[1].channel_op(&ch, present("r1")).await.unwrap(), ChannelReply::Count(1));
+    assert_eq!(stores[1].channel_op(&ch, present("r1")).await.unwrap(), ChannelReply::Count(1));
+    assert_eq!(stores[0].channel_op(&ch, ChannelOp::Absent { replica: "r0" }).await.unwrap(), ChannelReply::Count(1));
+    assert_eq!(stores[1].channel_op(&ch, ChannelOp::Absent { replica: "r1" }).await.unwrap(), ChannelReply::Count(0));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -749,10 +923,10 @@ async fn redis_keys_carry_the_prefix_and_the_pool_hash_tag() {
     let redis = TestRedis::create().await;
     let store = RedisPoolStore::new(&redis.url, &redis.prefix).await.unwrap().with_record_retention(Duration::ZERO);
     let p = pool("sku-keys");
-    store.refill(&p, "grant-1", 5).await.unwrap();
+    store.refill(&p, "grant-1", 5, 0).await.unwrap();
     let id = reserve(&store, &p, "sam", 1).await;
     store.confirm(&p, &id).await.unwrap();
-    store.take_for_return(&p, "take-1", 1).await.unwrap();
+    store.take_for_return(&p, "take-1", 1, 0).await.unwrap();
 
     let client = ::redis::Client::open(redis.url.as_str()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
@@ -787,7 +961,7 @@ async fn redis_data_loss_shows_as_generation_zero_and_the_store_reconnects() {
     let mut server = RedisServer::start().await;
     let store: Arc<dyn PoolStore> = Arc::new(RedisPoolStore::new(&server.url, "inv:").await.unwrap());
     let p = pool("sku-lost");
-    store.refill(&p, "grant-1", 10).await.unwrap();
+    store.refill(&p, "grant-1", 10, 0).await.unwrap();
     let id = reserve(&*store, &p, "tom", 2).await;
     let before = snap(&*store, &p).await;
     assert_ne!(before.generation, 0);
@@ -824,7 +998,7 @@ async fn redis_data_loss_shows_as_generation_zero_and_the_store_reconnects() {
 
     // The grant ids were lost too, so the same grant applies again: the caller (the agent)
     // sees the new generation and must reconcile before trusting the pool.
-    assert!(store.refill(&p, "grant-1", 3).await.unwrap());
+    assert!(store.refill(&p, "grant-1", 3, 0).await.unwrap());
     let recreated = snap(&*store, &p).await;
     assert_ne!(recreated.generation, 0);
     assert_ne!(recreated.generation, before.generation);
