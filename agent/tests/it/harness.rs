@@ -23,6 +23,8 @@ use tonic::transport::Channel;
 pub enum Db {
     Pg(TestDatabase),
     Lite(TestSqlite),
+    /// Another center's database (this center is a replica).
+    Shared(String),
 }
 
 pub struct Center {
@@ -45,6 +47,7 @@ impl Center {
         let url = match &db {
             Db::Pg(d) => d.url.clone(),
             Db::Lite(d) => d.url.clone(),
+            Db::Shared(url) => url.clone(),
         };
         let mut config = CenterConfig::for_tests(&url);
         tweak(&mut config);
@@ -52,6 +55,16 @@ impl Center {
         let (addr, http_addr) = (app.grpc_addr(), app.http_addr());
         let task = tokio::spawn(async move { app.run_until(std::future::pending()).await.expect("center runs") });
         Self { url: format!("http://{addr}"), http_addr, task, _db: db }
+    }
+
+    /// Another center process on the same database (the first one keeps it alive).
+    pub async fn replica(&self) -> Self {
+        let url = match &self._db {
+            Db::Pg(d) => d.url.clone(),
+            Db::Lite(d) => d.url.clone(),
+            Db::Shared(url) => url.clone(),
+        };
+        Self::start(Db::Shared(url), |_| {}).await
     }
 
     pub async fn admin(&self) -> AdminClient<Channel> {
@@ -174,10 +187,23 @@ pub struct AgentProcess {
 
 impl AgentProcess {
     pub async fn spawn(center: &str, channel: &str, store: &StoreSpec, port: Option<u16>) -> Self {
+        Self::spawn_with(center, channel, store, port, &format!("{channel}-proc"), &[]).await
+    }
+
+    /// One replica of a channel: its own agent id, and extra flags.
+    pub async fn spawn_with(
+        center: &str,
+        channel: &str,
+        store: &StoreSpec,
+        port: Option<u16>,
+        agent_id: &str,
+        extra: &[&str],
+    ) -> Self {
         let port = port.unwrap_or_else(free_port);
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_inventory-agent"));
-        cmd.args(["--channel", channel, "--agent-id", &format!("{channel}-proc"), "--center", center])
+        cmd.args(["--channel", channel, "--agent-id", agent_id, "--center", center])
+            .args(extra)
             .args(["--listen", &addr.to_string(), "--http-listen", "127.0.0.1:0"])
             .args(["--rebalance-interval-ms", "20", "--heartbeat-interval-ms", "200", "--return-sustain-ms", "500"])
             .args(["--lease-margin-ms", "200", "--insecure"])
@@ -336,9 +362,13 @@ impl PoolStore for ObservedStore {
     }
 }
 
-/// Codes the Agent API tells callers to retry with the same idempotency key.
+/// Codes the Agent API tells callers to retry with the same idempotency key, and
+/// CANCELLED, which a client sees when the connection dies mid-call (outcome unknown).
 pub fn retryable(code: tonic::Code) -> bool {
-    matches!(code, tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown)
+    matches!(
+        code,
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown | tonic::Code::Cancelled
+    )
 }
 
 /// One buyer as a channel backend would behave: Acquire one unit with its own key, retried
@@ -346,9 +376,22 @@ pub fn retryable(code: tonic::Code) -> bool {
 /// same way. Returns the confirmed reservation id, or None when sold out. Bounded: at most
 /// `attempts` tries of each call, 100 ms apart.
 pub async fn buy_one(client: &mut AgentClient<Channel>, item: &str, user: &str, attempts: u32) -> Option<String> {
+    buy_one_via(std::slice::from_mut(client), item, user, attempts).await
+}
+
+/// Like [`buy_one`] through a channel's replicas, as a load balancer would: every retry
+/// goes to the next replica (with the same idempotency key).
+pub async fn buy_one_via(
+    clients: &mut [AgentClient<Channel>],
+    item: &str,
+    user: &str,
+    attempts: u32,
+) -> Option<String> {
     let key = format!("key-{user}");
     let mut reservation = None;
-    for _ in 0..attempts {
+    let start = user.bytes().map(usize::from).sum::<usize>();
+    for attempt in 0..attempts as usize {
+        let client = &mut clients[(start + attempt) % clients.len()];
         match client.acquire(acquire_req(item, user, 1, &key)).await {
             Ok(r) => {
                 let r = r.into_inner();
@@ -364,7 +407,8 @@ pub async fn buy_one(client: &mut AgentClient<Channel>, item: &str, user: &str, 
         }
     }
     let id = reservation.unwrap_or_else(|| panic!("{user}: acquire still failing after {attempts} attempts"));
-    for _ in 0..attempts {
+    for attempt in 0..attempts as usize {
+        let client = &mut clients[(start + attempt) % clients.len()];
         match client.confirm(pb::ConfirmRequest { item_id: item.into(), reservation_id: id.clone() }).await {
             Ok(r) => {
                 assert_eq!(r.into_inner().state(), pb::ReservationState::Confirmed, "{user}: confirm of {id}");
