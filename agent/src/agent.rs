@@ -26,6 +26,9 @@ use crate::store::{AcquireArgs, AcquireResult, PoolSnapshot, PoolStore, Reservat
 /// late call has landed or been refused by then).
 const RESYNC_AFTER_UNKNOWN_MS: i64 = 5_000;
 
+/// Pool reads in flight at once when reading many pools (reports).
+const STORE_READS_IN_FLIGHT: usize = 64;
+
 /// At most one starvation Borrow per item per this many ms.
 const STARVING_SIGNAL_EVERY_MS: i64 = 200;
 
@@ -464,6 +467,7 @@ impl Agent {
             item.stock_returned_locally();
         }
         let snap = self.store.snapshot(&item.pool).await?;
+        item.remember_snapshot(snap);
         if self.pool_lost(item, &snap) {
             return Ok(Action::Hold);
         }
@@ -516,32 +520,61 @@ impl Agent {
         item.frozen.load(Ordering::Acquire)
     }
 
-    /// The pools as reported to the center. A frozen pool (lost by the store) is
-    /// reported as lost, so the center puts what the channel holds in doubt.
+    /// The pools as reported to the center, all of them. A frozen pool (lost by the store)
+    /// is reported as lost, so the center puts what the channel holds in doubt. Pools are
+    /// read concurrently (pipelined on the store's connection): with thousands of items a
+    /// report costs one round of pipelined reads, not one round trip per item.
     pub async fn reports(&self) -> Vec<pb::PoolReport> {
-        let mut out = Vec::new();
-        for item in self.items() {
-            if item.frozen.load(Ordering::Acquire) {
-                out.push(pb::PoolReport { item_id: item.item_id.clone(), lost: true, ..Default::default() });
-                continue;
-            }
-            if let Ok(s) = self.store.snapshot(&item.pool).await {
-                // Never report a vanished pool as an empty one.
-                if self.pool_lost(&item, &s) {
-                    out.push(pb::PoolReport { item_id: item.item_id.clone(), lost: true, ..Default::default() });
-                    continue;
-                }
-                out.push(pb::PoolReport {
-                    item_id: item.item_id.clone(),
-                    available: s.available,
-                    reserved: s.reserved,
-                    sold: s.sold,
-                    generation: s.generation,
-                    lost: false,
-                });
+        self.read_reports().await.into_iter().map(|(_, r)| r).collect()
+    }
+
+    /// Only the pools whose report changed since the center last acknowledged one: what a
+    /// heartbeat carries. Pass the answer to [`Agent::reports_acknowledged`] once the
+    /// center took it.
+    pub async fn changed_reports(&self) -> Vec<pb::PoolReport> {
+        self.read_reports().await.into_iter().filter(|(item, r)| item.report_changed(r)).map(|(_, r)| r).collect()
+    }
+
+    /// The center stored these reports.
+    pub fn reports_acknowledged(&self, reports: &[pb::PoolReport]) {
+        for r in reports {
+            if let Some(item) = self.items.get(&r.item_id) {
+                item.reported(r.clone());
             }
         }
-        out
+    }
+
+    async fn read_reports(&self) -> Vec<(Arc<ItemRuntime>, pb::PoolReport)> {
+        use futures::StreamExt;
+        let lost =
+            |item: &ItemRuntime| pb::PoolReport { item_id: item.item_id.clone(), lost: true, ..Default::default() };
+        futures::stream::iter(self.items())
+            .map(|item| async move {
+                if item.frozen.load(Ordering::Acquire) {
+                    let r = lost(&item);
+                    return Some((item, r));
+                }
+                let s = self.store.snapshot(&item.pool).await.ok()?;
+                item.remember_snapshot(s);
+                // Never report a vanished pool as an empty one.
+                let r = if self.pool_lost(&item, &s) {
+                    lost(&item)
+                } else {
+                    pb::PoolReport {
+                        item_id: item.item_id.clone(),
+                        available: s.available,
+                        reserved: s.reserved,
+                        sold: s.sold,
+                        generation: s.generation,
+                        lost: false,
+                    }
+                };
+                Some((item, r))
+            })
+            .buffer_unordered(STORE_READS_IN_FLIGHT)
+            .filter_map(|x| async move { x })
+            .collect()
+            .await
     }
 
     /// Registers (a new epoch) and brings every pool in line with what the center says
@@ -571,7 +604,8 @@ impl Agent {
         // Report at once: a reclaim must never judge this incarnation by the last one's
         // report.
         let reports = self.reports().await;
-        if let Ok(r) = self.link.heartbeat(reports, false).await {
+        if let Ok(r) = self.link.heartbeat(reports.clone(), false).await {
+            self.reports_acknowledged(&reports);
             self.freeze_in_doubt(&r.in_doubt_items);
         }
         tracing::info!(channel = %self.link.channel, epoch = reg.epoch, items = reg.held.len(), "registered and resynced");

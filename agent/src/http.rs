@@ -1,7 +1,8 @@
 //! The HTTP side port: `/healthz` and Prometheus text on `/metrics`.
 //!
 //! Counters come from [`crate::metrics::Metrics`] (atomics bumped on the hot path); the
-//! pool gauges are read from the pool store at scrape time, one snapshot per item.
+//! pool gauges from the last snapshot of each pool the agent read (rebalancer, heartbeat),
+//! so a scrape never calls the pool store, however many items there are.
 
 use std::fmt::Write;
 use std::sync::Arc;
@@ -29,20 +30,17 @@ async fn metrics(State(agent): State<Arc<Agent>>) -> impl IntoResponse {
     items.sort_by(|a, b| a.item_id.cmp(&b.item_id));
     let mut pools = String::new();
     let mut frozen = String::new();
+    // The pools are the channel's, shared by its replicas: the leading replica reports
+    // them, from the snapshots its rebalancer and heartbeats read (no store call here).
+    let leading = agent.is_leading();
     for item in &items {
         let id = &item.item_id;
-        match agent.store.snapshot(&item.pool).await {
-            Ok(s) => {
-                for (state, v) in [("available", s.available), ("reserved", s.reserved), ("sold", s.sold)] {
-                    let _ = writeln!(
-                        pools,
-                        "inventory_agent_pool_units{{channel=\"{channel}\",item=\"{id}\",state=\"{state}\"}} {v}"
-                    );
-                }
-            }
-            Err(e) => {
-                agent.metrics.pool_store_error();
-                tracing::warn!(item = %id, error = %e, "metrics: pool unreadable");
+        if let Some(s) = item.last_snapshot().filter(|_| leading) {
+            for (state, v) in [("available", s.available), ("reserved", s.reserved), ("sold", s.sold)] {
+                let _ = writeln!(
+                    pools,
+                    "inventory_agent_pool_units{{channel=\"{channel}\",item=\"{id}\",state=\"{state}\"}} {v}"
+                );
             }
         }
         let f = u8::from(item.frozen.load(Ordering::Acquire));
@@ -63,6 +61,7 @@ async fn metrics(State(agent): State<Arc<Agent>>) -> impl IntoResponse {
     let _ = writeln!(out, "{name}{{channel=\"{channel}\"}} {}", agent.rate_limited.load(Ordering::Relaxed));
     for (name, help, v) in [
         ("inventory_agent_epoch", "The channel epoch this agent registered with.", agent.link.epoch()),
+        ("inventory_agent_leading", "1 while this replica leads its channel.", u64::from(leading)),
         ("inventory_agent_draining", "1 while the agent drains (no new acquires).", u64::from(agent.is_draining())),
         (
             "inventory_agent_lease_valid",

@@ -9,7 +9,7 @@ use std::sync::{Mutex, RwLock};
 use inventory_core::watermarks::Watermarks;
 use inventory_proto::v1 as pb;
 
-use crate::store::PoolKey;
+use crate::store::{PoolKey, PoolSnapshot};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Policy {
@@ -66,6 +66,12 @@ pub struct ItemRuntime {
     dirty: AtomicBool,
     /// When the rebalancer last looked at the pool (ms).
     last_look_ms: AtomicI64,
+    /// The pool as last read from the store (metrics render from it: a scrape costs no
+    /// store call).
+    last_snapshot: Mutex<Option<PoolSnapshot>>,
+    /// The report the center last acknowledged for this pool (heartbeats send a pool only
+    /// when it differs).
+    last_reported: Mutex<Option<pb::PoolReport>>,
 }
 
 impl ItemRuntime {
@@ -88,7 +94,26 @@ impl ItemRuntime {
             resync_at_ms: AtomicI64::new(0),
             dirty: AtomicBool::new(true),
             last_look_ms: AtomicI64::new(0),
+            last_snapshot: Mutex::new(None),
+            last_reported: Mutex::new(None),
         }
+    }
+
+    pub fn remember_snapshot(&self, s: PoolSnapshot) {
+        *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(s);
+    }
+
+    pub fn last_snapshot(&self) -> Option<PoolSnapshot> {
+        *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `report` differs from what the center last acknowledged.
+    pub fn report_changed(&self, report: &pb::PoolReport) -> bool {
+        self.last_reported.lock().unwrap_or_else(|e| e.into_inner()).as_ref() != Some(report)
+    }
+
+    pub fn reported(&self, report: pb::PoolReport) {
+        *self.last_reported.lock().unwrap_or_else(|e| e.into_inner()) = Some(report);
     }
 
     pub fn policy(&self) -> Policy {

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use tokio::sync::watch;
 use tonic::Code;
 
@@ -14,8 +15,17 @@ use crate::items::Policy;
 use crate::replicas;
 use inventory_core::ItemId;
 
-/// A pool nothing happened to is still looked at this often (expiries, above-high timing).
+/// A pool nothing happened to is still looked at this often (expiries, above-high timing,
+/// stock sold by other replicas)...
 const IDLE_LOOK_EVERY_MS: i64 = 500;
+
+/// ...but with many items, quiet pools together get at most this many looks per second
+/// (10,000 quiet items: each looked at every 5 s).
+const IDLE_LOOKS_PER_SEC: i64 = 2_000;
+
+/// Pools looked at concurrently in one rebalancer pass (a slow Borrow of one item does
+/// not hold up the others).
+const LOOKS_IN_FLIGHT: usize = 32;
 
 /// Resolves once shutdown is signalled (the guard `wait_for` returns is not Send, so it
 /// is dropped here rather than held across the caller's awaits).
@@ -46,19 +56,30 @@ pub async fn rebalancer(agent: Arc<Agent>, period: Duration, mut stop: watch::Re
                 item.touch();
             }
         }
-        for item in agent.items() {
-            let now = now_ms();
-            if !item.needs_look(now, IDLE_LOOK_EVERY_MS) {
-                continue;
-            }
-            if let Err(e) = agent.rebalance(&item, now).await {
-                if crate::metrics::is_pool_store_error(&e) {
-                    agent.metrics.pool_store_error();
+        let items = agent.items();
+        let idle_every = idle_look_every_ms(items.len());
+        let now = now_ms();
+        let due: Vec<_> = items.into_iter().filter(|item| item.needs_look(now, idle_every)).collect();
+        futures::stream::iter(due)
+            .for_each_concurrent(LOOKS_IN_FLIGHT, |item| {
+                let agent = Arc::clone(&agent);
+                async move {
+                    if let Err(e) = agent.rebalance(&item, now_ms()).await {
+                        if crate::metrics::is_pool_store_error(&e) {
+                            agent.metrics.pool_store_error();
+                        }
+                        tracing::warn!(item = %item.item_id, error = %e, "rebalance failed");
+                    }
                 }
-                tracing::warn!(item = %item.item_id, error = %e, "rebalance failed");
-            }
-        }
+            })
+            .await;
     }
+}
+
+/// How often a quiet pool is looked at when the agent has `items` pools.
+pub fn idle_look_every_ms(items: usize) -> i64 {
+    let spread = i64::try_from(items).unwrap_or(i64::MAX).saturating_mul(1_000) / IDLE_LOOKS_PER_SEC;
+    spread.max(IDLE_LOOK_EVERY_MS)
 }
 
 /// Reports every pool to the center and renews the lease. A stale epoch means the
@@ -72,9 +93,12 @@ pub async fn heartbeat(agent: Arc<Agent>, period: Option<Duration>, mut stop: wa
         if !agent.is_leading() {
             continue;
         }
-        let reports = agent.reports().await;
-        match agent.link.heartbeat(reports, false).await {
+        // Only pools that changed since the center's last acknowledgement: with many
+        // quiet items a heartbeat stays small (the center keeps the last report of each).
+        let reports = agent.changed_reports().await;
+        match agent.link.heartbeat(reports.clone(), false).await {
             Ok(r) => {
+                agent.reports_acknowledged(&reports);
                 agent.freeze_in_doubt(&r.in_doubt_items);
                 replicas::publish_lease(&agent).await;
             }

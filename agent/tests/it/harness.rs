@@ -6,6 +6,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use dashmap::DashMap;
 use inventory_agent::agent::Agent;
 use inventory_agent::config::StoreKind;
 use inventory_agent::store::{
@@ -419,4 +420,82 @@ pub async fn buy_one_via(
         }
     }
     panic!("{user}: confirm of {id} still failing after {attempts} attempts");
+}
+
+/// Any pool store, with every call counted by operation: shows what background work
+/// costs in store calls.
+pub struct CountingStore {
+    inner: Arc<dyn PoolStore>,
+    calls: DashMap<&'static str, u64>,
+}
+
+impl CountingStore {
+    pub fn new(inner: Arc<dyn PoolStore>) -> Self {
+        Self { inner, calls: DashMap::new() }
+    }
+
+    fn count(&self, op: &'static str) {
+        *self.calls.entry(op).or_default() += 1;
+    }
+
+    /// Calls per operation so far.
+    pub fn calls(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        self.calls.iter().map(|e| (*e.key(), *e.value())).collect()
+    }
+}
+
+#[async_trait::async_trait]
+impl PoolStore for CountingStore {
+    async fn acquire(&self, pool: &PoolKey, args: &AcquireArgs) -> Result<AcquireResult, StoreError> {
+        self.count("acquire");
+        self.inner.acquire(pool, args).await
+    }
+    async fn confirm(&self, pool: &PoolKey, id: &str) -> Result<Transition, StoreError> {
+        self.count("confirm");
+        self.inner.confirm(pool, id).await
+    }
+    async fn cancel(&self, pool: &PoolKey, id: &str) -> Result<Transition, StoreError> {
+        self.count("cancel");
+        self.inner.cancel(pool, id).await
+    }
+    async fn expire_due(&self, pool: &PoolKey, max: u64) -> Result<u64, StoreError> {
+        self.count("expire_due");
+        self.inner.expire_due(pool, max).await
+    }
+    async fn refill(&self, pool: &PoolKey, grant_id: &str, units: u64, epoch: u64) -> Result<bool, StoreError> {
+        self.count("refill");
+        self.inner.refill(pool, grant_id, units, epoch).await
+    }
+    async fn refill_existing(&self, pool: &PoolKey, id: &str, units: u64, epoch: u64) -> Result<bool, StoreError> {
+        self.count("refill");
+        self.inner.refill_existing(pool, id, units, epoch).await
+    }
+    async fn take_for_return(&self, pool: &PoolKey, id: &str, max: u64, epoch: u64) -> Result<u64, StoreError> {
+        self.count("take_for_return");
+        self.inner.take_for_return(pool, id, max, epoch).await
+    }
+    async fn untake(&self, pool: &PoolKey, take_id: &str, epoch: u64) -> Result<u64, StoreError> {
+        self.count("untake");
+        self.inner.untake(pool, take_id, epoch).await
+    }
+    async fn raise_fence(&self, pool: &PoolKey, epoch: u64) -> Result<u64, StoreError> {
+        self.count("raise_fence");
+        self.inner.raise_fence(pool, epoch).await
+    }
+    async fn snapshot(&self, pool: &PoolKey) -> Result<PoolSnapshot, StoreError> {
+        self.count("snapshot");
+        self.inner.snapshot(pool).await
+    }
+    async fn reservation_state(&self, pool: &PoolKey, id: &str) -> Result<Option<ReservationState>, StoreError> {
+        self.count("reservation_state");
+        self.inner.reservation_state(pool, id).await
+    }
+    async fn idempotency_keys(&self, pool: &PoolKey) -> Result<Vec<String>, StoreError> {
+        self.count("idempotency_keys");
+        self.inner.idempotency_keys(pool).await
+    }
+    async fn channel_op(&self, channel: &str, op: ChannelOp<'_>) -> Result<ChannelReply, StoreError> {
+        self.count("channel_op");
+        self.inner.channel_op(channel, op).await
+    }
 }

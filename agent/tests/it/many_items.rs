@@ -100,3 +100,141 @@ fn reserved(r: Result<tonic::Response<pb::AcquireResponse>, tonic::Status>) -> b
         Err(s) => panic!("acquire failed: {s:?}"),
     }
 }
+
+/// 10,000 items in one channel (Redis pools): what heartbeats, the rebalancer and
+/// /metrics cost per item once the pools are stocked and quiet. Prints the figures;
+/// asserts the properties that keep them low (a quiet heartbeat carries no pool, a scrape
+/// reads no pool, quiet pools get a bounded number of looks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_items_cost_little_per_item_to_report_look_at_and_scrape() {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use inventory_agent::store::PoolStore;
+    use inventory_agent::store::redis::RedisPoolStore;
+    use inventory_core::ItemId;
+    use prost::Message;
+
+    use crate::harness::{CountingStore, agent_config, http_get, sample};
+
+    const N: usize = 10_000;
+    let center = Center::start_postgres().await;
+    let started = Instant::now();
+    futures::stream::iter(0..N)
+        .for_each_concurrent(16, |i| {
+            let center = &center;
+            async move { center.create_item(&format!("sku-{i:05}"), 20, 1, (2, 8, 4)).await }
+        })
+        .await;
+    let created_in = started.elapsed();
+
+    let redis = TestRedis::create().await;
+    let spec = StoreSpec::Redis { url: redis.url.clone(), prefix: redis.prefix.clone() };
+    let mut config = agent_config(&center.url, "app", &spec);
+    config.heartbeat_interval_ms = 1_000;
+    let inner: Arc<dyn PoolStore> = Arc::new(RedisPoolStore::new(&redis.url, &redis.prefix).await.expect("redis"));
+    let counting = Arc::new(CountingStore::new(inner));
+    let agent = LocalAgent::start_with(config, Some(Arc::clone(&counting) as Arc<dyn PoolStore>)).await;
+
+    // Load every item (what the first buyer of each would do), then let the rebalancer
+    // stock every pool to its low watermark.
+    let started = Instant::now();
+    futures::stream::iter(0..N)
+        .for_each_concurrent(32, |i| {
+            let a = Arc::clone(&agent.agent);
+            async move {
+                // As a buyer would: retry while the agent answers UNAVAILABLE (the center
+                // is busy granting the first pools' stock).
+                let id = ItemId::parse("item_id", &format!("sku-{i:05}")).unwrap();
+                for attempt in 0.. {
+                    match a.item(&id).await {
+                        Ok(_) => break,
+                        Err(e) if attempt < 20 => tracing::debug!(error = %e, "load retried"),
+                        Err(e) => panic!("load {id}: {e}"),
+                    }
+                }
+            }
+        })
+        .await;
+    let loaded_in = started.elapsed();
+    let stocked = inventory_test_support::wait_until(Duration::from_secs(300), || async {
+        agent.agent.items().iter().all(|i| i.last_snapshot().is_some_and(|s| s.available >= 2))
+    })
+    .await;
+    assert!(stocked, "not every pool was stocked");
+    let stocked_in = started.elapsed();
+    // Quiet: the heartbeats acknowledged every pool, nothing changes any more.
+    let quiet = inventory_test_support::wait_until(Duration::from_secs(60), || async {
+        agent.agent.changed_reports().await.is_empty()
+    })
+    .await;
+    assert!(quiet, "the center never acknowledged every pool's report");
+
+    // Heartbeat: a full report (after a registration) and a quiet one.
+    let started = Instant::now();
+    let full = agent.agent.reports().await;
+    let read_all_in = started.elapsed();
+    assert_eq!(full.len(), N);
+    let full_bytes =
+        pb::HeartbeatRequest { channel: "app".into(), epoch: 1, pools: full.clone(), last_report: false }.encoded_len();
+    let started = Instant::now();
+    agent.agent.link.heartbeat(full, false).await.expect("full heartbeat");
+    let center_full_in = started.elapsed();
+    let changed = agent.agent.changed_reports().await;
+    assert!(changed.is_empty(), "a quiet channel's heartbeat carries no pool ({} did)", changed.len());
+    let started = Instant::now();
+    agent.agent.link.heartbeat(changed, false).await.expect("quiet heartbeat");
+    let center_quiet_in = started.elapsed();
+
+    // The rebalancer on quiet pools: store calls over a measured window.
+    let window = Duration::from_secs(3);
+    let before = counting.calls();
+    tokio::time::sleep(window).await;
+    let after = counting.calls();
+    let delta = |op: &str| after.get(op).copied().unwrap_or(0) - before.get(op).copied().unwrap_or(0);
+    let looks = delta("expire_due");
+    let idle_every = inventory_agent::workers::idle_look_every_ms(N) as f64 / 1_000.0;
+    let bound = (window.as_secs_f64() / idle_every + 1.0) * N as f64;
+    assert!((looks as f64) <= bound, "{looks} looks at quiet pools in {window:?} (bound {bound})");
+
+    // /metrics renders every pool from memory: no store call.
+    let snapshots_before = counting.calls().get("snapshot").copied().unwrap_or(0);
+    let started = Instant::now();
+    let body = http_get(agent.http_addr, "/metrics").await;
+    let scrape_in = started.elapsed();
+    let pool_lines = body.lines().filter(|l| l.starts_with("inventory_agent_pool_units{")).count();
+    assert_eq!(pool_lines, 3 * N, "three pool gauges per item");
+    assert_eq!(sample(&body, "inventory_agent_leading{channel=\"app\"}"), Some(1.0));
+    let snapshots_during = counting.calls().get("snapshot").copied().unwrap_or(0) - snapshots_before;
+
+    let per = |d: Duration| d.as_secs_f64() * 1e6 / N as f64;
+    println!("10,000 items, one channel, Redis pools (debug build):");
+    println!(
+        "  per-item state in the agent: {} bytes inline (ItemRuntime) plus its ids on the heap",
+        std::mem::size_of::<inventory_agent::items::ItemRuntime>()
+    );
+    println!(
+        "  create items at the center: {created_in:?}; load them in the agent: {loaded_in:?}; all pools stocked after {stocked_in:?}"
+    );
+    println!(
+        "  full report: read {N} pools in {read_all_in:?} ({:.1} us/item), {full_bytes} bytes ({:.1} B/item)",
+        per(read_all_in),
+        full_bytes as f64 / N as f64
+    );
+    println!(
+        "  center heartbeat with {N} pools: {center_full_in:?} ({:.1} us/item); quiet heartbeat (0 pools): {center_quiet_in:?}",
+        per(center_full_in)
+    );
+    println!(
+        "  quiet rebalancer over {window:?}: {looks} looks ({:.3} per item per s; each quiet pool every {idle_every} s), store calls {:?}",
+        looks as f64 / N as f64 / window.as_secs_f64(),
+        after.iter().map(|(k, v)| (*k, v - before.get(k).copied().unwrap_or(0))).collect::<Vec<_>>()
+    );
+    println!(
+        "  /metrics: {} bytes ({:.0} B/item) in {scrape_in:?} ({:.2} us/item); pool reads by the heartbeat and rebalancer meanwhile: {snapshots_during} (the scrape reads none)",
+        body.len(),
+        body.len() as f64 / N as f64,
+        per(scrape_in)
+    );
+    drop(agent);
+}

@@ -111,7 +111,8 @@ impl pb::center_server::Center for CenterService {
         }
         // A report with another pool generation than the last one means the pool store
         // lost the pool and something recreated it: as lost as a pool reported lost.
-        let known = self.store.channel_allocations(&channel).await?;
+        let reported: Vec<ItemId> = reports.iter().map(|r| r.item.clone()).collect();
+        let known = self.store.channel_allocations(&channel, &reported).await?;
         let mut in_doubt: Vec<String> =
             known.iter().filter(|(_, a)| a.in_doubt > 0).map(|(item, _)| item.clone()).collect();
         for report in &reports {

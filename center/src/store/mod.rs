@@ -168,8 +168,10 @@ pub trait LedgerStore: Send + Sync + 'static {
     /// Settles in-doubt units: `sold` written off, the rest back to the center. Returns
     /// the item afterwards and the units returned.
     async fn resolve_in_doubt(&self, item: &ItemId, channel: &Channel, sold: u64) -> Result<(ItemRecord, u64)>;
-    /// One channel's allocations, by item (read-only).
-    async fn channel_allocations(&self, channel: &Channel) -> Result<Vec<(String, Allocation)>>;
+    /// One channel's allocations of `items`, and every one of its allocations with units
+    /// in doubt, by item (read-only). A heartbeat reads only what it needs: with thousands
+    /// of quiet items it reports few of them.
+    async fn channel_allocations(&self, channel: &Channel, items: &[ItemId]) -> Result<Vec<(String, Allocation)>>;
     /// Every registered channel with its session and allocations, by channel name.
     async fn channels(&self) -> Result<Vec<ChannelView>>;
     /// Closes (no more grants) or reopens an item.

@@ -52,9 +52,18 @@ impl Dialect {
         }
     }
 
-    fn for_share(self) -> &'static str {
+    /// Conflicts only with FOR UPDATE. (SQLite has one writer at a time: no row locks.)
+    fn for_key_share(self) -> &'static str {
         match self {
-            Dialect::Postgres => " FOR SHARE",
+            Dialect::Postgres => " FOR KEY SHARE",
+            Dialect::Sqlite => "",
+        }
+    }
+
+    /// Conflicts with itself and FOR UPDATE, not with FOR KEY SHARE.
+    fn for_no_key_update(self) -> &'static str {
+        match self {
+            Dialect::Postgres => " FOR NO KEY UPDATE",
             Dialect::Sqlite => "",
         }
     }
@@ -63,7 +72,11 @@ impl Dialect {
 /// Statements whose text depends on the dialect, built once.
 struct Queries {
     lock_item: String,
+    /// Borrow, Return, reports, loss: exclude only a new registration or a reclaim.
     lock_channel_share: String,
+    /// Lease renewal: excludes registration, reclaim and other renewals, not borrows.
+    lock_channel_renew: String,
+    /// Registration and reclaim: exclude everything else on the channel.
     lock_channel_update: String,
 }
 
@@ -71,7 +84,8 @@ impl Queries {
     fn new(d: Dialect) -> Self {
         Self {
             lock_item: format!("{ITEM_SELECT} WHERE item_id = $1{}", d.for_update()),
-            lock_channel_share: format!("{SESSION_SELECT} WHERE channel = $1{}", d.for_share()),
+            lock_channel_share: format!("{SESSION_SELECT} WHERE channel = $1{}", d.for_key_share()),
+            lock_channel_renew: format!("{SESSION_SELECT} WHERE channel = $1{}", d.for_no_key_update()),
             lock_channel_update: format!("{SESSION_SELECT} WHERE channel = $1{}", d.for_update()),
         }
     }
@@ -138,6 +152,9 @@ fn u(v: i64) -> u64 {
     // and caught by reconcile.
     v.max(0) as u64
 }
+
+/// Pool reports written per INSERT (7 parameters each; PostgreSQL allows 65,535).
+const REPORT_ROWS_PER_STATEMENT: usize = 500;
 
 fn i(v: u64) -> i64 {
     v as i64
@@ -217,6 +234,53 @@ impl SqlLedger {
         let row = row.ok_or_else(|| CenterError::item_not_found(item.as_str()))?;
         let (_, state, wm) = item_from_row(&row)?;
         Ok((state, wm))
+    }
+
+    /// Stores one chunk of pool reports (every item must exist).
+    async fn write_reports(tx: &mut Tx, channel: &Channel, chunk: &[&PoolReportIn], now_ms: i64) -> Result<()> {
+        let list = (1..=chunk.len()).map(|n| format!("${n}")).collect::<Vec<_>>().join(", ");
+        let sql = format!("SELECT item_id FROM items WHERE item_id IN ({list})");
+        let mut query = sqlx::query(&sql);
+        for r in chunk {
+            query = query.bind(r.item.as_str());
+        }
+        let known: std::collections::HashSet<String> = query
+            .fetch_all(&mut **tx)
+            .await?
+            .iter()
+            .map(|row| row.try_get("item_id"))
+            .collect::<std::result::Result<_, _>>()?;
+        if let Some(unknown) = chunk.iter().find(|r| !known.contains(r.item.as_str())) {
+            return Err(CenterError::item_not_found(unknown.item.as_str()));
+        }
+        let rows = (0..chunk.len())
+            .map(|k| {
+                let b = k * 7;
+                format!("(${}, ${}, ${}, ${}, ${}, ${}, ${})", b + 1, b + 2, b + 3, b + 4, b + 5, b + 6, b + 7)
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let sql = format!(
+            "INSERT INTO allocations (item_id, channel, reported_available, reported_reserved, reported_sold, \
+             reported_at_ms, pool_generation) VALUES {rows} \
+             ON CONFLICT (item_id, channel) DO UPDATE SET \
+             reported_available = excluded.reported_available, reported_reserved = excluded.reported_reserved, \
+             reported_sold = excluded.reported_sold, reported_at_ms = excluded.reported_at_ms, \
+             pool_generation = excluded.pool_generation"
+        );
+        let mut query = sqlx::query(&sql);
+        for PoolReportIn { item, counts: pool, generation } in chunk {
+            query = query
+                .bind(item.as_str())
+                .bind(channel.as_str())
+                .bind(i(pool.available))
+                .bind(i(pool.reserved))
+                .bind(i(pool.sold))
+                .bind(now_ms)
+                .bind(i(*generation));
+        }
+        query.execute(&mut **tx).await?;
+        Ok(())
     }
 
     async fn session(&self, tx: &mut Tx, channel: &Channel, lock: &str) -> Result<Option<ChannelSession>> {
@@ -555,8 +619,26 @@ impl LedgerStore for SqlLedger {
         now_ms: i64,
         lease_ttl_ms: u64,
     ) -> Result<ChannelSession> {
+        // Reports first, one short transaction per chunk of rows, each checking the epoch
+        // under a lock that borrows and returns share (FOR KEY SHARE): a channel with
+        // thousands of items never holds thousands of row locks at once, and its borrows go
+        // on meanwhile. One report per item (the last one wins).
+        let mut latest: std::collections::BTreeMap<&str, &PoolReportIn> = std::collections::BTreeMap::new();
+        for r in reports {
+            latest.insert(r.item.as_str(), r);
+        }
+        let latest: Vec<&PoolReportIn> = latest.into_values().collect();
+        for chunk in latest.chunks(REPORT_ROWS_PER_STATEMENT) {
+            let mut tx = self.begin().await?;
+            let session = self.session(&mut tx, channel, &self.q.lock_channel_share).await?;
+            stale_or_unknown(channel, session.as_ref(), epoch)?;
+            Self::write_reports(&mut tx, channel, chunk, now_ms).await?;
+            tx.commit().await?;
+        }
+        // Then the lease, and whether this was the agent's last word: set only once every
+        // report it sent is stored (a reclaim reads both under FOR UPDATE).
         let mut tx = self.begin().await?;
-        let session = self.session(&mut tx, channel, &self.q.lock_channel_update).await?;
+        let session = self.session(&mut tx, channel, &self.q.lock_channel_renew).await?;
         stale_or_unknown(channel, session.as_ref(), epoch)?;
         let mut session = session.expect("checked above");
         session.renew(now_ms, lease_ttl_ms);
@@ -569,32 +651,6 @@ impl LedgerStore for SqlLedger {
         .bind(channel.as_str())
         .execute(&mut *tx)
         .await?;
-        for PoolReportIn { item, counts: pool, generation } in reports {
-            let exists = sqlx::query("SELECT item_id FROM items WHERE item_id = $1")
-                .bind(item.as_str())
-                .fetch_optional(&mut *tx)
-                .await?;
-            if exists.is_none() {
-                return Err(CenterError::item_not_found(item.as_str()));
-            }
-            sqlx::query(
-                "INSERT INTO allocations (item_id, channel, reported_available, reported_reserved, reported_sold, \
-                 reported_at_ms, pool_generation) VALUES ($1, $2, $3, $4, $5, $6, $7) \
-                 ON CONFLICT (item_id, channel) DO UPDATE SET \
-                 reported_available = excluded.reported_available, reported_reserved = excluded.reported_reserved, \
-                 reported_sold = excluded.reported_sold, reported_at_ms = excluded.reported_at_ms, \
-                 pool_generation = excluded.pool_generation",
-            )
-            .bind(item.as_str())
-            .bind(channel.as_str())
-            .bind(i(pool.available))
-            .bind(i(pool.reserved))
-            .bind(i(pool.sold))
-            .bind(now_ms)
-            .bind(i(*generation))
-            .execute(&mut *tx)
-            .await?;
-        }
         tx.commit().await?;
         Ok(session)
     }
@@ -625,12 +681,29 @@ impl LedgerStore for SqlLedger {
         Ok((record, returned))
     }
 
-    async fn channel_allocations(&self, channel: &Channel) -> Result<Vec<(String, Allocation)>> {
-        let rows = sqlx::query(&format!("{ALLOC_SELECT} WHERE channel = $1 ORDER BY item_id"))
+    async fn channel_allocations(&self, channel: &Channel, items: &[ItemId]) -> Result<Vec<(String, Allocation)>> {
+        let mut out = std::collections::BTreeMap::new();
+        let rows = sqlx::query(&format!("{ALLOC_SELECT} WHERE channel = $1 AND in_doubt > 0"))
             .bind(channel.as_str())
             .fetch_all(&self.pool)
             .await?;
-        rows.iter().map(|r| alloc_from_row(r).map(|(item, _, a)| (item, a))).collect()
+        for r in &rows {
+            let (item, _, a) = alloc_from_row(r)?;
+            out.insert(item, a);
+        }
+        for chunk in items.chunks(REPORT_ROWS_PER_STATEMENT) {
+            let list = (2..chunk.len() + 2).map(|n| format!("${n}")).collect::<Vec<_>>().join(", ");
+            let sql = format!("{ALLOC_SELECT} WHERE channel = $1 AND item_id IN ({list})");
+            let mut query = sqlx::query(&sql).bind(channel.as_str());
+            for item in chunk {
+                query = query.bind(item.as_str());
+            }
+            for r in &query.fetch_all(&self.pool).await? {
+                let (item, _, a) = alloc_from_row(r)?;
+                out.insert(item, a);
+            }
+        }
+        Ok(out.into_iter().collect())
     }
 
     async fn channels(&self) -> Result<Vec<ChannelView>> {
