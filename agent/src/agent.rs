@@ -26,6 +26,12 @@ use crate::store::{AcquireArgs, AcquireResult, PoolSnapshot, PoolStore, Reservat
 /// late call has landed or been refused by then).
 const RESYNC_AFTER_UNKNOWN_MS: i64 = 5_000;
 
+/// How long an item id the center does not know is answered NOT_FOUND without asking.
+const UNKNOWN_ITEM_MS: i64 = 2_000;
+
+/// At most this many unknown ids are remembered (a flood of random ids cannot grow it).
+const UNKNOWN_ITEMS_KEPT: usize = 100_000;
+
 /// Pool reads in flight at once when reading many pools (reports).
 const STORE_READS_IN_FLIGHT: usize = 64;
 
@@ -66,6 +72,9 @@ pub struct Agent {
     pub items: DashMap<String, Arc<ItemRuntime>>,
     /// Items being loaded from the center (one DescribeItem per item at a time).
     loading: DashMap<String, Arc<tokio::sync::OnceCell<Arc<ItemRuntime>>>>,
+    /// Item ids the center said it does not know, and until when (ms) to believe it: a
+    /// flood of calls for one unknown id costs one DescribeItem per [`UNKNOWN_ITEM_MS`].
+    unknown: DashMap<String, i64>,
     pub metrics: Metrics,
     pub settings: AgentSettings,
     draining: AtomicBool,
@@ -83,6 +92,7 @@ impl Agent {
             link,
             items: DashMap::new(),
             loading: DashMap::new(),
+            unknown: DashMap::new(),
             metrics: Metrics::default(),
             settings,
             draining: AtomicBool::new(false),
@@ -111,6 +121,10 @@ impl Agent {
         if let Some(rt) = self.items.get(item.as_str()) {
             return Ok(Arc::clone(&rt));
         }
+        let now = crate::clock::now_ms();
+        if self.unknown.get(item.as_str()).is_some_and(|until| now < *until) {
+            return Err(AgentError::NotFound(format!("item {item} not found")));
+        }
         // Single flight: the first buyers of a new item all wait for one DescribeItem
         // instead of each asking the center.
         let cell = Arc::clone(self.loading.entry(item.to_string()).or_default().value());
@@ -124,8 +138,23 @@ impl Agent {
                     d.center_available,
                 )))
             })
-            .await?;
-        let rt = Arc::clone(self.items.entry(item.to_string()).or_insert_with(|| Arc::clone(rt)).value());
+            .await;
+        let rt = rt.map(|rt| Arc::clone(self.items.entry(item.to_string()).or_insert_with(|| Arc::clone(rt)).value()));
+        // Whatever the outcome, the cell has served its purpose (callers waiting on it hold
+        // their own handle): the map of loads in progress stays as small as the loads.
+        self.loading.remove(item.as_str());
+        let rt = match rt {
+            Ok(rt) => rt,
+            Err(e) => {
+                if matches!(e, AgentError::NotFound(_)) {
+                    if self.unknown.len() >= UNKNOWN_ITEMS_KEPT {
+                        self.unknown.clear();
+                    }
+                    self.unknown.insert(item.to_string(), now + UNKNOWN_ITEM_MS);
+                }
+                return Err(e);
+            }
+        };
         if !self.is_leading() {
             // The leader may not know the item yet: it looks after every pool's stock.
             crate::replicas::want(self, &rt).await;

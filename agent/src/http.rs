@@ -70,7 +70,7 @@ async fn metrics(State(agent): State<Arc<Agent>>) -> impl IntoResponse {
         ),
         (
             "inventory_agent_center_reachable",
-            "1 when the last call to the center got an answer.",
+            "1 unless the last calls to the center (3 in a row) got no answer.",
             u64::from(agent.link.reachable()),
         ),
     ] {

@@ -1,7 +1,7 @@
 //! The agent's connection to the center: registration (epoch), Borrow/Return with
 //! request ids retried on UNAVAILABLE, heartbeats, and the channel's event stream.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use inventory_core::{AgentId, Channel};
@@ -12,6 +12,9 @@ use tonic::{Code, Status};
 
 /// Retries of one Borrow/Return on a retryable error, all with the same request id.
 const ATTEMPTS: u32 = 5;
+
+/// Calls in a row without an answer before the center counts as unreachable.
+const UNREACHABLE_AFTER: u32 = 3;
 
 pub struct CenterLink {
     client: CenterClient<tonic::transport::Channel>,
@@ -24,8 +27,8 @@ pub struct CenterLink {
     /// Until when (ms since `origin`) this agent may sell; 0: no lease.
     lease_until_ms: AtomicI64,
     lease_margin_ms: u64,
-    /// Whether the last call to the center got an answer.
-    reachable: AtomicBool,
+    /// Calls to the center in a row that got no answer (0 after any answer).
+    failures_in_a_row: AtomicU32,
     /// `Bearer <token>` for the center; never logged.
     auth: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 }
@@ -76,7 +79,7 @@ impl CenterLink {
             origin: Instant::now(),
             lease_until_ms: AtomicI64::new(0),
             lease_margin_ms: lease_margin.as_millis() as u64,
-            reachable: AtomicBool::new(true),
+            failures_in_a_row: AtomicU32::new(0),
             auth,
         })
     }
@@ -122,16 +125,19 @@ impl CenterLink {
         r
     }
 
+    /// The center counts as unreachable only after several calls in a row got no answer:
+    /// one slow call under load must not make every empty pool answer UNAVAILABLE.
     pub fn reachable(&self) -> bool {
-        self.reachable.load(Ordering::Acquire)
+        self.failures_in_a_row.load(Ordering::Acquire) < UNREACHABLE_AFTER
     }
 
     fn note(&self, result: &Result<impl Sized, Status>) {
-        let up = match result {
-            Ok(_) => true,
-            Err(s) => !retryable(s.code()),
-        };
-        self.reachable.store(up, Ordering::Release);
+        match result {
+            Err(s) if retryable(s.code()) => {
+                self.failures_in_a_row.fetch_add(1, Ordering::AcqRel);
+            }
+            _ => self.failures_in_a_row.store(0, Ordering::Release),
+        }
     }
 
     pub fn lease_valid(&self) -> bool {

@@ -199,3 +199,31 @@ async fn raised_low_watermark_makes_the_agent_borrow_within_a_second() {
     assert!(started.elapsed() <= Duration::from_secs(1));
     assert_eq!(agent.agent.items.get("w").unwrap().policy().watermarks.low, 100);
 }
+
+/// Unknown item ids are answered NOT_FOUND (the agent remembers the center's answer for a
+/// short while instead of asking it again for each call), and an item created afterwards
+/// sells once that memory runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_unknown_to_the_center_is_not_found_until_it_is_created() {
+    let center = Center::start_sqlite().await;
+    let agent = LocalAgent::start(&center.url, "app", &StoreSpec::Memory).await;
+    let client = agent.client().await;
+    let answers = futures::future::join_all((0..200).map(|n| {
+        let mut c = client.clone();
+        async move { c.acquire(acquire_req("later", &format!("u{n}"), 1, &format!("k{n}"))).await }
+    }))
+    .await;
+    for a in answers {
+        assert_eq!(a.expect_err("unknown item").code(), Code::NotFound);
+    }
+    center.create_item("later", 5, 1, (1, 4, 2)).await;
+    let sells = wait_until(Duration::from_secs(10), || {
+        let mut c = client.clone();
+        async move {
+            matches!(c.acquire(acquire_req("later", "first", 1, "kf")).await,
+                Ok(r) if r.get_ref().outcome() == pb::AcquireOutcome::Reserved)
+        }
+    })
+    .await;
+    assert!(sells, "the item never sold after it was created");
+}
