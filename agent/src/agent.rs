@@ -379,7 +379,7 @@ impl Agent {
         }
         let request_id = uuid::Uuid::new_v4().simple().to_string();
         let span = tracing::info_span!("borrow", item = %item.item_id, want, trace_id = %request_id);
-        let answer = match self.link.borrow(&item.item_id, want, &request_id).instrument(span).await {
+        let answer = match self.link.borrow(&item.item_id, want, &request_id, epoch).instrument(span).await {
             Ok(a) => a,
             Err(s) => {
                 self.metrics.center_error();
@@ -461,7 +461,7 @@ impl Agent {
         if taken == 0 {
             return 0;
         }
-        match self.link.give_back(&item.item_id, taken, &take_id).await {
+        match self.link.give_back(&item.item_id, taken, &take_id, epoch).await {
             Ok(_) => {
                 self.metrics.returned(taken);
                 taken

@@ -175,8 +175,16 @@ impl CenterLink {
         Ok(self.client.clone().describe_item(self.req(req)).await?.into_inner())
     }
 
-    pub async fn borrow(&self, item_id: &str, quantity: u64, request_id: &str) -> Result<pb::BorrowResponse, Status> {
-        self.retry(|mut c, epoch| {
+    /// A Borrow under `epoch`: the epoch the caller read before it looked at the pool, so
+    /// the call and the pool writes that go with it belong to one incarnation.
+    pub async fn borrow(
+        &self,
+        item_id: &str,
+        quantity: u64,
+        request_id: &str,
+        epoch: u64,
+    ) -> Result<pb::BorrowResponse, Status> {
+        self.retry(epoch, |mut c, epoch| {
             let req = pb::BorrowRequest {
                 item_id: item_id.to_owned(),
                 channel: self.channel.to_string(),
@@ -191,13 +199,17 @@ impl CenterLink {
         .await
     }
 
+    /// A Return under `epoch`: the epoch under which its units were taken out of the pool.
+    /// Sent under a later epoch, it could be accepted after another incarnation's resync
+    /// already counted those units back into the pool.
     pub async fn give_back(
         &self,
         item_id: &str,
         quantity: u64,
         request_id: &str,
+        epoch: u64,
     ) -> Result<pb::ReturnResponse, Status> {
-        self.retry(|mut c, epoch| {
+        self.retry(epoch, |mut c, epoch| {
             let req = pb::ReturnRequest {
                 item_id: item_id.to_owned(),
                 channel: self.channel.to_string(),
@@ -239,17 +251,16 @@ impl CenterLink {
 
     /// Calls `f` until it succeeds, fails for good, or the attempts run out. The request
     /// id inside is the same on every attempt, so the center applies the call once.
-    async fn retry<T, F, Fut>(&self, f: F) -> Result<T, Status>
+    async fn retry<T, F, Fut>(&self, epoch: u64, f: F) -> Result<T, Status>
     where
         F: Fn(CenterClient<tonic::transport::Channel>, u64) -> Fut,
         Fut: std::future::Future<Output = Result<T, Status>>,
     {
         let mut delay = Duration::from_millis(50);
         let mut attempt = 1;
-        // Every attempt carries the epoch of the first: a call begun before a
-        // re-registration must be refused as stale, never replayed under the new epoch
-        // (the resync that came with the new epoch already counted its effect or its absence).
-        let epoch = self.epoch();
+        // Every attempt carries the caller's epoch: a call begun before a re-registration
+        // must be refused as stale, never replayed under the new epoch (the resync that
+        // came with the new epoch already counted its effect or its absence).
         loop {
             let result = f(self.client.clone(), epoch).await;
             self.note(&result);
