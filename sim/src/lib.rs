@@ -18,7 +18,8 @@
 //! marking and resolution, the invariant check (`check_item`) and request fingerprints are
 //! `inventory_core::ledger`; the watermark decision is `inventory_core::rebalance::decide`.
 //! Since 195d94b, also `ledger::reclaim_into_doubt` and the new `resolve_in_doubt` (only
-//! the `in_doubt` part is settled; the channel keeps the rest). The request table (replay
+//! the `in_doubt` part is settled; the channel keeps the rest); since 37a6364,
+//! `ledger::give_back` refusing a Return of units in doubt. The request table (replay
 //! before the epoch check, refusals not recorded), the Center service's Heartbeat (a
 //! report with another generation, 0 included, than the last non-zero one is a lost pool;
 //! the answer lists the channel's items with units in doubt, a lost pool only if
@@ -31,8 +32,17 @@
 //! is unknown; the drain's final report with `last_report`; an intact pool whose units
 //! are partly in doubt kept and reported as it is, but not sold (`held_in_doubt`, also set
 //! by a heartbeat answer's `in_doubt_items`); on `InDoubtResolved`, the pool aligned to
-//! the `held` DescribeItem reads under the lock) are mirrored as of commit 195d94b in
-//! [`world`] and [`step`], each handler naming what it mirrors.
+//! the `held` DescribeItem reads under the lock; since 37a6364, nothing given back of a
+//! frozen or in-doubt item, and a pool lost while the channel held none of it sold again
+//! after a resync 1 s later that finds `held 0` and nothing in doubt; since 4473fcb, a
+//! grant refilled only into an existing pool, `refill_existing` checking inside the
+//! script, the item frozen on `PoolMissing`; since 9ffeaf6, the pools' fences: a
+//! registration raises each pool's fence to its epoch under the item's lock before it
+//! reads the center's view, and `refill`, `refill_existing`, `take_for_return` and
+//! `untake` carry the caller's epoch — `borrow_now`'s read before its first store call,
+//! `give_back`'s before its take, a resync's the link's — and are refused below the
+//! fence) are mirrored as of commit ec3a60d in [`world`] and [`step`], each handler
+//! naming what it mirrors.
 //!
 //! **Modelled:** per-call reordering and loss (calls are independent HTTP/2 streams), each
 //! call or reply landing within the link's deadline ([`world::MAX_DELAY_MS`]); the link's
@@ -59,7 +69,9 @@
 //! and those sold from lost pool data, less those written off before and those the
 //! channel keeps, `held - in_doubt`); the sold-out fast path and the end-of-sale
 //! flags; and, in their scenarios, lost heartbeats (a partition) and second processes
-//! sharing the pool store.
+//! sharing the pool store (two processes that both believe they lead the channel, as in
+//! a deploy overlap: the second registers, fences and resyncs every pool, reports and
+//! stops).
 //!
 //! **Not modelled:** reordering inside one stream (the event stream is in order); partial
 //! execution of a store operation (each Lua script / critical section is atomic, as Redis
@@ -73,7 +85,11 @@
 //! units in doubt while reservations are still open; the record retention sweep (runs are
 //! far shorter than 24 h); wall-clock effects (time is logical and only moves by `Tick`
 //! events); a registration whose reply is lost (it only bumps the epoch once more); the
-//! rebalancer waiting up to `miss_wait` for a Borrow it asked for.
+//! rebalancer waiting up to `miss_wait` for a Borrow it asked for; the leader election of
+//! a channel's replicas, followers selling under the leader's published lease and their
+//! wants (one process per channel leads at a time, except the overlap of `shared-store`);
+//! heartbeats carrying only the pools whose report changed (every heartbeat reports every
+//! pool).
 //!
 //! **Scenarios** ([`scenarios`]): `default` (everything above that the fixed logic
 //! survives; reclaim only of gracefully stopped agents) keeps every invariant, and so do
@@ -82,41 +98,53 @@
 //! Since 9634405, `default` also lets calls under a new epoch overtake a registration's
 //! resyncs (bug A), reports pools the agent has not yet checked (bug B), loses pools while
 //! a Borrow is out (bug C's wide window) and lets attempts land after their call was given
-//! up (bug D); the
-//! `old-registration-held`, `old-unchecked-reports` and `old-unchecked-refill` scenarios
-//! undo one fix each and must break an invariant at a known seed (D: `step::tests`).
-//! Since 47263b0 the bugs E and F this model found are fixed too: `old-registration-adds`
-//! (`fence` with a registration's resync adding units while an outcome is unknown; seed
-//! 1661) and `old-lost-listed` (`data-loss` with the center listing a pool lost at held 0
-//! in doubt; seed 2554) undo one fix each and must break invariants 3 and 7 there.
-//! Since 195d94b the documented reclaim gap is closed: a reclaim of a channel whose last
-//! report was not its last word puts its unreported units in doubt instead of back on
-//! sale. `old-reclaim-crashed` and `old-reclaim-partitioned` (`reclaim` and `partition`
-//! with the center reclaiming as before, [`OldAgent::reclaim_without_last_word`]) must
-//! break invariant 3 at seeds 7 and 13, where the fixed center keeps every invariant.
-//! What the fixed logic still gets wrong is shown by an `#[ignore]`d test each:
+//! up (bug D); the `old-registration-held`, `old-unchecked-reports` and
+//! `old-unchecked-refill` scenarios undo one fix each and must break an invariant at a
+//! known seed (D: `step::tests`). Since 47263b0 the bugs E and F this model found are
+//! fixed too: `old-registration-adds` (`fence` with a registration's resync adding units
+//! while an outcome is unknown; seed 1661) and `old-lost-listed` (`data-loss` with the
+//! center listing a pool lost at held 0 in doubt; seed 2554) undo one fix each and must
+//! break invariants 3 and 7 there. Since 195d94b the documented reclaim gap is closed: a
+//! reclaim of a channel whose last report was not its last word puts its unreported units
+//! in doubt instead of back on sale. `old-reclaim-crashed` and `old-reclaim-partitioned`
+//! (`reclaim` and `partition` with the center reclaiming as before,
+//! [`OldAgent::reclaim_without_last_word`]) must break invariant 3 at seeds 7 and 13,
+//! where the fixed center keeps every invariant.
 //!
-//! - `reclaim` and `partition` (bug G, found mirroring 195d94b): `ledger::give_back` only
-//!   checks `held`, so an agent's Return of units the center holds in doubt is accepted
-//!   (`return_all` at a drain or the rebalancer of a `held_in_doubt` item; or a Return
-//!   taken before a pool was lost, `data-loss` seed 768), and `resolve_in_doubt`, which
-//!   now settles `in_doubt` rather than `held`, puts the same units back on sale again
-//!   (invariant 1; seeds 60 and 1). So `default` still reclaims only agents that stopped
-//!   gracefully. `reclaim-returns-spare-doubt` and `partition-returns-spare-doubt` add a
-//!   likely fix that is not in the product ([`Proposed::return_spares_doubt`]: the center
-//!   refuses a Return of units in doubt) and keep every invariant over the tested seeds.
-//! - `partition-returns-spare-doubt` beyond those seeds (seed 509): a pool lost at held 0
-//!   stays frozen as long as its agent runs (nothing in doubt, so nothing unfreezes it).
+//! The gaps the model showed in 195d94b are closed in the product, and each sweep that
+//! showed one keeps every invariant:
+//!
+//! - `reclaim` and `partition` (bug G): a Return of units the center holds in doubt was
+//!   accepted and the resolution handed them out again (invariant 1; seeds 60 and 1).
+//!   Since 37a6364 the center refuses it (`ledger::give_back`) and the agent gives back
+//!   nothing of a frozen or in-doubt item; `old-returns-of-doubt-crashed` and
+//!   `-partitioned` ([`OldAgent::returns_of_units_in_doubt`]) must break invariant 1 at
+//!   those seeds. `reclaim-returns-spare-doubt` and `partition-returns-spare-doubt` are the
+//!   names these sweeps had while that refusal was only proposed in the model: the same
+//!   runs now. `default` still reclaims only agents that stopped gracefully.
+//! - `partition-returns-spare-doubt` over 1000 seeds: a pool lost at held 0 stayed frozen
+//!   as long as its agent ran (invariant 7, seed 509). Since 37a6364 it sells again after
+//!   a resync; `old-held-zero-frozen` ([`OldAgent::held_zero_stays_frozen`]) must break
+//!   invariant 7 at seed 509.
 //! - `loss-before-refill` (bug C's remaining window, [`Faults::loss_before_refill`]): a
-//!   pool lost between `borrow_now`'s second generation check and its refill script is
-//!   recreated by the refill.
-//! - `shared-store` ([`Rivals::SharedStore`]): two processes of a channel resync one pool
-//!   store, each under its own locks.
+//!   pool lost between `borrow_now`'s second generation check and its refill script was
+//!   recreated by the refill (invariant 8). Since 4473fcb the script refuses a missing
+//!   pool; `old-refill-creates` ([`OldAgent::refill_creates`]) must break invariant 8 at
+//!   seed 1421.
+//! - `shared-store` ([`Rivals::SharedStore`]): two processes of a channel resynced one
+//!   pool store, each under its own locks (invariant 3). Since 9ffeaf6 the second one's
+//!   registration fences the first one's late refills, takes and untakes;
+//!   `old-unfenced-store` ([`OldAgent::unfenced_store`]) must break invariant 3 at seed 0.
+//!
+//! What the fixed logic still gets wrong is shown by an `#[ignore]`d test: `shared-store`
+//! beyond its 200 tested seeds (invariant 3, seed 494): `give_back` takes units under the
+//! epoch it read first, but its Return goes out under the link's epoch when the call
+//! begins, which a registration in between makes newer; the center then accepts a Return
+//! of units another process's resync already counted back into the pool.
 //!
 //! Each switch restricts the *schedule* `default` may produce (when a task runs, when a
 //! message or a data loss happens), never what the agent or the center do; only
-//! [`OldAgent`] (the code before a fix), [`Breakage`] and [`Proposed`] (a fix not in the
-//! product) change the rules.
+//! [`OldAgent`] (the code before a fix) and [`Breakage`] change the rules.
 //! `broken-epoch-check` and `broken-replays` break the center on purpose and must be
 //! caught.
 
@@ -128,7 +156,7 @@ pub mod world;
 use std::fmt;
 
 use world::ResState;
-pub use world::{Breakage, Config, Faults, OldAgent, Proposed, Reclaims, Rivals, Stats, Violation, World};
+pub use world::{Breakage, Config, Faults, OldAgent, Reclaims, Rivals, Stats, Violation, World};
 
 /// How many trailing trace lines a failure shows.
 pub const SHOWN_TRACE: usize = 50;
@@ -150,7 +178,6 @@ pub fn scenarios() -> Vec<Scenario> {
     let reclaim = Faults { reclaims: Reclaims::LeaseExpired, ..faults };
     let partition =
         Faults { crashes: false, stops: false, lose_heartbeat_pct: 40, reclaims: Reclaims::LeaseExpired, ..faults };
-    let spare = Proposed { return_spares_doubt: true };
     let with = |name, test, faults| Scenario { name, test, config: Config { faults, ..base } };
     // The agent (and center) before 9634405, one fix undone at a time.
     let old = |name, test, old_agent| Scenario { name, test, config: Config { old_agent, ..base } };
@@ -198,10 +225,12 @@ pub fn scenarios() -> Vec<Scenario> {
             "a_vanished_pool_is_reported_lost_never_empty",
             OldAgent { unchecked_reports: true, ..OldAgent::default() },
         ),
+        // (The agent before 9634405 did not resync a frozen item either: 37a6364's resync
+        // after a lost pool makes the registration at this scenario's seed only remove.)
         old(
             "old-unchecked-refill",
             "a_pool_lost_while_a_borrow_is_out_is_not_refilled",
-            OldAgent { refill_unchecked: true, ..OldAgent::default() },
+            OldAgent { refill_unchecked: true, held_zero_stays_frozen: true, ..OldAgent::default() },
         ),
         // The agent and center before 47263b0, one fix undone, with the faults of the
         // scenario that found the bug.
@@ -243,17 +272,57 @@ pub fn scenarios() -> Vec<Scenario> {
                 ..base
             },
         },
-        // Bug G's likely fix (not in the product): the center refuses Returns of units in
-        // doubt. With it, reclaims of any expired channel keep every invariant.
+        // `reclaim` and `partition` under the names they had while the refusal of Returns
+        // of units in doubt was only proposed in the model; since 37a6364 it is the
+        // product's `ledger::give_back`, so they are the same runs.
+        with("reclaim-returns-spare-doubt", "a_return_of_units_in_doubt_is_refused", reclaim),
+        with("partition-returns-spare-doubt", "a_pool_lost_at_held_zero_unfreezes_without_a_restart", partition),
+        // The agent, center and pool store before 4473fcb, 37a6364 and 9ffeaf6, one fix
+        // undone, with the faults of the scenario that shows the bug.
         Scenario {
-            name: "reclaim-returns-spare-doubt",
-            test: "with_returns_sparing_units_in_doubt_reclaims_keep_every_invariant",
-            config: Config { faults: reclaim, proposed: spare, ..base },
+            name: "old-refill-creates",
+            test: "a_pool_lost_between_the_refill_check_and_the_refill",
+            config: Config {
+                faults: Faults { loss_before_refill: true, ..faults },
+                old_agent: OldAgent { refill_creates: true, ..OldAgent::default() },
+                ..base
+            },
         },
         Scenario {
-            name: "partition-returns-spare-doubt",
-            test: "with_returns_sparing_units_in_doubt_reclaims_keep_every_invariant",
-            config: Config { faults: partition, proposed: spare, ..base },
+            name: "old-returns-of-doubt-crashed",
+            test: "a_return_of_units_in_doubt_is_refused",
+            config: Config {
+                faults: reclaim,
+                old_agent: OldAgent { returns_of_units_in_doubt: true, ..OldAgent::default() },
+                ..base
+            },
+        },
+        Scenario {
+            name: "old-returns-of-doubt-partitioned",
+            test: "a_return_of_units_in_doubt_is_refused",
+            config: Config {
+                faults: partition,
+                old_agent: OldAgent { returns_of_units_in_doubt: true, ..OldAgent::default() },
+                ..base
+            },
+        },
+        Scenario {
+            name: "old-held-zero-frozen",
+            test: "a_pool_lost_at_held_zero_unfreezes_without_a_restart",
+            config: Config {
+                faults: partition,
+                old_agent: OldAgent { held_zero_stays_frozen: true, ..OldAgent::default() },
+                ..base
+            },
+        },
+        Scenario {
+            name: "old-unfenced-store",
+            test: "two_processes_sharing_one_pool_store",
+            config: Config {
+                faults: Faults { rivals: Rivals::SharedStore, ..faults },
+                old_agent: OldAgent { unfenced_store: true, ..OldAgent::default() },
+                ..base
+            },
         },
         Scenario {
             name: "broken-epoch-check",

@@ -19,10 +19,10 @@ use inventory_core::ledger::PoolCounts;
 use inventory_core::rebalance::{self, Action, Inputs};
 
 use crate::world::{
-    AcquireResult, AgentMem, Answer, CenterEvent, HEARTBEAT_EVERY_MS, HeartbeatAnswer, Holding, ItemFlags, KeyUse,
-    LINK_ATTEMPTS, MAX_DELAY_MS, MISS_WAIT_MS, Message, Miss, Op, OpKind, Phase, RESYNC_AFTER_UNKNOWN_MS,
-    RETURN_SUSTAIN_MS, Reclaims, Refusal, Registration, Report, ResState, Rivals, STARVING_SIGNAL_EVERY_MS, Task,
-    Transition, Violation, Waiter, World,
+    AcquireResult, AgentMem, Answer, CenterEvent, Fenced, HEARTBEAT_EVERY_MS, HeartbeatAnswer, Holding, ItemFlags,
+    KeyUse, LINK_ATTEMPTS, LOST_POOL_RESYNC_AFTER_MS, MAX_DELAY_MS, MISS_WAIT_MS, Message, Miss, Op, OpKind, Phase,
+    RESYNC_AFTER_UNKNOWN_MS, RETURN_SUSTAIN_MS, Reclaims, Refill, Refusal, Registration, Report, ResState, Rivals,
+    STARVING_SIGNAL_EVERY_MS, Task, Transition, Violation, Waiter, World,
 };
 
 type Res<T = ()> = Result<T, Violation>;
@@ -662,16 +662,24 @@ impl World {
     }
 
     /// `Agent::pool_lost`: a pool whose generation changed since first seen was lost by
-    /// the store; the item is frozen.
+    /// the store; the item is frozen. Since 37a6364, freezing it schedules a resync 1 s
+    /// later: if the channel held nothing of the item, nothing was lost and the resync
+    /// sells it again.
     fn pool_lost(&mut self, c: usize, item: &str) -> bool {
         let generation = self.agents[c].pools.get(item).map_or(0, |p| p.generation);
+        let at = self.now_ms + LOST_POOL_RESYNC_AFTER_MS;
+        let schedule = !self.config.old_agent.held_zero_stays_frozen;
         let flags = self.flags(c, item);
         if flags.generation == 0 {
             if generation != 0 {
                 flags.generation = generation;
             }
-        } else if generation != flags.generation {
+        } else if generation != flags.generation && !flags.frozen {
             flags.frozen = true;
+            if schedule {
+                // `schedule_resync`: the latest request wins.
+                flags.resync_at_ms = at;
+            }
         }
         flags.frozen
     }
@@ -779,12 +787,19 @@ impl World {
                 let reg = self.mem(c).registering.as_mut().expect("a registration waits");
                 let answered = reg.pending.pop_front().expect("a holding waits");
                 reg.waiting = false;
+                let epoch = reg.epoch;
+                // Since 9ffeaf6: fence first, so that no call of an earlier incarnation (a
+                // second process sharing the store, or this one before registering again)
+                // moves units in or out of the pool from here on.
+                self.raise_fence(c, item, epoch);
                 // Since 47263b0: while a Borrow/Return of the item has an unknown outcome (a
                 // resync is scheduled), only take units away (`item.resync_pending()`).
                 let only_remove =
                     !self.config.old_agent.registration_adds_while_unknown && self.flags(c, item).resync_at_ms != 0;
                 if self.config.old_agent.registration_held {
-                    self.resync(c, &answered, true, only_remove)?;
+                    if self.resync(c, &answered, true, epoch, only_remove)?.is_err() {
+                        return self.registration_failed(c, &format!("pool of {item} fenced by a later epoch"));
+                    }
                     return self.continue_registration(c);
                 }
                 // Since 9634405: calls under the new epoch may have landed between the
@@ -802,7 +817,9 @@ impl World {
                     show_holdings(std::slice::from_ref(&fresh)),
                     answered.held
                 ));
-                self.resync(c, &fresh, true, only_remove)?;
+                if self.resync(c, &fresh, true, epoch, only_remove)?.is_err() {
+                    return self.registration_failed(c, &format!("pool of {item} fenced by a later epoch"));
+                }
                 self.continue_registration(c)
             }
             Waiter::ResyncItem => self.resync_item(c, item),
@@ -819,7 +836,12 @@ impl World {
                 };
                 let held = h.as_ref().map_or(0, |h| h.held);
                 let generation = self.agents[c].pools.get(item).map_or(0, |p| p.generation);
-                self.align(c, item, held)?;
+                let epoch = self.mem(c).epoch;
+                if self.align(c, item, held, epoch)?.is_err() {
+                    // Only if `align` succeeded does the agent sell again.
+                    self.log(format!("{} in doubt resolved for {item}, but its pool is fenced", self.name(c)));
+                    return Ok(());
+                }
                 let flags = self.flags(c, item);
                 flags.generation = generation;
                 flags.frozen = false;
@@ -845,9 +867,14 @@ impl World {
             self.log(format!("{} does not borrow {item}: pool lost", self.name(c)));
             return Ok(false);
         }
+        // The epoch this Borrow is sent under (since 9ffeaf6): its refill is refused once a
+        // later incarnation of the channel fenced the pool (that one's resync counts it).
+        let epoch = self.mem(c).epoch;
         if self.agents[c].pools.get(item).is_none_or(|p| p.generation == 0) {
             let opened = self.fresh_id("open-");
-            self.refill(c, item, &opened, 0, "open")?;
+            if self.refill(c, item, &opened, 0, "open", epoch, false)? == Refill::Fenced {
+                return Ok(false);
+            }
             let generation = self.agents[c].pools[item].generation;
             self.flags(c, item).generation = generation;
             self.stats.pools_opened += 1;
@@ -861,6 +888,7 @@ impl World {
             attempt: 1,
             phase: Phase::Waiting,
             epoch: None,
+            store_epoch: epoch,
             task: Task::Spawned,
             miss,
         });
@@ -869,11 +897,27 @@ impl World {
         Ok(true)
     }
 
-    /// `Agent::give_back`, under the lock: take the units out of the pool (the Return is
-    /// sent by a later step, so a crash can fall in between).
+    /// `Agent::give_back`, under the lock: nothing of a frozen or `held_in_doubt` item
+    /// (since 37a6364: only an operator's resolution moves units in doubt); else take the
+    /// units out of the pool with the epoch read now (the Return is sent by a later step,
+    /// so a crash can fall in between).
     fn give_back(&mut self, c: usize, item: &str, max: u64, task: Task) -> Res {
+        let flags = self.flags(c, item);
+        if (flags.frozen || flags.held_in_doubt) && !self.config.old_agent.returns_of_units_in_doubt {
+            self.log(format!("{} gives back nothing of {item}: frozen or in doubt", self.name(c)));
+            return Ok(());
+        }
         let take_id = self.fresh_id("t");
-        let taken = self.agents[c].pools.entry(item.to_owned()).or_default().take_for_return(&take_id, max)?;
+        let epoch = self.mem(c).epoch;
+        let taken = self.agents[c].pools.entry(item.to_owned()).or_default().take_for_return(&take_id, max, epoch)?;
+        let Ok(taken) = taken else {
+            self.stats.store_calls_fenced += 1;
+            self.log(format!(
+                "{} cannot take {item} to return: pool fenced by a later epoch than {epoch}",
+                self.name(c)
+            ));
+            return Ok(());
+        };
         self.log(format!("{} takes {taken} of {item} to return ({take_id})", self.name(c)));
         if taken > 0 {
             self.mem(c).ops.push(Op {
@@ -884,6 +928,7 @@ impl World {
                 attempt: 1,
                 phase: Phase::Taken,
                 epoch: None,
+                store_epoch: epoch,
                 task,
                 miss: None,
             });
@@ -956,7 +1001,7 @@ impl World {
             }
             Phase::Granted(granted) if self.config.old_agent.refill_unchecked => {
                 self.end_op(c, i);
-                self.refill(c, &op.item, &op.request_id, granted, "borrow")?;
+                self.refill(c, &op.item, &op.request_id, granted, "borrow", op.store_epoch, false)?;
                 self.settle(c)
             }
             Phase::Granted(granted) => {
@@ -974,35 +1019,93 @@ impl World {
                     ));
                     return self.settle(c);
                 }
-                // The snapshot passed; the refill script runs in a step of its own (no
-                // expected generation inside it: the window of `loss_before_refill`).
+                // The snapshot passed; the refill script runs in a step of its own (the
+                // window of `loss_before_refill`).
                 self.mem(c).ops[i].phase = Phase::Refilling(granted);
                 Ok(())
             }
             Phase::Refilling(granted) => {
                 self.end_op(c, i);
-                self.refill(c, &op.item, &op.request_id, granted, "borrow")?;
+                // `refill_existing` (4473fcb): the script itself refuses a pool that does not
+                // exist, so a loss after the check above is caught too (the agent before
+                // 4473fcb refilled with a script that creates it).
+                let must_exist = !self.config.old_agent.refill_creates;
+                match self.refill(c, &op.item, &op.request_id, granted, "borrow", op.store_epoch, must_exist)? {
+                    Refill::Missing => {
+                        // Lost after the check: freeze; the units fall in doubt.
+                        self.stats.refills_of_missing_pools += 1;
+                        self.flags(c, &op.item).frozen = true;
+                        self.log(format!("{} freezes {}: pool lost while a borrow was out", self.name(c), op.item));
+                    }
+                    Refill::Fenced => {
+                        self.log(format!(
+                            "{} leaves {granted} of {} to the newer incarnation's resync",
+                            self.name(c),
+                            op.item
+                        ));
+                    }
+                    Refill::Applied | Refill::Replayed => {}
+                }
                 self.settle(c)
             }
         }
     }
 
-    /// `PoolStore::refill`, recording the application for the checker.
-    fn refill(&mut self, c: usize, item: &str, grant_id: &str, units: u64, why: &str) -> Res {
+    /// `PoolStore::refill` (`must_exist`: `refill_existing`) with the caller's epoch,
+    /// recording the application for the checker. Only an applied or replayed refill
+    /// counts as stock returned locally.
+    #[allow(clippy::too_many_arguments)]
+    fn refill(
+        &mut self,
+        c: usize,
+        item: &str,
+        grant_id: &str,
+        units: u64,
+        why: &str,
+        epoch: u64,
+        must_exist: bool,
+    ) -> Res<Refill> {
         let generation = self.fresh_generation();
-        let applied = self.agents[c].pools.entry(item.to_owned()).or_default().refill(grant_id, units, generation)?;
-        if applied && units > 0 {
+        let pool = self.agents[c].pools.entry(item.to_owned()).or_default();
+        let result = pool.refill(grant_id, units, generation, epoch, must_exist)?;
+        if result == Refill::Applied && units > 0 {
             *self.reference.refills.entry((c, item.to_owned(), grant_id.to_owned())).or_default() += 1;
         }
+        let fence = self.agents[c].pools[item].fence;
         self.log(format!(
-            "{} refills {units} of {item} ({why} {grant_id}){}",
+            "{} refills {units} of {item} ({why} {grant_id}, epoch {epoch}){}",
             self.name(c),
-            if applied { "" } else { ": already applied" }
+            match result {
+                Refill::Applied => String::new(),
+                Refill::Replayed => ": already applied".to_owned(),
+                Refill::Missing => ": refused, the pool does not exist".to_owned(),
+                Refill::Fenced => format!(": refused, the pool is fenced at epoch {fence}"),
+            }
         ));
-        if let Some(flags) = self.agents[c].mem.as_mut().and_then(|m| m.items.get_mut(item)) {
-            flags.stock_returned_locally();
+        match result {
+            Refill::Applied | Refill::Replayed => {
+                if let Some(flags) = self.agents[c].mem.as_mut().and_then(|m| m.items.get_mut(item)) {
+                    flags.stock_returned_locally();
+                }
+            }
+            Refill::Fenced => self.stats.store_calls_fenced += 1,
+            Refill::Missing => {}
         }
-        Ok(())
+        Ok(result)
+    }
+
+    /// `PoolStore::raise_fence` (`fence.lua`, since 9ffeaf6; nothing in the store before
+    /// it, [`OldAgent::unfenced_store`](crate::OldAgent)).
+    fn raise_fence(&mut self, c: usize, item: &str, epoch: u64) {
+        if self.config.old_agent.unfenced_store {
+            return;
+        }
+        let pool = self.agents[c].pools.entry(item.to_owned()).or_default();
+        let before = pool.fence;
+        pool.raise_fence(epoch);
+        if before != 0 && before < epoch {
+            self.stats.fences_raised += 1;
+        }
     }
 
     /// The link sends one attempt. Every attempt carries the epoch read when the call
@@ -1058,8 +1161,8 @@ impl World {
                 let result = match kind {
                     OpKind::Borrow => self.center.borrow(&item, &ch, epoch, quantity, &request_id, &breakage),
                     OpKind::Return => {
-                        let proposed = self.config.proposed;
-                        self.center.give_back(&item, &ch, epoch, quantity, &request_id, &breakage, proposed)
+                        let old = self.config.old_agent;
+                        self.center.give_back(&item, &ch, epoch, quantity, &request_id, &breakage, old)
                     }
                 };
                 match &result {
@@ -1142,8 +1245,16 @@ impl World {
             }
             (OpKind::Return, Err(Refusal::Precondition(m))) => {
                 self.end_op(c, i);
-                let back = self.agents[c].pools.entry(op.item.clone()).or_default().untake(&op.request_id)?;
-                self.log(format!("{who}: refused ({m}); {back} units put back"));
+                // The epoch read before the take: refused as fenced when a newer
+                // incarnation took over (its resync counts these units).
+                let pool = self.agents[c].pools.entry(op.item.clone()).or_default();
+                match pool.untake(&op.request_id, op.store_epoch)? {
+                    Ok(back) => self.log(format!("{who}: refused ({m}); {back} units put back")),
+                    Err(Fenced) => {
+                        self.stats.store_calls_fenced += 1;
+                        self.log(format!("{who}: refused ({m}); not put back, the pool is fenced"));
+                    }
+                }
                 Ok(())
             }
             (OpKind::Return, Err(r)) => {
@@ -1377,11 +1488,16 @@ impl World {
         Ok(())
     }
 
-    /// Another process of the channel registers, fencing the running agent, which
-    /// registers again at its next heartbeat with its calls still in flight. With
-    /// [`Rivals::Fence`] it dies before its resync; with [`Rivals::SharedStore`] it
-    /// resyncs the pools it shares with the running agent (under its own locks, which the
-    /// running agent's calls do not take), reports at once and stops.
+    /// Another process of the channel registers, fencing the running agent at the center,
+    /// which registers again at its next heartbeat with its calls still in flight. With
+    /// [`Rivals::Fence`] it dies before its resync; with [`Rivals::SharedStore`] (a deploy
+    /// overlap: two processes that both believe they lead) it resyncs the pools it shares
+    /// with the running agent under its own locks, which the running agent's calls do not
+    /// take, reports at once and stops. Since 9ffeaf6 each of those resyncs raises the
+    /// pool's fence to its epoch first, so the running agent's late refills, takes and
+    /// untakes (of an older epoch) no longer move units the resync counted. (Its
+    /// DescribeItem under the lock reads what the registration answered: nothing lands in
+    /// between, the whole registration being one step.)
     fn rival(&mut self, c: usize) -> Res {
         let name = self.name(c);
         let (epoch, held) = self.center.register(&name, &format!("{name}-2"), self.now_ms);
@@ -1389,8 +1505,13 @@ impl World {
         if self.config.faults.rivals == Rivals::SharedStore {
             let mut frozen = BTreeSet::new();
             for h in held {
-                if self.resync(c, &h, false, false)? {
-                    frozen.insert(h.item.clone());
+                self.raise_fence(c, &h.item, epoch);
+                match self.resync(c, &h, false, epoch, false)? {
+                    Ok(true) => {
+                        frozen.insert(h.item.clone());
+                    }
+                    Ok(false) => {}
+                    Err(Fenced) => return Err(Violation::new("6", "the newest registration's resync was fenced")),
                 }
             }
             let reports = self.reports_of(c, |item| frozen.contains(item));
@@ -1402,17 +1523,41 @@ impl World {
         Ok(())
     }
 
-    /// `Agent::resync`: a pool the store lost is frozen; an intact pool of which the center
-    /// holds units in doubt (195d94b: a reclaim without the agent's last word) is left as
-    /// it is and sells nothing (`held_in_doubt`) until an operator resolves them; any
-    /// other is aligned with `held`, or (`only_remove`, since 47263b0: a registration
+    /// `Agent::resync` with the center's view `h`: since 37a6364, if the channel holds
+    /// nothing of the item and nothing is in doubt, a lost pool cost nothing: the item is
+    /// unfrozen (and `held_in_doubt` cleared) and the pool aligned to 0, whatever the store
+    /// has now. Otherwise a pool the store lost is frozen; an intact pool of which the
+    /// center holds units in doubt (195d94b: a reclaim without the agent's last word) is
+    /// left as it is and sells nothing (`held_in_doubt`) until an operator resolves them;
+    /// any other is aligned with `held`, or (`only_remove`, since 47263b0: a registration
     /// while an outcome of the item is unknown) with `min(held, pool sum)`, leaving what is
-    /// missing to the scheduled `resync_item`. The running agent's flags are updated only
-    /// if it is the one resyncing (`own`, not a [`rival`](Self::rival)). Returns whether
-    /// the pool was found lost.
-    fn resync(&mut self, c: usize, h: &Holding, own: bool, only_remove: bool) -> Res<bool> {
+    /// missing to the scheduled `resync_item`. `align` carries `epoch`. The running agent's
+    /// flags are updated only if it is the one resyncing (`own`, not a
+    /// [`rival`](Self::rival)). Returns whether the pool was found lost, or [`Fenced`] if
+    /// `align` was refused.
+    fn resync(&mut self, c: usize, h: &Holding, own: bool, epoch: u64, only_remove: bool) -> Res<Result<bool, Fenced>> {
         let (item, held) = (h.item.as_str(), h.held);
         let generation = self.agents[c].pools.get(item).map_or(0, |p| p.generation);
+        if held == 0 && h.in_doubt == 0 && !self.config.old_agent.held_zero_stays_frozen {
+            if let Err(f) = self.align(c, item, 0, epoch)? {
+                return Ok(Err(f));
+            }
+            if own {
+                let flags = self.flags(c, item);
+                let was_frozen = std::mem::replace(&mut flags.frozen, false);
+                flags.held_in_doubt = false;
+                flags.generation = generation;
+                if was_frozen {
+                    self.stats.unfrozen_at_held_zero += 1;
+                    self.log(format!(
+                        "{} resync: pool of {item} lost while holding nothing; selling again",
+                        self.name(c)
+                    ));
+                }
+            }
+            self.reference.synced(c, item, h.as_of);
+            return Ok(Ok(false));
+        }
         let lost =
             (generation == 0 && held > 0) || (h.generation != 0 && generation != 0 && generation != h.generation);
         if lost {
@@ -1421,7 +1566,7 @@ impl World {
             if own {
                 self.flags(c, item).frozen = true;
             }
-            return Ok(true);
+            return Ok(Ok(true));
         }
         if h.in_doubt > 0 {
             self.log(format!(
@@ -1433,7 +1578,7 @@ impl World {
                 self.flags(c, item).held_in_doubt = true;
                 self.stats.held_in_doubt += 1;
             }
-            return Ok(false);
+            return Ok(Ok(false));
         }
         let pool_sum = self.agents[c].pools.get(item).map_or(0, |p| p.counts().sum());
         let target = if only_remove { held.min(pool_sum) } else { held };
@@ -1446,12 +1591,14 @@ impl World {
         } else {
             self.log(format!("{} resyncs {item} with held {held}", self.name(c)));
         }
-        self.align(c, item, target)?;
+        if let Err(f) = self.align(c, item, target, epoch)? {
+            return Ok(Err(f));
+        }
         if generation != 0 && own {
             self.flags(c, item).generation = generation;
         }
         self.reference.synced(c, item, h.as_of);
-        Ok(false)
+        Ok(Ok(false))
     }
 
     /// `Agent::resync_item`, under the lock: only if a resync is still due
@@ -1479,7 +1626,12 @@ impl World {
             self.name(c),
             show_holdings(std::slice::from_ref(&h))
         ));
-        self.resync(c, &h, true, false)?;
+        let epoch = self.mem(c).epoch;
+        if self.resync(c, &h, true, epoch, false)?.is_err() {
+            // `resync` returned an error: the resync stays due.
+            self.log(format!("{} resync of {item} refused: pool fenced; resync stays due", self.name(c)));
+            return Ok(());
+        }
         // `resync_done(served)`: clears the schedule served, not a newer one (the old agent
         // cleared whatever was set).
         let flags = self.flags(c, item);
@@ -1490,18 +1642,26 @@ impl World {
         Ok(())
     }
 
-    /// `Agent::align`: makes the pool's total what the center says the channel holds.
-    fn align(&mut self, c: usize, item: &str, held: u64) -> Res {
+    /// `Agent::align`: makes the pool's total what the center says the channel holds, with
+    /// the caller's epoch (an error if the pool was fenced with a later one).
+    fn align(&mut self, c: usize, item: &str, held: u64, epoch: u64) -> Res<Result<(), Fenced>> {
         let pool_sum = self.agents[c].pools.get(item).map_or(0, |p| p.counts().sum());
         let op_id = self.fresh_id("resync-");
         if held != pool_sum {
             self.stats.resync_moves += 1;
         }
         if held > pool_sum {
-            self.refill(c, item, &op_id, held - pool_sum, "resync")?;
+            if self.refill(c, item, &op_id, held - pool_sum, "resync", epoch, false)? == Refill::Fenced {
+                return Ok(Err(Fenced));
+            }
         } else if pool_sum > held {
             let excess = pool_sum - held;
-            let taken = self.agents[c].pools.entry(item.to_owned()).or_default().take_for_return(&op_id, excess)?;
+            let pool = self.agents[c].pools.entry(item.to_owned()).or_default();
+            let Ok(taken) = pool.take_for_return(&op_id, excess, epoch)? else {
+                self.stats.store_calls_fenced += 1;
+                self.log(format!("{} resync cannot remove {excess} of {item}: pool fenced", self.name(c)));
+                return Ok(Err(Fenced));
+            };
             self.log(format!("{} resync removes {taken} of {item} (excess {excess})", self.name(c)));
             let pool = &self.agents[c].pools[item];
             // Units written off as sold may stay in the pool; nothing else may.
@@ -1523,7 +1683,7 @@ impl World {
                 ));
             }
         }
-        Ok(())
+        Ok(Ok(()))
     }
 
     /// The operator's `invctl resolve`, for every channel with units in doubt, with the
@@ -1541,7 +1701,7 @@ impl World {
             // Since 195d94b the channel keeps what was not in doubt (`held - in_doubt`): of
             // the pool's sold units, only those beyond it were sold from units in doubt.
             let alloc = self.center.allocations[&(item.clone(), channel.clone())];
-            let kept = alloc.held() - alloc.in_doubt;
+            let kept = alloc.held().saturating_sub(alloc.in_doubt);
             let sold = (sold_in_pool + lost).saturating_sub(already).saturating_sub(kept);
             let ch = self.agents[c].channel.clone();
             self.step += 1;
@@ -1625,9 +1785,9 @@ impl World {
         Ok(())
     }
 
-    /// The pool's store loses its data (Redis restarted without persistence): invariant 8.
-    /// Between a Borrow's second generation check and its refill only with
-    /// [`Faults::loss_before_refill`](crate::Faults).
+    /// The pool's store loses its data (Redis restarted without persistence), its fence
+    /// included: invariant 8. Between a Borrow's second generation check and its refill
+    /// only with [`Faults::loss_before_refill`](crate::Faults).
     fn lose_pool(&mut self, c: usize, item: &str) {
         let ops = self.agents[c].mem.as_ref().map_or(&[][..], |m| &m.ops[..]);
         let borrowing = ops.iter().any(|o| o.kind == OpKind::Borrow && o.item == item);

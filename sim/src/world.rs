@@ -45,6 +45,9 @@ pub const LINK_ATTEMPTS: u32 = 5;
 /// `agent.rs` `RESYNC_AFTER_UNKNOWN_MS`: a Borrow or Return whose outcome is unknown is
 /// settled by a per-item resync this much later.
 pub const RESYNC_AFTER_UNKNOWN_MS: i64 = 5_000;
+/// `Agent::pool_lost` (since 37a6364): an item frozen for a lost pool is resynced this
+/// much later (if the channel held none of it, nothing was lost and it sells again).
+pub const LOST_POOL_RESYNC_AFTER_MS: i64 = 1_000;
 /// With [`Faults::bounded_delays`], a call or reply lands (or is gone) at most this long
 /// after it was sent: the link's deadline per attempt (`--center-timeout-ms`). Shorter
 /// than [`RESYNC_AFTER_UNKNOWN_MS`], the assumption that resync relies on.
@@ -75,9 +78,10 @@ pub struct Faults {
     pub bounded_delays: bool,
     /// A pool store may lose a pool in the last window of a Borrow: after `borrow_now`'s
     /// second generation check (the snapshot once the grant is in) and before its refill
-    /// script, which then recreates the pool under a new generation. Off, stores lose
-    /// pools at any other moment, including while the Borrow's call is out or its answer
-    /// not yet checked (the check then catches the loss).
+    /// script (which, since 4473fcb, finds the pool missing and refuses; before, it
+    /// recreated the pool under a new generation: [`OldAgent::refill_creates`]). Off,
+    /// stores lose pools at any other moment, including while the Borrow's call is out or
+    /// its answer not yet checked (the check then catches the loss).
     pub loss_before_refill: bool,
     /// An attempt may still be on its way when the link gives up on its call, and land
     /// afterwards (within [`MAX_DELAY_MS`] with bounded delays). Off, the attempts of a
@@ -94,11 +98,10 @@ impl Faults {
     /// stores losing their data (also while the agent is down, has no generation of it
     /// recorded, has not noticed the loss before reporting, or has a Borrow of it in
     /// flight), reclaims of agents that stopped gracefully (drained: their last report is
-    /// their last word). Left out, each breaking an invariant in its own scenario:
-    /// reclaims of crashed or partitioned agents (since 195d94b their unreported units go
-    /// in doubt, but bug G: a Return of units in doubt is accepted, and the resolution
-    /// hands them out again), the schedule [`loss_before_refill`](Self::loss_before_refill)
-    /// (bug C's remaining window) and [`Rivals::SharedStore`].
+    /// their last word). Left out, each in a scenario of its own (all of which keep every
+    /// invariant over their tested seeds since 37a6364, 4473fcb and 9ffeaf6): reclaims of
+    /// crashed or partitioned agents, the schedule
+    /// [`loss_before_refill`](Self::loss_before_refill) and [`Rivals::SharedStore`].
     pub const DEFAULT: Faults = Faults {
         lose_request_pct: 5,
         lose_reply_pct: 10,
@@ -121,8 +124,9 @@ pub enum Rivals {
     /// It registers (a new epoch) and dies before its resync: the running agent is fenced
     /// with its calls in flight and registers again at its next heartbeat.
     Fence,
-    /// It registers, resyncs the pools of the store it shares with the running agent,
-    /// reports and stops: two processes align one pool, each under its own locks.
+    /// It registers, fences and resyncs the pools of the store it shares with the running
+    /// agent, reports and stops: two processes align one pool, each under its own locks
+    /// (a deploy overlap: both believe they lead the channel).
     SharedStore,
 }
 
@@ -160,26 +164,14 @@ pub struct Config {
     /// stay stranded until an operator resolves them). Off: the operator resolves them at
     /// quiescence like real losses.
     pub doubt_requires_data_loss: bool,
-    /// The agent (or center) behaves as before the fixes of 35edb44, 9634405 or 47263b0 in
-    /// these respects (to show the checker still sees those bugs). All off in real runs.
+    /// The agent (or center, or pool store) behaves as before one of the fixes in these
+    /// respects (to show the checker still sees those bugs). All off in real runs.
     pub old_agent: OldAgent,
-    /// A fix not (yet) in the product, to show what it would take. All off in real runs.
-    pub proposed: Proposed,
 }
 
-/// Rules the product does not have (yet), each closing a gap the model found. All off in
-/// real runs: the model mirrors the product.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Proposed {
-    /// Bug G: the center refuses a Return of units in doubt (`quantity > held - in_doubt`
-    /// while `in_doubt > 0`; FailedPrecondition, so the agent puts the units back).
-    /// Without it, `ledger::give_back` only checks `held`, and `resolve_in_doubt` (which
-    /// since 195d94b settles `in_doubt`, not `held`) hands the returned units out again.
-    pub return_spares_doubt: bool,
-}
-
-/// Behaviours of the agent (and center) before the fixes of commits 35edb44, 9634405 and
-/// 47263b0, each of which the simulator found to break an invariant. All off in real runs.
+/// Behaviours of the agent (and center) before the fixes of commits 35edb44, 9634405,
+/// 47263b0, 4473fcb, 195d94b, 37a6364 and 9ffeaf6, each of which the simulator found (or
+/// shows) to break an invariant. All off in real runs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OldAgent {
     /// 35edb44: the link reads the epoch again on every attempt (a call begun before a
@@ -196,7 +188,7 @@ pub struct OldAgent {
     /// generation check.
     pub unchecked_reports: bool,
     /// Bug C (9634405): `borrow_now` refills without checking the generation again once
-    /// the grant is in.
+    /// the grant is in (with the refill script of the time, which creates a missing pool).
     pub refill_unchecked: bool,
     /// Bug D (9634405): `resync_item` resyncs whether or not a resync is still due once
     /// it holds the lock, and then clears whatever schedule is set.
@@ -214,6 +206,25 @@ pub struct OldAgent {
     /// `held - reported(reserved+sold)` back on sale, also for a crashed or partitioned
     /// agent that sold after its last report.
     pub reclaim_without_last_word: bool,
+    /// Bug C's remaining window (closed by 4473fcb): a grant's refill script creates a pool
+    /// that does not exist, so a pool lost between `borrow_now`'s second generation check
+    /// and the refill is recreated by it (`refill_existing` refuses a missing pool inside
+    /// the script). Also the refill of [`refill_unchecked`](Self::refill_unchecked).
+    pub refill_creates: bool,
+    /// Bug G (closed by 37a6364): `ledger::give_back` checks only `held`, units in doubt
+    /// included, and the agent gives back units of a frozen or `held_in_doubt` item, so a
+    /// Return of units in doubt is accepted and the operator's resolution (which settles
+    /// `in_doubt`) hands the same units out again.
+    pub returns_of_units_in_doubt: bool,
+    /// Before 37a6364: a pool lost while its channel held none of it stays frozen while the
+    /// agent runs (`pool_lost` schedules no resync, and a resync of a pool at `held 0`,
+    /// nothing in doubt, does not clear `frozen`).
+    pub held_zero_stays_frozen: bool,
+    /// Before 9ffeaf6: the pool store has no fences (`raise_fence` does nothing; `refill`,
+    /// `take_for_return` and `untake` ignore the caller's epoch), so a process of the
+    /// channel whose registration was superseded still moves units in and out of a pool
+    /// the new incarnation has resynced.
+    pub unfenced_store: bool,
 }
 
 impl Default for Config {
@@ -225,7 +236,6 @@ impl Default for Config {
             resync_at_quiescence: true,
             doubt_requires_data_loss: true,
             old_agent: OldAgent::default(),
-            proposed: Proposed::default(),
         }
     }
 }
@@ -491,9 +501,10 @@ impl Center {
         Ok((answer, false))
     }
 
-    /// `SqlLedger::give_back` + the Restocked publication (`ledger::give_back` checks only
-    /// `held`, units in doubt included: bug G). `proposed.return_spares_doubt`: G's likely
-    /// fix, not in the product.
+    /// `SqlLedger::give_back` + the Restocked publication. Since 37a6364
+    /// `ledger::give_back` refuses a Return of units in doubt (`quantity > held -
+    /// in_doubt`: FailedPrecondition, so the agent puts the units back).
+    /// `old.returns_of_units_in_doubt`: the ledger before it, which checked only `held`.
     #[allow(clippy::too_many_arguments)]
     pub fn give_back(
         &mut self,
@@ -503,7 +514,7 @@ impl Center {
         quantity: u64,
         request_id: &str,
         breakage: &Breakage,
-        proposed: Proposed,
+        old: OldAgent,
     ) -> Result<(Answer, bool), Refusal> {
         let item_id = self.item(item).id.clone();
         let m = Mutation::Return { item: item_id, channel: channel.clone(), quantity: qty(quantity) };
@@ -513,16 +524,14 @@ impl Center {
         self.check_epoch(channel, epoch, &format!("return {request_id}"), breakage)?;
         let entry = self.items.get_mut(item).expect("known item");
         let mut alloc = self.allocations.get(&(item.to_owned(), channel.to_string())).copied().unwrap_or_default();
-        let spare = alloc.held().saturating_sub(alloc.in_doubt);
-        if proposed.return_spares_doubt && alloc.in_doubt > 0 && quantity > spare {
-            return Err(Refusal::Precondition(format!(
-                "cannot return {quantity} units: channel {channel} has {} in doubt of {} held",
-                alloc.in_doubt,
-                alloc.held()
-            )));
+        // The ledger before 37a6364 checked only `held`: the same call with nothing in doubt.
+        let in_doubt = alloc.in_doubt;
+        if old.returns_of_units_in_doubt {
+            alloc.in_doubt = 0;
         }
         let mut after = entry.state.clone();
         ledger::give_back(&mut after, &mut alloc, channel, qty(quantity))?;
+        alloc.in_doubt = in_doubt;
         entry.state = after;
         self.allocations.insert((item.to_owned(), channel.to_string()), alloc);
         let center_available = entry.state.available;
@@ -780,6 +789,10 @@ pub struct Pool {
     pub sold: u64,
     /// 0 until the first refill creates the pool.
     pub generation: u64,
+    /// The highest center epoch that fenced the pool (`lua/fence.lua`): `refill`,
+    /// `take_for_return` and `untake` carrying an older epoch are refused. Kept with the
+    /// pool's data, so a store that loses the pool loses its fence too.
+    pub fence: u64,
     pub reservations: BTreeMap<String, Reservation>,
     /// RESERVED reservations by expiry.
     pub due: BTreeSet<(i64, String)>,
@@ -791,6 +804,26 @@ pub struct Pool {
     pub grants: BTreeMap<String, u64>,
     pub takes: BTreeMap<String, Take>,
 }
+
+/// What a refill script answered (`lua/refill.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refill {
+    /// Applied now (1).
+    Applied,
+    /// The grant id was applied before (0).
+    Replayed,
+    /// `must_exist` and the pool does not exist (-1, `StoreError::PoolMissing`): nothing
+    /// recorded.
+    Missing,
+    /// The pool was fenced with a later epoch than the caller's (-2,
+    /// `StoreError::Fenced`): nothing recorded.
+    Fenced,
+}
+
+/// A store call refused because the pool was fenced with a later epoch
+/// (`StoreError::Fenced`): nothing moved, nothing recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fenced;
 
 impl Pool {
     pub fn sum(&self) -> u64 {
@@ -910,41 +943,71 @@ impl Pool {
         Ok(freed)
     }
 
-    /// Adds units once per grant id; creates the pool (a new generation) if needed.
-    pub fn refill(&mut self, grant_id: &str, units: u64, new_generation: u64) -> Result<bool, Violation> {
+    /// `refill.lua` / `refill_existing`: refused if the pool was fenced with a later epoch
+    /// than `epoch`; with `must_exist`, refused if the pool does not exist (a grant never
+    /// recreates a pool the store lost); otherwise adds units once per grant id, creating
+    /// the pool (a new generation) if needed.
+    pub fn refill(
+        &mut self,
+        grant_id: &str,
+        units: u64,
+        new_generation: u64,
+        epoch: u64,
+        must_exist: bool,
+    ) -> Result<Refill, Violation> {
+        if self.fence > epoch {
+            return Ok(Refill::Fenced);
+        }
+        if must_exist && self.generation == 0 {
+            return Ok(Refill::Missing);
+        }
         if self.grants.contains_key(grant_id) {
-            return Ok(false);
+            return Ok(Refill::Replayed);
         }
         self.grants.insert(grant_id.to_owned(), units);
         if self.generation == 0 {
             self.generation = new_generation;
         }
         inc(&mut self.available, units, "pool available")?;
-        Ok(true)
+        Ok(Refill::Applied)
     }
 
-    /// Removes up to `max` available units, once per take id (a replay returns the first
-    /// amount).
-    pub fn take_for_return(&mut self, take_id: &str, max: u64) -> Result<u64, Violation> {
+    /// `take_for_return.lua`: refused if fenced with a later epoch; else removes up to
+    /// `max` available units, once per take id (a replay returns the first amount).
+    pub fn take_for_return(&mut self, take_id: &str, max: u64, epoch: u64) -> Result<Result<u64, Fenced>, Violation> {
+        if self.fence > epoch {
+            return Ok(Err(Fenced));
+        }
         if let Some(t) = self.takes.get(take_id) {
-            return Ok(t.units);
+            return Ok(Ok(t.units));
         }
         let units = max.min(self.available);
         dec(&mut self.available, units, "pool available")?;
         self.takes.insert(take_id.to_owned(), Take { units, put_back: false });
-        Ok(units)
+        Ok(Ok(units))
     }
 
-    /// Puts back the units of a take whose Return the center refused; once per take id.
-    pub fn untake(&mut self, take_id: &str) -> Result<u64, Violation> {
-        let Some(t) = self.takes.get_mut(take_id) else { return Ok(0) };
+    /// `untake.lua`: refused if fenced with a later epoch; else puts back the units of a
+    /// take whose Return the center refused, once per take id (nothing if the pool is
+    /// gone).
+    pub fn untake(&mut self, take_id: &str, epoch: u64) -> Result<Result<u64, Fenced>, Violation> {
+        if self.fence > epoch {
+            return Ok(Err(Fenced));
+        }
+        let Some(t) = self.takes.get_mut(take_id) else { return Ok(Ok(0)) };
         if t.put_back || t.units == 0 || self.generation == 0 {
-            return Ok(0);
+            return Ok(Ok(0));
         }
         t.put_back = true;
         let units = t.units;
         inc(&mut self.available, units, "pool available")?;
-        Ok(units)
+        Ok(Ok(units))
+    }
+
+    /// `fence.lua`: raises the fence to `epoch`, never lowers it; returns the fence.
+    pub fn raise_fence(&mut self, epoch: u64) -> u64 {
+        self.fence = self.fence.max(epoch);
+        self.fence
     }
 }
 
@@ -1093,7 +1156,7 @@ pub enum Phase {
     /// A Borrow answered with a grant; the pool's generation not yet checked again.
     Granted(u64),
     /// A granted Borrow whose pool passed the second generation check: the refill script
-    /// runs next (the window of [`Faults::loss_before_refill`]).
+    /// (`refill_existing`) runs next (the window of [`Faults::loss_before_refill`]).
     Refilling(u64),
 }
 
@@ -1111,6 +1174,11 @@ pub struct Op {
     /// The epoch every attempt carries, read when the link call began (`retry`); `None`
     /// until the first attempt is sent.
     pub epoch: Option<u64>,
+    /// The epoch the task read before its store calls (`link.epoch()` in `borrow_now`
+    /// before the `open-` refill, in `give_back` before the take): a Borrow's refill and a
+    /// refused Return's untake carry it, and are refused once a later incarnation of the
+    /// channel fenced the pool.
+    pub store_epoch: u64,
     /// The task that awaits the call.
     pub task: Task,
     /// A Borrow's: the Acquire awaiting it.
@@ -1361,6 +1429,16 @@ pub struct Stats {
     pub pool_losses_during_borrow: u64,
     /// ... and grants not refilled because the pool was found lost (bug C's case).
     pub refills_withheld: u64,
+    /// Grants whose refill script found the pool missing (`refill_existing`: lost after
+    /// the second generation check; bug C's remaining window).
+    pub refills_of_missing_pools: u64,
+    /// Pools fenced by a registration (the fence raised above an epoch in use)...
+    pub fences_raised: u64,
+    /// ... and store calls (refill, take, untake) of an older incarnation refused.
+    pub store_calls_fenced: u64,
+    /// Items frozen for a lost pool that a resync at `held 0` (nothing in doubt) put back
+    /// on sale while the agent kept running.
+    pub unfrozen_at_held_zero: u64,
     /// Registration resyncs that, an outcome of the item being unknown, left out units
     /// the center counts as the channel's (only removing; bug E's case).
     pub registration_adds_withheld: u64,
@@ -1410,6 +1488,10 @@ impl Stats {
         self.item_resyncs_postponed += o.item_resyncs_postponed;
         self.pool_losses_during_borrow += o.pool_losses_during_borrow;
         self.refills_withheld += o.refills_withheld;
+        self.refills_of_missing_pools += o.refills_of_missing_pools;
+        self.fences_raised += o.fences_raised;
+        self.store_calls_fenced += o.store_calls_fenced;
+        self.unfrozen_at_held_zero += o.unfrozen_at_held_zero;
         self.drift_waiting_for_resync += o.drift_waiting_for_resync;
         self.sold += o.sold;
     }
