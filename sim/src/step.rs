@@ -899,8 +899,9 @@ impl World {
 
     /// `Agent::give_back`, under the lock: nothing of a frozen or `held_in_doubt` item
     /// (since 37a6364: only an operator's resolution moves units in doubt); else take the
-    /// units out of the pool with the epoch read now (the Return is sent by a later step,
-    /// so a crash can fall in between).
+    /// units out of the pool with the epoch read now, which the Return carries too (since
+    /// 6b4c4d3; it is sent by a later step, so a crash or a re-registration can fall in
+    /// between).
     fn give_back(&mut self, c: usize, item: &str, max: u64, task: Task) -> Res {
         let flags = self.flags(c, item);
         if (flags.frozen || flags.held_in_doubt) && !self.config.old_agent.returns_of_units_in_doubt {
@@ -1108,16 +1109,28 @@ impl World {
         }
     }
 
-    /// The link sends one attempt. Every attempt carries the epoch read when the call
-    /// began (`CenterLink::retry`).
+    /// The link sends one attempt. Since 6b4c4d3 every attempt carries the epoch the task
+    /// read before its pool writes (`borrow_now`'s before its first store call,
+    /// `give_back`'s before its take), passed to `CenterLink::borrow`/`give_back` and
+    /// `retry`: the epoch its refill or untake carries too. Before 6b4c4d3 the link read
+    /// its own epoch when the call began (`call_epoch_at_send`), and before 35edb44 on
+    /// every attempt (`epoch_per_attempt`; both [`OldAgent`](crate::OldAgent)).
     fn send(&mut self, c: usize, i: usize) -> Res {
-        let per_attempt = self.config.old_agent.epoch_per_attempt;
+        let old = self.config.old_agent;
         let mem = self.mem(c);
-        let epoch = match mem.ops[i].epoch {
-            Some(e) if !per_attempt => e,
-            _ => mem.epoch,
+        let (current, first) = (mem.epoch, mem.ops[i].attempt == 1);
+        let epoch = if old.epoch_per_attempt {
+            current
+        } else if old.call_epoch_at_send {
+            mem.ops[i].epoch.unwrap_or(current)
+        } else {
+            mem.ops[i].store_epoch
         };
         mem.ops[i].epoch = Some(epoch);
+        if first && epoch != current {
+            self.stats.calls_sent_under_their_pool_epoch += 1;
+        }
+        let mem = self.mem(c);
         let (incarnation, op) = (mem.incarnation, mem.ops[i].clone());
         let what = format!(
             "{} sends {} {} x{} {} attempt {} epoch {epoch}",

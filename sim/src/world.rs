@@ -10,7 +10,8 @@
 //! reference store `agent/src/store/memory.rs` (itself the twin of the Lua scripts), with
 //! the logical clock instead of the system clock. The agent's behaviour (`agent.rs`,
 //! `link.rs`, `items.rs`, `workers.rs`, `startup.rs`) is mirrored step by step in
-//! `step.rs`, including each item's `borrow_lock` ([`ItemFlags::waiters`]).
+//! `step.rs`, including each item's `borrow_lock` ([`ItemFlags::waiters`]) and the epoch
+//! each Borrow/Return carries ([`Op::store_epoch`], read before its pool writes).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
@@ -99,8 +100,8 @@ impl Faults {
     /// recorded, has not noticed the loss before reporting, or has a Borrow of it in
     /// flight), reclaims of agents that stopped gracefully (drained: their last report is
     /// their last word). Left out, each in a scenario of its own (all of which keep every
-    /// invariant over their tested seeds since 37a6364, 4473fcb and 9ffeaf6): reclaims of
-    /// crashed or partitioned agents, the schedule
+    /// invariant over their tested seeds since 37a6364, 4473fcb, 9ffeaf6 and 6b4c4d3):
+    /// reclaims of crashed or partitioned agents, the schedule
     /// [`loss_before_refill`](Self::loss_before_refill) and [`Rivals::SharedStore`].
     pub const DEFAULT: Faults = Faults {
         lose_request_pct: 5,
@@ -170,12 +171,13 @@ pub struct Config {
 }
 
 /// Behaviours of the agent (and center) before the fixes of commits 35edb44, 9634405,
-/// 47263b0, 4473fcb, 195d94b, 37a6364 and 9ffeaf6, each of which the simulator found (or
-/// shows) to break an invariant. All off in real runs.
+/// 47263b0, 4473fcb, 195d94b, 37a6364, 9ffeaf6 and 6b4c4d3, each of which the simulator
+/// found (or shows) to break an invariant. All off in real runs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OldAgent {
     /// 35edb44: the link reads the epoch again on every attempt (a call begun before a
-    /// re-registration is replayed under the new epoch).
+    /// re-registration is replayed under the new epoch). Overrides
+    /// [`call_epoch_at_send`](Self::call_epoch_at_send).
     pub epoch_per_attempt: bool,
     /// 35edb44: the registration's resync does not wait for the item's Borrow/Return in
     /// flight.
@@ -225,6 +227,14 @@ pub struct OldAgent {
     /// channel whose registration was superseded still moves units in and out of a pool
     /// the new incarnation has resynced.
     pub unfenced_store: bool,
+    /// Before 6b4c4d3: a Borrow/Return goes out under the epoch the link holds when the
+    /// call begins (`CenterLink::retry` read it, then kept it for every attempt), not the
+    /// one its task read before its pool writes. A Return taken under epoch E and sent
+    /// after a re-registration carries the later epoch, so the center accepts it even
+    /// after another process's registration (E+1) fenced the pool and its resync counted
+    /// the taken units back in. (A Borrow is sent in the step that reads the epoch, so
+    /// only Returns differ.)
+    pub call_epoch_at_send: bool,
 }
 
 impl Default for Config {
@@ -1171,13 +1181,16 @@ pub struct Op {
     pub quantity: u64,
     pub attempt: u32,
     pub phase: Phase,
-    /// The epoch every attempt carries, read when the link call began (`retry`); `None`
-    /// until the first attempt is sent.
+    /// The epoch the last attempt carried; `None` until the first attempt is sent. Since
+    /// 6b4c4d3 always `store_epoch`; with [`OldAgent::call_epoch_at_send`] the link's epoch
+    /// when the first attempt went out, with [`OldAgent::epoch_per_attempt`] the link's at
+    /// each attempt.
     pub epoch: Option<u64>,
     /// The epoch the task read before its store calls (`link.epoch()` in `borrow_now`
     /// before the `open-` refill, in `give_back` before the take): a Borrow's refill and a
     /// refused Return's untake carry it, and are refused once a later incarnation of the
-    /// channel fenced the pool.
+    /// channel fenced the pool; since 6b4c4d3 every attempt of the call carries it too
+    /// (`CenterLink::borrow`/`give_back`'s `epoch`).
     pub store_epoch: u64,
     /// The task that awaits the call.
     pub task: Task,
@@ -1436,6 +1449,10 @@ pub struct Stats {
     pub fences_raised: u64,
     /// ... and store calls (refill, take, untake) of an older incarnation refused.
     pub store_calls_fenced: u64,
+    /// Calls whose first attempt went out under the epoch their task read before its pool
+    /// writes while the link already held a later one (a Return taken before a
+    /// re-registration and sent after it: since 6b4c4d3 it carries the take's epoch).
+    pub calls_sent_under_their_pool_epoch: u64,
     /// Items frozen for a lost pool that a resync at `held 0` (nothing in doubt) put back
     /// on sale while the agent kept running.
     pub unfrozen_at_held_zero: u64,
@@ -1491,6 +1508,7 @@ impl Stats {
         self.refills_of_missing_pools += o.refills_of_missing_pools;
         self.fences_raised += o.fences_raised;
         self.store_calls_fenced += o.store_calls_fenced;
+        self.calls_sent_under_their_pool_epoch += o.calls_sent_under_their_pool_epoch;
         self.unfrozen_at_held_zero += o.unfrozen_at_held_zero;
         self.drift_waiting_for_resync += o.drift_waiting_for_resync;
         self.sold += o.sold;

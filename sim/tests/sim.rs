@@ -1,16 +1,17 @@
 //! The simulator's tests: many seeds keep every invariant, a seed replays exactly, the
-//! bugs fixed in commits 35edb44, 9634405, 47263b0, 195d94b, 4473fcb, 37a6364 and 9ffeaf6
-//! stay fixed (and the agent, center or pool store before each fix is caught, most at
-//! the seed that showed the bug), and deliberately broken centers are caught (the checker
-//! is not vacuous).
+//! bugs fixed in commits 35edb44, 9634405, 47263b0, 195d94b, 4473fcb, 37a6364, 9ffeaf6
+//! and 6b4c4d3 stay fixed (and the agent, center or pool store before each fix is
+//! caught, most at the seed that showed the bug), and deliberately broken centers are
+//! caught (the checker is not vacuous).
 //!
 //! `INVENTORY_SIM_SEEDS=<n>` sets how many seeds the seed sweeps run (default 200, or more
-//! for a scenario whose known failure shows later); `INVENTORY_SIM_SEED=<n>` runs that one
-//! seed only and prints its trace (`cargo test -p inventory-sim <test> -- --nocapture`).
+//! for a scenario whose former failure showed later); `INVENTORY_SIM_SEED=<n>` runs that
+//! one seed only and prints its trace (`cargo test -p inventory-sim <test> --
+//! --nocapture`).
 //!
-//! The `#[ignore]`d test is a scenario in which the fixed logic still breaks an invariant
-//! (see its reason and doc comment); run it with `cargo test -p inventory-sim --
-//! --ignored`. It passes once the rule is fixed in `agent/`.
+//! No test is `#[ignore]`d: no known scenario breaks an invariant of the fixed logic.
+//! Wider sweeps (thousands of seeds) run in release with the binary: `cargo run --release
+//! -p inventory-sim -- --scenario NAME --seeds N`.
 
 use std::time::Instant;
 
@@ -110,6 +111,8 @@ fn two_hundred_seeds_keep_every_invariant() {
         // ... and of E and F (47263b0).
         assert!(stats.registration_adds_withheld > 0, "registrations only removed while unknown: {stats:?}");
         assert!(stats.lost_pools_without_units > 0, "pools lost at held 0 froze nothing: {stats:?}");
+        // ... and of the Return sent after a re-registration (6b4c4d3).
+        assert!(stats.calls_sent_under_their_pool_epoch > 0, "calls kept their pool epoch: {stats:?}");
     }
 }
 
@@ -457,25 +460,28 @@ fn two_processes_sharing_one_pool_store() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Found after 9ffeaf6: still wrong
+// A Return sent under a later epoch than its take (found after 9ffeaf6, fixed in
+// 6b4c4d3): regression test
 // ---------------------------------------------------------------------------------------
 
-/// `shared-store` beyond the seeds above (invariant 3, seed 494): `give_back` reads the
-/// epoch before its take and carries it to `take_for_return` and `untake`, but the Return
-/// itself goes out under the epoch the link holds when the call begins
-/// (`CenterLink::retry`), which may be newer. At seed 494 app (epoch 2) took 16 units of
-/// skin for a Return (the take passed: fence 2); before the Return was sent, a second app
-/// process registered (epoch 3), fenced the pool, read `held 18` (the Return had not
-/// landed) and refilled the 16 units; app heard it was fenced and registered again (epoch
-/// 4), its resync of skin waiting for the lock the Return held; the Return then went out
-/// under epoch 4 and the center accepted it: 16 units were both back at the center and
-/// available in the pool. Likely fix: the Return carries the epoch read before its take
-/// (refused as stale here; the untake under that epoch is then fenced, and the new
-/// incarnation's resync has counted the units). With that change in the model
-/// `shared-store`, `default` and `fence` keep every invariant over 5000 seeds.
+/// Was a known gap (invariant 3, seed 494 of `shared-store`, beyond its 200 tested seeds):
+/// `give_back` read the epoch before its take and carried it to `take_for_return` and
+/// `untake`, but the Return itself went out under the epoch the link held when the call
+/// began (`CenterLink::retry` read it), which a registration in between made newer. At
+/// seed 494 app (epoch 2) took 16 units of skin for a Return (the take passed: fence 2);
+/// before the Return was sent, a second app process registered (epoch 3), fenced the
+/// pool, read `held 18` (the Return had not landed) and refilled the 16 units; app heard
+/// it was fenced and registered again (epoch 4), its resync of skin waiting for the lock
+/// the Return held; the Return then went out under epoch 4 and the center accepted it: 16
+/// units were both back at the center and available in the pool. Since 6b4c4d3 a Borrow
+/// is sent under the epoch read before its pool writes and a Return under the epoch read
+/// before its take (`CenterLink::borrow`/`give_back` take it; `retry` no longer reads the
+/// link's), on every attempt: at seed 494 the Return goes out under epoch 2, is refused
+/// as stale, its untake is fenced, and the units stay counted once, by the resync.
+/// `old-return-epoch-at-send` (the link before 6b4c4d3) still breaks invariant 3 there.
 #[test]
-#[ignore = "known gap (invariant 3): a Return taken under one epoch is sent under a later one, after another \
-            process's resync counted its units (first seen at seed 494 of shared-store)"]
 fn a_return_taken_before_another_process_fenced_the_pool() {
-    assert_seeds_pass("shared-store", 1_000);
+    let stats = fixed_at(494, "shared-store", "old-return-epoch-at-send", "3");
+    assert!(stats.calls_sent_under_their_pool_epoch > 0, "the Return kept its take's epoch: {stats:?}");
+    assert!(stats.stale_refused_own > 0 && stats.store_calls_fenced > 0, "refused, untake fenced: {stats:?}");
 }
