@@ -25,11 +25,27 @@ bin="target/$profile"
 work="$(mktemp -d)"
 pids=()
 cleanup() {
+    local status=$?
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
     wait 2>/dev/null || true
+    if [ "$status" -ne 0 ]; then
+        # Show what the servers said before they go.
+        for log in "$work"/*.log; do
+            [ -f "$log" ] && { echo "--- $(basename "$log") (last lines)" >&2; tail -n 40 "$log" >&2; }
+        done
+    fi
     rm -rf "$work"
 }
 trap cleanup EXIT INT TERM
+
+# Waits (up to 60 s) until "$@" succeeds; otherwise shows the named log and fails.
+ready() {
+    local log="$1"; shift
+    for _ in $(seq 1 600); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
+    echo "not ready after 60 s: $*; its log ($log):" >&2
+    cat "$work/$log" >&2 || true
+    exit 1
+}
 
 # Ports: the brief's defaults, unless QUICKSTART_PORT_BASE moves them (e.g. in CI).
 base="${QUICKSTART_PORT_BASE:-}"
@@ -46,7 +62,7 @@ export RUST_LOG="${RUST_LOG:-warn}"
 pids+=($!)
 export INVENTORY_CENTER="http://127.0.0.1:$center_grpc"
 invctl="$bin/invctl"
-for _ in $(seq 1 100); do "$invctl" item list >/dev/null 2>&1 && break; sleep 0.1; done
+ready center.log "$invctl" item list
 
 echo "== create an item: 100 units, at most 2 per user"
 "$invctl" item create launch-bundle --total 100 --per-user-limit 2 --low 5 --high 30 --batch 10
@@ -57,9 +73,8 @@ for ch in app web; do
         --listen "127.0.0.1:$g" --http-listen "127.0.0.1:$h" --store memory --insecure >"$work/agent-$ch.log" 2>&1 &
     pids+=($!)
 done
-for g in $app_grpc $web_grpc; do
-    for _ in $(seq 1 100); do "$invctl" --agent "http://127.0.0.1:$g" agent stock launch-bundle >/dev/null 2>&1 && break; sleep 0.1; done
-done
+ready agent-app.log "$invctl" --agent "http://127.0.0.1:$app_grpc" agent stock launch-bundle
+ready agent-web.log "$invctl" --agent "http://127.0.0.1:$web_grpc" agent stock launch-bundle
 
 echo
 echo "== a sale: 150 buyers, one unit each, through both channels"

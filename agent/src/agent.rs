@@ -286,7 +286,8 @@ impl Agent {
     /// then (in the background): it picks up units other channels gave back, and a short
     /// grant makes the center ask holders to return idle units (no stranded stock).
     fn signal_starving(self: &Arc<Self>, item: &Arc<ItemRuntime>, quantity: u64) {
-        if item.starving_signal_due(crate::clock::now_ms(), STARVING_SIGNAL_EVERY_MS) {
+        // Only the leader talks to the center; a follower's misses reach it as wants.
+        if self.is_leading() && item.starving_signal_due(crate::clock::now_ms(), STARVING_SIGNAL_EVERY_MS) {
             let (agent, item) = (Arc::clone(self), Arc::clone(item));
             tokio::spawn(async move {
                 agent.borrow_shared(&item, quantity).await;

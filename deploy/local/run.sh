@@ -11,7 +11,8 @@
 #
 # Options (environment):
 #   INVENTORY_LOCAL_DIR        state directory (default: $TMPDIR/inventory-local)
-#   INVENTORY_LOCAL_PORT_BASE  first of 11 consecutive ports on 127.0.0.1 (default 47300)
+#   INVENTORY_LOCAL_PORT_BASE  first of 11 consecutive ports on 127.0.0.1 (default 27300,
+#                              below the ephemeral range, so no outgoing connection holds one)
 #   INVENTORY_LOCAL_PROFILE    debug (default) or release
 #   INVENTORY_LOCAL_PG         private (own initdb data dir; the default when initdb exists)
 #                              or system (a fresh database on INVENTORY_LOCAL_PG_URL,
@@ -197,7 +198,7 @@ cmd_start() {
         alive "${CENTER_PID:-}" && die "a stack already runs from $state (run: $0 stop)"
         rm -rf "$state"
     fi
-    local base=${INVENTORY_LOCAL_PORT_BASE:-47300} profile=${INVENTORY_LOCAL_PROFILE:-debug} p
+    local base=${INVENTORY_LOCAL_PORT_BASE:-27300} profile=${INVENTORY_LOCAL_PROFILE:-debug} p
     for p in $(seq "$base" $((base + 10))); do
         port_busy "$p" && die "port $p is in use; set INVENTORY_LOCAL_PORT_BASE to a free range of 11 ports"
     done
