@@ -105,7 +105,13 @@ fn reserved(r: Result<tonic::Response<pb::AcquireResponse>, tonic::Status>) -> b
 /// /metrics cost per item once the pools are stocked and quiet. Prints the figures;
 /// asserts the properties that keep them low (a quiet heartbeat carries no pool, a scrape
 /// reads no pool, quiet pools get a bounded number of looks).
+///
+/// Run on its own (its figures mean nothing on a machine busy with the rest of the suite,
+/// where stocking 10,000 pools through a starved center can take minutes): `.ci/run`
+/// runs it as a separate step, `cargo test -p inventory-agent --test it -- --ignored
+/// --nocapture ten_thousand`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run alone: .ci/run runs it as its own step (see the doc comment)"]
 async fn ten_thousand_items_cost_little_per_item_to_report_look_at_and_scrape() {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
