@@ -5,15 +5,10 @@
 //! still confirm, no item sells more than its stock, and in the end every unit is sold.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
-use futures::StreamExt;
 use inventory_test_support::cluster::RedisCluster;
-use inventory_test_support::wait_until;
 
-use crate::harness::{Center, LocalAgent, StoreSpec, agent_config, buy_one, stock};
+use crate::harness::{BackgroundSale, Center, LocalAgent, StoreSpec, agent_config, buy_one, stock};
 
 const ITEMS: [&str; 3] = ["drop-a", "drop-b", "drop-c"];
 const TOTAL: u64 = 200;
@@ -59,40 +54,24 @@ async fn a_sale_on_a_redis_cluster_survives_a_master_failover_and_a_script_flush
     };
     println!("pools live on {} of the 3 masters; killing the master on port {victim}", served.len());
 
-    let done = Arc::new(AtomicUsize::new(0));
-    let buyers: Vec<(usize, usize, String)> =
-        (0..BUYERS * ITEMS.len()).map(|n| (n % CHANNELS.len(), n % ITEMS.len(), format!("buyer-{n}"))).collect();
-    let sale = {
-        let (clients, done) = (clients.clone(), Arc::clone(&done));
-        tokio::spawn(async move {
-            futures::stream::iter(buyers)
-                .map(|(c, i, user)| {
-                    let (mut client, done) = (clients[c].clone(), Arc::clone(&done));
-                    async move {
-                        let got = buy_one(&mut client, ITEMS[i], &user, 300).await;
-                        done.fetch_add(1, Ordering::SeqCst);
-                        (i, got)
-                    }
-                })
-                .buffer_unordered(CONCURRENCY)
-                .collect::<Vec<_>>()
-                .await
-        })
-    };
+    let buyers = (0..BUYERS * ITEMS.len())
+        .map(|n| (vec![clients[n % CHANNELS.len()].clone()], n % ITEMS.len(), format!("buyer-{n}")))
+        .collect();
+    let sale = BackgroundSale::start(&ITEMS, buyers, CONCURRENCY);
 
     // A third of the way in: kill -9 the master, wait for a replica to take over.
     let third = BUYERS * ITEMS.len() / 3;
-    assert!(wait_until(Duration::from_secs(120), || async { done.load(Ordering::SeqCst) >= third }).await);
+    assert!(sale.reached(third).await);
     cluster.kill(victim);
     let promoted = cluster.await_failover(&victim_key, victim, 3).await;
-    println!("master {victim} killed at {} buyers; replica {promoted} promoted", done.load(Ordering::SeqCst));
+    println!("master {victim} killed at {} buyers; replica {promoted} promoted", sale.done());
     // Then every node forgets its scripts: the agents reload them (NOSCRIPT -> SCRIPT LOAD).
     let flushed = cluster.flush_scripts().await;
     assert!(flushed >= 6, "SCRIPT FLUSH reached {flushed} nodes");
-    println!("SCRIPT FLUSH on {flushed} live nodes at {} buyers", done.load(Ordering::SeqCst));
+    println!("SCRIPT FLUSH on {flushed} live nodes at {} buyers", sale.done());
 
     let mut confirmed: HashMap<&str, HashSet<String>> = HashMap::new();
-    for (i, got) in sale.await.expect("sale task") {
+    for (i, got) in sale.finish().await {
         if let Some(id) = got {
             assert!(confirmed.entry(ITEMS[i]).or_default().insert(id), "a reservation id was handed out twice");
         }

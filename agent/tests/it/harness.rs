@@ -280,89 +280,6 @@ pub fn sample(metrics: &str, series: &str) -> Option<f64> {
     metrics.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
 }
 
-/// A memory store that counts Acquire calls and can hold them at a gate: lets tests see
-/// which answers never reach the store, and keep calls "in progress".
-pub struct ObservedStore {
-    inner: inventory_agent::store::memory::MemoryPoolStore,
-    /// Acquire calls that reached the store (counted before the gate).
-    pub acquires: std::sync::atomic::AtomicU64,
-    open: tokio::sync::watch::Sender<bool>,
-}
-
-impl ObservedStore {
-    /// Counts, never holds.
-    pub fn counting() -> Self {
-        Self::with_gate(true)
-    }
-
-    /// Holds every Acquire until [`ObservedStore::open_gate`].
-    pub fn gated() -> Self {
-        Self::with_gate(false)
-    }
-
-    fn with_gate(open: bool) -> Self {
-        Self {
-            inner: inventory_agent::store::memory::MemoryPoolStore::new(),
-            acquires: Default::default(),
-            open: tokio::sync::watch::channel(open).0,
-        }
-    }
-
-    pub fn open_gate(&self) {
-        self.open.send_replace(true);
-    }
-
-    pub fn acquire_calls(&self) -> u64 {
-        self.acquires.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-#[async_trait::async_trait]
-impl PoolStore for ObservedStore {
-    async fn acquire(&self, pool: &PoolKey, args: &AcquireArgs) -> Result<AcquireResult, StoreError> {
-        self.acquires.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let mut open = self.open.subscribe();
-        let _ = open.wait_for(|o| *o).await;
-        self.inner.acquire(pool, args).await
-    }
-    async fn confirm(&self, pool: &PoolKey, id: &str) -> Result<Transition, StoreError> {
-        self.inner.confirm(pool, id).await
-    }
-    async fn cancel(&self, pool: &PoolKey, id: &str) -> Result<Transition, StoreError> {
-        self.inner.cancel(pool, id).await
-    }
-    async fn expire_due(&self, pool: &PoolKey, max: u64) -> Result<u64, StoreError> {
-        self.inner.expire_due(pool, max).await
-    }
-    async fn refill(&self, pool: &PoolKey, grant_id: &str, units: u64, epoch: u64) -> Result<bool, StoreError> {
-        self.inner.refill(pool, grant_id, units, epoch).await
-    }
-    async fn refill_existing(&self, pool: &PoolKey, id: &str, units: u64, epoch: u64) -> Result<bool, StoreError> {
-        self.inner.refill_existing(pool, id, units, epoch).await
-    }
-    async fn take_for_return(&self, pool: &PoolKey, id: &str, max: u64, epoch: u64) -> Result<u64, StoreError> {
-        self.inner.take_for_return(pool, id, max, epoch).await
-    }
-    async fn untake(&self, pool: &PoolKey, take_id: &str, epoch: u64) -> Result<u64, StoreError> {
-        self.inner.untake(pool, take_id, epoch).await
-    }
-    async fn raise_fence(&self, pool: &PoolKey, epoch: u64) -> Result<u64, StoreError> {
-        self.inner.raise_fence(pool, epoch).await
-    }
-    async fn channel_op(&self, channel: &str, op: ChannelOp<'_>) -> Result<ChannelReply, StoreError> {
-        self.inner.channel_op(channel, op).await
-    }
-    async fn snapshot(&self, pool: &PoolKey) -> Result<PoolSnapshot, StoreError> {
-        self.inner.snapshot(pool).await
-    }
-    async fn reservation_state(&self, pool: &PoolKey, id: &str) -> Result<Option<ReservationState>, StoreError> {
-        self.inner.reservation_state(pool, id).await
-    }
-    async fn idempotency_keys(&self, pool: &PoolKey) -> Result<Vec<String>, StoreError> {
-        self.inner.idempotency_keys(pool).await
-    }
-}
-
 /// Codes the Agent API tells callers to retry with the same idempotency key, and
 /// CANCELLED, which a client sees when the connection dies mid-call (outcome unknown).
 pub fn retryable(code: tonic::Code) -> bool {
@@ -422,16 +339,35 @@ pub async fn buy_one_via(
     panic!("{user}: confirm of {id} still failing after {attempts} attempts");
 }
 
-/// Any pool store, with every call counted by operation: shows what background work
-/// costs in store calls.
-pub struct CountingStore {
+/// Any pool store (a memory store by default) with every call counted by operation; it
+/// can also hold Acquire calls at a gate. Lets tests see which answers never reach the
+/// store, keep calls "in progress", and what background work costs in store calls.
+pub struct ObservedStore {
     inner: Arc<dyn PoolStore>,
     calls: DashMap<&'static str, u64>,
+    open: tokio::sync::watch::Sender<bool>,
 }
 
-impl CountingStore {
-    pub fn new(inner: Arc<dyn PoolStore>) -> Self {
-        Self { inner, calls: DashMap::new() }
+impl ObservedStore {
+    /// A memory store; counts, never holds.
+    pub fn counting() -> Self {
+        Self::over(Arc::new(inventory_agent::store::memory::MemoryPoolStore::new()))
+    }
+
+    /// A memory store that holds every Acquire until [`ObservedStore::open_gate`].
+    pub fn gated() -> Self {
+        let store = Self::counting();
+        store.open.send_replace(false);
+        store
+    }
+
+    /// `inner`, counted; never holds.
+    pub fn over(inner: Arc<dyn PoolStore>) -> Self {
+        Self { inner, calls: DashMap::new(), open: tokio::sync::watch::channel(true).0 }
+    }
+
+    pub fn open_gate(&self) {
+        self.open.send_replace(true);
     }
 
     fn count(&self, op: &'static str) {
@@ -442,12 +378,19 @@ impl CountingStore {
     pub fn calls(&self) -> std::collections::BTreeMap<&'static str, u64> {
         self.calls.iter().map(|e| (*e.key(), *e.value())).collect()
     }
+
+    /// Acquire calls that reached the store (counted before the gate).
+    pub fn acquire_calls(&self) -> u64 {
+        self.calls.get("acquire").map_or(0, |n| *n)
+    }
 }
 
 #[async_trait::async_trait]
-impl PoolStore for CountingStore {
+impl PoolStore for ObservedStore {
     async fn acquire(&self, pool: &PoolKey, args: &AcquireArgs) -> Result<AcquireResult, StoreError> {
         self.count("acquire");
+        let mut open = self.open.subscribe();
+        let _ = open.wait_for(|o| *o).await;
         self.inner.acquire(pool, args).await
     }
     async fn confirm(&self, pool: &PoolKey, id: &str) -> Result<Transition, StoreError> {
@@ -497,5 +440,55 @@ impl PoolStore for CountingStore {
     async fn channel_op(&self, channel: &str, op: ChannelOp<'_>) -> Result<ChannelReply, StoreError> {
         self.count("channel_op");
         self.inner.channel_op(channel, op).await
+    }
+}
+
+/// Buyers sent in the background, `concurrency` at a time, each through its own list of
+/// replicas (see [`buy_one_via`]), while the test breaks something.
+pub struct BackgroundSale {
+    done: Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<Vec<(usize, Option<String>)>>,
+}
+
+impl BackgroundSale {
+    /// `buyers`: the replicas to try, the item's index in `items`, the user.
+    pub fn start(
+        items: &'static [&'static str],
+        buyers: Vec<(Vec<AgentClient<Channel>>, usize, String)>,
+        concurrency: usize,
+    ) -> Self {
+        use futures::StreamExt;
+        let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = Arc::clone(&done);
+        let task = tokio::spawn(async move {
+            futures::stream::iter(buyers)
+                .map(|(mut clients, i, user)| {
+                    let done = Arc::clone(&counter);
+                    async move {
+                        let got = buy_one_via(&mut clients, items[i], &user, 300).await;
+                        done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        (i, got)
+                    }
+                })
+                .buffer_unordered(concurrency)
+                .collect::<Vec<_>>()
+                .await
+        });
+        Self { done, task }
+    }
+
+    /// Buyers finished so far.
+    pub fn done(&self) -> usize {
+        self.done.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Waits (up to 2 minutes) until `n` buyers finished.
+    pub async fn reached(&self, n: usize) -> bool {
+        wait_until(Duration::from_secs(120), || async move { self.done() >= n }).await
+    }
+
+    /// Every buyer's item index and confirmed reservation id (None: sold out).
+    pub async fn finish(self) -> Vec<(usize, Option<String>)> {
+        self.task.await.expect("sale task")
     }
 }

@@ -121,7 +121,7 @@ async fn ten_thousand_items_cost_little_per_item_to_report_look_at_and_scrape() 
     use inventory_core::ItemId;
     use prost::Message;
 
-    use crate::harness::{CountingStore, agent_config, http_get, sample};
+    use crate::harness::{ObservedStore, agent_config, http_get, sample};
 
     const N: usize = 10_000;
     let center = Center::start_postgres().await;
@@ -139,7 +139,7 @@ async fn ten_thousand_items_cost_little_per_item_to_report_look_at_and_scrape() 
     let mut config = agent_config(&center.url, "app", &spec);
     config.heartbeat_interval_ms = 1_000;
     let inner: Arc<dyn PoolStore> = Arc::new(RedisPoolStore::new(&redis.url, &redis.prefix).await.expect("redis"));
-    let counting = Arc::new(CountingStore::new(inner));
+    let counting = Arc::new(ObservedStore::over(inner));
     let agent = LocalAgent::start_with(config, Some(Arc::clone(&counting) as Arc<dyn PoolStore>)).await;
 
     // Load every item (what the first buyer of each would do), then let the rebalancer

@@ -5,11 +5,8 @@
 //! Every unit of every item is sold exactly once and the center granted exactly the stock.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
 use inventory_agent::store::redis::RedisPoolStore;
 use inventory_agent::store::{ChannelOp, ChannelReply, PoolStore};
 use inventory_proto::v1 as pb;
@@ -17,7 +14,7 @@ use inventory_proto::v1::agent_client::AgentClient;
 use inventory_test_support::{TestRedis, wait_until};
 use tonic::transport::Channel;
 
-use crate::harness::{AgentProcess, Center, LocalAgent, StoreSpec, buy_one_via, stock};
+use crate::harness::{AgentProcess, BackgroundSale, Center, LocalAgent, StoreSpec, buy_one_via, stock};
 
 const ITEMS: [&str; 2] = ["bundle-x", "bundle-y"];
 const TOTAL: u64 = 600;
@@ -51,31 +48,17 @@ async fn two_agent_replicas_and_two_centers_sell_exactly_the_stock_through_a_lea
     // Buyers: two of three on the app channel (through both replicas), one on web.
     let app: Vec<AgentClient<Channel>> = vec![first.client().await, second.client().await];
     let web_client = vec![web.client().await];
-    let done = Arc::new(AtomicUsize::new(0));
-    let buyers: Vec<(bool, usize, String)> =
-        (0..BUYERS * ITEMS.len()).map(|n| (n % 3 != 2, n % ITEMS.len(), format!("buyer-{n}"))).collect();
-    let sale = {
-        let (app, web_client, done) = (app.clone(), web_client.clone(), Arc::clone(&done));
-        tokio::spawn(async move {
-            futures::stream::iter(buyers)
-                .map(|(on_app, i, user)| {
-                    let mut clients = if on_app { app.clone() } else { web_client.clone() };
-                    let done = Arc::clone(&done);
-                    async move {
-                        let got = buy_one_via(&mut clients, ITEMS[i], &user, 300).await;
-                        done.fetch_add(1, Ordering::SeqCst);
-                        (i, got)
-                    }
-                })
-                .buffer_unordered(CONCURRENCY)
-                .collect::<Vec<_>>()
-                .await
+    let buyers = (0..BUYERS * ITEMS.len())
+        .map(|n| {
+            let clients = if n % 3 != 2 { app.clone() } else { web_client.clone() };
+            (clients, n % ITEMS.len(), format!("buyer-{n}"))
         })
-    };
+        .collect();
+    let sale = BackgroundSale::start(&ITEMS, buyers, CONCURRENCY);
 
     // A third of the way in, the leader dies without a word.
     let third = BUYERS * ITEMS.len() / 3;
-    assert!(wait_until(Duration::from_secs(120), || async { done.load(Ordering::SeqCst) >= third }).await);
+    assert!(sale.reached(third).await);
     first.kill9().await;
     let took_over = wait_until(Duration::from_secs(30), || async {
         leader(&coordination, "app").await.as_deref() == Some("app-2")
@@ -87,10 +70,10 @@ async fn two_agent_replicas_and_two_centers_sell_exactly_the_stock_through_a_lea
         let view = center_b.ledger(item).await;
         granted_at_takeover.insert(item, view.channels.iter().find(|l| l.channel == "app").map_or(0, |l| l.granted));
     }
-    println!("leader killed at {} buyers; app-2 leads", done.load(Ordering::SeqCst));
+    println!("leader killed at {} buyers; app-2 leads", sale.done());
 
     let mut confirmed: HashMap<&str, HashSet<String>> = HashMap::new();
-    for (i, got) in sale.await.expect("sale task") {
+    for (i, got) in sale.finish().await {
         if let Some(id) = got {
             assert!(confirmed.entry(ITEMS[i]).or_default().insert(id), "a reservation id was handed out twice");
         }
