@@ -220,15 +220,13 @@ impl Agent {
         };
         let mut result = self.store.acquire(&item.pool, &args).await?;
         item.touch();
-        if let AcquireResult::SoldOut { .. } = result
-            && !self.is_leading()
-        {
-            // A follower does not borrow: it tells the leader and waits for the refill.
-            if crate::replicas::wait_for_stock(self, &item, req.quantity).await {
-                result = self.store.acquire(&item.pool, &args).await?;
-            }
-        } else if let AcquireResult::SoldOut { .. } = result {
-            if item.center_dry() {
+        if let AcquireResult::SoldOut { .. } = result {
+            if !self.is_leading() {
+                // A follower does not borrow: it tells the leader and waits for the refill.
+                if crate::replicas::wait_for_stock(self, &item, req.quantity).await {
+                    result = self.store.acquire(&item.pool, &args).await?;
+                }
+            } else if item.center_dry() {
                 self.signal_starving(&item, req.quantity);
             } else {
                 // Pool empty: join the single in-flight Borrow, wait a bounded time, retry
@@ -559,19 +557,27 @@ impl Agent {
     }
 
     /// Only the pools whose report changed since the center last acknowledged one: what a
-    /// heartbeat carries. Pass the answer to [`Agent::reports_acknowledged`] once the
-    /// center took it.
+    /// heartbeat carries ([`Agent::send_reports`] records what the center acknowledged).
     pub async fn changed_reports(&self) -> Vec<pb::PoolReport> {
         self.read_reports().await.into_iter().filter(|(item, r)| item.report_changed(r)).map(|(_, r)| r).collect()
     }
 
-    /// The center stored these reports.
-    pub fn reports_acknowledged(&self, reports: &[pb::PoolReport]) {
-        for r in reports {
-            if let Some(item) = self.items.get(&r.item_id) {
-                item.reported(r.clone());
+    /// One heartbeat carrying `reports`: renews the lease, records the reports the center
+    /// stored, and stops selling items it holds in doubt.
+    pub async fn send_reports(
+        &self,
+        reports: Vec<pb::PoolReport>,
+        last_report: bool,
+    ) -> Result<pb::HeartbeatResponse, tonic::Status> {
+        let sent: Vec<(String, pb::PoolReport)> = reports.iter().map(|r| (r.item_id.clone(), r.clone())).collect();
+        let answer = self.link.heartbeat(reports, last_report).await?;
+        for (id, r) in sent {
+            if let Some(item) = self.items.get(&id) {
+                item.reported(r);
             }
         }
+        self.freeze_in_doubt(&answer.in_doubt_items);
+        Ok(answer)
     }
 
     async fn read_reports(&self) -> Vec<(Arc<ItemRuntime>, pb::PoolReport)> {
@@ -633,11 +639,7 @@ impl Agent {
         crate::replicas::publish_lease(self).await;
         // Report at once: a reclaim must never judge this incarnation by the last one's
         // report.
-        let reports = self.reports().await;
-        if let Ok(r) = self.link.heartbeat(reports.clone(), false).await {
-            self.reports_acknowledged(&reports);
-            self.freeze_in_doubt(&r.in_doubt_items);
-        }
+        let _ = self.send_reports(self.reports().await, false).await;
         tracing::info!(channel = %self.link.channel, epoch = reg.epoch, items = reg.held.len(), "registered and resynced");
         Ok(reg.epoch)
     }

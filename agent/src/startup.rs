@@ -237,7 +237,7 @@ impl Application {
             // report says so (a later Reclaim may then put the unsold units back on sale).
             self.agent.return_all().await;
             let reports = self.agent.reports().await;
-            if let Err(s) = self.agent.link.heartbeat(reports, true).await {
+            if let Err(s) = self.agent.send_reports(reports, true).await {
                 tracing::warn!(code = ?s.code(), "final report failed");
             }
         }

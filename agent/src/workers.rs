@@ -95,13 +95,8 @@ pub async fn heartbeat(agent: Arc<Agent>, period: Option<Duration>, mut stop: wa
         }
         // Only pools that changed since the center's last acknowledgement: with many
         // quiet items a heartbeat stays small (the center keeps the last report of each).
-        let reports = agent.changed_reports().await;
-        match agent.link.heartbeat(reports.clone(), false).await {
-            Ok(r) => {
-                agent.reports_acknowledged(&reports);
-                agent.freeze_in_doubt(&r.in_doubt_items);
-                replicas::publish_lease(&agent).await;
-            }
+        match agent.send_reports(agent.changed_reports().await, false).await {
+            Ok(_) => replicas::publish_lease(&agent).await,
             Err(s) if s.code() == Code::FailedPrecondition => {
                 // Register again only while this replica still leads the channel; else
                 // the replica that leads now registered, and this one follows.

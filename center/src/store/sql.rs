@@ -156,6 +156,11 @@ fn u(v: i64) -> u64 {
 /// Pool reports written per INSERT (7 parameters each; PostgreSQL allows 65,535).
 const REPORT_ROWS_PER_STATEMENT: usize = 500;
 
+/// `$first, $first+1, ...`: `count` bind placeholders for an `IN (...)` list.
+fn placeholders(first: usize, count: usize) -> String {
+    (first..first + count).map(|n| format!("${n}")).collect::<Vec<_>>().join(", ")
+}
+
 fn i(v: u64) -> i64 {
     v as i64
 }
@@ -238,7 +243,7 @@ impl SqlLedger {
 
     /// Stores one chunk of pool reports (every item must exist).
     async fn write_reports(tx: &mut Tx, channel: &Channel, chunk: &[&PoolReportIn], now_ms: i64) -> Result<()> {
-        let list = (1..=chunk.len()).map(|n| format!("${n}")).collect::<Vec<_>>().join(", ");
+        let list = placeholders(1, chunk.len());
         let sql = format!("SELECT item_id FROM items WHERE item_id IN ({list})");
         let mut query = sqlx::query(&sql);
         for r in chunk {
@@ -692,7 +697,7 @@ impl LedgerStore for SqlLedger {
             out.insert(item, a);
         }
         for chunk in items.chunks(REPORT_ROWS_PER_STATEMENT) {
-            let list = (2..chunk.len() + 2).map(|n| format!("${n}")).collect::<Vec<_>>().join(", ");
+            let list = placeholders(2, chunk.len());
             let sql = format!("{ALLOC_SELECT} WHERE channel = $1 AND item_id IN ({list})");
             let mut query = sqlx::query(&sql).bind(channel.as_str());
             for item in chunk {
