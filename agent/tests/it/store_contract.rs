@@ -954,6 +954,25 @@ async fn redis_keys_carry_the_prefix_and_the_pool_hash_tag() {
     assert_eq!(keys, vec![format!("{base}held"), format!("{base}pool")]);
 }
 
+/// Asked to wait for a replica that does not exist, a write answers UNAVAILABLE; the
+/// write did happen on the server, so the retry the API asks for (same ids) counts once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_no_replica_acknowledged_is_unavailable_and_its_retry_counts_once() {
+    let redis = TestRedis::create().await;
+    let waiting =
+        RedisPoolStore::new(&redis.url, &redis.prefix).await.unwrap().with_replica_acks(1, Duration::from_millis(50));
+    let p = pool("sku-acks");
+    match waiting.refill(&p, "grant-1", 10, 0).await {
+        Err(StoreError::Unavailable(m)) => assert!(m.contains("acknowledged by 0 of 1 replicas"), "{m}"),
+        other => panic!("refill without a replica: {other:?}"),
+    }
+    let plain = RedisPoolStore::new(&redis.url, &redis.prefix).await.unwrap();
+    assert!(!plain.refill(&p, "grant-1", 10, 0).await.unwrap(), "the retry is a replay");
+    assert_eq!(counters(&plain, &p).await, (10, 0, 0));
+    // Reads do not wait.
+    assert_eq!(counters(&waiting, &p).await, (10, 0, 0));
+}
+
 /// Invariant 8's premise: when Redis loses its data the pool is gone (generation 0), a new
 /// refill creates another generation, and the store reconnects by itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
