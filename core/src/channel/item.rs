@@ -1,0 +1,415 @@
+//! One item's state in a channel and the selling-side transitions: admission of an
+//! Acquire, the sold-out fast path, misses, the rebalancer's look, reports, events.
+//! The stocking operations are in [`super::ops`].
+
+use std::collections::{BTreeSet, VecDeque};
+
+use super::ops::{Op, OpKind, Queued};
+use super::{Ctx, Note, Policy, PoolView, Report, Settings};
+use crate::rebalance::{self, Action, Inputs};
+
+/// Whether the item may be sold from its pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Selling from the pool.
+    Selling,
+    /// The pool store lost the pool (its generation changed or it vanished): the units the
+    /// channel held are in doubt. Nothing is sold or given back; heartbeats report the pool
+    /// lost, so the center puts its units in doubt. Ends when a resync finds the channel
+    /// held nothing, or an operator resolves the doubt.
+    Lost,
+    /// The pool is intact but the center holds some of the channel's units of the item in
+    /// doubt (a reclaim without the agent's last word). Nothing is sold or given back; the
+    /// pool is reported as it is. Ends when an operator resolves the doubt.
+    InDoubt,
+}
+
+/// What the agent believes of the center's supply of the item.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Supply {
+    /// The center said it has none left (a Borrow or DescribeItem answered 0).
+    pub center_dry: bool,
+    /// The center asked holders to give back idle units: borrow only on real misses.
+    pub end_of_sale: bool,
+}
+
+impl Supply {
+    /// Whether the pool may borrow ahead of demand (watermark refills).
+    pub fn may_prefetch(&self) -> bool {
+        !self.center_dry && !self.end_of_sale
+    }
+}
+
+/// The pool as the selling side last saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Shelf {
+    /// May have stock: Acquires go to the store.
+    Stocked,
+    /// The store answered sold out with nothing available.
+    Empty,
+    /// Empty while the center is dry: every Acquire is answered SOLD_OUT from memory,
+    /// except replays of these keys (they reserved, and get their reservation back).
+    EmptyFast(BTreeSet<String>),
+}
+
+/// What to do with an Acquire before any store call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    Refuse(Refusal),
+    /// SOLD_OUT from memory (the item is closed, or sold out everywhere).
+    SoldOut,
+    /// Go to the store; `shelf` is what [`ItemCore::on_sold_out`] needs if it says sold out.
+    Store {
+        shelf: u64,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The pool was lost: UNAVAILABLE until reconciled.
+    Lost,
+    /// The center holds units in doubt: UNAVAILABLE until an operator resolves them.
+    InDoubt,
+    /// More than one user may ever hold: INVALID_ARGUMENT.
+    OverLimit { limit: u64 },
+}
+
+/// What the leader does when the store answered sold out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MissPlan {
+    /// Nothing to do but answer SOLD_OUT.
+    Answer,
+    /// The center looks dry: answer SOLD_OUT, and send a small Borrow in the background
+    /// (it picks up units given back elsewhere and makes the center ask holders to return).
+    Signal { want: u64 },
+    /// Join the item's single in-flight Borrow (or start one), wait for it, try once more.
+    Borrow { want: u64 },
+}
+
+/// One item's state in a channel.
+#[derive(Debug, Clone)]
+pub struct ItemCore {
+    pub(super) policy: Policy,
+    pub(super) mode: Mode,
+    pub(super) supply: Supply,
+    pub(super) shelf: Shelf,
+    /// Bumped whenever stock comes back into the pool: a sold-out answer read before a
+    /// refill never hides the refill.
+    pub(super) shelf_version: u64,
+    /// The pool's generation as first seen; a change means the store lost the pool.
+    pub(super) generation: u64,
+    /// Since when `available` has been above the high watermark.
+    pub(super) above_high_since: Option<i64>,
+    pub(super) last_starving_signal_ms: Option<i64>,
+    /// When to resync the pool with the center (an outcome is unknown, or the pool was lost).
+    pub(super) resync_at: Option<i64>,
+    /// An operator resolved the doubt but the resync that follows could not finish yet.
+    pub(super) resolution_pending: bool,
+    /// Something happened to the pool since the rebalancer last looked at it.
+    pub(super) dirty: bool,
+    pub(super) last_look_ms: Option<i64>,
+    /// The pool as last read (metrics render from it).
+    pub(super) last_view: Option<PoolView>,
+    /// The report the center last acknowledged.
+    pub(super) last_reported: Option<Report>,
+    /// The stocking queue: the running operation and those waiting for it.
+    pub(super) running: Option<Op>,
+    pub(super) queue: VecDeque<Queued>,
+    /// Borrows that ran to the end; a queued Borrow that sees it moved skips.
+    pub(super) borrows_done: u64,
+    pub(super) next_op: u64,
+    pub(super) settings: Settings,
+}
+
+impl ItemCore {
+    pub fn new(policy: Policy, center_available: u64, settings: Settings) -> Self {
+        Self {
+            policy,
+            mode: Mode::Selling,
+            supply: Supply { center_dry: center_available == 0, end_of_sale: false },
+            shelf: Shelf::Stocked,
+            shelf_version: 0,
+            generation: 0,
+            above_high_since: None,
+            last_starving_signal_ms: None,
+            resync_at: None,
+            resolution_pending: false,
+            dirty: true,
+            last_look_ms: None,
+            last_view: None,
+            last_reported: None,
+            running: None,
+            queue: VecDeque::new(),
+            borrows_done: 0,
+            next_op: 0,
+            settings,
+        }
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.policy = policy;
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    pub fn supply(&self) -> Supply {
+        self.supply
+    }
+
+    pub fn shelf(&self) -> &Shelf {
+        &self.shelf
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub fn last_view(&self) -> Option<PoolView> {
+        self.last_view
+    }
+
+    /// When a resync is scheduled, if one is.
+    pub fn resync_at(&self) -> Option<i64> {
+        self.resync_at
+    }
+
+    pub fn borrows_done(&self) -> u64 {
+        self.borrows_done
+    }
+
+    /// The Acquire's checks before the store: mode, limit, closed, fast path.
+    pub fn admit(&self, idempotency_key: &str, quantity: u64) -> Admission {
+        match self.mode {
+            Mode::Lost => return Admission::Refuse(Refusal::Lost),
+            Mode::InDoubt => return Admission::Refuse(Refusal::InDoubt),
+            Mode::Selling => {}
+        }
+        if quantity > self.policy.per_user_limit {
+            return Admission::Refuse(Refusal::OverLimit { limit: self.policy.per_user_limit });
+        }
+        if self.policy.closed {
+            return Admission::SoldOut;
+        }
+        if let Shelf::EmptyFast(keys) = &self.shelf
+            && self.supply.center_dry
+            && !keys.contains(idempotency_key)
+        {
+            return Admission::SoldOut;
+        }
+        Admission::Store { shelf: self.shelf_version }
+    }
+
+    /// The store answered sold out with `available` left. Marks the shelf empty unless
+    /// stock came back since the Acquire was admitted (`shelf`). True when the driver
+    /// should load the pool's idempotency keys for the fast path ([`ItemCore::fast_path_on`]).
+    /// Followers pass `leading = false`: another replica's cancel or the leader's refill
+    /// would not reach their view of the pool.
+    pub fn on_sold_out(&mut self, shelf: u64, available: u64, leading: bool) -> bool {
+        self.dirty = true;
+        if available != 0 || !leading || shelf != self.shelf_version {
+            return false;
+        }
+        if self.shelf == Shelf::Stocked {
+            self.shelf = Shelf::Empty;
+        }
+        self.supply.center_dry && self.shelf == Shelf::Empty
+    }
+
+    /// The keys that reserved, loaded after [`ItemCore::on_sold_out`] asked: from now on
+    /// other Acquires are answered from memory, as long as nothing changed meanwhile.
+    pub fn fast_path_on(&mut self, keys: BTreeSet<String>, shelf: u64) {
+        if self.supply.center_dry && self.shelf == Shelf::Empty && shelf == self.shelf_version {
+            self.shelf = Shelf::EmptyFast(keys);
+        }
+    }
+
+    /// The shelf version now (for a fast path load started now).
+    pub fn shelf_version(&self) -> u64 {
+        self.shelf_version
+    }
+
+    /// The leader's store answered sold out: what to do before answering.
+    pub fn on_miss(&mut self, quantity: u64, ctx: Ctx) -> MissPlan {
+        self.dirty = true;
+        if self.supply.center_dry {
+            return if self.starving_signal_due(ctx.now_ms) {
+                MissPlan::Signal { want: quantity }
+            } else {
+                MissPlan::Answer
+            };
+        }
+        let want = if self.supply.end_of_sale { quantity } else { self.policy.watermarks.batch.max(quantity) };
+        MissPlan::Borrow { want }
+    }
+
+    /// A fast SOLD_OUT (or a closed item): whether to send the starvation Borrow now.
+    pub fn on_fast_sold_out(&mut self, quantity: u64, ctx: Ctx) -> Option<u64> {
+        (!self.policy.closed && self.starving_signal_due(ctx.now_ms)).then_some(quantity)
+    }
+
+    /// Rate limit for the Borrow a starving pool sends while the center looks dry (and for
+    /// a follower's wants): at most one per `starving_signal_every_ms`.
+    pub fn starving_signal_due(&mut self, now_ms: i64) -> bool {
+        let due =
+            self.last_starving_signal_ms.is_none_or(|last| now_ms - last >= self.settings.starving_signal_every_ms);
+        if due {
+            self.last_starving_signal_ms = Some(now_ms);
+        }
+        due
+    }
+
+    /// Records what the center said it has left.
+    pub fn set_center_available(&mut self, available: u64) {
+        self.supply.center_dry = available == 0;
+        if !self.supply.center_dry && matches!(self.shelf, Shelf::EmptyFast(_)) {
+            self.shelf = Shelf::Empty;
+        }
+    }
+
+    /// Units came back into the pool (refill, cancel, expiry): it may sell again.
+    pub fn stock_returned(&mut self) {
+        self.shelf = Shelf::Stocked;
+        self.shelf_version += 1;
+        self.dirty = true;
+    }
+
+    /// Something happened to the pool: the rebalancer looks at it on its next tick.
+    pub fn touch(&mut self) {
+        self.dirty = true;
+    }
+
+    /// Whether the rebalancer should look at the pool now: it changed, a resync is due, or
+    /// `idle_every_ms` passed (reservations may have expired meanwhile).
+    pub fn needs_look(&mut self, now_ms: i64, idle_every_ms: i64) -> bool {
+        let due = std::mem::take(&mut self.dirty)
+            || self.resync_due(now_ms)
+            || self.resolution_pending
+            || self.last_look_ms.is_none_or(|last| now_ms - last >= idle_every_ms);
+        if due {
+            self.last_look_ms = Some(now_ms);
+        }
+        due
+    }
+
+    pub fn resync_due(&self, now_ms: i64) -> bool {
+        self.resync_at.is_some_and(|at| now_ms >= at)
+    }
+
+    /// Asks for a resync at `at_ms` (the latest request wins).
+    pub(super) fn schedule_resync(&mut self, at_ms: i64) {
+        self.resync_at = Some(at_ms);
+    }
+
+    /// Detects a pool that vanished from the store or came back as another one. The item
+    /// goes [`Mode::Lost`] (and a resync is scheduled) the first time. True while lost.
+    pub fn check_pool(&mut self, view: &PoolView, ctx: Ctx, notes: &mut Vec<Note>) -> bool {
+        if self.generation == 0 {
+            if view.generation != 0 {
+                self.generation = view.generation;
+            }
+            return self.mode == Mode::Lost;
+        }
+        if view.generation != self.generation && self.mode != Mode::Lost {
+            notes.push(Note::PoolLost { known: self.generation, now: view.generation });
+            self.mode = Mode::Lost;
+            self.schedule_resync(ctx.now_ms + self.settings.lost_resync_after_ms);
+        }
+        self.mode == Mode::Lost
+    }
+
+    /// The rebalancer's look at a pool it just read (after sweeping expired reservations,
+    /// which freed `freed` units): loss detection, then the watermark decision. Returns the
+    /// operation to queue, if any (never a second Borrow or Return while one is queued).
+    pub fn on_look(&mut self, view: PoolView, freed: u64, ctx: Ctx, notes: &mut Vec<Note>) -> Option<OpKind> {
+        if freed > 0 {
+            self.stock_returned();
+        }
+        self.last_view = Some(view);
+        if self.check_pool(&view, ctx, notes) {
+            return None;
+        }
+        if view.available > 0 && self.shelf != Shelf::Stocked {
+            // Units came back through another replica (a cancel, say): sell them here too.
+            self.stock_returned();
+        }
+        let w = self.policy.watermarks;
+        self.above_high_since = rebalance::above_high_since(view.available, w.high, self.above_high_since, ctx.now_ms);
+        let action = rebalance::decide(&Inputs {
+            available: view.available,
+            watermarks: w,
+            prefetch: self.supply.may_prefetch(),
+            above_high_since_ms: self.above_high_since,
+            now_ms: ctx.now_ms,
+            sustain_ms: self.settings.return_sustain_ms,
+        });
+        match action {
+            Action::Borrow(n) if !self.has_queued(|k| matches!(k, OpKind::Borrow { .. })) => {
+                Some(OpKind::Borrow { want: n })
+            }
+            Action::Return(n) if !self.has_queued(|k| matches!(k, OpKind::Return { .. })) => {
+                self.above_high_since = None;
+                Some(OpKind::Return { max: n })
+            }
+            _ => None,
+        }
+    }
+
+    /// The report of a pool read for a heartbeat (`None`: the read failed). A lost pool is
+    /// reported lost without reading it (pass `None`); a pool that vanished is never
+    /// reported as an empty one.
+    pub fn report(&mut self, view: Option<PoolView>, ctx: Ctx, notes: &mut Vec<Note>) -> Option<Report> {
+        if self.mode == Mode::Lost {
+            return Some(Report::Lost);
+        }
+        let view = view?;
+        self.last_view = Some(view);
+        if self.check_pool(&view, ctx, notes) { Some(Report::Lost) } else { Some(Report::Counts(view)) }
+    }
+
+    /// Whether the pool needs reading for a report (a lost one is reported without).
+    pub fn report_needs_read(&self) -> bool {
+        self.mode != Mode::Lost
+    }
+
+    /// Whether `report` differs from what the center last acknowledged.
+    pub fn report_changed(&self, report: &Report) -> bool {
+        self.last_reported.as_ref() != Some(report)
+    }
+
+    /// The center acknowledged `report`.
+    pub fn reported(&mut self, report: Report) {
+        self.last_reported = Some(report);
+    }
+
+    /// The center holds units of the item in doubt for the channel (a heartbeat's answer):
+    /// stop selling it. True when this is news.
+    pub fn on_in_doubt(&mut self) -> bool {
+        if self.mode == Mode::Selling {
+            self.mode = Mode::InDoubt;
+            return true;
+        }
+        false
+    }
+
+    /// `ReturnRequested`: the sale is ending; give back every idle unit and borrow only on
+    /// real misses from now on. Returns the operation to queue.
+    pub fn on_return_requested(&mut self) -> OpKind {
+        self.supply.end_of_sale = true;
+        OpKind::Return { max: u64::MAX }
+    }
+
+    /// `Restocked`: the center has stock again.
+    pub fn on_restocked(&mut self, center_available: u64) {
+        self.set_center_available(center_available.max(1));
+    }
+
+    pub(super) fn has_queued(&self, f: impl Fn(&OpKind) -> bool) -> bool {
+        self.running.as_ref().is_some_and(|op| f(&op.kind)) || self.queue.iter().any(|q| f(&q.kind))
+    }
+}

@@ -1,0 +1,157 @@
+//! The agent's rules for one channel, as a deterministic state machine without I/O.
+//!
+//! Each item the channel sells has one [`ItemCore`]: an explicit [`Mode`] (selling, lost,
+//! in doubt), what the agent believes of the center's supply, its shelf (the sold-out fast
+//! path), and its **stocking queue**: the Borrows, Returns and resyncs of the item run one
+//! at a time, in order, each a small state machine ([`ops`]). The queue is what keeps a
+//! resync from ever seeing units taken out for a Return that has not reached the center,
+//! and two Borrows from topping up one pool at once.
+//!
+//! Inputs are plain values: the time and the channel's epoch ([`Ctx`]), a pool's counters
+//! ([`PoolView`]), the center's answers ([`Reply`]), the channel's events. Outputs are
+//! [`Work`]: one effect to carry out for the running operation (read the pool, refill
+//! this grant, call Borrow with this id and epoch, ...), whose result is fed back with
+//! [`ItemCore::feed`], and the operations that finished ([`Step::finished`]), with
+//! [`Note`]s for logs and metrics.
+//!
+//! Two drivers run these rules: the agent (its gRPC edge, pool store, center link and
+//! timers; `agent/src/stocking.rs`) and the seeded simulator (`sim/`), with a simulated
+//! network, clock and faults. The rules are never written twice.
+//!
+//! **Architecture invariant:** nothing here does I/O, reads a clock, spawns, or draws a
+//! random number; fresh ids come in from the driver.
+
+mod item;
+pub mod lease;
+pub mod ops;
+mod plan;
+#[cfg(test)]
+mod tests;
+
+pub use item::{Admission, ItemCore, MissPlan, Mode, Refusal, Shelf, Supply};
+pub use ops::{CallFault, Effect, OpId, OpKind, OpResult, Reply, ResyncWhy, StoreFault, Work};
+pub use plan::{ResyncPlan, resync_plan};
+
+use crate::watermarks::Watermarks;
+
+/// The item's settings as the center describes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    pub per_user_limit: u64,
+    pub reservation_ttl_ms: u64,
+    pub watermarks: Watermarks,
+    /// The item is closed: every Acquire is SOLD_OUT.
+    pub closed: bool,
+}
+
+/// A pool's counters as the store reported them. `generation` is 0 when the pool does
+/// not exist in the store.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolView {
+    pub available: u64,
+    pub reserved: u64,
+    pub sold: u64,
+    pub generation: u64,
+}
+
+impl PoolView {
+    /// `available + reserved + sold`: what the pool accounts for.
+    pub fn total(&self) -> u64 {
+        self.available.saturating_add(self.reserved).saturating_add(self.sold)
+    }
+}
+
+/// What the center says the channel holds of an item (RegisterAgent's holdings,
+/// DescribeItem).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Holding {
+    /// granted - returned - reclaimed.
+    pub held: u64,
+    /// The generation the channel last reported (0: never).
+    pub generation: u64,
+    /// Units the center holds in doubt for the channel.
+    pub in_doubt: u64,
+}
+
+/// One pool as a heartbeat reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Report {
+    /// The pool's counters (and generation).
+    Counts(PoolView),
+    /// The store lost the pool: everything the channel holds is in doubt.
+    Lost,
+}
+
+/// The inputs every transition may use: the driver's clock and the channel's epoch now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ctx {
+    pub now_ms: i64,
+    /// The epoch the channel registered with (0 before the first registration).
+    pub epoch: u64,
+}
+
+/// Tunables of the rules (the agent's flags; the simulator's constants).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// How long the pool must stay above the high watermark before surplus goes back.
+    pub return_sustain_ms: u64,
+    /// At most one starvation Borrow per item per this many ms.
+    pub starving_signal_every_ms: i64,
+    /// After a Borrow or Return with an unknown outcome, resync the pool this much later
+    /// (a late attempt has landed or been refused by then: longer than the link's deadline).
+    pub resync_after_unknown_ms: i64,
+    /// After a pool is found lost, ask the center this much later: if the channel held
+    /// nothing of the item, nothing was lost.
+    pub lost_resync_after_ms: i64,
+    /// Attempts of a grant's refill on a store error (the grant is the channel's at the
+    /// center either way; a refill that never lands shows as drift until a resync).
+    pub refill_attempts: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            return_sustain_ms: 2_000,
+            starving_signal_every_ms: 200,
+            resync_after_unknown_ms: 5_000,
+            lost_resync_after_ms: 1_000,
+            refill_attempts: 5,
+        }
+    }
+}
+
+/// Something worth a log line or a metric; the rules say it, the driver records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Note {
+    /// The pool's generation changed or it vanished: the item is frozen.
+    PoolLost { known: u64, now: u64 },
+    /// A grant came back short.
+    BorrowShort { want: u64, granted: u64 },
+    /// A call to the center failed (`unknown`: it may have been applied).
+    CenterFailed { call: &'static str, unknown: bool },
+    /// A pool store operation failed.
+    StoreFailed { what: &'static str },
+    /// A grant arrived after a later incarnation fenced the pool: its resync counts it.
+    GrantFenced { granted: u64 },
+    /// A grant could not be put into the pool after every attempt.
+    GrantNotRefilled { granted: u64 },
+    /// A Return was refused by the center; its units went back into the pool.
+    ReturnRefused,
+    /// A resync added or removed units.
+    Aligned { added: u64, removed: u64 },
+    /// A resync found reserved or sold units beyond what the center granted.
+    BeyondGrant { units: u64 },
+    /// The center holds units of the item in doubt: not selling it.
+    InDoubt,
+    /// Selling again after a lost pool or units in doubt were settled.
+    Unfrozen,
+}
+
+/// What one transition produced: the operations that finished, the next effect to carry
+/// out (at most one per item at a time), and notes.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Step {
+    pub finished: Vec<(OpId, OpResult)>,
+    pub next: Option<Work>,
+    pub notes: Vec<Note>,
+}

@@ -1,0 +1,579 @@
+//! The stocking operations of one item — Borrow, Return, resync — each a small state
+//! machine, run one at a time from the item's queue. An operation asks for one effect at a
+//! time ([`Work`]); the driver carries it out and feeds the result back
+//! ([`ItemCore::feed`]). Every store write carries the epoch the operation read before its
+//! first write, and so does its call to the center: a call of an earlier incarnation of
+//! the channel is refused as stale, and its pool writes are refused below the pool's fence.
+
+use super::item::ItemCore;
+use super::plan::{ResyncPlan, resync_plan};
+use super::{Ctx, Holding, Mode, Note, PoolView, Step};
+
+/// Identifies one operation of one item (unique per item).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OpId(pub u64);
+
+/// Why a pool is resynced with the center's view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResyncWhy {
+    /// A (re)registration under `epoch`: fence the pool first, so no call of an earlier
+    /// incarnation moves its units any more. `only_remove`: an outcome of the item is
+    /// still unknown (a late attempt may land), so units are only taken away; the
+    /// scheduled resync adds what is missing.
+    Registration { epoch: u64 },
+    /// The resync scheduled after an unknown outcome or a lost pool (skipped if no longer
+    /// due when it runs).
+    Scheduled,
+    /// An operator settled the units in doubt: align the pool to what the channel holds
+    /// now and sell again.
+    Resolved,
+}
+
+/// What an operation is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpKind {
+    /// Borrow `want` units (skipped if another Borrow finished since it was queued).
+    Borrow {
+        want: u64,
+    },
+    /// Take up to `max` available units out of the pool and return them to the center.
+    Return {
+        max: u64,
+    },
+    Resync(ResyncWhy),
+}
+
+/// One effect for the driver to carry out; its result comes back as a [`Reply`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Read the pool's counters and generation ([`Reply::Pool`]).
+    ReadPool,
+    /// Create the pool if missing (a refill of 0 units under `grant_id`) ([`Reply::Done`]).
+    OpenPool { grant_id: String, epoch: u64 },
+    /// Add `units` once per `grant_id`; `must_exist`: never create the pool
+    /// ([`Reply::Done`]). `after_ms`: wait this long first (a retry).
+    Refill { grant_id: String, units: u64, epoch: u64, must_exist: bool, after_ms: u64 },
+    /// Take up to `max` available units, once per `take_id` ([`Reply::Units`]).
+    Take { take_id: String, max: u64, epoch: u64 },
+    /// Put back what `take_id` took ([`Reply::Units`]).
+    Untake { take_id: String, epoch: u64 },
+    /// Raise the pool's fence to `epoch` ([`Reply::Done`]).
+    RaiseFence { epoch: u64 },
+    /// Call the center's Borrow, every attempt with this id and epoch ([`Reply::Granted`]).
+    Borrow { request_id: String, quantity: u64, epoch: u64 },
+    /// Call the center's Return, every attempt with this id and epoch ([`Reply::Done`]).
+    Return { request_id: String, quantity: u64, epoch: u64 },
+    /// Ask the center what the channel holds of the item ([`Reply::Holding`]).
+    Describe,
+}
+
+/// A store operation that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreFault {
+    /// A later incarnation of the channel fenced the pool.
+    Fenced,
+    /// The pool does not exist (a must-exist refill).
+    PoolMissing,
+    /// Anything else (store down, protocol error).
+    Failed,
+}
+
+/// A call to the center that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallFault {
+    /// Refused (stale epoch, more than held): not applied.
+    Refused,
+    /// The center does not know the item: not applied.
+    NotFound,
+    /// No answer after every attempt: it may have been applied.
+    Unknown,
+}
+
+/// The result of an [`Effect`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    Pool(PoolView),
+    Done,
+    Units(u64),
+    Granted { granted: u64, center_available: u64 },
+    Holding(Holding),
+    Store(StoreFault),
+    Center(CallFault),
+}
+
+/// The effect of the running operation `op`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Work {
+    pub op: OpId,
+    pub effect: Effect,
+}
+
+/// How an operation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpResult {
+    /// A Borrow ran: `granted` units were put into the pool (0: none granted, or it failed).
+    Borrowed { granted: u64 },
+    /// A queued Borrow found that another Borrow finished meanwhile.
+    Skipped,
+    /// A Return gave back `units` (0: nothing taken, refused, or outcome unknown).
+    Returned { units: u64 },
+    /// A resync ran to the end (or found itself no longer due).
+    Resynced,
+    /// The operation could not finish: a store or center call failed.
+    Failed,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Queued {
+    pub id: OpId,
+    pub kind: OpKind,
+    /// Fresh id from the driver: request, grant and take ids derive from it.
+    pub fresh: String,
+    /// `borrows_done` when a Borrow was queued.
+    pub seen: u64,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Op {
+    pub id: OpId,
+    pub kind: OpKind,
+    pub fresh: String,
+    /// The epoch read before the first pool write; every write and call carries it.
+    pub epoch: u64,
+    pub stage: Stage,
+    /// A scheduled resync: the schedule it serves (cleared at the end unless replaced).
+    pub served: Option<i64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stage {
+    // Borrow
+    BorrowRead {
+        want: u64,
+    },
+    BorrowOpen {
+        want: u64,
+    },
+    BorrowReadOpened {
+        want: u64,
+    },
+    BorrowCall {
+        want: u64,
+    },
+    BorrowReadGranted {
+        granted: u64,
+    },
+    BorrowRefill {
+        granted: u64,
+        attempt: u32,
+    },
+    // Return
+    ReturnTake,
+    ReturnCall {
+        units: u64,
+    },
+    ReturnUntake,
+    // Resync
+    Fence,
+    Describe,
+    ResyncRead {
+        holding: Holding,
+    },
+    /// A resync's one write (refill or take) is out; `generation` is the pool's as read.
+    Align {
+        added: u64,
+        removed: u64,
+        plan: ResyncPlan,
+        generation: u64,
+    },
+}
+
+impl ItemCore {
+    /// Queues an operation; `fresh` is a new unique id (request/grant/take ids derive from
+    /// it). Starts it at once if the item is idle.
+    pub fn submit(&mut self, kind: OpKind, fresh: String, ctx: Ctx) -> (OpId, Step) {
+        let id = OpId(self.next_op);
+        self.next_op += 1;
+        self.queue.push_back(Queued { id, kind, fresh, seen: self.borrows_done });
+        let mut step = Step::default();
+        if self.running.is_none() {
+            self.start_next(ctx, &mut step);
+        }
+        (id, step)
+    }
+
+    /// Whether an operation runs or waits.
+    pub fn busy(&self) -> bool {
+        self.running.is_some() || !self.queue.is_empty()
+    }
+
+    /// The result of the running operation's effect.
+    ///
+    /// # Panics
+    /// If `op` is not the running operation (a driver bug).
+    pub fn feed(&mut self, op: OpId, reply: Reply, ctx: Ctx) -> Step {
+        let mut step = Step::default();
+        let running =
+            self.running.take().filter(|r| r.id == op).expect("feed: a reply for an operation that is not running");
+        match self.advance(running, reply, ctx, &mut step.notes) {
+            Progress::Next(op, effect) => {
+                step.next = Some(Work { op: op.id, effect });
+                self.running = Some(op);
+            }
+            Progress::Finished(id, result) => {
+                step.finished.push((id, result));
+                self.start_next(ctx, &mut step);
+            }
+        }
+        step
+    }
+
+    /// The driver lost the operation's effect (its task died): the item must not stay
+    /// busy. The operation ends as [`OpResult::Failed`] and a resync settles what it did.
+    pub fn abandon(&mut self, op: OpId, ctx: Ctx) -> Step {
+        let mut step = Step::default();
+        if self.running.as_ref().is_some_and(|r| r.id == op) {
+            self.running = None;
+            self.schedule_resync(ctx.now_ms + self.settings.resync_after_unknown_ms);
+            step.finished.push((op, OpResult::Failed));
+            self.start_next(ctx, &mut step);
+        }
+        step
+    }
+
+    fn start_next(&mut self, ctx: Ctx, step: &mut Step) {
+        while self.running.is_none() {
+            let Some(q) = self.queue.pop_front() else { return };
+            match self.begin(q, ctx) {
+                Progress::Next(op, effect) => {
+                    step.next = Some(Work { op: op.id, effect });
+                    self.running = Some(op);
+                }
+                Progress::Finished(id, result) => step.finished.push((id, result)),
+            }
+        }
+    }
+
+    fn begin(&mut self, q: Queued, ctx: Ctx) -> Progress {
+        let op = |stage, epoch| Op { id: q.id, kind: q.kind, fresh: q.fresh.clone(), epoch, stage, served: None };
+        match q.kind {
+            OpKind::Borrow { want } => {
+                if self.borrows_done != q.seen {
+                    return Progress::Finished(q.id, OpResult::Skipped);
+                }
+                Progress::Next(op(Stage::BorrowRead { want }, ctx.epoch), Effect::ReadPool)
+            }
+            OpKind::Return { max } => {
+                // A lost or in-doubt pool gives nothing back: only an operator's
+                // resolution moves those units.
+                if self.mode != Mode::Selling {
+                    return Progress::Finished(q.id, OpResult::Returned { units: 0 });
+                }
+                let effect = Effect::Take { take_id: q.fresh.clone(), max, epoch: ctx.epoch };
+                Progress::Next(op(Stage::ReturnTake, ctx.epoch), effect)
+            }
+            OpKind::Resync(ResyncWhy::Registration { epoch }) => {
+                Progress::Next(op(Stage::Fence, epoch), Effect::RaiseFence { epoch })
+            }
+            OpKind::Resync(ResyncWhy::Scheduled) => {
+                // Another operation may have pushed the resync later (its own outcome is
+                // unknown): then it is not due yet.
+                if !self.resync_due(ctx.now_ms) {
+                    return Progress::Finished(q.id, OpResult::Resynced);
+                }
+                let mut op = op(Stage::Describe, ctx.epoch);
+                op.served = self.resync_at;
+                Progress::Next(op, Effect::Describe)
+            }
+            OpKind::Resync(ResyncWhy::Resolved) => {
+                self.resolution_pending = false;
+                Progress::Next(op(Stage::Describe, ctx.epoch), Effect::Describe)
+            }
+        }
+    }
+
+    fn advance(&mut self, mut op: Op, reply: Reply, ctx: Ctx, notes: &mut Vec<Note>) -> Progress {
+        let id = op.id;
+        let epoch = op.epoch;
+        let next = |mut op: Op, stage, effect| {
+            op.stage = stage;
+            Progress::Next(op, effect)
+        };
+        match (op.stage, reply) {
+            // ---- Borrow ----
+            (Stage::BorrowRead { want }, Reply::Pool(view)) => {
+                // Never borrow into a pool the store lost (a refill would quietly recreate it).
+                if self.check_pool(&view, ctx, notes) {
+                    return self.borrow_ended(id, 0);
+                }
+                if view.generation == 0 {
+                    // Create the pool before its first Borrow: later, a pool missing while
+                    // the center counts units with the channel can only mean data loss.
+                    let effect = Effect::OpenPool { grant_id: format!("open-{}", op.fresh), epoch };
+                    return next(op, Stage::BorrowOpen { want }, effect);
+                }
+                self.borrow_call(op, want)
+            }
+            (Stage::BorrowOpen { want }, Reply::Done) => next(op, Stage::BorrowReadOpened { want }, Effect::ReadPool),
+            (Stage::BorrowReadOpened { want }, Reply::Pool(view)) if view.generation != 0 => {
+                if self.generation == 0 {
+                    self.generation = view.generation;
+                }
+                self.borrow_call(op, want)
+            }
+            (Stage::BorrowOpen { .. } | Stage::BorrowReadOpened { .. }, _) => {
+                notes.push(Note::StoreFailed { what: "open pool" });
+                self.borrow_ended(id, 0)
+            }
+            (Stage::BorrowRead { .. }, _) => {
+                notes.push(Note::StoreFailed { what: "read pool" });
+                self.borrow_ended(id, 0)
+            }
+            (Stage::BorrowCall { want }, Reply::Granted { granted, center_available }) => {
+                self.set_center_available(center_available);
+                if granted == want && center_available >= self.policy.watermarks.high {
+                    // The center has plenty again: prefetch resumes.
+                    self.supply.end_of_sale = false;
+                }
+                if granted < want {
+                    notes.push(Note::BorrowShort { want, granted });
+                }
+                if granted == 0 {
+                    return self.borrow_ended(id, 0);
+                }
+                // The pool may have been lost while the Borrow was out: look again.
+                next(op, Stage::BorrowReadGranted { granted }, Effect::ReadPool)
+            }
+            (Stage::BorrowCall { .. }, reply) => {
+                let unknown = reply == Reply::Center(CallFault::Unknown) || !matches!(reply, Reply::Center(_));
+                notes.push(Note::CenterFailed { call: "borrow", unknown });
+                if unknown {
+                    // It may have been applied: settle with the center's view later.
+                    self.schedule_resync(ctx.now_ms + self.settings.resync_after_unknown_ms);
+                }
+                self.borrow_ended(id, 0)
+            }
+            (Stage::BorrowReadGranted { granted }, Reply::Pool(view)) => {
+                if self.check_pool(&view, ctx, notes) {
+                    // The units count as the channel's and fall in doubt.
+                    return self.borrow_ended(id, 0);
+                }
+                let effect = self.refill_effect(&op, granted, 0);
+                next(op, Stage::BorrowRefill { granted, attempt: 0 }, effect)
+            }
+            (Stage::BorrowReadGranted { granted }, _) => {
+                // Not read: refill anyway (the refill itself refuses a missing pool).
+                let effect = self.refill_effect(&op, granted, 0);
+                next(op, Stage::BorrowRefill { granted, attempt: 0 }, effect)
+            }
+            (Stage::BorrowRefill { granted, .. }, Reply::Done) => {
+                self.stock_returned();
+                self.borrow_ended(id, granted)
+            }
+            (Stage::BorrowRefill { granted, .. }, Reply::Store(StoreFault::Fenced)) => {
+                notes.push(Note::GrantFenced { granted });
+                self.borrow_ended(id, 0)
+            }
+            (Stage::BorrowRefill { .. }, Reply::Store(StoreFault::PoolMissing)) => {
+                // Lost after the check above: freeze; the units fall in doubt.
+                if self.mode != Mode::Lost {
+                    notes.push(Note::PoolLost { known: self.generation, now: 0 });
+                    self.mode = Mode::Lost;
+                    self.schedule_resync(ctx.now_ms + self.settings.lost_resync_after_ms);
+                }
+                self.borrow_ended(id, 0)
+            }
+            (Stage::BorrowRefill { granted, attempt }, _) => {
+                notes.push(Note::StoreFailed { what: "refill" });
+                let attempt = attempt + 1;
+                if attempt >= self.settings.refill_attempts {
+                    // Granted at the center but not in the pool: drift until a resync.
+                    notes.push(Note::GrantNotRefilled { granted });
+                    self.schedule_resync(ctx.now_ms + self.settings.resync_after_unknown_ms);
+                    return self.borrow_ended(id, 0);
+                }
+                let effect = self.refill_effect(&op, granted, attempt);
+                next(op, Stage::BorrowRefill { granted, attempt }, effect)
+            }
+
+            // ---- Return ----
+            (Stage::ReturnTake, Reply::Units(0)) => Progress::Finished(id, OpResult::Returned { units: 0 }),
+            (Stage::ReturnTake, Reply::Units(units)) => {
+                let effect = Effect::Return { request_id: op.fresh.clone(), quantity: units, epoch };
+                next(op, Stage::ReturnCall { units }, effect)
+            }
+            (Stage::ReturnTake, _) => {
+                notes.push(Note::StoreFailed { what: "take for return" });
+                Progress::Finished(id, OpResult::Returned { units: 0 })
+            }
+            (Stage::ReturnCall { units }, Reply::Done) => Progress::Finished(id, OpResult::Returned { units }),
+            (Stage::ReturnCall { .. }, Reply::Center(CallFault::Refused | CallFault::NotFound)) => {
+                // Not applied: the units stay the channel's and go back into the pool
+                // (refused as fenced if a newer incarnation took over: its resync counts them).
+                notes.push(Note::ReturnRefused);
+                let effect = Effect::Untake { take_id: op.fresh.clone(), epoch };
+                next(op, Stage::ReturnUntake, effect)
+            }
+            (Stage::ReturnCall { .. }, _) => {
+                // Unknown whether it applied. The units stay out of the pool (never sold
+                // twice); a resync with the center's view settles it.
+                notes.push(Note::CenterFailed { call: "return", unknown: true });
+                self.schedule_resync(ctx.now_ms + self.settings.resync_after_unknown_ms);
+                Progress::Finished(id, OpResult::Returned { units: 0 })
+            }
+            (Stage::ReturnUntake, reply) => {
+                if let Reply::Units(n) = reply
+                    && n > 0
+                {
+                    self.stock_returned();
+                }
+                Progress::Finished(id, OpResult::Returned { units: 0 })
+            }
+
+            // ---- Resync ----
+            (Stage::Fence, Reply::Done) => next(op, Stage::Describe, Effect::Describe),
+            (Stage::Describe, Reply::Holding(holding)) => next(op, Stage::ResyncRead { holding }, Effect::ReadPool),
+            (Stage::ResyncRead { holding }, Reply::Pool(view)) => {
+                let resolved = op.kind == OpKind::Resync(ResyncWhy::Resolved);
+                let only_remove =
+                    matches!(op.kind, OpKind::Resync(ResyncWhy::Registration { .. })) && self.resync_at.is_some();
+                let plan = if resolved {
+                    ResyncPlan::Resume { target: holding.held }
+                } else {
+                    resync_plan(&holding, &view, only_remove)
+                };
+                // Pool writes of a resync carry the channel's epoch now (the registration's).
+                op.epoch = ctx.epoch;
+                self.align(op, plan, view, notes)
+            }
+            (Stage::Align { added, removed, plan, generation }, Reply::Done | Reply::Units(_)) => {
+                let removed = match reply {
+                    Reply::Units(taken) => {
+                        if taken < removed {
+                            notes.push(Note::BeyondGrant { units: removed - taken });
+                        }
+                        taken
+                    }
+                    _ => removed,
+                };
+                if added > 0 {
+                    self.stock_returned();
+                }
+                if added > 0 || removed > 0 {
+                    notes.push(Note::Aligned { added, removed });
+                }
+                self.resync_finished(&op, plan, generation, notes);
+                Progress::Finished(id, OpResult::Resynced)
+            }
+            (Stage::Fence | Stage::Describe | Stage::ResyncRead { .. } | Stage::Align { .. }, reply) => {
+                match reply {
+                    Reply::Center(_) => notes.push(Note::CenterFailed { call: "describe", unknown: false }),
+                    _ => notes.push(Note::StoreFailed { what: "resync" }),
+                }
+                if op.kind == OpKind::Resync(ResyncWhy::Resolved) {
+                    // The resolution is not forgotten: the next look queues it again.
+                    self.resolution_pending = true;
+                }
+                Progress::Finished(id, OpResult::Failed)
+            }
+        }
+    }
+
+    fn borrow_call(&mut self, op: Op, want: u64) -> Progress {
+        let effect = Effect::Borrow { request_id: op.fresh.clone(), quantity: want, epoch: op.epoch };
+        let mut op = op;
+        op.stage = Stage::BorrowCall { want };
+        Progress::Next(op, effect)
+    }
+
+    fn refill_effect(&self, op: &Op, granted: u64, attempt: u32) -> Effect {
+        // The grant id is the Borrow's request id, so a replay of either counts once.
+        Effect::Refill {
+            grant_id: op.fresh.clone(),
+            units: granted,
+            epoch: op.epoch,
+            must_exist: true,
+            after_ms: if attempt == 0 { 0 } else { 50u64 << attempt.min(10) },
+        }
+    }
+
+    fn borrow_ended(&mut self, id: OpId, granted: u64) -> Progress {
+        self.borrows_done += 1;
+        Progress::Finished(id, OpResult::Borrowed { granted })
+    }
+
+    /// Carries out a resync plan: one refill or take to bring the pool to its target, or
+    /// none.
+    fn align(&mut self, mut op: Op, plan: ResyncPlan, view: PoolView, notes: &mut Vec<Note>) -> Progress {
+        let target = match plan {
+            ResyncPlan::Align { target } | ResyncPlan::Unfreeze { target } | ResyncPlan::Resume { target } => target,
+            ResyncPlan::Lost | ResyncPlan::InDoubt => {
+                self.resync_finished(&op, plan, view.generation, notes);
+                return Progress::Finished(op.id, OpResult::Resynced);
+            }
+        };
+        let pool = view.total();
+        let id = format!("resync-{}", op.fresh);
+        let epoch = op.epoch;
+        let (effect, added, removed) = if target > pool {
+            let units = target - pool;
+            (Effect::Refill { grant_id: id, units, epoch, must_exist: false, after_ms: 0 }, units, 0)
+        } else if pool > target {
+            (Effect::Take { take_id: id, max: pool - target, epoch }, 0, pool - target)
+        } else {
+            self.resync_finished(&op, plan, view.generation, notes);
+            return Progress::Finished(op.id, OpResult::Resynced);
+        };
+        op.stage = Stage::Align { added, removed, plan, generation: view.generation };
+        Progress::Next(op, effect)
+    }
+
+    /// What a resync concludes once the pool is aligned.
+    fn resync_finished(&mut self, op: &Op, plan: ResyncPlan, generation: u64, notes: &mut Vec<Note>) {
+        match plan {
+            ResyncPlan::Unfreeze { .. } => {
+                // The channel holds nothing of the item: a lost pool cost nothing. Sell
+                // again from whatever the store has now (aligned to nothing).
+                if self.mode != Mode::Selling {
+                    notes.push(Note::Unfrozen);
+                }
+                self.mode = Mode::Selling;
+                self.generation = generation;
+            }
+            ResyncPlan::Lost => {
+                // Never resell: the units may have been sold before the store lost them.
+                if self.mode != Mode::Lost {
+                    notes.push(Note::PoolLost { known: self.generation, now: generation });
+                    self.mode = Mode::Lost;
+                }
+            }
+            ResyncPlan::InDoubt => {
+                if self.mode == Mode::Selling {
+                    notes.push(Note::InDoubt);
+                    self.mode = Mode::InDoubt;
+                }
+            }
+            ResyncPlan::Align { .. } => {
+                if generation != 0 {
+                    self.generation = generation;
+                }
+            }
+            ResyncPlan::Resume { .. } => {
+                if self.mode != Mode::Selling {
+                    notes.push(Note::Unfrozen);
+                }
+                self.mode = Mode::Selling;
+                self.generation = generation;
+                self.stock_returned();
+            }
+        }
+        if op.served.is_some() && self.resync_at == op.served {
+            self.resync_at = None;
+        }
+    }
+}
+
+enum Progress {
+    Next(Op, Effect),
+    Finished(OpId, OpResult),
+}
