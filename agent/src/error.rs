@@ -15,10 +15,14 @@ pub enum AgentError {
     AlreadyExists(String),
     #[error("{0}")]
     Precondition(String),
-    /// A dependency (pool store, center) is down, or the agent is draining: the caller
-    /// may retry with the same idempotency key.
+    /// A dependency (the center) is down, or the agent is draining: the caller may retry
+    /// with the same idempotency key.
     #[error("{0}")]
     Unavailable(String),
+    /// The pool store failed: UNAVAILABLE when it is down or the pool was fenced (retry),
+    /// INTERNAL when it answered something unexpected.
+    #[error(transparent)]
+    Store(#[from] StoreError),
     /// Rate-limited or overloaded: answered at once instead of queueing into timeouts.
     #[error("{0}")]
     ResourceExhausted(String),
@@ -26,12 +30,10 @@ pub enum AgentError {
     Internal(String),
 }
 
-impl From<StoreError> for AgentError {
-    fn from(e: StoreError) -> Self {
-        match e {
-            StoreError::Unavailable(_) | StoreError::Fenced(_) => AgentError::Unavailable(e.to_string()),
-            StoreError::Protocol(_) | StoreError::PoolMissing(_) => AgentError::Internal(e.to_string()),
-        }
+impl AgentError {
+    /// Whether the pool store caused this error (counted apart from the center's).
+    pub fn is_pool_store_error(&self) -> bool {
+        matches!(self, AgentError::Store(_))
     }
 }
 
@@ -55,11 +57,42 @@ impl From<AgentError> for Status {
                 tracing::debug!(error = %m, "unavailable");
                 Status::unavailable(m.clone())
             }
+            AgentError::Store(s @ (StoreError::Unavailable(_) | StoreError::Fenced(_))) => {
+                tracing::debug!(error = %s, "unavailable");
+                Status::unavailable(s.to_string())
+            }
+            AgentError::Store(s @ (StoreError::Protocol(_) | StoreError::PoolMissing(_))) => {
+                tracing::error!(error = %s, "internal error");
+                Status::internal("internal error")
+            }
             AgentError::ResourceExhausted(m) => Status::resource_exhausted(m.clone()),
             AgentError::Internal(m) => {
                 tracing::error!(error = %m, "internal error");
                 Status::internal("internal error")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_store_errors_are_told_apart_from_center_errors() {
+        assert!(AgentError::from(StoreError::Unavailable("connection refused".into())).is_pool_store_error());
+        assert!(AgentError::from(StoreError::Protocol("bad reply".into())).is_pool_store_error());
+        assert!(!from_center(Status::unavailable("down")).is_pool_store_error());
+        assert!(!AgentError::Unavailable("agent is shutting down".into()).is_pool_store_error());
+    }
+
+    #[test]
+    fn a_store_that_is_down_is_unavailable_and_a_bad_answer_internal() {
+        let down = Status::from(AgentError::from(StoreError::Unavailable("connection refused".into())));
+        assert_eq!(down.code(), Code::Unavailable);
+        assert!(down.message().contains("pool store unavailable"));
+        let bad = Status::from(AgentError::from(StoreError::Protocol("bad reply".into())));
+        assert_eq!(bad.code(), Code::Internal);
+        assert_eq!(bad.message(), "internal error", "no internals in INTERNAL");
     }
 }

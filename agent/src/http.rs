@@ -15,6 +15,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 
 use crate::agent::Agent;
+use inventory_core::channel::Mode;
 
 pub fn router(agent: Arc<Agent>) -> Router {
     Router::new().route("/healthz", get(|| async { "ok\n" })).route("/metrics", get(metrics)).with_state(agent)
@@ -43,7 +44,7 @@ async fn metrics(State(agent): State<Arc<Agent>>) -> impl IntoResponse {
                 );
             }
         }
-        let f = u8::from(item.frozen.load(Ordering::Acquire));
+        let f = u8::from(item.mode() == Mode::Lost);
         let _ = writeln!(frozen, "inventory_agent_pool_frozen{{channel=\"{channel}\",item=\"{id}\"}} {f}");
     }
     let _ = writeln!(out, "# HELP inventory_agent_pool_units Units in the channel's pool, by state.");
@@ -58,7 +59,7 @@ async fn metrics(State(agent): State<Arc<Agent>>) -> impl IntoResponse {
     let name = "inventory_agent_rate_limited_total";
     let _ = writeln!(out, "# HELP {name} Acquire calls refused by the per-user rate limit.");
     let _ = writeln!(out, "# TYPE {name} counter");
-    let _ = writeln!(out, "{name}{{channel=\"{channel}\"}} {}", agent.rate_limited.load(Ordering::Relaxed));
+    let _ = writeln!(out, "{name}{{channel=\"{channel}\"}} {}", agent.selling.rate_limited.load(Ordering::Relaxed));
     for (name, help, v) in [
         ("inventory_agent_epoch", "The channel epoch this agent registered with.", agent.link.epoch()),
         ("inventory_agent_leading", "1 while this replica leads its channel.", u64::from(leading)),

@@ -1,10 +1,15 @@
-//! The inventory agent of one sales channel.
+//! The inventory agent of one sales channel: a driver of the channel rules in
+//! [`inventory_core::channel`].
 //!
 //! - [`store`]: local pools (Redis Lua or in-memory), one trait, one contract suite;
-//! - [`agent`]: the hot path, borrowing/returning, resync with the center;
-//! - [`items`]: per-item flags behind the sold-out fast path and end of sale;
-//! - [`link`]: the center client (request ids, retries, epoch);
+//! - [`items`]: the items sold, each one's rules behind a short lock, loaded on first use;
+//! - [`selling`]: the hot path (Acquire) and the reservation calls;
+//! - [`stocking`]: carries out each item's Borrows, Returns and resyncs, one at a time;
+//! - [`reporting`]: the pools as heartbeats report them;
+//! - [`events`]: the center's channel events;
 //! - [`replicas`]: one leader per channel among replicas sharing a pool store;
+//! - [`link`]: the center client (request ids, retries, epoch, lease);
+//! - [`agent`]: the parts put together, registration and drain;
 //! - [`workers`]: rebalancer, heartbeat, event watcher and leadership loops;
 //! - [`service`], [`http`], [`startup`]: the gRPC edge, metrics, and wiring.
 
@@ -12,14 +17,19 @@ pub mod agent;
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod events;
 pub mod http;
 pub mod items;
 pub mod link;
 pub mod metrics;
 pub mod replicas;
+pub mod reporting;
+pub mod role;
 pub mod security;
+pub mod selling;
 pub mod service;
 pub mod startup;
+pub mod stocking;
 pub mod store;
 pub mod workers;
 

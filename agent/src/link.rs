@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use inventory_core::channel::lease;
 use inventory_core::{AgentId, Channel};
 use inventory_proto::v1 as pb;
 use inventory_proto::v1::center_client::CenterClient;
@@ -12,9 +13,6 @@ use tonic::{Code, Status};
 
 /// Retries of one Borrow/Return on a retryable error, all with the same request id.
 const ATTEMPTS: u32 = 5;
-
-/// Calls in a row without an answer before the center counts as unreachable.
-const UNREACHABLE_AFTER: u32 = 3;
 
 pub struct CenterLink {
     client: CenterClient<tonic::transport::Channel>,
@@ -78,7 +76,7 @@ impl CenterLink {
             lease_ttl_ms: AtomicU64::new(0),
             origin: Instant::now(),
             lease_until_ms: AtomicI64::new(0),
-            lease_margin_ms: lease_margin.as_millis() as u64,
+            lease_margin_ms: u64::try_from(lease_margin.as_millis()).unwrap_or(u64::MAX),
             failures_in_a_row: AtomicU32::new(0),
             auth,
         })
@@ -86,25 +84,20 @@ impl CenterLink {
 
     /// Monotonic milliseconds, for stamping the moment a lease request is sent.
     pub fn now_ms(&self) -> i64 {
-        self.origin.elapsed().as_millis() as i64
+        i64::try_from(self.origin.elapsed().as_millis()).unwrap_or(i64::MAX)
     }
 
     /// The lease runs from when the request was *sent* (the center starts counting later,
     /// when it receives it), minus a safety margin: the agent stops selling before the
     /// center can consider the lease gone.
     pub fn renew_lease(&self, sent_at_ms: i64) {
-        let ttl = self.lease_ttl_ms() as i64;
-        // A margin as long as the lease would never let the agent sell: cap it at half.
-        let margin = (self.lease_margin_ms as i64).min(ttl / 2);
-        let until = sent_at_ms + ttl - margin;
+        let until = lease::lease_until(sent_at_ms, self.lease_ttl_ms(), self.lease_margin_ms);
         self.lease_until_ms.fetch_max(until, Ordering::AcqRel);
     }
 
     /// A follower replica sells under the lease its leader published: `left_ms` from now.
     pub fn follow_lease(&self, left_ms: u64, asked_at_ms: i64) {
-        // Counted from when the follower asked, so the answer's travel time only shortens it.
-        let until = asked_at_ms.saturating_add(i64::try_from(left_ms).unwrap_or(i64::MAX));
-        self.lease_until_ms.store(if left_ms == 0 { 0 } else { until }, Ordering::Release);
+        self.lease_until_ms.store(lease::followed_lease_until(asked_at_ms, left_ms), Ordering::Release);
     }
 
     /// How long this agent may still sell, in ms (0: not at all).
@@ -128,7 +121,7 @@ impl CenterLink {
     /// The center counts as unreachable only after several calls in a row got no answer:
     /// one slow call under load must not make every empty pool answer UNAVAILABLE.
     pub fn reachable(&self) -> bool {
-        self.failures_in_a_row.load(Ordering::Acquire) < UNREACHABLE_AFTER
+        lease::reachable(self.failures_in_a_row.load(Ordering::Acquire))
     }
 
     fn note(&self, result: &Result<impl Sized, Status>) {

@@ -11,8 +11,14 @@ use std::time::Duration;
 
 use tonic::Code;
 
-use crate::agent::Outcome;
-use crate::error::AgentError;
+/// What an Acquire answered (for the counters).
+#[derive(Debug, Clone, Copy)]
+pub enum Outcome {
+    Reserved,
+    SoldOut,
+    SoldOutFast,
+    LimitExceeded,
+}
 
 /// Upper bounds (seconds) of the Acquire latency histogram's buckets, besides `+Inf`.
 pub const ACQUIRE_BUCKETS_SECONDS: [f64; 12] =
@@ -238,19 +244,9 @@ impl Metrics {
     }
 }
 
-/// Whether an error the agent answers with came from the pool store (Redis): the store's
-/// errors keep their "pool store" wording when they become an [`AgentError`].
-pub fn is_pool_store_error(e: &AgentError) -> bool {
-    match e {
-        AgentError::Unavailable(m) | AgentError::Internal(m) => m.starts_with("pool store "),
-        _ => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::StoreError;
 
     fn sample(text: &str, series: &str) -> Option<f64> {
         text.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
@@ -301,13 +297,5 @@ mod tests {
         let acquire = r#"inventory_agent_rejected_calls_total{channel="web",method="acquire",code="unavailable"}"#;
         assert_eq!(sample(&out, acquire), Some(0.0), "always rendered");
         assert!(!out.contains(r#"method="cancel""#), "zero series of rare methods stay out");
-    }
-
-    #[test]
-    fn pool_store_errors_are_told_apart_from_center_errors() {
-        assert!(is_pool_store_error(&AgentError::from(StoreError::Unavailable("connection refused".into()))));
-        assert!(is_pool_store_error(&AgentError::from(StoreError::Protocol("bad reply".into()))));
-        assert!(!is_pool_store_error(&crate::error::from_center(tonic::Status::unavailable("down"))));
-        assert!(!is_pool_store_error(&AgentError::Unavailable("agent is shutting down".into())));
     }
 }

@@ -19,144 +19,181 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::agent::Agent;
-use crate::clock::now_ms;
-use crate::items::ItemRuntime;
-use crate::store::{ChannelOp, ChannelReply, StoreError};
-
-/// At most one want (and one look at the center) per item per this many ms.
-const WANT_EVERY_MS: i64 = 200;
+use crate::items::Item;
+use crate::link::CenterLink;
+use crate::role::Role;
+use crate::store::{ChannelOp, ChannelReply, PoolStore, StoreError};
 
 /// How often a follower waiting for stock looks at the pool.
 const STOCK_POLL: Duration = Duration::from_millis(20);
 
-async fn op(agent: &Agent, op: ChannelOp<'_>) -> Result<ChannelReply, StoreError> {
-    agent.store.channel_op(agent.link.channel.as_str(), op).await
+/// What one round of the leadership loop changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Round {
+    /// Nothing changed (still leading, or still following).
+    Same,
+    /// This replica just took the lead: it must register with the center.
+    Leading,
+    /// Another replica leads now.
+    Following,
 }
 
-fn replica(agent: &Agent) -> &str {
-    agent.link.agent_id.as_str()
+pub struct Replicas {
+    store: Arc<dyn PoolStore>,
+    link: Arc<CenterLink>,
+    role: Arc<Role>,
+    leader_ttl_ms: u64,
+    miss_wait: Duration,
 }
 
-/// Says this replica is alive (for `leader_ttl_ms`); answers how many others are.
-pub async fn announce(agent: &Agent) -> Result<u64, StoreError> {
-    let ttl_ms = agent.settings.leader_ttl_ms;
-    match op(agent, ChannelOp::Present { replica: replica(agent), ttl_ms }).await? {
-        ChannelReply::Count(n) => Ok(n),
-        other => Err(StoreError::Protocol(format!("present: unexpected reply {other:?}"))),
+impl Replicas {
+    pub fn new(
+        store: Arc<dyn PoolStore>,
+        link: Arc<CenterLink>,
+        role: Arc<Role>,
+        leader_ttl_ms: u64,
+        miss_wait: Duration,
+    ) -> Self {
+        Self { store, link, role, leader_ttl_ms, miss_wait }
     }
-}
 
-/// Claims (or renews) the leadership. True when this replica leads now.
-pub async fn claim(agent: &Agent) -> Result<bool, StoreError> {
-    let ttl_ms = agent.settings.leader_ttl_ms;
-    Ok(op(agent, ChannelOp::Lead { replica: replica(agent), ttl_ms }).await? == ChannelReply::Done(true))
-}
+    async fn op(&self, op: ChannelOp<'_>) -> Result<ChannelReply, StoreError> {
+        self.store.channel_op(self.link.channel.as_str(), op).await
+    }
 
-/// Publishes the leader's lease for the followers (nothing if this replica does not lead).
-pub async fn publish_lease(agent: &Agent) {
-    let ttl_ms = agent.link.lease_left_ms();
-    if !agent.is_leading() || ttl_ms == 0 {
-        return;
+    fn replica(&self) -> &str {
+        self.link.agent_id.as_str()
     }
-    if let Err(e) = op(agent, ChannelOp::Publish { replica: replica(agent), ttl_ms }).await {
-        tracing::warn!(error = %e, "cannot publish the channel's lease");
-    }
-}
 
-/// A follower tells the leader the item wants attention (rate limited per item).
-pub async fn want(agent: &Agent, item: &ItemRuntime) {
-    if !item.starving_signal_due(now_ms(), WANT_EVERY_MS) {
-        return;
+    /// How often the leadership loop runs.
+    pub fn period(&self) -> Duration {
+        Duration::from_millis((self.leader_ttl_ms / 3).max(10))
     }
-    if let Err(e) = op(agent, ChannelOp::Want { item_id: &item.item_id }).await {
-        tracing::warn!(item = %item.item_id, error = %e, "cannot tell the leader about the item");
-        return;
-    }
-    // A follower hears no events: refresh what it knows of the center's stock here.
-    if item.local_empty()
-        && let Ok(d) = agent.link.describe(&item.item_id).await
-    {
-        item.set_center_available(d.center_available);
-    }
-}
 
-/// A follower found the pool short: asks the leader for stock and waits (up to the miss
-/// wait) until the pool has `quantity` available. False when the center has none left or
-/// the wait ran out.
-pub async fn wait_for_stock(agent: &Agent, item: &Arc<ItemRuntime>, quantity: u64) -> bool {
-    item.mark_local_empty();
-    want(agent, item).await;
-    let deadline = Instant::now() + agent.settings.miss_wait;
-    while !item.center_dry() && Instant::now() < deadline {
-        tokio::time::sleep(STOCK_POLL).await;
-        match agent.store.snapshot(&item.pool).await {
-            Ok(s) if s.available >= quantity => return true,
-            Ok(_) => {}
-            Err(_) => return false,
+    /// Says this replica is alive (for `leader_ttl_ms`); answers how many others are.
+    pub async fn announce(&self) -> Result<u64, StoreError> {
+        match self.op(ChannelOp::Present { replica: self.replica(), ttl_ms: self.leader_ttl_ms }).await? {
+            ChannelReply::Count(n) => Ok(n),
+            other => Err(StoreError::Protocol(format!("present: unexpected reply {other:?}"))),
         }
     }
-    false
-}
 
-/// The items followers asked about since the last call.
-pub async fn take_wants(agent: &Agent) -> Vec<String> {
-    match op(agent, ChannelOp::TakeWants { max: 1_000 }).await {
-        Ok(ChannelReply::Items(items)) => items,
-        Ok(_) => Vec::new(),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read the followers' wants");
-            Vec::new()
+    /// Claims (or renews) the leadership. True when this replica leads now.
+    pub async fn claim(&self) -> Result<bool, StoreError> {
+        let op = ChannelOp::Lead { replica: self.replica(), ttl_ms: self.leader_ttl_ms };
+        Ok(self.op(op).await? == ChannelReply::Done(true))
+    }
+
+    /// Publishes the leader's lease for the followers (nothing if this replica does not lead).
+    pub async fn publish_lease(&self) {
+        let ttl_ms = self.link.lease_left_ms();
+        if !self.role.is_leading() || ttl_ms == 0 {
+            return;
+        }
+        if let Err(e) = self.op(ChannelOp::Publish { replica: self.replica(), ttl_ms }).await {
+            tracing::warn!(error = %e, "cannot publish the channel's lease");
         }
     }
-}
 
-/// One round of the leadership loop: a leader renews its claim (and steps down if it
-/// lost it); a follower tries to take the lead, else adopts the lease its leader
-/// published. Also keeps this replica's presence fresh.
-pub async fn step(agent: &Agent) {
-    let _ = announce(agent).await;
-    let was_leading = agent.is_leading();
-    match claim(agent).await {
-        Ok(true) if was_leading => publish_lease(agent).await,
-        Ok(true) => {
-            tracing::info!(replica = replica(agent), "leading the channel: registering with the center");
-            agent.set_leading(true);
-            // On failure the heartbeat loop registers again (its epoch is stale).
-            if let Err(e) = agent.register_and_resync().await {
-                tracing::warn!(error = %e, "registration as the new leader failed; retrying");
-            }
+    /// A follower tells the leader the item wants attention (rate limited per item).
+    /// `refresh`: also re-read the center's stock of it (a follower hears no events).
+    pub async fn want(&self, item: &Item, refresh: bool) {
+        if !item.with(|c| c.starving_signal_due(crate::clock::now_ms())) {
+            return;
         }
-        Ok(false) => {
-            if was_leading {
-                tracing::warn!(replica = replica(agent), "another replica leads the channel now; following");
-                agent.set_leading(false);
-            }
-            let asked_at = agent.link.now_ms();
-            match op(agent, ChannelOp::LeaseLeft).await {
-                Ok(ChannelReply::Millis(left)) => agent.link.follow_lease(left, asked_at),
+        if let Err(e) = self.op(ChannelOp::Want { item_id: &item.item_id }).await {
+            tracing::warn!(item = %item.item_id, error = %e, "cannot tell the leader about the item");
+            return;
+        }
+        if refresh && let Ok(d) = self.link.describe(&item.item_id).await {
+            item.with(|c| c.set_center_available(d.center_available));
+        }
+    }
+
+    /// A follower found the pool short: asks the leader for stock and waits (up to the miss
+    /// wait) until the pool has `quantity` available. False when the center has none left or
+    /// the wait ran out.
+    pub async fn wait_for_stock(&self, item: &Arc<Item>, quantity: u64) -> bool {
+        self.want(item, true).await;
+        let deadline = Instant::now() + self.miss_wait;
+        while !item.with(|c| c.supply().center_dry) && Instant::now() < deadline {
+            tokio::time::sleep(STOCK_POLL).await;
+            match self.store.snapshot(&item.pool).await {
+                Ok(s) if s.available >= quantity => return true,
                 Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "cannot read the channel's lease"),
+                Err(_) => return false,
             }
         }
-        // The store is unreachable: nobody sells from it anyway; a lapsed claim is taken
-        // by another replica, whose registration fences this one.
-        Err(e) => tracing::warn!(error = %e, "cannot renew the leadership"),
+        false
     }
-}
 
-/// On shutdown: a leader gives up its claim. True when other replicas are alive to go on
-/// selling from the shared pools (then this one must not give their stock back to the
-/// center); false when this is the channel's last replica.
-pub async fn hand_over(agent: &Agent) -> bool {
-    if agent.is_leading() {
-        let _ = op(agent, ChannelOp::Resign { replica: replica(agent) }).await;
-        agent.set_leading(false);
+    /// The items followers asked about since the last call.
+    pub async fn take_wants(&self) -> Vec<String> {
+        match self.op(ChannelOp::TakeWants { max: 1_000 }).await {
+            Ok(ChannelReply::Items(items)) => items,
+            Ok(_) => Vec::new(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the followers' wants");
+                Vec::new()
+            }
+        }
     }
-    match op(agent, ChannelOp::Absent { replica: replica(agent) }).await {
-        Ok(ChannelReply::Count(others)) => others > 0,
-        // Unknown: assume others remain (keeping stock in the pools is the safe side; a
-        // reclaim or the next leader's registration settles it).
-        _ => true,
+
+    /// One round of the leadership loop: a leader renews its claim (and steps down if it
+    /// lost it); a follower tries to take the lead, else adopts the lease its leader
+    /// published. Also keeps this replica's presence fresh. The caller registers when this
+    /// says [`Round::Leading`].
+    pub async fn step(&self) -> Round {
+        let _ = self.announce().await;
+        let was_leading = self.role.is_leading();
+        match self.claim().await {
+            Ok(true) if was_leading => {
+                self.publish_lease().await;
+                Round::Same
+            }
+            Ok(true) => {
+                tracing::info!(replica = self.replica(), "leading the channel: registering with the center");
+                self.role.set_leading(true);
+                Round::Leading
+            }
+            Ok(false) => {
+                let round = if was_leading {
+                    tracing::warn!(replica = self.replica(), "another replica leads the channel now; following");
+                    self.role.set_leading(false);
+                    Round::Following
+                } else {
+                    Round::Same
+                };
+                let asked_at = self.link.now_ms();
+                match self.op(ChannelOp::LeaseLeft).await {
+                    Ok(ChannelReply::Millis(left)) => self.link.follow_lease(left, asked_at),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "cannot read the channel's lease"),
+                }
+                round
+            }
+            // The store is unreachable: nobody sells from it anyway; a lapsed claim is taken
+            // by another replica, whose registration fences this one.
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot renew the leadership");
+                Round::Same
+            }
+        }
+    }
+
+    /// On shutdown: a leader gives up its claim. True when other replicas are alive to go on
+    /// selling from the shared pools (then this one must not give their stock back to the
+    /// center); false when this is the channel's last replica.
+    pub async fn hand_over(&self) -> bool {
+        if self.role.is_leading() {
+            let _ = self.op(ChannelOp::Resign { replica: self.replica() }).await;
+            self.role.set_leading(false);
+        }
+        match self.op(ChannelOp::Absent { replica: self.replica() }).await {
+            Ok(ChannelReply::Count(others)) => others > 0,
+            // Unknown: assume others remain (keeping stock in the pools is the safe side; a
+            // reclaim or the next leader's registration settles it).
+            _ => true,
+        }
     }
 }

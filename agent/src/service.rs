@@ -9,9 +9,10 @@ use inventory_core::{ItemId, RequestId, UserId};
 use inventory_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use crate::agent::{AcquireRequest, Agent, reservation_state_pb};
+use crate::agent::Agent;
 use crate::error::AgentError;
-use crate::metrics::{Method, is_pool_store_error};
+use crate::metrics::Method;
+use crate::selling::{AcquireRequest, reservation_state_pb};
 
 pub struct AgentService {
     agent: Arc<Agent>,
@@ -27,7 +28,7 @@ impl AgentService {
         match result {
             Ok(v) => Ok(Response::new(v)),
             Err(e) => {
-                if is_pool_store_error(&e) {
+                if e.is_pool_store_error() {
                     self.agent.metrics.pool_store_error();
                 }
                 let status = Status::from(e);
@@ -40,14 +41,14 @@ impl AgentService {
     async fn confirm_inner(&self, r: &pb::ConfirmRequest) -> Result<pb::ConfirmResponse, AgentError> {
         let item = ItemId::parse("item_id", &r.item_id)?;
         let id = RequestId::parse("reservation_id", &r.reservation_id)?;
-        let state = self.agent.confirm(&item, id.as_str()).await?;
+        let state = self.agent.selling.confirm(&item, id.as_str()).await?;
         Ok(pb::ConfirmResponse { state: reservation_state_pb(state) })
     }
 
     async fn cancel_inner(&self, r: &pb::CancelRequest) -> Result<pb::CancelResponse, AgentError> {
         let item = ItemId::parse("item_id", &r.item_id)?;
         let id = RequestId::parse("reservation_id", &r.reservation_id)?;
-        let state = self.agent.cancel(&item, id.as_str()).await?;
+        let state = self.agent.selling.cancel(&item, id.as_str()).await?;
         Ok(pb::CancelResponse { state: reservation_state_pb(state) })
     }
 }
@@ -71,7 +72,7 @@ impl pb::agent_server::Agent for AgentService {
     async fn acquire(&self, request: Request<pb::AcquireRequest>) -> Res<pb::AcquireResponse> {
         let started = Instant::now();
         let result = match parse_acquire(request.get_ref()) {
-            Ok(req) => self.agent.acquire(req).await,
+            Ok(req) => self.agent.selling.acquire(req).await,
             Err(e) => Err(e),
         };
         self.agent.metrics.observe_acquire(started.elapsed());
@@ -90,7 +91,7 @@ impl pb::agent_server::Agent for AgentService {
 
     async fn get_stock(&self, request: Request<pb::GetStockRequest>) -> Res<pb::GetStockResponse> {
         let result = match ItemId::parse("item_id", &request.get_ref().item_id) {
-            Ok(item) => self.agent.get_stock(&item).await,
+            Ok(item) => self.agent.selling.get_stock(&item).await,
             Err(e) => Err(e.into()),
         };
         self.answer(Method::GetStock, result)

@@ -13,7 +13,6 @@ use tokio::net::TcpListener;
 use crate::agent::{Agent, AgentSettings};
 use crate::config::{AgentConfig, StoreKind};
 use crate::link::CenterLink;
-use crate::replicas;
 use crate::security::{BackendAuth, Security, UserLimits};
 use crate::service::AgentService;
 use crate::store::PoolStore;
@@ -89,25 +88,25 @@ impl Application {
         let agent = Arc::new(Agent::new(store, link, settings, limits));
         // Replicas of the channel sharing this store: the first one leads; the others
         // follow (and sell under the leader's lease) until one of them takes over.
-        replicas::announce(&agent).await?;
-        if replicas::claim(&agent).await? {
-            agent.set_leading(true);
+        agent.replicas.announce().await?;
+        if agent.replicas.claim().await? {
+            agent.role.set_leading(true);
             let deadline = Instant::now() + REGISTER_PATIENCE;
             loop {
-                match agent.register_and_resync().await {
+                match agent.register().await {
                     Ok(_) => break,
                     Err(e) if Instant::now() < deadline => {
                         tracing::warn!(error = %e, "cannot register with the center yet; retrying");
                         tokio::time::sleep(Duration::from_millis(500)).await;
                         // Keep the claim meanwhile (the leadership loop is not running yet).
-                        let _ = replicas::claim(&agent).await;
+                        let _ = agent.replicas.claim().await;
                     }
                     Err(e) => anyhow::bail!("cannot register with the center at {}: {e}", config.center),
                 }
             }
         } else {
             tracing::info!(channel = %agent.link.channel, "another replica leads the channel; following it");
-            replicas::step(&agent).await;
+            agent.replicas.step().await;
         }
         let grpc = TcpListener::bind(config.listen).await?;
         let http = TcpListener::bind(config.http_listen).await?;
@@ -183,7 +182,7 @@ impl Application {
         tokio::spawn(async move {
             shutdown.await;
             tracing::info!("agent draining: no new acquires");
-            agent.start_draining();
+            agent.role.start_draining();
             let _ = drain_tx.send(true);
         });
 
@@ -228,19 +227,17 @@ impl Application {
             let _ = t.await;
         }
         let was_leading = self.agent.is_leading();
-        if replicas::hand_over(&self.agent).await {
+        if self.agent.replicas.hand_over().await {
             // Other replicas of the channel go on selling from the shared pools: their
             // stock stays; one of them leads (and talks to the center) from now on.
             tracing::info!(was_leading, "other replicas of the channel remain; stock stays in the pools");
         } else if was_leading {
             // No Acquire is taken any more: what the pools hold now is final, and the last
             // report says so (a later Reclaim may then put the unsold units back on sale).
-            self.agent.return_all().await;
-            let reports = self.agent.reports().await;
-            if let Err(s) = self.agent.send_reports(reports, true).await {
-                tracing::warn!(code = ?s.code(), "final report failed");
-            }
+            self.agent.drain().await;
         }
+        // Operations still queued (a follower's, or a leader handing over) end before exit.
+        self.agent.stocking.wait_idle().await;
         http.await??;
         tracing::info!("agent stopped");
         Ok(())

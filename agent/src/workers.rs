@@ -1,6 +1,6 @@
 //! Background work, one task each, all stopped by one shutdown signal: the rebalancer
 //! (expiry sweep + watermarks), the heartbeat and the event watcher (these three only on
-//! the replica leading the channel), and the leadership loop.
+//! the replica leading the channel), the leadership loop and the rate limiter's upkeep.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,9 +10,7 @@ use tokio::sync::watch;
 use tonic::Code;
 
 use crate::agent::Agent;
-use crate::clock::now_ms;
-use crate::items::Policy;
-use crate::replicas;
+use crate::replicas::Round;
 use inventory_core::ItemId;
 
 /// A pool nothing happened to is still looked at this often (expiries, above-high timing,
@@ -23,8 +21,7 @@ const IDLE_LOOK_EVERY_MS: i64 = 500;
 /// (10,000 quiet items: each looked at every 5 s).
 const IDLE_LOOKS_PER_SEC: i64 = 2_000;
 
-/// Pools looked at concurrently in one rebalancer pass (a slow Borrow of one item does
-/// not hold up the others).
+/// Pools looked at concurrently in one rebalancer pass.
 const LOOKS_IN_FLIGHT: usize = 32;
 
 /// Resolves once shutdown is signalled (the guard `wait_for` returns is not Send, so it
@@ -49,25 +46,23 @@ pub async fn rebalancer(agent: Arc<Agent>, period: Duration, mut stop: watch::Re
             continue;
         }
         // Items the followers loaded or found short of stock: look at them now.
-        for id in replicas::take_wants(&agent).await {
+        for id in agent.replicas.take_wants().await {
             if let Ok(id) = ItemId::parse("item_id", &id)
                 && let Ok(item) = agent.item(&id).await
             {
-                item.touch();
+                item.with(|c| c.touch());
             }
         }
         let items = agent.items();
         let idle_every = idle_look_every_ms(items.len());
-        let now = now_ms();
-        let due: Vec<_> = items.into_iter().filter(|item| item.needs_look(now, idle_every)).collect();
+        let now = crate::clock::now_ms();
+        let due: Vec<_> = items.into_iter().filter(|item| item.with(|c| c.needs_look(now, idle_every))).collect();
         futures::stream::iter(due)
             .for_each_concurrent(LOOKS_IN_FLIGHT, |item| {
                 let agent = Arc::clone(&agent);
                 async move {
-                    if let Err(e) = agent.rebalance(&item, now_ms()).await {
-                        if crate::metrics::is_pool_store_error(&e) {
-                            agent.metrics.pool_store_error();
-                        }
+                    if let Err(e) = agent.stocking.look(&item).await {
+                        agent.metrics.pool_store_error();
                         tracing::warn!(item = %item.item_id, error = %e, "rebalance failed");
                     }
                 }
@@ -82,8 +77,8 @@ pub fn idle_look_every_ms(items: usize) -> i64 {
     spread.max(IDLE_LOOK_EVERY_MS)
 }
 
-/// Reports every pool to the center and renews the lease. A stale epoch means the
-/// channel was fenced (another registration, or a reclaim): register again and resync.
+/// Reports the pools that changed and renews the lease. A stale epoch means the channel
+/// was fenced (another registration, or a reclaim): register again and resync.
 pub async fn heartbeat(agent: Arc<Agent>, period: Option<Duration>, mut stop: watch::Receiver<bool>) {
     loop {
         let period = period.unwrap_or_else(|| Duration::from_millis((agent.link.lease_ttl_ms() / 3).max(100)));
@@ -95,19 +90,19 @@ pub async fn heartbeat(agent: Arc<Agent>, period: Option<Duration>, mut stop: wa
         }
         // Only pools that changed since the center's last acknowledgement: with many
         // quiet items a heartbeat stays small (the center keeps the last report of each).
-        match agent.send_reports(agent.changed_reports().await, false).await {
-            Ok(_) => replicas::publish_lease(&agent).await,
+        match agent.reporting.send(agent.reporting.changed().await, false).await {
+            Ok(_) => agent.replicas.publish_lease().await,
             Err(s) if s.code() == Code::FailedPrecondition => {
                 // Register again only while this replica still leads the channel; else
                 // the replica that leads now registered, and this one follows.
-                if matches!(replicas::claim(&agent).await, Ok(true)) {
+                if matches!(agent.replicas.claim().await, Ok(true)) {
                     tracing::warn!(message = s.message(), "fenced by the center; registering again");
-                    if let Err(e) = agent.register_and_resync().await {
+                    if let Err(e) = agent.register().await {
                         tracing::warn!(error = %e, "re-registration failed");
                     }
                 } else {
                     tracing::warn!(message = s.message(), "fenced by the center; another replica leads");
-                    agent.set_leading(false);
+                    agent.role.set_leading(false);
                 }
             }
             Err(s) => {
@@ -134,20 +129,18 @@ pub async fn watcher(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
         }
         match agent.link.watch().await {
             Ok(mut stream) => {
-                resync_policies(&agent).await;
+                crate::events::refresh_all(&agent.items, &agent.link).await;
                 loop {
                     tokio::select! {
                         msg = stream.message() => match msg {
                             Ok(Some(ev)) => {
                                 if let Some(e) = ev.event {
-                                    agent.on_event(e).await;
+                                    crate::events::apply(&agent.items, &agent.link, &agent.stocking, e).await;
                                 }
                             }
                             Ok(None) | Err(_) => break,
                         },
-                        _ = stopped(&mut stop) => {
-                            return;
-                        }
+                        _ = stopped(&mut stop) => return,
                     }
                 }
             }
@@ -160,30 +153,27 @@ pub async fn watcher(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-async fn resync_policies(agent: &Agent) {
-    for item in agent.items() {
-        if let Ok(d) = agent.link.describe(&item.item_id).await {
-            item.set_policy(Policy::from_describe(&d));
-            item.set_center_available(d.center_available);
-        }
-    }
-}
-
-/// Leadership among the channel's replicas: renew or take the claim, follow the lease.
+/// Leadership among the channel's replicas: renew or take the claim, follow the lease;
+/// a replica that just took the lead registers.
 pub async fn leadership(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
-    let period = Duration::from_millis((agent.settings.leader_ttl_ms / 3).max(10));
+    let period = agent.replicas.period();
     while tick(&mut stop, period).await {
         if agent.is_draining() {
             return;
         }
-        replicas::step(&agent).await;
+        if agent.replicas.step().await == Round::Leading {
+            // On failure the heartbeat loop registers again (its epoch is stale).
+            if let Err(e) = agent.register().await {
+                tracing::warn!(error = %e, "registration as the new leader failed; retrying");
+            }
+        }
     }
 }
 
 /// Keeps the per-user rate limiter's memory to the recently active users.
 pub async fn limiter_gc(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
     while tick(&mut stop, Duration::from_secs(1)).await {
-        let tracked = agent.limits.forget_idle();
+        let tracked = agent.selling.limits.forget_idle();
         tracing::trace!(tracked, "rate limiter state");
     }
 }

@@ -217,7 +217,7 @@ async fn ten_thousand_items_cost_little_per_item_to_report_look_at_and_scrape() 
     println!("10,000 items, one channel, Redis pools (debug build):");
     println!(
         "  per-item state in the agent: {} bytes inline (ItemRuntime) plus its ids on the heap",
-        std::mem::size_of::<inventory_agent::items::ItemRuntime>()
+        std::mem::size_of::<inventory_agent::items::Item>()
     );
     println!(
         "  create items at the center: {created_in:?}; load them in the agent: {loaded_in:?}; all pools stocked after {stocked_in:?}"

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::future::join_all;
-use inventory_agent::agent::AcquireRequest;
 use inventory_agent::security::UserLimits;
+use inventory_agent::selling::AcquireRequest;
 use inventory_agent::service::parse_acquire;
 use inventory_proto::v1 as pb;
 use proptest::prelude::*;
@@ -87,9 +87,9 @@ async fn a_flooding_user_is_limited_while_others_are_served() {
         let b = b.as_ref().unwrap_or_else(|s| panic!("buyer {i} not served: {s:?}"));
         assert_eq!(b.get_ref().outcome(), pb::AcquireOutcome::Reserved, "buyer {i}");
     }
-    assert_eq!(agent.agent.rate_limited.load(Ordering::Relaxed), limited as u64);
+    assert_eq!(agent.agent.selling.rate_limited.load(Ordering::Relaxed), limited as u64);
     // The limiter tracks only recently active users.
-    assert!(agent.agent.limits.tracked() <= 51, "{} users tracked", agent.agent.limits.tracked());
+    assert!(agent.agent.selling.limits.tracked() <= 51, "{} users tracked", agent.agent.selling.limits.tracked());
     let s = stock(&mut client.clone(), "f").await;
     assert_eq!(s.reserved, (reserved + 50) as u64);
 }

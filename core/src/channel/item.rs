@@ -409,6 +409,21 @@ impl ItemCore {
         self.set_center_available(center_available.max(1));
     }
 
+    /// The resyncs the rebalancer should queue now: the scheduled one once due, and an
+    /// operator's resolution that could not finish before (never one already queued).
+    pub fn due_resyncs(&mut self, now_ms: i64) -> Vec<OpKind> {
+        use super::ops::ResyncWhy;
+        let mut kinds = Vec::new();
+        let queued = |k: &OpKind, why: ResyncWhy| *k == OpKind::Resync(why);
+        if self.resync_due(now_ms) && !self.has_queued(|k| queued(k, ResyncWhy::Scheduled)) {
+            kinds.push(OpKind::Resync(ResyncWhy::Scheduled));
+        }
+        if self.resolution_pending && !self.has_queued(|k| queued(k, ResyncWhy::Resolved)) {
+            kinds.push(OpKind::Resync(ResyncWhy::Resolved));
+        }
+        kinds
+    }
+
     pub(super) fn has_queued(&self, f: impl Fn(&OpKind) -> bool) -> bool {
         self.running.as_ref().is_some_and(|op| f(&op.kind)) || self.queue.iter().any(|q| f(&q.kind))
     }

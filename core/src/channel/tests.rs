@@ -261,6 +261,12 @@ fn a_resolution_that_cannot_ask_the_center_is_retried() {
     assert!(matches!(s.finished[..], [(_, OpResult::Failed)]));
     assert_eq!(core.mode(), Mode::InDoubt);
     assert!(core.needs_look(1, 1_000_000), "the pending resolution brings the rebalancer back");
+    assert_eq!(core.due_resyncs(1), vec![OpKind::Resync(ResyncWhy::Resolved)]);
+    let (_, s) = core.submit(OpKind::Resync(ResyncWhy::Resolved), "r2".into(), ctx(2, 1));
+    assert!(core.due_resyncs(3).is_empty(), "never queued twice");
+    let s = feed(&mut core, &s, Reply::Holding(Holding { held: 0, generation: 0, in_doubt: 0 }), ctx(3, 1));
+    feed(&mut core, &s, Reply::Pool(view(0, 0)), ctx(3, 1));
+    assert_eq!(core.mode(), Mode::Selling);
 }
 
 #[test]

@@ -1,0 +1,76 @@
+//! The channel's events from the center (WatchChannel), applied to the items they name.
+
+use std::sync::Arc;
+
+use inventory_core::channel::{OpKind, ResyncWhy};
+use inventory_proto::v1 as pb;
+
+use crate::items::{Items, policy_from};
+use crate::link::CenterLink;
+use crate::stocking::Stocking;
+
+pub async fn apply(items: &Items, link: &CenterLink, stocking: &Arc<Stocking>, event: pb::channel_event::Event) {
+    use pb::channel_event::Event;
+    match event {
+        Event::WatermarksChanged(w) => {
+            let Some(item) = items.get(&w.item_id) else { return };
+            // Re-read the whole policy (watermarks, and whether the item closed).
+            match link.describe(&w.item_id).await {
+                Ok(d) => item.with(|c| c.set_policy(policy_from(&d))),
+                Err(_) => {
+                    if let Some(wm) = w.watermarks {
+                        item.with(|c| {
+                            let mut p = c.policy();
+                            p.watermarks = inventory_core::watermarks::Watermarks {
+                                low: wm.low,
+                                high: wm.high,
+                                batch: wm.batch.max(1),
+                            };
+                            c.set_policy(p);
+                        });
+                    }
+                }
+            }
+            let p = item.policy();
+            tracing::info!(item = %w.item_id, low = p.watermarks.low, high = p.watermarks.high, batch = p.watermarks.batch, closed = p.closed, "item settings changed");
+            // Act at once (a raised low watermark borrows now).
+            let _ = stocking.look(&item).await;
+        }
+        Event::Restocked(r) => {
+            if let Some(item) = items.get(&r.item_id) {
+                item.with(|c| c.on_restocked(r.center_available));
+            }
+        }
+        Event::InDoubtResolved(r) => {
+            if let Some(item) = items.get(&r.item_id) {
+                // The center settled it: bring the pool to what the channel holds now
+                // (nothing after a lost pool; what was not in doubt after a reclaim).
+                if stocking.run(&item, OpKind::Resync(ResyncWhy::Resolved)).await.is_some() {
+                    tracing::warn!(item = %r.item_id, mode = ?item.mode(), "in-doubt units resolved");
+                }
+            }
+        }
+        Event::ReturnRequested(r) => {
+            if let Some(item) = items.get(&r.item_id) {
+                let kind = item.with(|c| c.on_return_requested());
+                if let OpKind::Return { max } = kind {
+                    let given = stocking.give_back(&item, max).await;
+                    tracing::info!(item = %r.item_id, given, "end of sale: returned idle units");
+                }
+            }
+        }
+    }
+}
+
+/// On (re)connecting to the event stream: re-read each item's settings and the center's
+/// stock, so nothing missed while disconnected stays stale.
+pub async fn refresh_all(items: &Items, link: &CenterLink) {
+    for item in items.all() {
+        if let Ok(d) = link.describe(&item.item_id).await {
+            item.with(|c| {
+                c.set_policy(policy_from(&d));
+                c.set_center_available(d.center_available);
+            });
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! Reporting: the pools as heartbeats carry them. A lost pool is reported lost (so the
+//! center puts what the channel holds in doubt), never as an empty one; a heartbeat
+//! carries only the pools whose report changed since the center acknowledged one.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use inventory_core::channel::Report;
+use inventory_proto::v1 as pb;
+use tonic::Status;
+
+use crate::items::{Item, Items, view};
+use crate::link::CenterLink;
+use crate::store::PoolStore;
+
+/// Pool reads in flight at once when reading many pools.
+const STORE_READS_IN_FLIGHT: usize = 64;
+
+pub struct Reporting {
+    store: Arc<dyn PoolStore>,
+    link: Arc<CenterLink>,
+    items: Arc<Items>,
+}
+
+fn report_pb(item_id: &str, r: &Report) -> pb::PoolReport {
+    match r {
+        Report::Lost => pb::PoolReport { item_id: item_id.to_owned(), lost: true, ..Default::default() },
+        Report::Counts(v) => pb::PoolReport {
+            item_id: item_id.to_owned(),
+            available: v.available,
+            reserved: v.reserved,
+            sold: v.sold,
+            generation: v.generation,
+            lost: false,
+        },
+    }
+}
+
+/// Reports read for one heartbeat.
+pub struct Reports(Vec<(Arc<Item>, Report)>);
+
+impl Reports {
+    pub fn to_pb(&self) -> Vec<pb::PoolReport> {
+        self.0.iter().map(|(item, r)| report_pb(&item.item_id, r)).collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl Reporting {
+    pub fn new(store: Arc<dyn PoolStore>, link: Arc<CenterLink>, items: Arc<Items>) -> Self {
+        Self { store, link, items }
+    }
+
+    /// Every pool's report. Pools are read concurrently (pipelined on the store's
+    /// connection): with thousands of items a report costs one round of pipelined reads.
+    pub async fn all(&self) -> Reports {
+        let ctx =
+            |link: &CenterLink| inventory_core::channel::Ctx { now_ms: crate::clock::now_ms(), epoch: link.epoch() };
+        let read = futures::stream::iter(self.items.all())
+            .map(|item| async move {
+                let needs_read = item.with(|c| c.report_needs_read());
+                let snap = if needs_read { Some(self.store.snapshot(&item.pool).await.ok()?) } else { None };
+                let mut notes = Vec::new();
+                let report = item.with(|c| c.report(snap.as_ref().map(view), ctx(&self.link), &mut notes))?;
+                for n in notes {
+                    tracing::error!(item = %item.item_id, note = ?n, "pool lost its data in the store; frozen, its units in doubt");
+                }
+                Some((item, report))
+            })
+            .buffer_unordered(STORE_READS_IN_FLIGHT)
+            .filter_map(|x| async move { x })
+            .collect()
+            .await;
+        Reports(read)
+    }
+
+    /// Only the pools whose report changed since the center last acknowledged one.
+    pub async fn changed(&self) -> Reports {
+        let Reports(all) = self.all().await;
+        Reports(all.into_iter().filter(|(item, r)| item.with(|c| c.report_changed(r))).collect())
+    }
+
+    /// One heartbeat carrying `reports`: renews the lease, records the reports the center
+    /// acknowledged, and stops selling the items it holds in doubt.
+    pub async fn send(&self, reports: Reports, last_report: bool) -> Result<pb::HeartbeatResponse, Status> {
+        let answer = self.link.heartbeat(reports.to_pb(), last_report).await?;
+        for (item, r) in reports.0 {
+            item.with(|c| c.reported(r));
+        }
+        for id in &answer.in_doubt_items {
+            if let Some(item) = self.items.get(id)
+                && item.with(|c| c.on_in_doubt())
+            {
+                tracing::error!(item = %id, "center holds units of the item in doubt; not selling it");
+            }
+        }
+        Ok(answer)
+    }
+}

@@ -1,0 +1,259 @@
+//! Selling: the hot path (Acquire) and the reservation calls. One store call in the common
+//! case; none when sold out everywhere. The rules say what to do before and after the
+//! store call ([`inventory_core::channel::ItemCore::admit`], `on_miss`, `on_sold_out`).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use inventory_core::channel::{Admission, MissPlan, OpKind, Refusal};
+use inventory_core::{ItemId, UserId};
+use inventory_proto::v1 as pb;
+
+use crate::error::AgentError;
+use crate::items::{Item, Items};
+use crate::link::CenterLink;
+use crate::metrics::{Metrics, Outcome};
+use crate::replicas::Replicas;
+use crate::role::Role;
+use crate::security::UserLimits;
+use crate::stocking::Stocking;
+use crate::store::{AcquireArgs, AcquireResult, PoolStore, ReservationState, Transition};
+
+/// A validated Acquire.
+pub struct AcquireRequest {
+    pub item: ItemId,
+    pub user: UserId,
+    pub quantity: u64,
+    pub idempotency_key: String,
+}
+
+pub struct Selling {
+    pub(crate) store: Arc<dyn PoolStore>,
+    pub(crate) link: Arc<CenterLink>,
+    pub(crate) items: Arc<Items>,
+    pub(crate) stocking: Arc<Stocking>,
+    pub(crate) replicas: Arc<Replicas>,
+    pub(crate) role: Arc<Role>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub limits: UserLimits,
+    /// Acquires refused by the per-user rate limit.
+    pub rate_limited: AtomicU64,
+    /// How long an Acquire that found the pool empty waits for the shared Borrow.
+    pub(crate) miss_wait: Duration,
+}
+
+impl Selling {
+    /// The item's state, loading it from the center on first use. A follower tells the
+    /// leader about an item it loaded (the leader may not know it yet).
+    pub async fn item(&self, item: &ItemId) -> Result<Arc<Item>, AgentError> {
+        let (it, loaded) = self.items.load(item, &self.link, crate::clock::now_ms()).await?;
+        if loaded && !self.role.is_leading() {
+            self.replicas.want(&it, false).await;
+        }
+        Ok(it)
+    }
+
+    pub async fn acquire(&self, req: AcquireRequest) -> Result<pb::AcquireResponse, AgentError> {
+        if self.role.is_draining() {
+            return Err(AgentError::Unavailable("agent is shutting down; retry on another agent".into()));
+        }
+        if !self.limits.allow(req.user.as_str()) {
+            self.rate_limited.fetch_add(1, Ordering::Relaxed);
+            return Err(AgentError::ResourceExhausted(format!(
+                "user_id {:?} is sending requests too fast; retry later",
+                req.user.as_str()
+            )));
+        }
+        if !self.link.lease_valid() {
+            return Err(AgentError::Unavailable(
+                "agent's lease with the center has expired; not selling until it is renewed".into(),
+            ));
+        }
+        let item = self.item(&req.item).await?;
+        let (admission, policy) = item.with(|c| (c.admit(&req.idempotency_key, req.quantity), c.policy()));
+        let shelf = match admission {
+            Admission::Refuse(Refusal::InDoubt) => {
+                return Err(AgentError::Unavailable(format!(
+                    "units of item {} are in doubt at the center; selling waits for an operator to resolve them",
+                    item.item_id
+                )));
+            }
+            Admission::Refuse(Refusal::Lost) => {
+                return Err(AgentError::Unavailable(format!(
+                    "pool of item {} lost its data in the store; selling is frozen until reconciled",
+                    item.item_id
+                )));
+            }
+            Admission::Refuse(Refusal::OverLimit { limit }) => {
+                return Err(inventory_core::ValidationError::new(
+                    "quantity",
+                    req.quantity,
+                    format!("must be at most the per-user limit {limit} of item {}", item.item_id),
+                )
+                .into());
+            }
+            Admission::SoldOut => {
+                self.metrics.acquire(Outcome::SoldOutFast);
+                // Only the leader talks to the center; a follower's misses reach it as wants.
+                if self.role.is_leading()
+                    && let Some(want) = item.with(|c| c.on_fast_sold_out(req.quantity, self.stocking.ctx()))
+                {
+                    self.stocking.submit(&item, OpKind::Borrow { want });
+                }
+                return Ok(sold_out());
+            }
+            Admission::Store { shelf } => shelf,
+        };
+        let args = AcquireArgs {
+            user_id: req.user.to_string(),
+            quantity: req.quantity,
+            idempotency_key: req.idempotency_key,
+            new_reservation_id: uuid::Uuid::new_v4().simple().to_string(),
+            per_user_limit: policy.per_user_limit,
+            reservation_ttl_ms: policy.reservation_ttl_ms,
+        };
+        let mut result = self.store.acquire(&item.pool, &args).await?;
+        if let AcquireResult::SoldOut { .. } = result {
+            result = self.after_miss(&item, &args, result).await?;
+        } else {
+            item.with(|c| c.touch());
+        }
+        let response = match result {
+            AcquireResult::Reserved { reservation_id, quantity, expires_at_ms, replayed } => {
+                self.metrics.acquire(Outcome::Reserved);
+                pb::AcquireResponse {
+                    outcome: pb::AcquireOutcome::Reserved as i32,
+                    reservation_id,
+                    expires_at_unix_ms: expires_at_ms,
+                    replayed,
+                    quantity,
+                }
+            }
+            AcquireResult::SoldOut { available } => {
+                self.metrics.acquire(Outcome::SoldOut);
+                let leading = self.role.is_leading();
+                if item.with(|c| c.on_sold_out(shelf, available, leading)) {
+                    self.enable_fast_path(&item).await;
+                }
+                sold_out()
+            }
+            AcquireResult::LimitExceeded { .. } => {
+                self.metrics.acquire(Outcome::LimitExceeded);
+                pb::AcquireResponse { outcome: pb::AcquireOutcome::LimitExceeded as i32, ..Default::default() }
+            }
+            AcquireResult::KeyConflict => {
+                return Err(AgentError::AlreadyExists(format!(
+                    "idempotency_key {:?} was already used for another user or quantity",
+                    args.idempotency_key
+                )));
+            }
+        };
+        Ok(response)
+    }
+
+    /// The pool had too little: a follower asks the leader and waits for its refill; the
+    /// leader joins (or starts) the item's Borrow, waits a bounded time and tries once
+    /// more, or, with the center dry, signals its demand in the background.
+    async fn after_miss(
+        &self,
+        item: &Arc<Item>,
+        args: &AcquireArgs,
+        missed: AcquireResult,
+    ) -> Result<AcquireResult, AgentError> {
+        if !self.role.is_leading() {
+            item.with(|c| c.touch());
+            if self.replicas.wait_for_stock(item, args.quantity).await {
+                return Ok(self.store.acquire(&item.pool, args).await?);
+            }
+            return Ok(missed);
+        }
+        match item.with(|c| c.on_miss(args.quantity, self.stocking.ctx())) {
+            MissPlan::Answer => Ok(missed),
+            MissPlan::Signal { want } => {
+                self.stocking.submit(item, OpKind::Borrow { want });
+                Ok(missed)
+            }
+            MissPlan::Borrow { want } => {
+                let done = self.stocking.submit(item, OpKind::Borrow { want });
+                let mut result = missed;
+                if matches!(tokio::time::timeout(self.miss_wait, done).await, Ok(Ok(_))) {
+                    result = self.store.acquire(&item.pool, args).await?;
+                }
+                if matches!(result, AcquireResult::SoldOut { .. }) && !self.link.reachable() {
+                    // Not sold out: the pool is empty and the center cannot be asked.
+                    return Err(AgentError::Unavailable(
+                        "local pool is empty and the center is unreachable; retry with the same idempotency_key".into(),
+                    ));
+                }
+                Ok(result)
+            }
+        }
+    }
+
+    /// Loads the keys that reserved, then answers further sold-out requests from memory.
+    async fn enable_fast_path(&self, item: &Item) {
+        let shelf = item.with(|c| c.shelf_version());
+        match self.store.idempotency_keys(&item.pool).await {
+            Ok(keys) => item.with(|c| c.fast_path_on(keys.into_iter().collect::<BTreeSet<_>>(), shelf)),
+            Err(e) => tracing::warn!(item = %item.item_id, error = %e, "cannot load idempotency keys"),
+        }
+    }
+
+    pub async fn confirm(&self, item: &ItemId, reservation_id: &str) -> Result<ReservationState, AgentError> {
+        let it = self.item(item).await?;
+        let t = self.store.confirm(&it.pool, reservation_id).await?;
+        it.with(|c| {
+            if let Transition::Refused(ReservationState::Expired) = t {
+                // The expiry just put units back.
+                c.stock_returned();
+            } else {
+                c.touch();
+            }
+        });
+        transition_result(t, reservation_id, "confirm")
+    }
+
+    pub async fn cancel(&self, item: &ItemId, reservation_id: &str) -> Result<ReservationState, AgentError> {
+        let it = self.item(item).await?;
+        let t = self.store.cancel(&it.pool, reservation_id).await?;
+        it.with(|c| if matches!(t, Transition::Done(_)) { c.stock_returned() } else { c.touch() });
+        transition_result(t, reservation_id, "cancel")
+    }
+
+    pub async fn get_stock(&self, item: &ItemId) -> Result<pb::GetStockResponse, AgentError> {
+        let it = self.item(item).await?;
+        let s = self.store.snapshot(&it.pool).await?;
+        Ok(pb::GetStockResponse {
+            available: s.available,
+            reserved: s.reserved,
+            sold: s.sold,
+            sold_out: s.available == 0 && it.with(|c| c.supply().center_dry),
+        })
+    }
+}
+
+fn sold_out() -> pb::AcquireResponse {
+    pb::AcquireResponse { outcome: pb::AcquireOutcome::SoldOut as i32, ..Default::default() }
+}
+
+pub fn reservation_state_pb(s: ReservationState) -> i32 {
+    let s = match s {
+        ReservationState::Reserved => pb::ReservationState::Reserved,
+        ReservationState::Confirmed => pb::ReservationState::Confirmed,
+        ReservationState::Cancelled => pb::ReservationState::Cancelled,
+        ReservationState::Expired => pb::ReservationState::Expired,
+    };
+    s as i32
+}
+
+fn transition_result(t: Transition, id: &str, verb: &str) -> Result<ReservationState, AgentError> {
+    match t {
+        Transition::Done(s) => Ok(s),
+        Transition::Refused(s) => {
+            Err(AgentError::Precondition(format!("cannot {verb} reservation {id:?}: it is {}", s.as_str())))
+        }
+        Transition::NotFound => Err(AgentError::NotFound(format!("reservation {id:?} not found"))),
+    }
+}

@@ -1,0 +1,232 @@
+//! Stocking: the driver of each item's Borrows, Returns and resyncs. The rules decide
+//! ([`inventory_core::channel`]); this carries out each effect against the pool store and
+//! the center and feeds the result back. An item's operations run one at a time, in the
+//! order they were queued, in a task of their own: a caller that stops waiting never
+//! cancels an operation half-way.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use inventory_core::channel::{CallFault, Ctx, Effect, Holding, Note, OpKind, OpResult, Reply, Step, StoreFault, Work};
+use tokio::sync::oneshot;
+use tokio_util::task::TaskTracker;
+use tonic::{Code, Status};
+use tracing::Instrument;
+
+use crate::items::{Item, view};
+use crate::link::CenterLink;
+use crate::metrics::Metrics;
+use crate::store::{PoolStore, StoreError};
+
+pub struct Stocking {
+    store: Arc<dyn PoolStore>,
+    link: Arc<CenterLink>,
+    metrics: Arc<Metrics>,
+    /// Every operation's task: shutdown waits for them.
+    tasks: TaskTracker,
+}
+
+impl Stocking {
+    pub fn new(store: Arc<dyn PoolStore>, link: Arc<CenterLink>, metrics: Arc<Metrics>) -> Self {
+        Self { store, link, metrics, tasks: TaskTracker::new() }
+    }
+
+    /// The inputs of a transition now: the clock and the channel's epoch.
+    pub fn ctx(&self) -> Ctx {
+        Ctx { now_ms: crate::clock::now_ms(), epoch: self.link.epoch() }
+    }
+
+    /// Queues an operation of the item; the receiver gets its result (dropping it is fine:
+    /// the operation runs on).
+    pub fn submit(self: &Arc<Self>, item: &Arc<Item>, kind: OpKind) -> oneshot::Receiver<OpResult> {
+        let fresh = uuid::Uuid::new_v4().simple().to_string();
+        let (tx, rx) = oneshot::channel();
+        let step = {
+            let mut st = item.lock();
+            let (id, step) = st.core.submit(kind, fresh, self.ctx());
+            st.waiters.insert(id, tx);
+            st.finished(&step.finished);
+            step
+        };
+        self.carry_on(item, step);
+        rx
+    }
+
+    /// Queues an operation and waits for its result (None: the operation was dropped).
+    pub async fn run(self: &Arc<Self>, item: &Arc<Item>, kind: OpKind) -> Option<OpResult> {
+        self.submit(item, kind).await.ok()
+    }
+
+    /// Records a transition's notes, then starts a task for its next effect, if any.
+    fn carry_on(self: &Arc<Self>, item: &Arc<Item>, step: Step) {
+        self.notes(item, &step.notes);
+        if let Some(work) = step.next {
+            let (this, item) = (Arc::clone(self), Arc::clone(item));
+            self.tasks.spawn(async move { this.drive(item, work).await });
+        }
+    }
+
+    /// Carries out the item's effects until its queue is empty.
+    async fn drive(self: Arc<Self>, item: Arc<Item>, mut work: Work) {
+        loop {
+            let reply = self.perform(&item, &work.effect).await;
+            let step = {
+                let mut st = item.lock();
+                let step = st.core.feed(work.op, reply, self.ctx());
+                st.finished(&step.finished);
+                step
+            };
+            self.notes(&item, &step.notes);
+            match step.next {
+                Some(next) => work = next,
+                None => return,
+            }
+        }
+    }
+
+    async fn perform(&self, item: &Item, effect: &Effect) -> Reply {
+        let pool = &item.pool;
+        match effect {
+            Effect::ReadPool => store_reply(self.store.snapshot(pool).await.map(|s| Reply::Pool(view(&s)))),
+            Effect::OpenPool { grant_id, epoch } => {
+                store_reply(self.store.refill(pool, grant_id, 0, *epoch).await.map(|_| Reply::Done))
+            }
+            Effect::Refill { grant_id, units, epoch, must_exist, after_ms } => {
+                if *after_ms > 0 {
+                    tokio::time::sleep(Duration::from_millis(*after_ms)).await;
+                }
+                let r = if *must_exist {
+                    self.store.refill_existing(pool, grant_id, *units, *epoch).await
+                } else {
+                    self.store.refill(pool, grant_id, *units, *epoch).await
+                };
+                store_reply(r.map(|_| Reply::Done))
+            }
+            Effect::Take { take_id, max, epoch } => {
+                store_reply(self.store.take_for_return(pool, take_id, *max, *epoch).await.map(Reply::Units))
+            }
+            Effect::Untake { take_id, epoch } => {
+                store_reply(self.store.untake(pool, take_id, *epoch).await.map(Reply::Units))
+            }
+            Effect::RaiseFence { epoch } => {
+                store_reply(self.store.raise_fence(pool, *epoch).await.map(|_| Reply::Done))
+            }
+            Effect::Borrow { request_id, quantity, epoch } => {
+                let span = tracing::info_span!("borrow", item = %item.item_id, want = quantity, trace_id = %request_id);
+                match self.link.borrow(&item.item_id, *quantity, request_id, *epoch).instrument(span).await {
+                    Ok(a) => {
+                        self.metrics.borrowed(a.granted);
+                        Reply::Granted { granted: a.granted, center_available: a.center_available }
+                    }
+                    Err(s) => center_fault(&item.item_id, "borrow", &s),
+                }
+            }
+            Effect::Return { request_id, quantity, epoch } => {
+                match self.link.give_back(&item.item_id, *quantity, request_id, *epoch).await {
+                    Ok(_) => {
+                        self.metrics.returned(*quantity);
+                        Reply::Done
+                    }
+                    Err(s) => center_fault(&item.item_id, "return", &s),
+                }
+            }
+            Effect::Describe => match self.link.describe(&item.item_id).await {
+                Ok(d) => Reply::Holding(Holding { held: d.held, generation: d.generation, in_doubt: d.in_doubt }),
+                Err(s) => center_fault(&item.item_id, "describe", &s),
+            },
+        }
+    }
+
+    fn notes(&self, item: &Item, notes: &[Note]) {
+        let id = &item.item_id;
+        for note in notes {
+            match note {
+                Note::PoolLost { known, now } => {
+                    tracing::error!(item = %id, known, now, "pool lost its data in the store; frozen, its units in doubt");
+                }
+                Note::BorrowShort { want, granted } => tracing::info!(item = %id, want, granted, "borrow short"),
+                Note::CenterFailed { call, unknown } => {
+                    self.metrics.center_error();
+                    tracing::warn!(item = %id, call, outcome_unknown = unknown, "call to the center failed");
+                }
+                Note::StoreFailed { what } => {
+                    self.metrics.pool_store_error();
+                    tracing::warn!(item = %id, what, "pool store operation failed");
+                }
+                Note::GrantFenced { granted } => {
+                    tracing::warn!(item = %id, granted, "pool fenced by a newer incarnation of the channel; its resync counts this grant")
+                }
+                Note::GrantNotRefilled { granted } => {
+                    tracing::error!(item = %id, granted, "borrowed units could not be added to the pool; a resync settles them");
+                }
+                Note::ReturnRefused => tracing::warn!(item = %id, "return refused by the center; units put back"),
+                Note::Aligned { added, removed } => {
+                    tracing::warn!(item = %id, added, removed, "resync: pool brought in line with the center");
+                }
+                Note::BeyondGrant { units } => {
+                    tracing::error!(item = %id, units, "resync: reserved/sold units beyond what the center granted");
+                }
+                Note::InDoubt => tracing::error!(item = %id, "center holds units of the item in doubt; not selling it"),
+                Note::Unfrozen => tracing::warn!(item = %id, "selling the item again"),
+            }
+        }
+    }
+
+    /// Waits until every operation's task has finished (at shutdown, once nothing queues
+    /// new ones).
+    pub async fn wait_idle(&self) {
+        self.tasks.close();
+        self.tasks.wait().await;
+        self.tasks.reopen();
+    }
+}
+
+fn store_reply(r: Result<Reply, StoreError>) -> Reply {
+    match r {
+        Ok(reply) => reply,
+        Err(StoreError::Fenced(_)) => Reply::Store(StoreFault::Fenced),
+        Err(StoreError::PoolMissing(_)) => Reply::Store(StoreFault::PoolMissing),
+        Err(e) => {
+            tracing::debug!(error = %e, "pool store call failed");
+            Reply::Store(StoreFault::Failed)
+        }
+    }
+}
+
+/// A failed center call as the rules see it: refused and not-found calls were not applied;
+/// anything else may have been.
+fn center_fault(item: &str, call: &str, s: &Status) -> Reply {
+    tracing::debug!(item, call, code = ?s.code(), message = s.message(), "center call failed");
+    Reply::Center(match s.code() {
+        Code::FailedPrecondition => CallFault::Refused,
+        Code::NotFound => CallFault::NotFound,
+        _ => CallFault::Unknown,
+    })
+}
+
+impl Stocking {
+    /// The rebalancer's look at one item: queue a due resync, sweep expired reservations,
+    /// read the pool and let the rules decide whether to borrow or give back.
+    pub async fn look(self: &Arc<Self>, item: &Arc<Item>) -> Result<Option<OpKind>, StoreError> {
+        for kind in item.with(|c| c.due_resyncs(crate::clock::now_ms())) {
+            self.submit(item, kind);
+        }
+        let freed = self.store.expire_due(&item.pool, 1_000).await?;
+        let snap = self.store.snapshot(&item.pool).await?;
+        let mut notes = Vec::new();
+        let kind = item.with(|c| c.on_look(view(&snap), freed, self.ctx(), &mut notes));
+        self.notes(item, &notes);
+        if let Some(kind) = kind {
+            self.submit(item, kind);
+        }
+        Ok(kind)
+    }
+
+    /// Gives up to `max` idle units of the item back to the center; the units returned.
+    pub async fn give_back(self: &Arc<Self>, item: &Arc<Item>, max: u64) -> u64 {
+        match self.run(item, OpKind::Return { max }).await {
+            Some(OpResult::Returned { units }) => units,
+            _ => 0,
+        }
+    }
+}
