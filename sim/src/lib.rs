@@ -166,7 +166,7 @@ pub mod world;
 
 use std::fmt;
 
-use world::ResState;
+use world::ReservationState;
 pub use world::{Breakage, Config, Faults, OldAgent, Reclaims, Rivals, Stats, Violation, World};
 
 /// How many trailing trace lines a failure shows.
@@ -606,8 +606,8 @@ fn pay_pending(w: &mut World, ck: Checker) -> Result<(), Violation> {
             w.agents[*c]
                 .pools
                 .get(item)
-                .and_then(|p| p.reservations.get(id))
-                .is_some_and(|r| r.state == ResState::Reserved)
+                .and_then(|p| p.reservation_state(id))
+                .is_some_and(|s| s == ReservationState::Reserved)
         })
         .cloned()
         .collect();
