@@ -261,7 +261,7 @@ impl ChannelState {
 
     fn others_alive(&mut self, replica: &str, now: i64) -> u64 {
         self.replicas.retain(|_, until| *until > now);
-        self.replicas.keys().filter(|r| *r != replica).count() as u64
+        u64::try_from(self.replicas.keys().filter(|r| *r != replica).count()).unwrap_or(u64::MAX)
     }
 }
 
