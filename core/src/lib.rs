@@ -1,7 +1,7 @@
 //! Pure rules of the inventory system.
 //!
 //! Everything here is plain data and plain functions: parsing identifiers at the edge,
-//! the center's ledger arithmetic, and the agent's watermark decisions. No I/O, no clocks
+//! the center's ledger arithmetic, the agent's pool model and watermark decisions. No I/O, no clocks
 //! (callers pass `now`), no async. The services gather inputs, call these functions and
 //! carry out what they return.
 
@@ -9,6 +9,7 @@ pub mod auth;
 pub mod channel;
 pub mod ids;
 pub mod ledger;
+pub mod pool;
 pub mod rebalance;
 pub mod watermarks;
 

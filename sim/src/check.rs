@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use inventory_core::ledger;
 
-use crate::world::{ResState, Violation, World};
+use crate::world::{ReservationState, Violation, World};
 
 type Res = Result<(), Violation>;
 
@@ -75,7 +75,7 @@ pub fn check_state(w: &World) -> Res {
         let mut committed: u128 = 0;
         for (c, agent) in w.agents.iter().enumerate() {
             let Some(pool) = agent.pools.get(name) else { continue };
-            committed += u128::from(pool.reserved) + u128::from(pool.sold);
+            committed += u128::from(pool.reserved()) + u128::from(pool.sold());
             committed += u128::from(w.reference.lost_sold.get(&(c, name.clone())).copied().unwrap_or(0));
         }
         // Units written off as sold left the total but may still show as sold in a pool.
@@ -102,7 +102,7 @@ pub fn check_state(w: &World) -> Res {
             // Units sold from pool data that was later lost are still the channel's: they
             // are in doubt (invariant 8), never back at the center or in the pool.
             let lost_sold = u128::from(w.reference.lost_sold.get(&(c, name.clone())).copied().unwrap_or(0));
-            let bought = u128::from(pool.reserved) + u128::from(pool.sold) + lost_sold;
+            let bought = u128::from(pool.reserved()) + u128::from(pool.sold()) + lost_sold;
             if bought > held {
                 return Err(Violation::new(
                     if bought - lost_sold > held { "3" } else { "8" },
@@ -111,8 +111,8 @@ pub fn check_state(w: &World) -> Res {
                          center counts only {held} as the channel's: {} units are also at the center, which can \
                          sell them again",
                         agent.name(),
-                        pool.reserved,
-                        pool.sold,
+                        pool.reserved(),
+                        pool.sold(),
                         if lost_sold > 0 {
                             format!(", {lost_sold} sold from pool data since lost")
                         } else {
@@ -131,9 +131,9 @@ pub fn check_state(w: &World) -> Res {
                          center counts only {held} as the channel's (+{reclaimed} reclaimed, not yet resynced): \
                          {} units exist twice",
                         agent.name(),
-                        pool.available,
-                        pool.reserved,
-                        pool.sold,
+                        pool.available(),
+                        pool.reserved(),
+                        pool.sold(),
                         if lost_sold > 0 {
                             format!(" and sold {lost_sold} before its data was lost")
                         } else {
@@ -175,22 +175,22 @@ fn check_pools(w: &World, item: &str, limit: u64) -> Res {
         let Some(pool) = agent.pools.get(item) else { continue };
         let (mut reserved, mut sold) = (0u128, 0u128);
         let mut per_user: BTreeMap<&str, u128> = BTreeMap::new();
-        for r in pool.reservations.values() {
+        for (_, r) in pool.reservations() {
             match r.state {
-                ResState::Reserved => reserved += u128::from(r.quantity),
-                ResState::Confirmed => sold += u128::from(r.quantity),
-                ResState::Cancelled | ResState::Expired => continue,
+                ReservationState::Reserved => reserved += u128::from(r.quantity),
+                ReservationState::Confirmed => sold += u128::from(r.quantity),
+                ReservationState::Cancelled | ReservationState::Expired => continue,
             }
-            *per_user.entry(&r.user).or_default() += u128::from(r.quantity);
+            *per_user.entry(&r.user_id).or_default() += u128::from(r.quantity);
         }
-        if (reserved, sold) != (u128::from(pool.reserved), u128::from(pool.sold)) {
+        if (reserved, sold) != (u128::from(pool.reserved()), u128::from(pool.sold())) {
             return Err(Violation::new(
                 "3",
                 format!(
                     "{}/{item}: counters say {} reserved {} sold, reservations say {reserved} and {sold}",
                     agent.name(),
-                    pool.reserved,
-                    pool.sold
+                    pool.reserved(),
+                    pool.sold()
                 ),
             ));
         }
@@ -201,7 +201,7 @@ fn check_pools(w: &World, item: &str, limit: u64) -> Res {
                     format!("{user} holds {held} of {item} in {} (limit {limit})", agent.name()),
                 ));
             }
-            if held != u128::from(pool.held_by_user.get(user).copied().unwrap_or(0)) {
+            if held != u128::from(pool.held_by(user)) {
                 return Err(Violation::new(
                     "5",
                     format!("{}/{item}: the pool's count for {user} is not {held}", agent.name()),
@@ -239,7 +239,7 @@ pub fn check_quiescent(w: &World) -> Res {
 
 /// Units sold over every pool, per item, with those sold from pool data later lost.
 pub fn sold(w: &World, item: &str) -> u64 {
-    let in_pools: u64 = w.agents.iter().filter_map(|a| a.pools.get(item)).map(|p| p.sold).sum();
+    let in_pools: u64 = w.agents.iter().filter_map(|a| a.pools.get(item)).map(|p| p.sold()).sum();
     let lost: u64 = w.reference.lost_sold.iter().filter(|((_, i), _)| i == item).map(|(_, n)| n).sum();
     in_pools + lost
 }
@@ -255,9 +255,9 @@ pub fn whereabouts(w: &World, item: &str) -> String {
             "{}: held {}, pool {}/{}/{} available/reserved/sold{}",
             agent.name(),
             w.center.held(item, agent.name()),
-            pool.available,
-            pool.reserved,
-            pool.sold,
+            pool.available(),
+            pool.reserved(),
+            pool.sold(),
             flags.map_or_else(
                 || " (down)".to_owned(),
                 |f| format!(

@@ -17,33 +17,33 @@
 //! **Over the real rules:** the center's arithmetic, epochs, leases, reclaim, in-doubt
 //! marking and resolution, the invariant check (`check_item`) and request fingerprints are
 //! `inventory_core::ledger`; the watermark decision is `inventory_core::rebalance::decide`.
-//! Since 195d94b, also `ledger::reclaim_into_doubt` and the new `resolve_in_doubt` (only
-//! the `in_doubt` part is settled; the channel keeps the rest); since 37a6364,
-//! `ledger::give_back` refusing a Return of units in doubt. The request table (replay
-//! before the epoch check, refusals not recorded), the Center service's Heartbeat (a
-//! report with another generation, 0 included, than the last non-zero one is a lost pool;
-//! the answer lists the channel's items with units in doubt, a lost pool only if
+//! Also `ledger::reclaim_into_doubt` and `resolve_in_doubt` (only the `in_doubt` part is
+//! settled; the channel keeps the rest), and `ledger::give_back` refusing a Return of
+//! units in doubt. The pool is `inventory_core::pool::Pool` (acquire, confirm, cancel,
+//! expiry, refills once per grant id, takes for return, fences), the model the in-memory
+//! store `agent/src/store/memory.rs` wraps and the Lua scripts mirror. The request table
+//! (replay before the epoch check, refusals not recorded), the Center service's Heartbeat
+//! (a report with another generation, 0 included, than the last non-zero one is a lost
+//! pool; the answer lists the channel's items with units in doubt, a lost pool only if
 //! `mark_lost` put units in doubt; `last_report` stored per channel, reset by a
 //! registration), the reclaim (`ledger::reclaim` only if the channel's last report was its
 //! last word, `reclaim_into_doubt` otherwise) and DescribeItem's
-//! `held`/`generation`/`in_doubt`, the pool store (`agent/src/store/memory.rs`, the Lua
-//! scripts' twin) and the agent's paths (`agent.rs`, `link.rs`, `items.rs`, `workers.rs`,
-//! `startup.rs`; a registration's resync only removing units while an outcome of the item
-//! is unknown; the drain's final report with `last_report`; an intact pool whose units
-//! are partly in doubt kept and reported as it is, but not sold (`held_in_doubt`, also set
-//! by a heartbeat answer's `in_doubt_items`); on `InDoubtResolved`, the pool aligned to
-//! the `held` DescribeItem reads under the lock; since 37a6364, nothing given back of a
-//! frozen or in-doubt item, and a pool lost while the channel held none of it sold again
-//! after a resync 1 s later that finds `held 0` and nothing in doubt; since 4473fcb, a
-//! grant refilled only into an existing pool, `refill_existing` checking inside the
-//! script, the item frozen on `PoolMissing`; since 9ffeaf6, the pools' fences: a
-//! registration raises each pool's fence to its epoch under the item's lock before it
-//! reads the center's view, and `refill`, `refill_existing`, `take_for_return` and
-//! `untake` carry the caller's epoch — `borrow_now`'s read before its first store call,
-//! `give_back`'s before its take, a resync's the link's — and are refused below the
-//! fence; since 6b4c4d3, every attempt of a Borrow or Return carrying that same epoch,
-//! the one its refill or untake carries, instead of the link's when the call began) are
-//! mirrored as of commit ec3a60d, plus 6b4c4d3, in [`world`] and [`step`], each handler
+//! `held`/`generation`/`in_doubt`, and the agent's paths (`agent.rs`, `link.rs`,
+//! `items.rs`, `workers.rs`, `startup.rs`; a registration's resync only removing units
+//! while an outcome of the item is unknown; the drain's final report with `last_report`;
+//! an intact pool whose units are partly in doubt kept and reported as it is, but not sold
+//! (`held_in_doubt`, also set by a heartbeat answer's `in_doubt_items`); on
+//! `InDoubtResolved`, the pool aligned to the `held` DescribeItem reads under the lock;
+//! nothing given back of a frozen or in-doubt item, and a pool lost while the channel held
+//! none of it sold again after a resync 1 s later that finds `held 0` and nothing in
+//! doubt; a grant refilled only into an existing pool, `refill_existing` checking inside
+//! the script, the item frozen on `PoolMissing`; the pools' fences: a registration raises
+//! each pool's fence to its epoch under the item's lock before it reads the center's view,
+//! and `refill`, `refill_existing`, `take_for_return` and `untake` carry the caller's epoch
+//! — `borrow_now`'s read before its first store call, `give_back`'s before its take, a
+//! resync's the link's — and are refused below the fence; every attempt of a Borrow or
+//! Return carrying that same epoch, the one its refill or untake carries, instead of the
+//! link's when the call began) are mirrored in [`world`] and [`step`], each handler
 //! naming what it mirrors.
 //!
 //! **Modelled:** per-call reordering and loss (calls are independent HTTP/2 streams), each
@@ -166,7 +166,7 @@ pub mod world;
 
 use std::fmt;
 
-use world::ResState;
+use world::ReservationState;
 pub use world::{Breakage, Config, Faults, OldAgent, Reclaims, Rivals, Stats, Violation, World};
 
 /// How many trailing trace lines a failure shows.
@@ -606,8 +606,8 @@ fn pay_pending(w: &mut World, ck: Checker) -> Result<(), Violation> {
             w.agents[*c]
                 .pools
                 .get(item)
-                .and_then(|p| p.reservations.get(id))
-                .is_some_and(|r| r.state == ResState::Reserved)
+                .and_then(|p| p.reservation_state(id))
+                .is_some_and(|s| s == ReservationState::Reserved)
         })
         .cloned()
         .collect();

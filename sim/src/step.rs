@@ -19,10 +19,11 @@ use inventory_core::ledger::PoolCounts;
 use inventory_core::rebalance::{self, Action, Inputs};
 
 use crate::world::{
-    AcquireResult, AgentMem, Answer, CenterEvent, Fenced, HEARTBEAT_EVERY_MS, HeartbeatAnswer, Holding, ItemFlags,
-    KeyUse, LINK_ATTEMPTS, LOST_POOL_RESYNC_AFTER_MS, MAX_DELAY_MS, MISS_WAIT_MS, Message, Miss, Op, OpKind, Phase,
-    RESYNC_AFTER_UNKNOWN_MS, RETURN_SUSTAIN_MS, Reclaims, Refill, Refusal, Registration, Report, ResState, Rivals,
-    STARVING_SIGNAL_EVERY_MS, Task, Transition, Violation, Waiter, World,
+    AcquireArgs, AcquireResult, AgentMem, Answer, CenterEvent, Fenced, HEARTBEAT_EVERY_MS, HeartbeatAnswer, Holding,
+    ItemFlags, KeyUse, LINK_ATTEMPTS, LOST_POOL_RESYNC_AFTER_MS, MAX_DELAY_MS, MISS_WAIT_MS, Message, Miss, Op, OpKind,
+    Phase, Pool, RECORD_RETENTION_MS, RESYNC_AFTER_UNKNOWN_MS, RETURN_SUSTAIN_MS, Reclaims, Refill, Refusal,
+    Registration, Report, ReservationState, Rivals, STARVING_SIGNAL_EVERY_MS, Task, Transition, Violation, Waiter,
+    World, broken, unless_fenced,
 };
 
 type Res<T = ()> = Result<T, Violation>;
@@ -340,7 +341,7 @@ impl World {
     /// SOLD_OUT answered: an empty pool while the center is dry turns the fast path on.
     fn answered_sold_out(&mut self, c: usize, item: &str, available: u64) -> Res {
         if available == 0 {
-            let keys = self.agents[c].pools[item].keys.keys().cloned().collect();
+            let keys = self.agents[c].pools[item].idempotency_keys().map(str::to_owned).collect();
             let flags = self.flags(c, item);
             flags.local_empty = true;
             // fast_path_wanted + fast_path_on
@@ -368,10 +369,18 @@ impl World {
         let now = self.now_ms;
         let new_id = self.fresh_id("r");
         let pool = self.agents[c].pools.entry(item.to_owned()).or_default();
-        let result = pool.acquire(user, quantity, key, &new_id, state.per_user_limit, state.reservation_ttl_ms, now)?;
+        let args = AcquireArgs {
+            user_id: user.to_owned(),
+            quantity,
+            idempotency_key: key.to_owned(),
+            new_reservation_id: new_id,
+            per_user_limit: state.per_user_limit,
+            reservation_ttl_ms: state.reservation_ttl_ms,
+        };
+        let result = pool.acquire(&args, now).map_err(broken)?;
         let losses = self.reference.pool_losses.get(&(c, item.to_owned())).copied().unwrap_or(0);
         match &result {
-            AcquireResult::Reserved { reservation_id, replayed } => {
+            AcquireResult::Reserved { reservation_id, replayed, .. } => {
                 self.log(format!("{what} -> reserved {reservation_id}{}", if *replayed { " (replayed)" } else { "" }));
                 match replay_of {
                     Some(k) => {
@@ -407,7 +416,7 @@ impl World {
                 Ok(None)
             }
             AcquireResult::SoldOut { available } => Ok(Some(*available)),
-            AcquireResult::LimitExceeded => {
+            AcquireResult::LimitExceeded { .. } => {
                 self.log(format!("{what} -> limit exceeded"));
                 if replay_of.is_none() {
                     self.remember_key(c, item, user, quantity, key);
@@ -455,10 +464,15 @@ impl World {
         }
         let now = self.now_ms;
         let pool = self.agents[c].pools.entry(item.to_owned()).or_default();
-        let t = if confirm { pool.confirm(id, now)? } else { pool.cancel(id, now)? };
+        let t = if confirm {
+            pool.confirm(id, now, RECORD_RETENTION_MS)
+        } else {
+            pool.cancel(id, now, RECORD_RETENTION_MS)
+        };
+        let t = t.map_err(broken)?;
         self.log(format!("{what} -> {t:?}"));
         let returned = match t {
-            Transition::Refused(ResState::Expired) => confirm,
+            Transition::Refused(ReservationState::Expired) => confirm,
             Transition::Done(_) => !confirm,
             _ => false,
         };
@@ -593,7 +607,8 @@ impl World {
             return Ok(());
         }
         let now = self.now_ms;
-        let freed = self.agents[c].pools.entry(item.to_owned()).or_default().expire_due(1_000, now)?;
+        let pool = self.agents[c].pools.entry(item.to_owned()).or_default();
+        let freed = pool.expire_due(1_000, now, RECORD_RETENTION_MS).map_err(broken)?;
         if freed > 0 {
             self.flags(c, item).stock_returned_locally();
         }
@@ -666,7 +681,7 @@ impl World {
     /// later: if the channel held nothing of the item, nothing was lost and the resync
     /// sells it again.
     fn pool_lost(&mut self, c: usize, item: &str) -> bool {
-        let generation = self.agents[c].pools.get(item).map_or(0, |p| p.generation);
+        let generation = self.agents[c].pools.get(item).map_or(0, Pool::generation);
         let at = self.now_ms + LOST_POOL_RESYNC_AFTER_MS;
         let schedule = !self.config.old_agent.held_zero_stays_frozen;
         let flags = self.flags(c, item);
@@ -835,7 +850,7 @@ impl World {
                     Some(self.center.describe(item, self.agents[c].name()))
                 };
                 let held = h.as_ref().map_or(0, |h| h.held);
-                let generation = self.agents[c].pools.get(item).map_or(0, |p| p.generation);
+                let generation = self.agents[c].pools.get(item).map_or(0, Pool::generation);
                 let epoch = self.mem(c).epoch;
                 if self.align(c, item, held, epoch)?.is_err() {
                     // Only if `align` succeeded does the agent sell again.
@@ -870,12 +885,12 @@ impl World {
         // The epoch this Borrow is sent under (since 9ffeaf6): its refill is refused once a
         // later incarnation of the channel fenced the pool (that one's resync counts it).
         let epoch = self.mem(c).epoch;
-        if self.agents[c].pools.get(item).is_none_or(|p| p.generation == 0) {
+        if self.agents[c].pools.get(item).is_none_or(|p| !p.exists()) {
             let opened = self.fresh_id("open-");
             if self.refill(c, item, &opened, 0, "open", epoch, false)? == Refill::Fenced {
                 return Ok(false);
             }
-            let generation = self.agents[c].pools[item].generation;
+            let generation = self.agents[c].pools[item].generation();
             self.flags(c, item).generation = generation;
             self.stats.pools_opened += 1;
         }
@@ -910,7 +925,9 @@ impl World {
         }
         let take_id = self.fresh_id("t");
         let epoch = self.mem(c).epoch;
-        let taken = self.agents[c].pools.entry(item.to_owned()).or_default().take_for_return(&take_id, max, epoch)?;
+        let now = self.now_ms;
+        let pool = self.agents[c].pools.entry(item.to_owned()).or_default();
+        let taken = unless_fenced(pool.take_for_return(&take_id, max, epoch, now, RECORD_RETENTION_MS))?;
         let Ok(taken) = taken else {
             self.stats.store_calls_fenced += 1;
             self.log(format!(
@@ -1067,12 +1084,13 @@ impl World {
         must_exist: bool,
     ) -> Res<Refill> {
         let generation = self.fresh_generation();
+        let now = self.now_ms;
         let pool = self.agents[c].pools.entry(item.to_owned()).or_default();
-        let result = pool.refill(grant_id, units, generation, epoch, must_exist)?;
+        let result = crate::world::refill(pool, grant_id, units, generation, epoch, must_exist, now)?;
         if result == Refill::Applied && units > 0 {
             *self.reference.refills.entry((c, item.to_owned(), grant_id.to_owned())).or_default() += 1;
         }
-        let fence = self.agents[c].pools[item].fence;
+        let fence = self.agents[c].pools[item].fence();
         self.log(format!(
             "{} refills {units} of {item} ({why} {grant_id}, epoch {epoch}){}",
             self.name(c),
@@ -1102,7 +1120,7 @@ impl World {
             return;
         }
         let pool = self.agents[c].pools.entry(item.to_owned()).or_default();
-        let before = pool.fence;
+        let before = pool.fence();
         pool.raise_fence(epoch);
         if before != 0 && before < epoch {
             self.stats.fences_raised += 1;
@@ -1261,7 +1279,7 @@ impl World {
                 // The epoch read before the take: refused as fenced when a newer
                 // incarnation took over (its resync counts these units).
                 let pool = self.agents[c].pools.entry(op.item.clone()).or_default();
-                match pool.untake(&op.request_id, op.store_epoch)? {
+                match unless_fenced(pool.untake(&op.request_id, op.store_epoch))? {
                     Ok(back) => self.log(format!("{who}: refused ({m}); {back} units put back")),
                     Err(Fenced) => {
                         self.stats.store_calls_fenced += 1;
@@ -1383,7 +1401,7 @@ impl World {
                 }
                 let pool = self.agents[c].pools.get(&item);
                 let counts = pool.map(|p| p.counts()).unwrap_or_default();
-                let generation = pool.map_or(0, |p| p.generation);
+                let generation = pool.map_or(0, Pool::generation);
                 Report { item, counts, generation, lost: false }
             })
             .collect()
@@ -1550,7 +1568,7 @@ impl World {
     /// `align` was refused.
     fn resync(&mut self, c: usize, h: &Holding, own: bool, epoch: u64, only_remove: bool) -> Res<Result<bool, Fenced>> {
         let (item, held) = (h.item.as_str(), h.held);
-        let generation = self.agents[c].pools.get(item).map_or(0, |p| p.generation);
+        let generation = self.agents[c].pools.get(item).map_or(0, Pool::generation);
         if held == 0 && h.in_doubt == 0 && !self.config.old_agent.held_zero_stays_frozen {
             if let Err(f) = self.align(c, item, 0, epoch)? {
                 return Ok(Err(f));
@@ -1669,8 +1687,10 @@ impl World {
             }
         } else if pool_sum > held {
             let excess = pool_sum - held;
+            let now = self.now_ms;
             let pool = self.agents[c].pools.entry(item.to_owned()).or_default();
-            let Ok(taken) = pool.take_for_return(&op_id, excess, epoch)? else {
+            let Ok(taken) = unless_fenced(pool.take_for_return(&op_id, excess, epoch, now, RECORD_RETENTION_MS))?
+            else {
                 self.stats.store_calls_fenced += 1;
                 self.log(format!("{} resync cannot remove {excess} of {item}: pool fenced", self.name(c)));
                 return Ok(Err(Fenced));
@@ -1679,7 +1699,8 @@ impl World {
             let pool = &self.agents[c].pools[item];
             // Units written off as sold may stay in the pool; nothing else may.
             let written_off = self.reference.written_off.get(&(c, item.to_owned())).copied().unwrap_or(0);
-            if pool.reserved + pool.sold > held + written_off {
+            let (available, reserved, sold) = (pool.available(), pool.reserved(), pool.sold());
+            if reserved + sold > held + written_off {
                 self.reference.noticed.push(Violation::new(
                     "3",
                     format!(
@@ -1688,10 +1709,10 @@ impl World {
                          could be removed: {} reserved/sold units are also back at the center, which can sell them \
                          again",
                         self.name(c),
-                        pool.available + taken,
-                        pool.reserved,
-                        pool.sold,
-                        pool.reserved + pool.sold - held - written_off
+                        available + taken,
+                        reserved,
+                        sold,
+                        reserved + sold - held - written_off
                     ),
                 ));
             }
@@ -1708,7 +1729,7 @@ impl World {
         for (item, channel) in doubtful {
             let c = self.agents.iter().position(|a| a.name() == channel).expect("known channel");
             let key = (c, item.clone());
-            let sold_in_pool = self.agents[c].pools.get(&item).map_or(0, |p| p.sold);
+            let sold_in_pool = self.agents[c].pools.get(&item).map_or(0, Pool::sold);
             let lost = self.reference.lost_sold.get(&key).copied().unwrap_or(0);
             let already = self.reference.written_off.get(&key).copied().unwrap_or(0);
             // Since 195d94b the channel keeps what was not in doubt (`held - in_doubt`): of
@@ -1809,11 +1830,11 @@ impl World {
             return;
         }
         let Some(pool) = self.agents[c].pools.get_mut(item) else { return };
-        if pool.generation == 0 {
+        if !pool.exists() {
             return; // nothing stored yet
         }
-        let sold = pool.sold;
-        *pool = Default::default();
+        let sold = pool.sold();
+        *pool = Pool::default();
         *self.reference.lost_sold.entry((c, item.to_owned())).or_default() += sold;
         *self.reference.pool_losses.entry((c, item.to_owned())).or_default() += 1;
         self.stats.pool_losses += 1;
@@ -1926,7 +1947,7 @@ mod tests {
         w.deliver(0).unwrap();
         w.progress(0, 0).unwrap();
         w.progress(0, 0).unwrap();
-        assert_eq!(w.agents[0].pools[&item].available, 5);
+        assert_eq!(w.agents[0].pools[&item].available(), 5);
         // An earlier Borrow or Return of the item ended with an unknown outcome 5 s ago.
         w.flags(0, &item).resync_at_ms = w.now_ms;
         // The watcher gives back 3 (ReturnRequested): taken, attempt 1 on its way.

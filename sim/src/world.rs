@@ -6,9 +6,9 @@
 //! ones from `inventory_core::ledger`; the watermark decision is the real
 //! `inventory_core::rebalance::decide`. What `center/src/store/sql.rs` does around them in
 //! one transaction (request table lookup before the epoch check, refused calls not
-//! recorded) is mirrored by [`Center`]. The pool ([`Pool`]) mirrors the in-memory
-//! reference store `agent/src/store/memory.rs` (itself the twin of the Lua scripts), with
-//! the logical clock instead of the system clock. The agent's behaviour (`agent.rs`,
+//! recorded) is mirrored by [`Center`]. The pool ([`Pool`]) is the real model
+//! `inventory_core::pool`, which the in-memory store `agent/src/store/memory.rs` wraps
+//! (itself the twin of the Lua scripts), on the logical clock instead of the system clock. The agent's behaviour (`agent.rs`,
 //! `link.rs`, `items.rs`, `workers.rs`, `startup.rs`) is mirrored step by step in
 //! `step.rs`, including each item's `borrow_lock` ([`ItemFlags::waiters`]) and the epoch
 //! each Borrow/Return carries ([`Op::store_epoch`], read before its pool writes).
@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 
 use inventory_core::ledger::{self, Allocation, ChannelSession, ItemState, LedgerError, Mutation, PoolCounts};
+pub use inventory_core::pool::{AcquireArgs, AcquireResult, Pool, PoolError, ReservationState, Transition};
 use inventory_core::watermarks::Watermarks;
 use inventory_core::{Channel, ItemId, Quantity};
 
@@ -752,68 +753,11 @@ impl Center {
 // The pool (durable: Redis, or the in-memory store)
 // ---------------------------------------------------------------------------------------
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResState {
-    Reserved,
-    Confirmed,
-    Cancelled,
-    Expired,
-}
+// The pool is `inventory_core::pool::Pool`, the model the in-memory store wraps, on the
+// logical clock.
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reservation {
-    pub state: ResState,
-    pub quantity: u64,
-    pub expires_at_ms: i64,
-    pub user: String,
-    pub key: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Take {
-    pub units: u64,
-    pub put_back: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AcquireResult {
-    Reserved { reservation_id: String, replayed: bool },
-    SoldOut { available: u64 },
-    LimitExceeded,
-    KeyConflict,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transition {
-    Done(ResState),
-    Refused(ResState),
-    NotFound,
-}
-
-/// One channel's pool of one item: `agent/src/store/memory.rs`'s `Pool` on a logical
-/// clock. Records are never forgotten (the real retention is 24 h, far beyond a run).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Pool {
-    pub available: u64,
-    pub reserved: u64,
-    pub sold: u64,
-    /// 0 until the first refill creates the pool.
-    pub generation: u64,
-    /// The highest center epoch that fenced the pool (`lua/fence.lua`): `refill`,
-    /// `take_for_return` and `untake` carrying an older epoch are refused. Kept with the
-    /// pool's data, so a store that loses the pool loses its fence too.
-    pub fence: u64,
-    pub reservations: BTreeMap<String, Reservation>,
-    /// RESERVED reservations by expiry.
-    pub due: BTreeSet<(i64, String)>,
-    /// Units each user holds (reserved + confirmed).
-    pub held_by_user: BTreeMap<String, u64>,
-    /// Idempotency key -> reservation id.
-    pub keys: BTreeMap<String, String>,
-    /// Grant id -> units applied.
-    pub grants: BTreeMap<String, u64>,
-    pub takes: BTreeMap<String, Take>,
-}
+/// Records are never forgotten in a run (the real retention is 24 h, far beyond one).
+pub const RECORD_RETENTION_MS: i64 = i64::MAX;
 
 /// What a refill script answered (`lua/refill.lua`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -835,189 +779,43 @@ pub enum Refill {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fenced;
 
-impl Pool {
-    pub fn sum(&self) -> u64 {
-        self.available + self.reserved + self.sold
-    }
+/// A refusal of the pool model the simulator never provokes (a counter out of range, a
+/// reused reservation id): a broken invariant 3.
+pub fn broken(e: PoolError) -> Violation {
+    Violation::new("3", format!("pool model: {e}"))
+}
 
-    pub fn counts(&self) -> PoolCounts {
-        if self.generation == 0 {
-            return PoolCounts::default();
-        }
-        PoolCounts { available: self.available, reserved: self.reserved, sold: self.sold }
+/// A fenced call as [`Fenced`]; any other refusal is [`broken`].
+pub fn unless_fenced<T>(r: Result<T, PoolError>) -> Result<Result<T, Fenced>, Violation> {
+    match r {
+        Ok(v) => Ok(Ok(v)),
+        Err(PoolError::Fenced { .. }) => Ok(Err(Fenced)),
+        Err(e) => Err(broken(e)),
     }
+}
 
-    #[allow(clippy::too_many_arguments)]
-    pub fn acquire(
-        &mut self,
-        user: &str,
-        quantity: u64,
-        key: &str,
-        new_reservation_id: &str,
-        per_user_limit: u64,
-        ttl_ms: u64,
-        now: i64,
-    ) -> Result<AcquireResult, Violation> {
-        if let Some(id) = self.keys.get(key)
-            && let Some(r) = self.reservations.get(id)
-        {
-            if r.user == user && r.quantity == quantity {
-                return Ok(AcquireResult::Reserved { reservation_id: id.clone(), replayed: true });
-            }
-            return Ok(AcquireResult::KeyConflict);
-        }
-        let held = self.held_by_user.get(user).copied().unwrap_or(0);
-        if held.saturating_add(quantity) > per_user_limit {
-            return Ok(AcquireResult::LimitExceeded);
-        }
-        if self.available < quantity {
-            return Ok(AcquireResult::SoldOut { available: self.available });
-        }
-        let expires_at_ms = now + ttl_ms as i64;
-        dec(&mut self.available, quantity, "pool available")?;
-        inc(&mut self.reserved, quantity, "pool reserved")?;
-        inc(self.held_by_user.entry(user.to_owned()).or_default(), quantity, "user held")?;
-        self.reservations.insert(
-            new_reservation_id.to_owned(),
-            Reservation {
-                state: ResState::Reserved,
-                quantity,
-                expires_at_ms,
-                user: user.to_owned(),
-                key: key.to_owned(),
-            },
-        );
-        self.due.insert((expires_at_ms, new_reservation_id.to_owned()));
-        self.keys.insert(key.to_owned(), new_reservation_id.to_owned());
-        Ok(AcquireResult::Reserved { reservation_id: new_reservation_id.to_owned(), replayed: false })
-    }
-
-    fn finish(&mut self, id: &str, to: ResState) -> Result<u64, Violation> {
-        let r = self.reservations.get_mut(id).expect("caller checked");
-        r.state = to;
-        let (quantity, expires_at_ms, user) = (r.quantity, r.expires_at_ms, r.user.clone());
-        self.due.remove(&(expires_at_ms, id.to_owned()));
-        dec(&mut self.reserved, quantity, "pool reserved")?;
-        if to == ResState::Confirmed {
-            inc(&mut self.sold, quantity, "pool sold")?;
-        } else {
-            inc(&mut self.available, quantity, "pool available")?;
-            if let Some(held) = self.held_by_user.get_mut(&user) {
-                *held = held.saturating_sub(quantity);
-                if *held == 0 {
-                    self.held_by_user.remove(&user);
-                }
-            }
-        }
-        Ok(quantity)
-    }
-
-    pub fn confirm(&mut self, id: &str, now: i64) -> Result<Transition, Violation> {
-        let Some(r) = self.reservations.get(id) else { return Ok(Transition::NotFound) };
-        Ok(match r.state {
-            ResState::Confirmed => Transition::Done(ResState::Confirmed),
-            ResState::Cancelled | ResState::Expired => Transition::Refused(r.state),
-            ResState::Reserved if r.expires_at_ms <= now => {
-                self.finish(id, ResState::Expired)?;
-                Transition::Refused(ResState::Expired)
-            }
-            ResState::Reserved => {
-                self.finish(id, ResState::Confirmed)?;
-                Transition::Done(ResState::Confirmed)
-            }
-        })
-    }
-
-    pub fn cancel(&mut self, id: &str, now: i64) -> Result<Transition, Violation> {
-        let Some(r) = self.reservations.get(id) else { return Ok(Transition::NotFound) };
-        Ok(match r.state {
-            ResState::Confirmed => Transition::Refused(ResState::Confirmed),
-            ResState::Cancelled | ResState::Expired => Transition::Done(r.state),
-            ResState::Reserved => {
-                let to = if r.expires_at_ms <= now { ResState::Expired } else { ResState::Cancelled };
-                self.finish(id, to)?;
-                Transition::Done(to)
-            }
-        })
-    }
-
-    pub fn expire_due(&mut self, max: usize, now: i64) -> Result<u64, Violation> {
-        let due: Vec<String> =
-            self.due.iter().take_while(|(at, _)| *at <= now).take(max).map(|(_, id)| id.clone()).collect();
-        let mut freed = 0;
-        for id in due {
-            if self.reservations.get(&id).is_some_and(|r| r.state == ResState::Reserved) {
-                freed += self.finish(&id, ResState::Expired)?;
-            }
-        }
-        Ok(freed)
-    }
-
-    /// `refill.lua` / `refill_existing`: refused if the pool was fenced with a later epoch
-    /// than `epoch`; with `must_exist`, refused if the pool does not exist (a grant never
-    /// recreates a pool the store lost); otherwise adds units once per grant id, creating
-    /// the pool (a new generation) if needed.
-    pub fn refill(
-        &mut self,
-        grant_id: &str,
-        units: u64,
-        new_generation: u64,
-        epoch: u64,
-        must_exist: bool,
-    ) -> Result<Refill, Violation> {
-        if self.fence > epoch {
-            return Ok(Refill::Fenced);
-        }
-        if must_exist && self.generation == 0 {
-            return Ok(Refill::Missing);
-        }
-        if self.grants.contains_key(grant_id) {
-            return Ok(Refill::Replayed);
-        }
-        self.grants.insert(grant_id.to_owned(), units);
-        if self.generation == 0 {
-            self.generation = new_generation;
-        }
-        inc(&mut self.available, units, "pool available")?;
-        Ok(Refill::Applied)
-    }
-
-    /// `take_for_return.lua`: refused if fenced with a later epoch; else removes up to
-    /// `max` available units, once per take id (a replay returns the first amount).
-    pub fn take_for_return(&mut self, take_id: &str, max: u64, epoch: u64) -> Result<Result<u64, Fenced>, Violation> {
-        if self.fence > epoch {
-            return Ok(Err(Fenced));
-        }
-        if let Some(t) = self.takes.get(take_id) {
-            return Ok(Ok(t.units));
-        }
-        let units = max.min(self.available);
-        dec(&mut self.available, units, "pool available")?;
-        self.takes.insert(take_id.to_owned(), Take { units, put_back: false });
-        Ok(Ok(units))
-    }
-
-    /// `untake.lua`: refused if fenced with a later epoch; else puts back the units of a
-    /// take whose Return the center refused, once per take id (nothing if the pool is
-    /// gone).
-    pub fn untake(&mut self, take_id: &str, epoch: u64) -> Result<Result<u64, Fenced>, Violation> {
-        if self.fence > epoch {
-            return Ok(Err(Fenced));
-        }
-        let Some(t) = self.takes.get_mut(take_id) else { return Ok(Ok(0)) };
-        if t.put_back || t.units == 0 || self.generation == 0 {
-            return Ok(Ok(0));
-        }
-        t.put_back = true;
-        let units = t.units;
-        inc(&mut self.available, units, "pool available")?;
-        Ok(Ok(units))
-    }
-
-    /// `fence.lua`: raises the fence to `epoch`, never lowers it; returns the fence.
-    pub fn raise_fence(&mut self, epoch: u64) -> u64 {
-        self.fence = self.fence.max(epoch);
-        self.fence
+/// `PoolStore::refill` (or, with `must_exist`, `refill_existing`) as the script's answer.
+#[allow(clippy::too_many_arguments)]
+pub fn refill(
+    pool: &mut Pool,
+    grant_id: &str,
+    units: u64,
+    new_generation: u64,
+    epoch: u64,
+    must_exist: bool,
+    now_ms: i64,
+) -> Result<Refill, Violation> {
+    let r = if must_exist {
+        pool.refill_existing(grant_id, units, epoch, now_ms, RECORD_RETENTION_MS)
+    } else {
+        pool.refill(grant_id, units, epoch, new_generation, now_ms, RECORD_RETENTION_MS)
+    };
+    match r {
+        Ok(true) => Ok(Refill::Applied),
+        Ok(false) => Ok(Refill::Replayed),
+        Err(PoolError::Missing) => Ok(Refill::Missing),
+        Err(PoolError::Fenced { .. }) => Ok(Refill::Fenced),
+        Err(e) => Err(broken(e)),
     }
 }
 

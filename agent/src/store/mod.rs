@@ -4,7 +4,8 @@
 //! (`agent/tests/it/store_contract.rs`):
 //! - [`redis::RedisPoolStore`]: every operation is exactly one call of a Lua script in
 //!   `lua/`, so each is atomic on the Redis server;
-//! - [`memory::MemoryPoolStore`]: the embedded default and the reference model.
+//! - [`memory::MemoryPoolStore`]: the embedded default, over the reference model
+//!   [`inventory_core::pool::Pool`].
 //!
 //! **Architecture invariant:** the pool counters change only inside these operations;
 //! nothing else writes them. `available + reserved + sold` changes only through
@@ -34,80 +35,9 @@ impl PoolKey {
     }
 }
 
-/// One purchase attempt, already validated at the edge.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AcquireArgs {
-    pub user_id: String,
-    pub quantity: u64,
-    pub idempotency_key: String,
-    /// Used only if this call reserves (a replay returns the first reservation's id).
-    pub new_reservation_id: String,
-    pub per_user_limit: u64,
-    pub reservation_ttl_ms: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AcquireResult {
-    Reserved {
-        reservation_id: String,
-        quantity: u64,
-        expires_at_ms: i64,
-        replayed: bool,
-    },
-    /// The pool has fewer than `quantity` units available.
-    SoldOut {
-        available: u64,
-    },
-    /// The user already holds `held` units (reserved + sold) of the item in this channel.
-    LimitExceeded {
-        held: u64,
-    },
-    /// The idempotency key was used before for another user or quantity.
-    KeyConflict,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReservationState {
-    Reserved,
-    Confirmed,
-    Cancelled,
-    Expired,
-}
-
-impl ReservationState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ReservationState::Reserved => "reserved",
-            ReservationState::Confirmed => "confirmed",
-            ReservationState::Cancelled => "cancelled",
-            ReservationState::Expired => "expired",
-        }
-    }
-}
-
-/// Outcome of confirm or cancel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transition {
-    /// The reservation is now (or already was) in this state.
-    Done(ReservationState),
-    /// Not allowed from the reservation's current state (confirm after cancel/expiry,
-    /// cancel after confirm).
-    Refused(ReservationState),
-    NotFound,
-}
-
-/// The pool counters. `generation` is set when the pool is first created in the store;
-/// a pool that disappears and comes back (Redis lost its data) has another generation.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PoolSnapshot {
-    pub available: u64,
-    pub reserved: u64,
-    pub sold: u64,
-    /// 0 when the pool does not exist in the store.
-    pub generation: u64,
-    /// The store's clock, in ms since the Unix epoch.
-    pub now_ms: i64,
-}
+// The pool model and the data it speaks live in `inventory_core::pool`; the stores wrap it
+// (memory) or mirror it (Lua).
+pub use inventory_core::pool::{AcquireArgs, AcquireResult, PoolSnapshot, ReservationState, Transition};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -1,0 +1,404 @@
+//! [`Pool`] and its operations. Every branch has its twin in a `lua/` script.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{AcquireArgs, AcquireResult, PoolError, PoolSnapshot, ReservationState, Transition};
+use crate::ledger::PoolCounts;
+
+/// At most this many forgettable records are dropped per [`Pool::expire_due`] call.
+pub const GC_BATCH: u64 = 100;
+
+/// One reservation as the pool records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    pub state: ReservationState,
+    pub quantity: u64,
+    pub expires_at_ms: i64,
+    pub user_id: String,
+    pub idempotency_key: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Take {
+    units: u64,
+    put_back: bool,
+}
+
+/// A record that may be forgotten once its retention ran out.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Forgettable {
+    Reservation(String),
+    Grant(String),
+    Take(String),
+}
+
+/// One channel's pool of one item. `generation == 0` means the pool does not exist (never
+/// refilled, or lost): it may still hold take records and a fence, but its counters are
+/// all zero. Ordered collections only, so whatever a caller iterates comes in the same
+/// order on every run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pool {
+    available: u64,
+    reserved: u64,
+    sold: u64,
+    generation: u64,
+    /// The highest center epoch that fenced the pool. Kept with the pool's data, so a
+    /// store that loses the pool loses its fence too.
+    fence: u64,
+    reservations: BTreeMap<String, Reservation>,
+    /// RESERVED reservations by expiry.
+    due: BTreeSet<(i64, String)>,
+    /// Units each user holds (reserved + confirmed); users holding 0 are absent.
+    held: BTreeMap<String, u64>,
+    /// idempotency key -> reservation id.
+    keys: BTreeMap<String, String>,
+    /// grant id -> units applied.
+    grants: BTreeMap<String, u64>,
+    takes: BTreeMap<String, Take>,
+    /// Records by the time after which they may be forgotten.
+    gc: BTreeSet<(i64, Forgettable)>,
+}
+
+fn add(x: u64, by: u64, what: &'static str) -> Result<u64, PoolError> {
+    x.checked_add(by).ok_or(PoolError::Overflow(what))
+}
+
+fn sub(x: u64, by: u64, what: &'static str) -> Result<u64, PoolError> {
+    x.checked_sub(by).ok_or(PoolError::Overflow(what))
+}
+
+impl Pool {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Replay check on the idempotency key, per-user limit check, then `quantity` moves
+    /// from available to reserved with an expiry of `now_ms` + ttl. A sold-out or limit
+    /// answer writes nothing.
+    pub fn acquire(&mut self, args: &AcquireArgs, now_ms: i64) -> Result<AcquireResult, PoolError> {
+        if args.quantity == 0 {
+            return Err(PoolError::ZeroQuantity);
+        }
+        if let Some(id) = self.keys.get(&args.idempotency_key)
+            && let Some(r) = self.reservations.get(id)
+        {
+            if r.user_id == args.user_id && r.quantity == args.quantity {
+                return Ok(AcquireResult::Reserved {
+                    reservation_id: id.clone(),
+                    quantity: r.quantity,
+                    expires_at_ms: r.expires_at_ms,
+                    replayed: true,
+                });
+            }
+            return Ok(AcquireResult::KeyConflict);
+        }
+        let held = self.held_by(&args.user_id);
+        if held.saturating_add(args.quantity) > args.per_user_limit {
+            return Ok(AcquireResult::LimitExceeded { held });
+        }
+        if self.available < args.quantity {
+            return Ok(AcquireResult::SoldOut { available: self.available });
+        }
+        if self.reservations.contains_key(&args.new_reservation_id) {
+            return Err(PoolError::DuplicateReservationId(args.new_reservation_id.clone()));
+        }
+        // Checked above: available >= quantity and held + quantity <= limit.
+        let reserved = add(self.reserved, args.quantity, "pool reserved")?;
+        let user_held = add(held, args.quantity, "user held")?;
+        let expires_at_ms = now_ms.saturating_add(i64::try_from(args.reservation_ttl_ms).unwrap_or(i64::MAX));
+        self.available -= args.quantity;
+        self.reserved = reserved;
+        self.held.insert(args.user_id.clone(), user_held);
+        self.reservations.insert(
+            args.new_reservation_id.clone(),
+            Reservation {
+                state: ReservationState::Reserved,
+                quantity: args.quantity,
+                expires_at_ms,
+                user_id: args.user_id.clone(),
+                idempotency_key: args.idempotency_key.clone(),
+            },
+        );
+        self.due.insert((expires_at_ms, args.new_reservation_id.clone()));
+        self.keys.insert(args.idempotency_key.clone(), args.new_reservation_id.clone());
+        Ok(AcquireResult::Reserved {
+            reservation_id: args.new_reservation_id.clone(),
+            quantity: args.quantity,
+            expires_at_ms,
+            replayed: false,
+        })
+    }
+
+    /// Moves a RESERVED reservation to `to`: CONFIRMED (reserved -> sold) or CANCELLED /
+    /// EXPIRED (reserved -> available, the user's allowance freed). Returns its quantity;
+    /// 0 if `id` is not a RESERVED reservation.
+    fn finish(&mut self, id: &str, to: ReservationState, now_ms: i64, retention_ms: i64) -> Result<u64, PoolError> {
+        let Some(r) = self.reservations.get(id).filter(|r| r.state == ReservationState::Reserved) else {
+            return Ok(0);
+        };
+        let (quantity, expires_at_ms) = (r.quantity, r.expires_at_ms);
+        // Every counter is computed before any is written, so a broken invariant changes nothing.
+        let reserved = sub(self.reserved, quantity, "pool reserved")?;
+        let (available, sold) = if to == ReservationState::Confirmed {
+            (self.available, add(self.sold, quantity, "pool sold")?)
+        } else {
+            (add(self.available, quantity, "pool available")?, self.sold)
+        };
+        if to != ReservationState::Confirmed
+            && let Some(held) = self.held.get_mut(&r.user_id)
+        {
+            *held = held.saturating_sub(quantity);
+            if *held == 0 {
+                self.held.remove(&r.user_id);
+            }
+        }
+        (self.available, self.reserved, self.sold) = (available, reserved, sold);
+        if let Some(r) = self.reservations.get_mut(id) {
+            r.state = to;
+        }
+        self.due.remove(&(expires_at_ms, id.to_owned()));
+        self.gc.insert((now_ms.saturating_add(retention_ms), Forgettable::Reservation(id.to_owned())));
+        Ok(quantity)
+    }
+
+    /// RESERVED -> CONFIRMED (reserved -> sold). Idempotent. A reservation past its expiry
+    /// is expired on the spot and the confirm is refused.
+    pub fn confirm(&mut self, reservation_id: &str, now_ms: i64, retention_ms: i64) -> Result<Transition, PoolError> {
+        let Some(r) = self.reservations.get(reservation_id) else { return Ok(Transition::NotFound) };
+        Ok(match r.state {
+            ReservationState::Confirmed => Transition::Done(ReservationState::Confirmed),
+            ReservationState::Cancelled | ReservationState::Expired => Transition::Refused(r.state),
+            ReservationState::Reserved if r.expires_at_ms <= now_ms => {
+                self.finish(reservation_id, ReservationState::Expired, now_ms, retention_ms)?;
+                Transition::Refused(ReservationState::Expired)
+            }
+            ReservationState::Reserved => {
+                self.finish(reservation_id, ReservationState::Confirmed, now_ms, retention_ms)?;
+                Transition::Done(ReservationState::Confirmed)
+            }
+        })
+    }
+
+    /// RESERVED -> CANCELLED (reserved -> available, frees the user's allowance).
+    /// Idempotent; refused after confirm; a no-op returning EXPIRED after expiry.
+    pub fn cancel(&mut self, reservation_id: &str, now_ms: i64, retention_ms: i64) -> Result<Transition, PoolError> {
+        let Some(r) = self.reservations.get(reservation_id) else { return Ok(Transition::NotFound) };
+        Ok(match r.state {
+            ReservationState::Confirmed => Transition::Refused(ReservationState::Confirmed),
+            ReservationState::Cancelled | ReservationState::Expired => Transition::Done(r.state),
+            ReservationState::Reserved => {
+                let to =
+                    if r.expires_at_ms <= now_ms { ReservationState::Expired } else { ReservationState::Cancelled };
+                self.finish(reservation_id, to, now_ms, retention_ms)?;
+                Transition::Done(to)
+            }
+        })
+    }
+
+    /// Expires up to `max` reservations due by `now_ms`, earliest first, then forgets up to
+    /// [`GC_BATCH`] records whose retention ran out. Returns the units put back into
+    /// available.
+    pub fn expire_due(&mut self, max: u64, now_ms: i64, retention_ms: i64) -> Result<u64, PoolError> {
+        let due: Vec<String> = self
+            .due
+            .iter()
+            .take_while(|(expires_at_ms, _)| *expires_at_ms <= now_ms)
+            .take(usize::try_from(max).unwrap_or(usize::MAX))
+            .map(|(_, id)| id.clone())
+            .collect();
+        let mut freed: u64 = 0;
+        for id in due {
+            let units = self.finish(&id, ReservationState::Expired, now_ms, retention_ms)?;
+            freed = freed.saturating_add(units);
+        }
+        self.forget_old(now_ms);
+        Ok(freed)
+    }
+
+    /// Drops up to [`GC_BATCH`] records whose retention ran out. A reservation's
+    /// idempotency key goes with it.
+    fn forget_old(&mut self, now_ms: i64) {
+        let batch = usize::try_from(GC_BATCH).unwrap_or(usize::MAX);
+        let old: Vec<(i64, Forgettable)> =
+            self.gc.iter().take_while(|(forget_at, _)| *forget_at <= now_ms).take(batch).cloned().collect();
+        for entry in old {
+            match &entry.1 {
+                Forgettable::Reservation(id) => {
+                    if let Some(r) = self.reservations.get(id)
+                        && r.state != ReservationState::Reserved
+                    {
+                        let key = r.idempotency_key.clone();
+                        self.reservations.remove(id);
+                        if self.keys.get(&key) == Some(id) {
+                            self.keys.remove(&key);
+                        }
+                    }
+                }
+                Forgettable::Grant(id) => {
+                    self.grants.remove(id);
+                }
+                Forgettable::Take(id) => {
+                    self.takes.remove(id);
+                }
+            }
+            self.gc.remove(&entry);
+        }
+    }
+
+    /// Adds `units` granted by the center to available, once per `grant_id` (a replay
+    /// counts once and answers `false`). Creates the pool with `new_generation` if it does
+    /// not exist (0 is taken as 1: a pool's generation is never 0). Refused below the
+    /// fence.
+    #[allow(clippy::too_many_arguments)] // the grant, the caller's epoch, and the clock
+    pub fn refill(
+        &mut self,
+        grant_id: &str,
+        units: u64,
+        epoch: u64,
+        new_generation: u64,
+        now_ms: i64,
+        retention_ms: i64,
+    ) -> Result<bool, PoolError> {
+        self.check_fence(epoch)?;
+        if self.grants.contains_key(grant_id) {
+            return Ok(false);
+        }
+        let available = add(self.available, units, "pool available")?;
+        add(available, self.reserved.saturating_add(self.sold), "pool total")?;
+        self.grants.insert(grant_id.to_owned(), units);
+        self.gc.insert((now_ms.saturating_add(retention_ms), Forgettable::Grant(grant_id.to_owned())));
+        if self.generation == 0 {
+            self.generation = new_generation.max(1);
+        }
+        self.available = available;
+        Ok(true)
+    }
+
+    /// Like [`Pool::refill`], but never creates the pool: a pool that does not exist is
+    /// [`PoolError::Missing`] and nothing is recorded (a grant never recreates a pool the
+    /// store lost).
+    pub fn refill_existing(
+        &mut self,
+        grant_id: &str,
+        units: u64,
+        epoch: u64,
+        now_ms: i64,
+        retention_ms: i64,
+    ) -> Result<bool, PoolError> {
+        self.check_fence(epoch)?;
+        if self.generation == 0 {
+            return Err(PoolError::Missing);
+        }
+        self.refill(grant_id, units, epoch, self.generation, now_ms, retention_ms)
+    }
+
+    /// Removes up to `max_units` from available to return them to the center, once per
+    /// `take_id` (a replay returns the first amount). Refused below the fence.
+    pub fn take_for_return(
+        &mut self,
+        take_id: &str,
+        max_units: u64,
+        epoch: u64,
+        now_ms: i64,
+        retention_ms: i64,
+    ) -> Result<u64, PoolError> {
+        self.check_fence(epoch)?;
+        if let Some(take) = self.takes.get(take_id) {
+            return Ok(take.units);
+        }
+        let units = max_units.min(self.available);
+        self.available -= units;
+        self.takes.insert(take_id.to_owned(), Take { units, put_back: false });
+        self.gc.insert((now_ms.saturating_add(retention_ms), Forgettable::Take(take_id.to_owned())));
+        Ok(units)
+    }
+
+    /// Puts back the units of a take whose Return the center refused or never applied,
+    /// once per `take_id`; nothing if the pool no longer exists. Refused below the fence.
+    pub fn untake(&mut self, take_id: &str, epoch: u64) -> Result<u64, PoolError> {
+        self.check_fence(epoch)?;
+        let Some(take) = self.takes.get(take_id).copied() else { return Ok(0) };
+        if take.put_back || take.units == 0 || self.generation == 0 {
+            return Ok(0);
+        }
+        let available = add(self.available, take.units, "pool available")?;
+        self.available = available;
+        self.takes.insert(take_id.to_owned(), Take { put_back: true, ..take });
+        Ok(take.units)
+    }
+
+    /// Raises the fence to `epoch` (never lowers it) and returns the fence.
+    pub fn raise_fence(&mut self, epoch: u64) -> u64 {
+        self.fence = self.fence.max(epoch);
+        self.fence
+    }
+
+    /// [`PoolError::Fenced`] if the pool was fenced with a later epoch than `epoch`.
+    pub fn check_fence(&self, epoch: u64) -> Result<(), PoolError> {
+        if self.fence > epoch { Err(PoolError::Fenced { fence: self.fence }) } else { Ok(()) }
+    }
+
+    /// The counters and the generation (all 0 for a pool that does not exist), stamped
+    /// with `now_ms`.
+    pub fn snapshot(&self, now_ms: i64) -> PoolSnapshot {
+        let c = self.counts();
+        PoolSnapshot { available: c.available, reserved: c.reserved, sold: c.sold, generation: self.generation, now_ms }
+    }
+
+    /// The counters as the ledger sees them: all 0 for a pool that does not exist.
+    pub fn counts(&self) -> PoolCounts {
+        if self.generation == 0 {
+            return PoolCounts::default();
+        }
+        PoolCounts { available: self.available, reserved: self.reserved, sold: self.sold }
+    }
+
+    pub fn reservation_state(&self, reservation_id: &str) -> Option<ReservationState> {
+        self.reservations.get(reservation_id).map(|r| r.state)
+    }
+
+    /// Every idempotency key the pool remembers (keys that reserved), in order.
+    pub fn idempotency_keys(&self) -> impl Iterator<Item = &str> {
+        self.keys.keys().map(String::as_str)
+    }
+
+    /// Whether a refill created the pool (and no loss reset it since).
+    pub fn exists(&self) -> bool {
+        self.generation != 0
+    }
+
+    /// Set by the refill that created the pool; 0 while it does not exist.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    pub fn available(&self) -> u64 {
+        self.available
+    }
+
+    pub fn reserved(&self) -> u64 {
+        self.reserved
+    }
+
+    pub fn sold(&self) -> u64 {
+        self.sold
+    }
+
+    pub fn reservation(&self, reservation_id: &str) -> Option<&Reservation> {
+        self.reservations.get(reservation_id)
+    }
+
+    /// Every reservation the pool remembers, by id.
+    pub fn reservations(&self) -> impl Iterator<Item = (&str, &Reservation)> {
+        self.reservations.iter().map(|(id, r)| (id.as_str(), r))
+    }
+
+    /// Units `user_id` holds (reserved + confirmed).
+    pub fn held_by(&self, user_id: &str) -> u64 {
+        self.held.get(user_id).copied().unwrap_or(0)
+    }
+}

@@ -1,0 +1,257 @@
+use super::*;
+
+const RETAIN: i64 = 60_000;
+const TTL: u64 = 1_000;
+
+fn args(user: &str, quantity: u64, key: &str, id: &str) -> AcquireArgs {
+    AcquireArgs {
+        user_id: user.to_owned(),
+        quantity,
+        idempotency_key: key.to_owned(),
+        new_reservation_id: id.to_owned(),
+        per_user_limit: 5,
+        reservation_ttl_ms: TTL,
+    }
+}
+
+/// A pool created by a refill of `units` at epoch 1, generation 7.
+fn stocked(units: u64) -> Pool {
+    let mut p = Pool::new();
+    assert_eq!(p.refill("g0", units, 1, 7, 0, RETAIN), Ok(true));
+    p
+}
+
+fn reserve(p: &mut Pool, user: &str, quantity: u64, key: &str, id: &str, now: i64) -> AcquireResult {
+    p.acquire(&args(user, quantity, key, id), now).expect("acquire")
+}
+
+fn totals(p: &Pool) -> (u64, u64, u64) {
+    (p.available(), p.reserved(), p.sold())
+}
+
+#[test]
+fn acquire_reserves_and_a_replay_returns_the_first_reservation() {
+    let mut p = stocked(10);
+    let first = reserve(&mut p, "u1", 2, "k1", "r1", 100);
+    assert_eq!(
+        first,
+        AcquireResult::Reserved { reservation_id: "r1".into(), quantity: 2, expires_at_ms: 1_100, replayed: false }
+    );
+    assert_eq!(totals(&p), (8, 2, 0));
+    assert_eq!(p.held_by("u1"), 2);
+    let again = reserve(&mut p, "u1", 2, "k1", "r2", 500);
+    assert_eq!(
+        again,
+        AcquireResult::Reserved { reservation_id: "r1".into(), quantity: 2, expires_at_ms: 1_100, replayed: true }
+    );
+    assert_eq!(totals(&p), (8, 2, 0));
+    assert_eq!(p.idempotency_keys().collect::<Vec<_>>(), ["k1"]);
+}
+
+#[test]
+fn a_key_reused_for_another_payload_conflicts() {
+    let mut p = stocked(10);
+    reserve(&mut p, "u1", 2, "k1", "r1", 0);
+    assert_eq!(reserve(&mut p, "u2", 2, "k1", "r2", 0), AcquireResult::KeyConflict);
+    assert_eq!(reserve(&mut p, "u1", 3, "k1", "r3", 0), AcquireResult::KeyConflict);
+    assert_eq!(totals(&p), (8, 2, 0));
+    assert_eq!(p.reservation_state("r2"), None);
+}
+
+#[test]
+fn the_per_user_limit_counts_reserved_and_sold_units_and_writes_nothing() {
+    let mut p = stocked(10);
+    reserve(&mut p, "u1", 3, "k1", "r1", 0);
+    assert_eq!(p.confirm("r1", 1, RETAIN), Ok(Transition::Done(ReservationState::Confirmed)));
+    reserve(&mut p, "u1", 2, "k2", "r2", 0);
+    assert_eq!(reserve(&mut p, "u1", 1, "k3", "r3", 0), AcquireResult::LimitExceeded { held: 5 });
+    assert_eq!(p.idempotency_keys().count(), 2);
+    // Another user is not affected.
+    assert!(matches!(reserve(&mut p, "u2", 1, "k4", "r4", 0), AcquireResult::Reserved { .. }));
+}
+
+#[test]
+fn sold_out_answers_what_is_left_and_writes_nothing() {
+    let mut p = stocked(1);
+    assert_eq!(reserve(&mut p, "u1", 2, "k1", "r1", 0), AcquireResult::SoldOut { available: 1 });
+    assert_eq!(p.idempotency_keys().count(), 0);
+    // A pool that does not exist has nothing.
+    let mut missing = Pool::new();
+    assert_eq!(reserve(&mut missing, "u1", 1, "k1", "r1", 0), AcquireResult::SoldOut { available: 0 });
+    assert_eq!(missing, Pool::new());
+}
+
+#[test]
+fn acquire_refuses_zero_quantity_and_a_used_reservation_id() {
+    let mut p = stocked(10);
+    assert_eq!(p.acquire(&args("u1", 0, "k0", "r0"), 0), Err(PoolError::ZeroQuantity));
+    reserve(&mut p, "u1", 1, "k1", "r1", 0);
+    assert_eq!(p.acquire(&args("u1", 1, "k2", "r1"), 0), Err(PoolError::DuplicateReservationId("r1".into())));
+    assert_eq!(totals(&p), (9, 1, 0));
+}
+
+#[test]
+fn confirm_moves_reserved_to_sold_once() {
+    let mut p = stocked(10);
+    reserve(&mut p, "u1", 2, "k1", "r1", 0);
+    assert_eq!(p.confirm("r1", 10, RETAIN), Ok(Transition::Done(ReservationState::Confirmed)));
+    assert_eq!(p.confirm("r1", 20, RETAIN), Ok(Transition::Done(ReservationState::Confirmed)));
+    assert_eq!(totals(&p), (8, 0, 2));
+    assert_eq!(p.held_by("u1"), 2);
+    assert_eq!(p.cancel("r1", 30, RETAIN), Ok(Transition::Refused(ReservationState::Confirmed)));
+    assert_eq!(p.confirm("nope", 30, RETAIN), Ok(Transition::NotFound));
+}
+
+#[test]
+fn cancel_gives_units_and_allowance_back_once() {
+    let mut p = stocked(10);
+    reserve(&mut p, "u1", 2, "k1", "r1", 0);
+    assert_eq!(p.cancel("r1", 10, RETAIN), Ok(Transition::Done(ReservationState::Cancelled)));
+    assert_eq!(p.cancel("r1", 20, RETAIN), Ok(Transition::Done(ReservationState::Cancelled)));
+    assert_eq!(totals(&p), (10, 0, 0));
+    assert_eq!(p.held_by("u1"), 0);
+    assert_eq!(p.confirm("r1", 30, RETAIN), Ok(Transition::Refused(ReservationState::Cancelled)));
+}
+
+#[test]
+fn a_reservation_past_its_expiry_expires_on_confirm_or_cancel() {
+    let mut p = stocked(10);
+    reserve(&mut p, "u1", 2, "k1", "r1", 0);
+    reserve(&mut p, "u1", 1, "k2", "r2", 0);
+    assert_eq!(p.confirm("r1", 1_000, RETAIN), Ok(Transition::Refused(ReservationState::Expired)));
+    assert_eq!(p.cancel("r2", 1_000, RETAIN), Ok(Transition::Done(ReservationState::Expired)));
+    assert_eq!(totals(&p), (10, 0, 0));
+    assert_eq!(p.reservation_state("r1"), Some(ReservationState::Expired));
+}
+
+#[test]
+fn expire_due_frees_due_reservations_earliest_first_up_to_max() {
+    let mut p = stocked(10);
+    reserve(&mut p, "u1", 1, "k1", "r1", 0);
+    reserve(&mut p, "u2", 2, "k2", "r2", 10);
+    reserve(&mut p, "u3", 3, "k3", "r3", 5_000);
+    assert_eq!(p.expire_due(1, 2_000, RETAIN), Ok(1));
+    assert_eq!(p.reservation_state("r1"), Some(ReservationState::Expired));
+    assert_eq!(p.expire_due(10, 2_000, RETAIN), Ok(2));
+    assert_eq!(p.expire_due(10, 2_000, RETAIN), Ok(0));
+    assert_eq!(p.reservation_state("r3"), Some(ReservationState::Reserved));
+    assert_eq!(totals(&p), (7, 3, 0));
+    assert_eq!((p.held_by("u1"), p.held_by("u2"), p.held_by("u3")), (0, 0, 3));
+}
+
+#[test]
+fn finished_records_are_forgotten_after_their_retention() {
+    let mut p = stocked(10);
+    reserve(&mut p, "u1", 1, "k1", "r1", 0);
+    p.confirm("r1", 10, RETAIN).unwrap();
+    assert_eq!(p.expire_due(10, 10 + RETAIN - 1, RETAIN), Ok(0));
+    assert!(p.reservation("r1").is_some());
+    p.expire_due(10, 10 + RETAIN, RETAIN).unwrap();
+    assert_eq!(p.reservation_state("r1"), None);
+    assert_eq!(p.idempotency_keys().count(), 0);
+    // The grant g0 (applied at 0) is forgotten too: the same id now applies again.
+    assert_eq!(p.refill("g0", 1, 1, 9, 20 + RETAIN, RETAIN), Ok(true));
+    assert_eq!(totals(&p), (10, 0, 1));
+}
+
+#[test]
+fn refill_applies_once_per_grant_id_and_creates_the_pool_with_the_given_generation() {
+    let mut p = Pool::new();
+    assert!(!p.exists());
+    assert_eq!(p.snapshot(5), PoolSnapshot { now_ms: 5, ..PoolSnapshot::default() });
+    assert_eq!(p.refill("g1", 4, 1, 42, 0, RETAIN), Ok(true));
+    assert_eq!(p.refill("g1", 4, 1, 43, 0, RETAIN), Ok(false));
+    assert_eq!(p.refill("g2", 1, 1, 43, 0, RETAIN), Ok(true));
+    assert_eq!(p.snapshot(9), PoolSnapshot { available: 5, reserved: 0, sold: 0, generation: 42, now_ms: 9 });
+    // A refill of 0 units creates the pool too; generation 0 is never stored.
+    let mut q = Pool::new();
+    assert_eq!(q.refill("open", 0, 0, 0, 0, RETAIN), Ok(true));
+    assert_eq!(q.generation(), 1);
+}
+
+#[test]
+fn refill_refuses_to_overflow() {
+    let mut p = stocked(u64::MAX - 1);
+    assert_eq!(p.refill("g1", 2, 1, 7, 0, RETAIN), Err(PoolError::Overflow("pool available")));
+    assert_eq!(p.refill("g1", 1, 1, 7, 0, RETAIN), Ok(true));
+}
+
+#[test]
+fn refill_existing_refuses_a_missing_pool_and_records_nothing() {
+    let mut p = Pool::new();
+    assert_eq!(p.refill_existing("g1", 4, 1, 0, RETAIN), Err(PoolError::Missing));
+    assert_eq!(p, Pool::new());
+    let mut p = stocked(1);
+    assert_eq!(p.refill_existing("g1", 4, 1, 0, RETAIN), Ok(true));
+    assert_eq!(p.refill_existing("g1", 4, 1, 0, RETAIN), Ok(false));
+    assert_eq!((p.available(), p.generation()), (5, 7));
+}
+
+#[test]
+fn take_for_return_takes_once_per_take_id_and_untake_puts_back_once() {
+    let mut p = stocked(10);
+    reserve(&mut p, "u1", 2, "k1", "r1", 0);
+    assert_eq!(p.take_for_return("t1", 20, 1, 0, RETAIN), Ok(8));
+    assert_eq!(p.take_for_return("t1", 20, 1, 0, RETAIN), Ok(8));
+    assert_eq!(totals(&p), (0, 2, 0));
+    assert_eq!(p.untake("t1", 1), Ok(8));
+    assert_eq!(p.untake("t1", 1), Ok(0));
+    assert_eq!(p.untake("unknown", 1), Ok(0));
+    assert_eq!(totals(&p), (8, 2, 0));
+    // A take of nothing puts nothing back.
+    assert_eq!(p.take_for_return("t2", 0, 1, 0, RETAIN), Ok(0));
+    assert_eq!(p.untake("t2", 1), Ok(0));
+}
+
+#[test]
+fn untake_puts_nothing_back_into_a_lost_pool() {
+    let mut p = Pool::new();
+    assert_eq!(p.take_for_return("t1", 3, 0, 0, RETAIN), Ok(0));
+    assert_eq!(p.untake("t1", 0), Ok(0));
+    assert!(!p.exists());
+}
+
+#[test]
+fn the_fence_refuses_older_epochs_and_never_goes_down() {
+    let mut p = stocked(10);
+    assert_eq!(p.raise_fence(3), 3);
+    assert_eq!(p.raise_fence(2), 3);
+    let fenced = Err(PoolError::Fenced { fence: 3 });
+    assert_eq!(p.refill("g1", 1, 2, 9, 0, RETAIN), fenced.clone().map(|()| false));
+    assert_eq!(p.refill_existing("g1", 1, 2, 0, RETAIN), fenced.clone().map(|()| false));
+    assert_eq!(p.take_for_return("t1", 1, 2, 0, RETAIN), fenced.clone().map(|()| 0));
+    assert_eq!(p.untake("t1", 2), fenced.clone().map(|()| 0));
+    assert_eq!(p.check_fence(2), fenced);
+    assert_eq!(totals(&p), (10, 0, 0));
+    // The fencing epoch and later ones pass; nothing was recorded by the refused calls.
+    assert_eq!(p.refill("g1", 1, 3, 9, 0, RETAIN), Ok(true));
+    assert_eq!(p.take_for_return("t1", 1, 4, 0, RETAIN), Ok(1));
+    assert_eq!(p.untake("t1", 3), Ok(1));
+    assert_eq!(totals(&p), (11, 0, 0));
+    // Selling is not fenced.
+    assert!(matches!(reserve(&mut p, "u1", 1, "k1", "r1", 0), AcquireResult::Reserved { .. }));
+}
+
+#[test]
+fn a_missing_pool_may_carry_a_fence() {
+    let mut p = Pool::new();
+    p.raise_fence(5);
+    assert_eq!(p.refill_existing("g1", 1, 4, 0, RETAIN), Err(PoolError::Fenced { fence: 5 }));
+    assert_eq!(p.refill_existing("g1", 1, 5, 0, RETAIN), Err(PoolError::Missing));
+    assert_eq!(p.refill("g1", 1, 5, 8, 0, RETAIN), Ok(true));
+    assert_eq!((p.fence(), p.generation()), (5, 8));
+}
+
+#[test]
+fn counts_and_reservations_agree() {
+    let mut p = stocked(10);
+    reserve(&mut p, "u1", 2, "k1", "r1", 0);
+    reserve(&mut p, "u2", 3, "k2", "r2", 0);
+    p.confirm("r2", 1, RETAIN).unwrap();
+    let c = p.counts();
+    assert_eq!((c.available, c.reserved, c.sold, c.sum()), (5, 2, 3, 10));
+    let ids: Vec<&str> = p.reservations().map(|(id, _)| id).collect();
+    assert_eq!(ids, ["r1", "r2"]);
+    assert_eq!(p.reservation("r2").map(|r| (r.user_id.as_str(), r.quantity)), Some(("u2", 3)));
+    assert_eq!(Pool::new().counts(), crate::ledger::PoolCounts::default());
+}
