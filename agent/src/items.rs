@@ -34,7 +34,7 @@ pub fn policy_from(d: &pb::DescribeItemResponse) -> Policy {
 
 /// A pool snapshot as the rules read it.
 pub fn view(s: &PoolSnapshot) -> PoolView {
-    PoolView { available: s.available, reserved: s.reserved, sold: s.sold, generation: s.generation }
+    PoolView::from(s)
 }
 
 pub(crate) struct ItemState {

@@ -155,3 +155,9 @@ pub struct Step {
     pub next: Option<Work>,
     pub notes: Vec<Note>,
 }
+
+impl From<&crate::pool::PoolSnapshot> for PoolView {
+    fn from(s: &crate::pool::PoolSnapshot) -> Self {
+        Self { available: s.available, reserved: s.reserved, sold: s.sold, generation: s.generation }
+    }
+}
