@@ -91,6 +91,10 @@ impl Reporting {
     /// acknowledged, and stops selling the items it holds in doubt.
     pub async fn send(&self, reports: Reports, last_report: bool) -> Result<pb::HeartbeatResponse, Status> {
         let answer = self.link.heartbeat(reports.to_pb(), last_report).await?;
+        let now = crate::clock::now_ms();
+        for item in self.items.all() {
+            item.with(|c| c.on_center_answered(now));
+        }
         for (item, r) in reports.0 {
             item.with(|c| c.reported(r));
         }

@@ -170,10 +170,10 @@ impl Selling {
             return Ok(missed);
         }
         match item.with(|c| c.on_miss(args.quantity, self.stocking.ctx())) {
-            MissPlan::Answer => Ok(missed),
+            MissPlan::Answer => unsettled(item, missed),
             MissPlan::Signal { want } => {
                 self.stocking.submit(item, OpKind::Borrow { want });
-                Ok(missed)
+                unsettled(item, missed)
             }
             MissPlan::Borrow { want } => {
                 let done = self.stocking.submit(item, OpKind::Borrow { want });
@@ -187,7 +187,7 @@ impl Selling {
                         "local pool is empty and the center is unreachable; retry with the same idempotency_key".into(),
                     ));
                 }
-                Ok(result)
+                unsettled(item, result)
             }
         }
     }
@@ -232,6 +232,18 @@ impl Selling {
             sold_out: s.available == 0 && it.with(|c| c.supply().center_dry),
         })
     }
+}
+
+/// A sold-out answer while a Borrow or Return of the item has an unsettled outcome is not
+/// proof of being sold out (the center may have granted units the pool lacks): UNAVAILABLE.
+fn unsettled(item: &Item, result: AcquireResult) -> Result<AcquireResult, AgentError> {
+    if matches!(result, AcquireResult::SoldOut { .. }) && item.with(|c| c.unsettled()) {
+        return Err(AgentError::Unavailable(format!(
+            "the outcome of a call to the center about item {} is not settled yet; retry with the same idempotency_key",
+            item.item_id
+        )));
+    }
+    Ok(result)
 }
 
 fn sold_out() -> pb::AcquireResponse {

@@ -322,3 +322,54 @@ async fn run(
     .await;
     answers.iter().filter(|a| a.outcome() == pb::AcquireOutcome::Reserved).count() as u64
 }
+
+/// The center applies a Borrow and its replies are lost: until the agent has settled that
+/// grant with the center, an empty pool is no proof of being sold out, so buyers hear
+/// UNAVAILABLE (retry), never SOLD_OUT, and buy as soon as the center answers again (not
+/// only at the resync scheduled seconds later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_borrow_reply_is_never_a_false_sold_out() {
+    let center = Center::start(Db::Lite(TestSqlite::create()), |_| {}).await;
+    // Low watermark 0: nothing is borrowed ahead of demand; the buyer's miss borrows.
+    center.create_item("q", 10, 1, (0, 20, 10)).await;
+    let proxy = FaultProxy::start(center.url.trim_start_matches("http://").parse().unwrap()).await.unwrap();
+    let mut config = agent_config(&proxy.url(), "app", &StoreSpec::Memory);
+    // Each attempt gives up quickly, so the Borrow's outcome is known to be unknown
+    // within the Acquire's miss wait.
+    config.center_timeout_ms = 150;
+    let agent = LocalAgent::start_with(config, None).await;
+    let mut client = agent.client().await;
+    assert_eq!(stock(&mut client, "q").await.available, 0, "the item is known, its pool empty");
+
+    proxy.set(Fault::DropReplies);
+    let first = client.acquire(acquire_req("q", "u1", 1, "k1")).await;
+    let first = first.expect_err("the grant's outcome is unknown");
+    assert_eq!(first.code(), Code::Unavailable);
+    assert_eq!(center.ledger("q").await.channels[0].held, 10, "the center granted the batch to the channel");
+
+    proxy.set(Fault::Pass);
+    let bought = wait_until(Duration::from_secs(10), || {
+        let mut client = client.clone();
+        async move {
+            match client.acquire(acquire_req("q", "u1", 1, "k1")).await {
+                Ok(r) => {
+                    let r = r.into_inner();
+                    assert_eq!(
+                        r.outcome(),
+                        pb::AcquireOutcome::Reserved,
+                        "false answer while the channel holds the grant"
+                    );
+                    true
+                }
+                Err(s) => {
+                    assert_eq!(s.code(), Code::Unavailable, "{s:?}");
+                    false
+                }
+            }
+        }
+    })
+    .await;
+    assert!(bought, "the grant was never settled");
+    let r = center.await_quiescence().await;
+    assert!(r.ok, "{:?}", r.violations);
+}

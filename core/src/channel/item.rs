@@ -105,6 +105,12 @@ pub struct ItemCore {
     pub(super) resync_at: Option<i64>,
     /// An operator resolved the doubt but the resync that follows could not finish yet.
     pub(super) resolution_pending: bool,
+    /// A Borrow whose outcome is unknown (the center may have granted units the pool does
+    /// not have) is not settled yet: an empty pool is then no proof of being sold out.
+    pub(super) borrow_unsettled: bool,
+    /// Likewise a Return (units taken out that the center may still count as ours): while
+    /// one is unsettled, only the scheduled resync may settle it (a late attempt may land).
+    pub(super) return_unsettled: bool,
     /// Something happened to the pool since the rebalancer last looked at it.
     pub(super) dirty: bool,
     pub(super) last_look_ms: Option<i64>,
@@ -134,6 +140,8 @@ impl ItemCore {
             last_starving_signal_ms: None,
             resync_at: None,
             resolution_pending: false,
+            borrow_unsettled: false,
+            return_unsettled: false,
             dirty: true,
             last_look_ms: None,
             last_view: None,
@@ -219,6 +227,26 @@ impl ItemCore {
             self.shelf = Shelf::Empty;
         }
         self.supply.center_dry && self.shelf == Shelf::Empty
+    }
+
+    /// Whether a Borrow or Return of the item has an outcome not settled yet: after a miss,
+    /// the driver answers UNAVAILABLE (retry) rather than SOLD_OUT.
+    pub fn unsettled(&self) -> bool {
+        self.borrow_unsettled || self.return_unsettled
+    }
+
+    /// The center answered a call again. An unsettled Borrow is settled now rather than at
+    /// its scheduled time: a late attempt landing after the resync only leaves the pool
+    /// short (drift the scheduled resync fixes), never oversold. An unsettled Return waits
+    /// for its schedule: re-adding units whose Return then lands would sell them twice.
+    /// True when a resync became due.
+    pub fn on_center_answered(&mut self, now_ms: i64) -> bool {
+        if self.borrow_unsettled && !self.return_unsettled && self.resync_at.is_some_and(|at| at > now_ms) {
+            self.resync_at = Some(now_ms);
+            self.dirty = true;
+            return true;
+        }
+        false
     }
 
     /// The keys that reserved, loaded after [`ItemCore::on_sold_out`] asked: from now on

@@ -331,6 +331,7 @@ impl ItemCore {
             }
             (Stage::BorrowCall { want }, Reply::Granted { granted, center_available }) => {
                 self.set_center_available(center_available);
+                self.on_center_answered(ctx.now_ms);
                 if granted == want && center_available >= self.policy.watermarks.high {
                     // The center has plenty again: prefetch resumes.
                     self.supply.end_of_sale = false;
@@ -350,6 +351,7 @@ impl ItemCore {
                 if unknown {
                     // It may have been applied: settle with the center's view later.
                     self.schedule_resync(ctx.now_ms + self.settings.resync_after_unknown_ms);
+                    self.borrow_unsettled = true;
                 }
                 self.borrow_ended(id, 0)
             }
@@ -419,6 +421,7 @@ impl ItemCore {
                 // twice); a resync with the center's view settles it.
                 notes.push(Note::CenterFailed { call: "return", unknown: true });
                 self.schedule_resync(ctx.now_ms + self.settings.resync_after_unknown_ms);
+                self.return_unsettled = true;
                 Progress::Finished(id, OpResult::Returned { units: 0 })
             }
             (Stage::ReturnUntake, reply) => {
@@ -569,6 +572,11 @@ impl ItemCore {
         }
         if op.served.is_some() && self.resync_at == op.served {
             self.resync_at = None;
+        }
+        if self.resync_at.is_none() {
+            // Whatever was unsettled is now counted by the center's view.
+            self.borrow_unsettled = false;
+            self.return_unsettled = false;
         }
     }
 }

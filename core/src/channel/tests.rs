@@ -402,3 +402,36 @@ fn a_refill_failing_every_attempt_is_given_up_and_resynced() {
     assert!(s.notes.contains(&Note::GrantNotRefilled { granted: 10 }));
     assert!(core.resync_at().is_some());
 }
+
+#[test]
+fn after_a_lost_borrow_reply_an_empty_pool_is_not_sold_out_until_settled() {
+    let mut core = item();
+    let (_, s) = core.submit(OpKind::Borrow { want: 10 }, "b1".into(), ctx(0, 1));
+    let s = feed(&mut core, &s, Reply::Pool(view(0, 3)), ctx(0, 1));
+    feed(&mut core, &s, Reply::Center(CallFault::Unknown), ctx(100, 1));
+    assert!(core.unsettled(), "the grant may sit with the channel");
+    // The center answers again (a later Borrow: it has none left, the channel holds them).
+    let (_, s) = core.submit(OpKind::Borrow { want: 10 }, "b2".into(), ctx(200, 1));
+    let s = feed(&mut core, &s, Reply::Pool(view(0, 3)), ctx(200, 1));
+    feed(&mut core, &s, Reply::Granted { granted: 0, center_available: 0 }, ctx(300, 1));
+    assert!(core.unsettled());
+    assert_eq!(core.resync_at(), Some(300), "settled now, not 5 s after the lost reply");
+    assert_eq!(core.due_resyncs(300), vec![OpKind::Resync(ResyncWhy::Scheduled)]);
+    let (_, s) = core.submit(OpKind::Resync(ResyncWhy::Scheduled), "s".into(), ctx(300, 1));
+    let s = feed(&mut core, &s, Reply::Holding(Holding { held: 10, generation: 3, in_doubt: 0 }), ctx(300, 1));
+    let s = feed(&mut core, &s, Reply::Pool(view(0, 3)), ctx(300, 1));
+    assert!(matches!(work(&s).effect, Effect::Refill { units: 10, .. }));
+    feed(&mut core, &s, Reply::Done, ctx(300, 1));
+    assert!(!core.unsettled());
+}
+
+#[test]
+fn an_unsettled_return_is_only_settled_at_its_schedule() {
+    let mut core = item();
+    let (_, s) = core.submit(OpKind::Return { max: 5 }, "r".into(), ctx(0, 1));
+    let s = feed(&mut core, &s, Reply::Units(5), ctx(0, 1));
+    feed(&mut core, &s, Reply::Center(CallFault::Unknown), ctx(100, 1));
+    assert!(core.unsettled());
+    assert!(!core.on_center_answered(200), "re-adding units whose Return then lands would sell them twice");
+    assert_eq!(core.resync_at(), Some(100 + Settings::default().resync_after_unknown_ms));
+}
