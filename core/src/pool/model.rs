@@ -249,7 +249,6 @@ impl Pool {
     /// counts once and answers `false`). Creates the pool with `new_generation` if it does
     /// not exist (0 is taken as 1: a pool's generation is never 0). Refused below the
     /// fence.
-    #[allow(clippy::too_many_arguments)] // the grant, the caller's epoch, and the clock
     pub fn refill(
         &mut self,
         grant_id: &str,
