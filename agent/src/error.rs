@@ -23,6 +23,10 @@ pub enum AgentError {
     /// INTERNAL when it answered something unexpected.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The center refuses this agent's credentials (a configuration error): UNAVAILABLE to
+    /// callers, fatal at start-up.
+    #[error("{0}")]
+    CenterRefused(String),
     /// Rate-limited or overloaded: answered at once instead of queueing into timeouts.
     #[error("{0}")]
     ResourceExhausted(String),
@@ -41,7 +45,13 @@ impl AgentError {
 pub fn from_center(status: Status) -> AgentError {
     match status.code() {
         Code::NotFound => AgentError::NotFound(status.message().to_owned()),
-        Code::InvalidArgument => AgentError::Internal(format!("center rejected a request: {}", status.message())),
+        Code::InvalidArgument | Code::AlreadyExists => {
+            AgentError::Internal(format!("center rejected a request: {}", status.message()))
+        }
+        Code::PermissionDenied | Code::Unauthenticated => AgentError::CenterRefused(format!(
+            "the center refuses this agent's credentials ({}); an operator must fix the agent's token or channel",
+            status.message()
+        )),
         _ => AgentError::Unavailable(format!("center unavailable: {}", status.message())),
     }
 }
@@ -65,6 +75,7 @@ impl From<AgentError> for Status {
                 tracing::error!(error = %s, "internal error");
                 Status::internal("internal error")
             }
+            AgentError::CenterRefused(m) => Status::unavailable(m.clone()),
             AgentError::ResourceExhausted(m) => Status::resource_exhausted(m.clone()),
             AgentError::Internal(m) => {
                 tracing::error!(error = %m, "internal error");

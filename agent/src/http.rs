@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::header;
+use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 
@@ -18,7 +18,16 @@ use crate::agent::Agent;
 use inventory_core::channel::Mode;
 
 pub fn router(agent: Arc<Agent>) -> Router {
-    Router::new().route("/healthz", get(|| async { "ok\n" })).route("/metrics", get(metrics)).with_state(agent)
+    Router::new().route("/healthz", get(healthz)).route("/metrics", get(metrics)).with_state(agent)
+}
+
+/// Not ready while the center refuses the agent's credentials: it cannot sell, and no
+/// amount of waiting fixes that.
+async fn healthz(State(agent): State<Arc<Agent>>) -> impl IntoResponse {
+    if agent.link.credentials_refused() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "not ready: the center refuses this agent's credentials\n");
+    }
+    (StatusCode::OK, "ok\n")
 }
 
 async fn metrics(State(agent): State<Arc<Agent>>) -> impl IntoResponse {
@@ -60,6 +69,10 @@ async fn metrics(State(agent): State<Arc<Agent>>) -> impl IntoResponse {
     let _ = writeln!(out, "# HELP {name} Acquire calls refused by the per-user rate limit.");
     let _ = writeln!(out, "# TYPE {name} counter");
     let _ = writeln!(out, "{name}{{channel=\"{channel}\"}} {}", agent.selling.rate_limited.load(Ordering::Relaxed));
+    let name = "inventory_agent_center_credential_refusals_total";
+    let _ = writeln!(out, "# HELP {name} Calls the center refused for this agent's credentials.");
+    let _ = writeln!(out, "# TYPE {name} counter");
+    let _ = writeln!(out, "{name}{{channel=\"{channel}\"}} {}", agent.link.credential_refusals());
     for (name, help, v) in [
         ("inventory_agent_epoch", "The channel epoch this agent registered with.", agent.link.epoch()),
         ("inventory_agent_leading", "1 while this replica leads its channel.", u64::from(leading)),
@@ -68,6 +81,11 @@ async fn metrics(State(agent): State<Arc<Agent>>) -> impl IntoResponse {
             "inventory_agent_lease_valid",
             "1 while the agent's lease with the center is valid (it sells only then).",
             u64::from(agent.link.lease_valid()),
+        ),
+        (
+            "inventory_agent_center_credentials_refused",
+            "1 while the center refuses this agent's credentials (a configuration error).",
+            u64::from(agent.link.credentials_refused()),
         ),
         (
             "inventory_agent_center_reachable",

@@ -1,7 +1,7 @@
 //! The agent's connection to the center: registration (epoch), Borrow/Return with
 //! request ids retried on UNAVAILABLE, heartbeats, and the channel's event stream.
 
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use inventory_core::channel::lease;
@@ -27,6 +27,11 @@ pub struct CenterLink {
     lease_margin_ms: u64,
     /// Calls to the center in a row that got no answer (0 after any answer).
     failures_in_a_row: AtomicU32,
+    /// Calls the center refused for this agent's credentials (a token missing, wrong, or
+    /// bound to another channel): a configuration error, not an outage.
+    credential_refusals: AtomicU64,
+    /// Whether the last call was refused for its credentials (cleared by any success).
+    credentials_refused: AtomicBool,
     /// `Bearer <token>` for the center; never logged.
     auth: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 }
@@ -40,6 +45,11 @@ fn with_traceparent<T>(req: &mut tonic::Request<T>, request_id: &str) {
             req.metadata_mut().insert("traceparent", v);
         }
     }
+}
+
+/// The center refused the call for who is calling: a configuration error.
+pub fn refused_credentials(code: Code) -> bool {
+    matches!(code, Code::PermissionDenied | Code::Unauthenticated)
 }
 
 fn retryable(code: Code) -> bool {
@@ -78,6 +88,8 @@ impl CenterLink {
             lease_until_ms: AtomicI64::new(0),
             lease_margin_ms: u64::try_from(lease_margin.as_millis()).unwrap_or(u64::MAX),
             failures_in_a_row: AtomicU32::new(0),
+            credential_refusals: AtomicU64::new(0),
+            credentials_refused: AtomicBool::new(false),
             auth,
         })
     }
@@ -125,12 +137,43 @@ impl CenterLink {
     }
 
     fn note(&self, result: &Result<impl Sized, Status>) {
+        self.note_credentials(result);
         match result {
             Err(s) if retryable(s.code()) => {
                 self.failures_in_a_row.fetch_add(1, Ordering::AcqRel);
             }
             _ => self.failures_in_a_row.store(0, Ordering::Release),
         }
+    }
+
+    fn note_credentials(&self, result: &Result<impl Sized, Status>) {
+        match result {
+            Err(s) if refused_credentials(s.code()) => {
+                self.credential_refusals.fetch_add(1, Ordering::Relaxed);
+                if !self.credentials_refused.swap(true, Ordering::AcqRel) {
+                    tracing::error!(
+                        center_says = s.message(),
+                        "the center refuses this agent's credentials; fix its token (--center-token) or channel"
+                    );
+                }
+            }
+            Ok(_) => {
+                if self.credentials_refused.swap(false, Ordering::AcqRel) {
+                    tracing::info!("the center accepts this agent's credentials again");
+                }
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// Whether the center refused the last call for its credentials.
+    pub fn credentials_refused(&self) -> bool {
+        self.credentials_refused.load(Ordering::Acquire)
+    }
+
+    /// Calls refused for their credentials so far.
+    pub fn credential_refusals(&self) -> u64 {
+        self.credential_refusals.load(Ordering::Relaxed)
     }
 
     pub fn lease_valid(&self) -> bool {
@@ -156,8 +199,10 @@ impl CenterLink {
                 channel: self.channel.to_string(),
                 agent_id: self.agent_id.to_string(),
             }))
-            .await?
-            .into_inner();
+            .await
+            .map(|r| r.into_inner());
+        self.note_credentials(&r);
+        let r = r?;
         self.epoch.store(r.epoch, Ordering::Release);
         self.lease_ttl_ms.store(r.lease_ttl_ms, Ordering::Release);
         Ok(r)
@@ -165,7 +210,9 @@ impl CenterLink {
 
     pub async fn describe(&self, item_id: &str) -> Result<pb::DescribeItemResponse, Status> {
         let req = pb::DescribeItemRequest { item_id: item_id.to_owned(), channel: self.channel.to_string() };
-        Ok(self.client.clone().describe_item(self.req(req)).await?.into_inner())
+        let r = self.client.clone().describe_item(self.req(req)).await.map(|r| r.into_inner());
+        self.note_credentials(&r);
+        r
     }
 
     /// A Borrow under `epoch`: the epoch the caller read before it looked at the pool, so

@@ -85,6 +85,10 @@ impl Application {
             leader_ttl_ms: config.leader_ttl_ms.max(30),
         };
         let limits = UserLimits::new(config.user_rate_per_sec, config.user_burst);
+        // Bind before registering: an agent that cannot serve must not leave a registered
+        // channel behind at the center.
+        let grpc = bind(config.listen, "--listen").await?;
+        let http = bind(config.http_listen, "--http-listen").await?;
         let agent = Arc::new(Agent::new(store, link, settings, limits));
         // Replicas of the channel sharing this store: the first one leads; the others
         // follow (and sell under the leader's lease) until one of them takes over.
@@ -95,6 +99,10 @@ impl Application {
             loop {
                 match agent.register().await {
                     Ok(_) => break,
+                    // A configuration error does not heal by waiting: say so and stop.
+                    Err(e @ crate::error::AgentError::CenterRefused(_)) => {
+                        anyhow::bail!("cannot register with the center at {}: {e}", config.center)
+                    }
                     Err(e) if Instant::now() < deadline => {
                         tracing::warn!(error = %e, "cannot register with the center yet; retrying");
                         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -108,8 +116,6 @@ impl Application {
             tracing::info!(channel = %agent.link.channel, "another replica leads the channel; following it");
             agent.replicas.step().await;
         }
-        let grpc = TcpListener::bind(config.listen).await?;
-        let http = TcpListener::bind(config.http_listen).await?;
         let http_tls = match (&config.tls_cert, &config.tls_key) {
             (Some(cert), Some(key)) => Some(inventory_net::server_config(cert, key)?),
             _ => None,
@@ -242,4 +248,8 @@ impl Application {
         tracing::info!("agent stopped");
         Ok(())
     }
+}
+
+async fn bind(addr: SocketAddr, flag: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr} ({flag}): {e}"))
 }

@@ -227,3 +227,22 @@ async fn an_item_unknown_to_the_center_is_not_found_until_it_is_created() {
     .await;
     assert!(sells, "the item never sold after it was created");
 }
+
+/// An agent that cannot bind its port stops before it registers: the center is left with
+/// no ghost channel, and the error names the address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_cannot_bind_leaves_no_channel_at_the_center() {
+    let center = Center::start_sqlite().await;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let mut cfg = agent_config(&center.url, "ghost", &StoreSpec::Memory);
+    cfg.listen = addr;
+    let err = match inventory_agent::Application::build(cfg).await {
+        Ok(_) => panic!("an agent on a taken port must not start"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains(&addr.to_string()), "{err}");
+    let channels =
+        center.admin().await.list_channels(pb::ListChannelsRequest::default()).await.unwrap().into_inner().channels;
+    assert!(channels.is_empty(), "registered before failing: {channels:?}");
+}

@@ -238,3 +238,23 @@ async fn hostile_values_in_every_agent_rpc_are_refused_before_the_store() {
     assert_eq!(store.acquire_calls(), 0, "no hostile request reached the store");
     assert!(agent.agent.items.is_empty());
 }
+
+/// A token the center binds to another channel is a configuration error, not an outage:
+/// the agent says so and stops at start-up instead of retrying as if the center were down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_whose_token_the_center_refuses_stops_at_start_up_and_says_why() {
+    let center =
+        crate::harness::Center::start(crate::harness::Db::Lite(inventory_test_support::TestSqlite::create()), |c| {
+            c.insecure = false;
+            c.operator_token = Some("operator-token-0123456789".into());
+            c.agent_tokens = Some("web:web-token-0123456789".into());
+        })
+        .await;
+    let mut cfg = crate::harness::agent_config(&center.url, "app", &crate::harness::StoreSpec::Memory);
+    cfg.center_token = Some("web-token-0123456789".into());
+    let err = match inventory_agent::Application::build(cfg).await {
+        Ok(_) => panic!("an agent the center refuses must not start"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("refuses this agent's credentials"), "{err}");
+}
