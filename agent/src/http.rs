@@ -69,6 +69,18 @@ async fn metrics(State(agent): State<Arc<Agent>>) -> impl IntoResponse {
     let _ = writeln!(out, "# HELP {name} Acquire calls refused by the per-user rate limit.");
     let _ = writeln!(out, "# TYPE {name} counter");
     let _ = writeln!(out, "{name}{{channel=\"{channel}\"}} {}", agent.selling.rate_limited.load(Ordering::Relaxed));
+    for (name, help, v) in [
+        ("inventory_agent_item_lookups_total", "DescribeItem calls made to load items.", agent.items.lookups_made()),
+        (
+            "inventory_agent_item_lookups_refused_total",
+            "Item loads refused by the bound on lookups per second.",
+            agent.items.lookups_refused(),
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} counter");
+        let _ = writeln!(out, "{name}{{channel=\"{channel}\"}} {v}");
+    }
     let name = "inventory_agent_center_credential_refusals_total";
     let _ = writeln!(out, "# HELP {name} Calls the center refused for this agent's credentials.");
     let _ = writeln!(out, "# TYPE {name} counter");

@@ -2,6 +2,8 @@
 //! held across an await) and its pool's key, loaded from the center on first use.
 
 use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use dashmap::DashMap;
@@ -15,8 +17,13 @@ use crate::error::{AgentError, from_center};
 use crate::link::CenterLink;
 use crate::store::{PoolKey, PoolSnapshot};
 
-/// How long an item id the center does not know is answered NOT_FOUND without asking.
-const UNKNOWN_ITEM_MS: i64 = 2_000;
+/// How long an item id the center does not know is answered NOT_FOUND without asking (so
+/// an item created meanwhile becomes sellable within this).
+const UNKNOWN_ITEM_MS: i64 = 1_000;
+
+/// Lookups of items not loaded yet, per second, at most: a flood of random item ids costs
+/// the center this many DescribeItem calls a second, not one per request.
+pub const LOOKUPS_PER_SEC: u32 = 100;
 
 /// At most this many unknown ids are remembered (a flood of random ids cannot grow it).
 const UNKNOWN_ITEMS_KEPT: usize = 100_000;
@@ -115,11 +122,25 @@ pub struct Items {
     /// Item ids the center said it does not know, and until when (ms) to believe it: a
     /// flood of calls for one unknown id costs one DescribeItem per [`UNKNOWN_ITEM_MS`].
     unknown: DashMap<String, i64>,
+    lookups: governor::DefaultDirectRateLimiter,
+    /// DescribeItem calls made to load items, and lookups refused by the bound.
+    lookups_made: AtomicU64,
+    lookups_refused: AtomicU64,
 }
 
 impl Items {
     pub fn new(channel: Channel, settings: Settings) -> Self {
-        Self { channel, settings, items: DashMap::new(), loading: DashMap::new(), unknown: DashMap::new() }
+        let per_sec = NonZeroU32::new(LOOKUPS_PER_SEC).expect("a positive constant");
+        Self {
+            channel,
+            settings,
+            items: DashMap::new(),
+            loading: DashMap::new(),
+            unknown: DashMap::new(),
+            lookups: governor::RateLimiter::direct(governor::Quota::per_second(per_sec)),
+            lookups_made: AtomicU64::new(0),
+            lookups_refused: AtomicU64::new(0),
+        }
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Item>> {
@@ -138,6 +159,16 @@ impl Items {
         self.items.is_empty()
     }
 
+    /// DescribeItem calls made to load items so far.
+    pub fn lookups_made(&self) -> u64 {
+        self.lookups_made.load(Ordering::Relaxed)
+    }
+
+    /// Loads refused by the lookup bound so far.
+    pub fn lookups_refused(&self) -> u64 {
+        self.lookups_refused.load(Ordering::Relaxed)
+    }
+
     /// The item, loading its policy from the center on first use. The flag says whether
     /// this call loaded it.
     pub async fn load(&self, item: &ItemId, link: &CenterLink, now_ms: i64) -> Result<(Arc<Item>, bool), AgentError> {
@@ -153,6 +184,13 @@ impl Items {
         let result = cell
             .get_or_try_init(|| async {
                 loaded_here = true;
+                if self.lookups.check().is_err() {
+                    self.lookups_refused.fetch_add(1, Ordering::Relaxed);
+                    return Err(AgentError::Unavailable(format!(
+                        "too many lookups of items this agent does not know yet (at most {LOOKUPS_PER_SEC} a second); retry item_id {item:?} later"
+                    )));
+                }
+                self.lookups_made.fetch_add(1, Ordering::Relaxed);
                 let d = link.describe(item.as_str()).await.map_err(from_center)?;
                 let it = Item::new(
                     item.to_string(),

@@ -258,3 +258,43 @@ async fn an_agent_whose_token_the_center_refuses_stops_at_start_up_and_says_why(
     };
     assert!(err.contains("refuses this agent's credentials"), "{err}");
 }
+
+/// A flood of random item ids costs the center a bounded number of lookups, not one per
+/// request; an item created after it was asked for becomes sellable soon after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_unknown_item_ids_makes_a_bounded_number_of_center_lookups() {
+    let center = crate::harness::Center::start_sqlite().await;
+    let agent = crate::harness::LocalAgent::start(&center.url, "app", &crate::harness::StoreSpec::Memory).await;
+    let mut client = agent.client().await;
+    let flood = 1_000;
+    let mut refused = 0;
+    for i in 0..flood {
+        let code =
+            client.acquire(acquire_req(&format!("nosuch-{i}"), "u", 1, &format!("k{i}"))).await.unwrap_err().code();
+        assert!(matches!(code, Code::NotFound | Code::Unavailable), "{code:?}");
+        refused += u64::from(code == Code::Unavailable);
+    }
+    let lookups = agent.agent.items.lookups_made();
+    assert!(
+        lookups < flood / 2,
+        "{lookups} center lookups for {flood} unknown ids ({refused} refused; budget {} a second)",
+        inventory_agent::items::LOOKUPS_PER_SEC
+    );
+    assert!(refused > 0, "the flood never reached the bound");
+
+    // A buyer asks for an item before it exists; it is created; it sells soon after.
+    let early = client.acquire(acquire_req("late-item", "u", 1, "late-1")).await.unwrap_err().code();
+    assert!(matches!(early, Code::NotFound | Code::Unavailable), "{early:?}");
+    center.create_item("late-item", 5, 1, (1, 4, 2)).await;
+    let sellable = inventory_test_support::wait_until(std::time::Duration::from_secs(5), || {
+        let mut client = client.clone();
+        async move {
+            client
+                .acquire(acquire_req("late-item", "u", 1, "late-1"))
+                .await
+                .is_ok_and(|r| r.into_inner().outcome() == pb::AcquireOutcome::Reserved)
+        }
+    })
+    .await;
+    assert!(sellable, "a newly created item never became sellable");
+}
