@@ -37,6 +37,16 @@ pub struct AgentConfig {
     pub http_listen: SocketAddr,
     #[arg(long, env = "INVENTORY_STORE", value_enum, default_value = "memory")]
     pub store: StoreKind,
+    /// With `--store memory`: where the pools are written when the agent stops gracefully
+    /// and read back (then deleted) when it starts, so a planned restart keeps every
+    /// reservation. Default `inventory-agent-<channel>.pools.json` in the working directory.
+    /// A crash writes nothing: the restarted agent then finds its pools lost, and the
+    /// units they held stay in doubt until an operator resolves them.
+    #[arg(long, env = "INVENTORY_MEMORY_STATE_FILE")]
+    pub memory_state_file: Option<PathBuf>,
+    /// With `--store memory`: keep nothing across a restart.
+    #[arg(long, env = "INVENTORY_NO_MEMORY_STATE")]
+    pub no_memory_state: bool,
     #[arg(long, env = "INVENTORY_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
     pub redis_url: String,
     /// Prefix of every Redis key (before the pool's `{channel:item}` hash tag).
@@ -122,6 +132,18 @@ pub struct AgentConfig {
 
 impl AgentConfig {
     /// A configuration for tests: listeners on free ports, the given center and store.
+    /// Where the memory store keeps its pools across a planned restart (None: nowhere).
+    pub fn memory_state_path(&self) -> Option<PathBuf> {
+        if self.no_memory_state || self.store != StoreKind::Memory || !self.redis_cluster.is_empty() {
+            return None;
+        }
+        Some(
+            self.memory_state_file
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(format!("inventory-agent-{}.pools.json", self.channel))),
+        )
+    }
+
     pub fn for_tests(channel: &str, center: &str, store: StoreKind, redis_url: &str, redis_prefix: &str) -> Self {
         Self {
             channel: channel.to_owned(),
@@ -132,6 +154,8 @@ impl AgentConfig {
             store,
             redis_url: redis_url.to_owned(),
             redis_prefix: redis_prefix.to_owned(),
+            memory_state_file: None,
+            no_memory_state: true,
             redis_cluster: Vec::new(),
             redis_replica_acks: 0,
             redis_replica_ack_timeout_ms: 500,

@@ -184,6 +184,11 @@ impl Items {
         let result = cell
             .get_or_try_init(|| async {
                 loaded_here = true;
+                // A load that failed before this caller's turn came leaves the cell empty:
+                // believe its NOT_FOUND rather than asking again.
+                if self.unknown.get(item.as_str()).is_some_and(|until| now_ms < *until) {
+                    return Err(AgentError::NotFound(format!("item {item} not found")));
+                }
                 if self.lookups.check().is_err() {
                     self.lookups_refused.fetch_add(1, Ordering::Relaxed);
                     return Err(AgentError::Unavailable(format!(

@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,25 +40,45 @@ pub struct Application {
     max_concurrent: usize,
     rebalance_interval: Duration,
     heartbeat_interval: Option<Duration>,
+    /// The memory store and where it keeps its pools across a graceful stop.
+    memory_state: Option<(Arc<MemoryPoolStore>, PathBuf)>,
 }
 
 impl Application {
     pub async fn build(config: AgentConfig) -> anyhow::Result<Self> {
         let acks_timeout = Duration::from_millis(config.redis_replica_ack_timeout_ms);
+        let mut memory_state = None;
         let store: Arc<dyn PoolStore> = match config.store {
             _ if !config.redis_cluster.is_empty() => Arc::new(
                 RedisPoolStore::new_cluster(&config.redis_cluster, &config.redis_prefix)
                     .await?
                     .with_replica_acks(config.redis_replica_acks, acks_timeout),
             ),
-            StoreKind::Memory => Arc::new(MemoryPoolStore::new()),
+            StoreKind::Memory => {
+                let kept = match config.memory_state_path() {
+                    Some(path) => {
+                        let (mem, n) = MemoryPoolStore::load(&path)
+                            .map_err(|e| anyhow::anyhow!("cannot read the pools kept at {}: {e}", path.display()))?;
+                        if n > 0 {
+                            tracing::info!(pools = n, file = %path.display(), "pools kept from the last graceful stop");
+                        }
+                        let mem = Arc::new(mem);
+                        memory_state = Some((Arc::clone(&mem), path));
+                        mem
+                    }
+                    None => Arc::new(MemoryPoolStore::new()),
+                };
+                kept
+            }
             StoreKind::Redis => Arc::new(
                 RedisPoolStore::new(&config.redis_url, &config.redis_prefix)
                     .await?
                     .with_replica_acks(config.redis_replica_acks, acks_timeout),
             ),
         };
-        Self::build_with_store(config, store).await
+        let mut app = Self::build_with_store(config, store).await?;
+        app.memory_state = memory_state;
+        Ok(app)
     }
 
     /// Like [`Application::build`] with a given pool store (tests wrap stores to observe
@@ -131,6 +152,7 @@ impl Application {
             server_tls,
             max_concurrent: config.max_concurrent_requests.max(1),
             rebalance_interval: Duration::from_millis(config.rebalance_interval_ms.max(1)),
+            memory_state: None,
             heartbeat_interval: (config.heartbeat_interval_ms > 0)
                 .then(|| Duration::from_millis(config.heartbeat_interval_ms)),
         })
@@ -244,6 +266,14 @@ impl Application {
         }
         // Operations still queued (a follower's, or a leader handing over) end before exit.
         self.agent.stocking.wait_idle().await;
+        if let Some((mem, path)) = &self.memory_state {
+            match mem.save(path) {
+                Ok(n) => tracing::info!(pools = n, file = %path.display(), "pools kept for the next start"),
+                Err(e) => {
+                    tracing::error!(error = %e, file = %path.display(), "cannot keep the pools; the next start will find them lost")
+                }
+            }
+        }
         http.await??;
         tracing::info!("agent stopped");
         Ok(())

@@ -11,6 +11,7 @@
 //! single critical section, so each is atomic like its Lua twin.
 
 use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -39,6 +40,14 @@ fn new_generation() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| u64::try_from(d.as_micros()).unwrap_or(1).max(1))
 }
 
+/// One pool as [`MemoryPoolStore::save`] writes it.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SavedPool {
+    channel: String,
+    item_id: String,
+    pool: Pool,
+}
+
 /// The in-memory [`PoolStore`].
 #[derive(Debug)]
 pub struct MemoryPoolStore {
@@ -63,6 +72,44 @@ impl MemoryPoolStore {
     pub fn with_record_retention(mut self, retention: Duration) -> Self {
         self.retention_ms = duration_ms(retention);
         self
+    }
+
+    /// Writes every pool to `path` (through a temporary file and a rename, so a reader
+    /// never sees half a file). Call only once nothing changes the pools any more.
+    pub fn save(&self, path: &Path) -> std::io::Result<usize> {
+        let pools: Vec<SavedPool> = self
+            .pools
+            .iter()
+            .map(|e| SavedPool {
+                channel: e.key().channel.clone(),
+                item_id: e.key().item_id.clone(),
+                pool: lock(e.value()).clone(),
+            })
+            .collect();
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, serde_json::to_vec(&pools).map_err(std::io::Error::other)?)?;
+        std::fs::rename(&tmp, path)?;
+        Ok(pools.len())
+    }
+
+    /// A store holding the pools [`MemoryPoolStore::save`] wrote to `path`, which is then
+    /// deleted: a later crash must not bring back pools older than what was sold since
+    /// (the restarted agent must find them lost instead). No file: an empty store.
+    pub fn load(path: &Path) -> std::io::Result<(Self, usize)> {
+        let store = Self::new();
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((store, 0)),
+            Err(e) => return Err(e),
+        };
+        let pools: Vec<SavedPool> = serde_json::from_slice(&bytes)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {e}", path.display())))?;
+        std::fs::remove_file(path)?;
+        let n = pools.len();
+        for p in pools {
+            store.pools.insert(PoolKey::new(p.channel, p.item_id), Arc::new(Mutex::new(p.pool)));
+        }
+        Ok((store, n))
     }
 
     /// The pool if it exists. The dashmap shard lock is released before the pool is locked.

@@ -121,3 +121,68 @@ async fn sigterm_drains_and_returns_unreserved_units() {
     assert_eq!((web.reported_available, web.reported_reserved), (0, 3), "last report sent");
     assert_eq!(view.item.unwrap().available, 997);
 }
+
+/// A planned restart of an agent on the embedded memory store is not an incident: SIGTERM
+/// in the middle of a sale with open reservations keeps the pools (reservations and their
+/// generation) for the next start, which sells on; the reservations still confirm, and
+/// nothing is in doubt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_store_agent_restarted_with_sigterm_keeps_its_reservations() {
+    let center = Center::start_sqlite().await;
+    center.create_item("keep", 100, 1, (5, 30, 10)).await;
+    let dir = std::env::temp_dir().join(format!("inventory-restart-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let state = dir.join("app.pools.json");
+    let state_arg = state.to_str().unwrap().to_owned();
+    let flags = ["--memory-state-file", state_arg.as_str()];
+    let port = free_port();
+    let mut agent = AgentProcess::spawn_with(&center.url, "app", &StoreSpec::Memory, Some(port), "app-1", &flags).await;
+    let mut client = agent.client().await;
+    let mut open = Vec::new();
+    for n in 0..8 {
+        let key = format!("before-{n}");
+        let r = client.acquire(acquire_req("keep", &key, 1, &key)).await.expect("acquire").into_inner();
+        assert_eq!(r.outcome(), pb::AcquireOutcome::Reserved);
+        open.push(r.reservation_id);
+    }
+    // Two of them are paid before the restart, the rest stay open across it.
+    for id in &open[..2] {
+        client
+            .confirm(pb::ConfirmRequest { item_id: "keep".into(), reservation_id: id.clone() })
+            .await
+            .expect("confirm");
+    }
+    assert!(agent.sigterm_and_wait().await.success(), "drains and exits cleanly");
+    assert!(state.exists(), "the pools were kept for the next start");
+
+    let agent = AgentProcess::spawn_with(&center.url, "app", &StoreSpec::Memory, Some(port), "app-1", &flags).await;
+    assert!(!state.exists(), "the kept pools are read once: a later crash must not bring them back");
+    let mut client = agent.client().await;
+    for id in &open[2..] {
+        let r = client.confirm(pb::ConfirmRequest { item_id: "keep".into(), reservation_id: id.clone() }).await;
+        assert_eq!(
+            r.expect("a reservation made before the restart confirms").into_inner().state(),
+            pb::ReservationState::Confirmed
+        );
+    }
+    // A replay of a key that reserved before the restart gets its reservation back.
+    let replay = client.acquire(acquire_req("keep", "before-3", 1, "before-3")).await.expect("replay").into_inner();
+    assert!(replay.replayed && replay.reservation_id == open[3]);
+    // And it sells on.
+    let sells = wait_until(Duration::from_secs(10), || {
+        let mut client = client.clone();
+        async move {
+            client
+                .acquire(acquire_req("keep", "after", 1, "after-1"))
+                .await
+                .is_ok_and(|r| r.into_inner().outcome() == pb::AcquireOutcome::Reserved)
+        }
+    })
+    .await;
+    assert!(sells, "the restarted agent never sold again");
+    let ledger = center.ledger("keep").await;
+    assert!(ledger.channels.iter().all(|c| c.in_doubt == 0), "nothing in doubt: {ledger:?}");
+    let r = center.await_quiescence().await;
+    assert!(r.ok, "{:?}", r.violations);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -213,7 +213,9 @@ impl AgentProcess {
             .stderr(Stdio::inherit())
             .kill_on_drop(true);
         match store {
-            StoreSpec::Memory => cmd.args(["--store", "memory"]),
+            // Pools kept across a restart only where a test asks for it (a file of its own).
+            StoreSpec::Memory if extra.contains(&"--memory-state-file") => cmd.args(["--store", "memory"]),
+            StoreSpec::Memory => cmd.args(["--store", "memory", "--no-memory-state"]),
             StoreSpec::Redis { url, prefix } => {
                 cmd.args(["--store", "redis", "--redis-url", url, "--redis-prefix", prefix])
             }

@@ -48,7 +48,7 @@ pub enum AcquireResult {
     KeyConflict,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ReservationState {
     Reserved,
     Confirmed,

@@ -2,6 +2,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use serde::{Deserialize, Serialize};
+
 use super::{AcquireArgs, AcquireResult, PoolError, PoolSnapshot, ReservationState, Transition};
 use crate::ledger::PoolCounts;
 
@@ -9,7 +11,7 @@ use crate::ledger::PoolCounts;
 pub const GC_BATCH: u64 = 100;
 
 /// One reservation as the pool records it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reservation {
     pub state: ReservationState,
     pub quantity: u64,
@@ -18,14 +20,14 @@ pub struct Reservation {
     pub idempotency_key: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 struct Take {
     units: u64,
     put_back: bool,
 }
 
 /// A record that may be forgotten once its retention ran out.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 enum Forgettable {
     Reservation(String),
     Grant(String),
@@ -35,8 +37,9 @@ enum Forgettable {
 /// One channel's pool of one item. `generation == 0` means the pool does not exist (never
 /// refilled, or lost): it may still hold take records and a fence, but its counters are
 /// all zero. Ordered collections only, so whatever a caller iterates comes in the same
-/// order on every run.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// order on every run. Serializable, so an embedded store can keep its pools across a
+/// planned restart.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pool {
     available: u64,
     reserved: u64,
