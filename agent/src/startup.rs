@@ -54,22 +54,19 @@ impl Application {
                     .await?
                     .with_replica_acks(config.redis_replica_acks, acks_timeout),
             ),
-            StoreKind::Memory => {
-                let kept = match config.memory_state_path() {
-                    Some(path) => {
-                        let (mem, n) = MemoryPoolStore::load(&path)
-                            .map_err(|e| anyhow::anyhow!("cannot read the pools kept at {}: {e}", path.display()))?;
-                        if n > 0 {
-                            tracing::info!(pools = n, file = %path.display(), "pools kept from the last graceful stop");
-                        }
-                        let mem = Arc::new(mem);
-                        memory_state = Some((Arc::clone(&mem), path));
-                        mem
+            StoreKind::Memory => match config.memory_state_path() {
+                Some(path) => {
+                    let (mem, n) = MemoryPoolStore::load(&path)
+                        .map_err(|e| anyhow::anyhow!("cannot read the pools kept at {}: {e}", path.display()))?;
+                    if n > 0 {
+                        tracing::info!(pools = n, file = %path.display(), "pools kept from the last graceful stop");
                     }
-                    None => Arc::new(MemoryPoolStore::new()),
-                };
-                kept
-            }
+                    let mem = Arc::new(mem);
+                    memory_state = Some((Arc::clone(&mem), path));
+                    mem
+                }
+                None => Arc::new(MemoryPoolStore::new()),
+            },
             StoreKind::Redis => Arc::new(
                 RedisPoolStore::new(&config.redis_url, &config.redis_prefix)
                     .await?
