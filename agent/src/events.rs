@@ -55,7 +55,9 @@ pub async fn apply(items: &Items, link: &CenterLink, stocking: &Arc<Stocking>, e
                 let kind = item.with(|c| c.on_return_requested());
                 if let OpKind::Return { max } = kind {
                     let given = stocking.give_back(&item, max).await;
-                    tracing::info!(item = %r.item_id, given, "end of sale: returned idle units");
+                    if given > 0 {
+                        tracing::info!(item = %r.item_id, given, "end of sale: returned idle units");
+                    }
                 }
             }
         }

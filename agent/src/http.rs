@@ -70,6 +70,11 @@ async fn metrics(State(agent): State<Arc<Agent>>) -> impl IntoResponse {
     let _ = writeln!(out, "# TYPE {name} counter");
     let _ = writeln!(out, "{name}{{channel=\"{channel}\"}} {}", agent.selling.rate_limited.load(Ordering::Relaxed));
     for (name, help, v) in [
+        (
+            "inventory_agent_center_unanswered_calls_total",
+            "Calls (attempts) to the center that got no answer.",
+            agent.link.unanswered(),
+        ),
         ("inventory_agent_item_lookups_total", "DescribeItem calls made to load items.", agent.items.lookups_made()),
         (
             "inventory_agent_item_lookups_refused_total",

@@ -27,6 +27,9 @@ pub struct CenterLink {
     lease_margin_ms: u64,
     /// Calls to the center in a row that got no answer (0 after any answer).
     failures_in_a_row: AtomicU32,
+    /// Calls (attempts) that got no answer, in all.
+    unanswered: AtomicU64,
+    url: String,
     /// Calls the center refused for this agent's credentials (a token missing, wrong, or
     /// bound to another channel): a configuration error, not an outage.
     credential_refusals: AtomicU64,
@@ -88,6 +91,8 @@ impl CenterLink {
             lease_until_ms: AtomicI64::new(0),
             lease_margin_ms: u64::try_from(lease_margin.as_millis()).unwrap_or(u64::MAX),
             failures_in_a_row: AtomicU32::new(0),
+            unanswered: AtomicU64::new(0),
+            url: url.to_owned(),
             credential_refusals: AtomicU64::new(0),
             credentials_refused: AtomicBool::new(false),
             auth,
@@ -138,11 +143,20 @@ impl CenterLink {
 
     fn note(&self, result: &Result<impl Sized, Status>) {
         self.note_credentials(result);
+        // Logged once per change of state; the failed calls themselves are counted.
         match result {
             Err(s) if retryable(s.code()) => {
-                self.failures_in_a_row.fetch_add(1, Ordering::AcqRel);
+                self.unanswered.fetch_add(1, Ordering::Relaxed);
+                let before = self.failures_in_a_row.fetch_add(1, Ordering::AcqRel);
+                if lease::reachable(before) && !lease::reachable(before + 1) {
+                    tracing::warn!(center = %self.url, code = ?s.code(), "center lost: calls get no answer; retrying with backoff");
+                }
             }
-            _ => self.failures_in_a_row.store(0, Ordering::Release),
+            _ => {
+                if !lease::reachable(self.failures_in_a_row.swap(0, Ordering::AcqRel)) {
+                    tracing::info!(center = %self.url, "center regained");
+                }
+            }
         }
     }
 
@@ -164,6 +178,16 @@ impl CenterLink {
             }
             Err(_) => {}
         }
+    }
+
+    /// Calls (attempts) to the center that got no answer so far.
+    pub fn unanswered(&self) -> u64 {
+        self.unanswered.load(Ordering::Relaxed)
+    }
+
+    /// The center's URL (for logs).
+    pub fn url(&self) -> &str {
+        &self.url
     }
 
     /// Whether the center refused the last call for its credentials.

@@ -175,6 +175,15 @@ impl Selling {
                 self.stocking.submit(item, OpKind::Borrow { want });
                 unsettled(item, missed)
             }
+            MissPlan::Borrow { .. }
+                if !self.link.reachable() && !item.with(|c| c.starving_signal_due(crate::clock::now_ms())) =>
+            {
+                // Back off: while the center gets no answer, one Borrow per item per
+                // signal period probes it; every other miss answers at once.
+                Err(AgentError::Unavailable(
+                    "local pool is empty and the center is unreachable; retry with the same idempotency_key".into(),
+                ))
+            }
             MissPlan::Borrow { want } => {
                 let done = self.stocking.submit(item, OpKind::Borrow { want });
                 let mut result = missed;

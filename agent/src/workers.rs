@@ -106,8 +106,9 @@ pub async fn heartbeat(agent: Arc<Agent>, period: Option<Duration>, mut stop: wa
                 }
             }
             Err(s) => {
+                // Counted; the link logs when the center is lost and regained.
                 agent.metrics.center_error();
-                tracing::warn!(code = ?s.code(), message = s.message(), "heartbeat failed");
+                tracing::debug!(code = ?s.code(), message = s.message(), "heartbeat failed");
             }
         }
     }
