@@ -8,6 +8,7 @@ use futures::{Stream, StreamExt};
 use inventory_core::ledger::PoolCounts;
 use inventory_core::{AgentId, Channel, ItemId, Quantity, RequestId};
 use inventory_proto::v1 as pb;
+use tokio::sync::watch;
 use tokio_stream::wrappers::BroadcastStream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -45,11 +46,19 @@ pub struct CenterService {
     events: EventHub,
     lease: LeaseSettings,
     faults: Arc<FaultHooks>,
+    /// Turns true when the center shuts down: every `WatchChannel` stream then ends.
+    stop: watch::Receiver<bool>,
 }
 
 impl CenterService {
-    pub fn new(store: Arc<dyn LedgerStore>, events: EventHub, lease: LeaseSettings, faults: Arc<FaultHooks>) -> Self {
-        Self { store, events, lease, faults }
+    pub fn new(
+        store: Arc<dyn LedgerStore>,
+        events: EventHub,
+        lease: LeaseSettings,
+        faults: Arc<FaultHooks>,
+        stop: watch::Receiver<bool>,
+    ) -> Self {
+        Self { store, events, lease, faults, stop }
     }
 }
 
@@ -193,7 +202,13 @@ impl pb::center_server::Center for CenterService {
                 async move { to_channel_event(store.as_ref(), &channel, e).await }
             })
             .filter_map(std::future::ready);
-        Ok(Response::new(Box::pin(stream.map(Ok))))
+        // A stream never ends by itself; at shutdown the center ends it, so the server can
+        // finish and the agent reconnects to another replica.
+        let mut stop = self.stop.clone();
+        let stopping = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        Ok(Response::new(Box::pin(stream.take_until(stopping).map(Ok))))
     }
 }
 
