@@ -44,7 +44,10 @@ impl SqlLedger {
             Self::write_item(&mut tx, item.as_str(), &before, &after).await?;
             Self::write_movements(&mut tx, item.as_str(), channel.as_str(), &alloc).await?;
         }
-        Self::put_request(&mut tx, m, request_id, &outcome).await?;
+        if !Self::put_request(&mut tx, m, request_id, &outcome).await? {
+            tx.rollback().await?;
+            return Ok((self.recorded_answer(m, request_id).await?, true));
+        }
         tx.commit().await?;
         Ok((outcome, false))
     }
@@ -106,7 +109,15 @@ impl SqlLedger {
             let mut after = before.clone();
             ledger::add_stock(&mut after, quantity)?;
             Self::write_item(&mut tx, item.as_str(), &before, &after).await?;
-            Self::put_request(&mut tx, &m, request_id, &()).await?;
+            if !Self::put_request(&mut tx, &m, request_id, &()).await? {
+                // Recorded meanwhile under the same id (another item's lock): ours rolls back.
+                tx.rollback().await?;
+                self.recorded_answer::<()>(&m, request_id).await?;
+                let mut tx = self.begin_read().await?;
+                let record = self.item_record(&mut tx, item).await?;
+                tx.commit().await?;
+                return Ok((record, true));
+            }
             false
         };
         let record = self.item_record(&mut tx, item).await?;
