@@ -37,6 +37,7 @@ pub struct Application {
     faults: Arc<FaultHooks>,
     lease: LeaseSettings,
     auto_reclaim_after_ms: u64,
+    prune_interval: Duration,
     security: Arc<Security>,
     tls: Option<tonic::transport::ServerTlsConfig>,
 }
@@ -69,6 +70,7 @@ impl Application {
             faults: Arc::new(FaultHooks::default()),
             lease: LeaseSettings { lease_ttl_ms: config.lease_ttl_ms, reclaim_grace_ms: config.reclaim_grace_ms },
             auto_reclaim_after_ms: config.auto_reclaim_after_ms,
+            prune_interval: Duration::from_millis(config.prune_interval_ms),
             security,
             tls,
         })
@@ -132,6 +134,8 @@ impl Application {
             ))
         });
 
+        let pruner = tokio::spawn(crate::pruner::run(Arc::clone(&self.store), self.prune_interval, stop_rx.clone()));
+
         tracing::info!(grpc = %self.grpc_addr, http = %self.http_addr, "center serving");
         let mut grpc_stop = stop_rx.clone();
         let mut builder = tonic::transport::Server::builder();
@@ -189,10 +193,10 @@ impl Application {
                 ),
             }
         }
-        if let Some(mut reclaimer) = reclaimer
-            && tokio::time::timeout_at(deadline, &mut reclaimer).await.is_err()
-        {
-            reclaimer.abort();
+        for mut worker in reclaimer.into_iter().chain([pruner]) {
+            if tokio::time::timeout_at(deadline, &mut worker).await.is_err() {
+                worker.abort();
+            }
         }
         let mut http = http;
         match tokio::time::timeout_at(deadline, &mut http).await {

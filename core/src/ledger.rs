@@ -268,8 +268,9 @@ impl Mutation {
         }
     }
 
-    /// The payload, canonically. The epoch is left out on purpose: a retry after the
-    /// agent re-registered is still the same request.
+    /// The payload, canonically. The epoch is left out: a retry carries the epoch it was
+    /// first sent under and is answered from the record, whatever the channel's epoch is
+    /// now, for as long as the record is kept.
     pub fn fingerprint(&self) -> String {
         match self {
             Mutation::Borrow { item, channel, quantity } => format!("borrow/{item}/{channel}/{quantity}"),

@@ -186,4 +186,7 @@ pub trait LedgerStore: Send + Sync + 'static {
     async fn watermarks(&self, item: &ItemId) -> Result<(Watermarks, Vec<(String, Watermarks)>)>;
     async fn reconcile(&self, item: Option<&ItemId>) -> Result<Reconciliation>;
     async fn reclaim(&self, channel: &Channel, now_ms: i64, grace_ms: u64) -> Result<ReclaimOutcome>;
+    /// Deletes up to `limit` request records no retry can use any more (an agent's request
+    /// of an epoch its channel has left); returns how many.
+    async fn prune_requests(&self, limit: u32) -> Result<u64>;
 }

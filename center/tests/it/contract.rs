@@ -209,10 +209,14 @@ async fn borrow_replay_returns_the_first_answer(c: TestCenter) {
     let view = ledger(&mut admin, "i").await;
     assert_eq!(view.channels[0].granted, 15);
     assert_conserved(&view);
-    // A retry after re-registration is still the same request.
-    let epoch2 = register(&mut center, "app").await;
-    let replay = borrow(&mut center, "i", "app", epoch2, 10, "b1").await.unwrap();
-    assert!(replay.replayed);
+    // A retry after re-registration carries the epoch it was first sent under: answered
+    // from the record while that is kept, refused as stale once it is pruned; never
+    // applied twice.
+    register(&mut center, "app").await;
+    match borrow(&mut center, "i", "app", epoch, 10, "b1").await {
+        Ok(replay) => assert!(replay.replayed, "{replay:?}"),
+        Err(s) => assert_eq!(s.code(), Code::FailedPrecondition, "{s:?}"),
+    }
     assert_eq!(ledger(&mut admin, "i").await.channels[0].granted, 15);
 }
 

@@ -8,6 +8,7 @@ mod hostile;
 mod lost_reply;
 mod model;
 mod replicas;
+mod requests;
 mod security;
 mod shutdown;
 mod support;

@@ -178,4 +178,8 @@ impl LedgerStore for SqlLedger {
     async fn reclaim(&self, channel: &Channel, now_ms: i64, grace_ms: u64) -> Result<ReclaimOutcome> {
         SqlLedger::reclaim(self, channel, now_ms, grace_ms).await
     }
+
+    async fn prune_requests(&self, limit: u32) -> Result<u64> {
+        SqlLedger::prune_requests(self, limit).await
+    }
 }

@@ -44,7 +44,7 @@ impl SqlLedger {
             Self::write_item(&mut tx, item.as_str(), &before, &after).await?;
             Self::write_movements(&mut tx, item.as_str(), channel.as_str(), &alloc).await?;
         }
-        if !Self::put_request(&mut tx, m, request_id, &outcome).await? {
+        if !Self::put_request(&mut tx, m, request_id, Some((channel, epoch)), &outcome).await? {
             tx.rollback().await?;
             return Ok((self.recorded_answer(m, request_id).await?, true));
         }
@@ -109,7 +109,7 @@ impl SqlLedger {
             let mut after = before.clone();
             ledger::add_stock(&mut after, quantity)?;
             Self::write_item(&mut tx, item.as_str(), &before, &after).await?;
-            if !Self::put_request(&mut tx, &m, request_id, &()).await? {
+            if !Self::put_request(&mut tx, &m, request_id, None, &()).await? {
                 // Recorded meanwhile under the same id (another item's lock): ours rolls back.
                 tx.rollback().await?;
                 self.recorded_answer::<()>(&m, request_id).await?;

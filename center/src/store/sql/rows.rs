@@ -3,7 +3,7 @@
 
 use inventory_core::ledger::{Allocation, ChannelSession, ItemState, PoolCounts};
 use inventory_core::watermarks::Watermarks;
-use inventory_core::{Channel, ItemId};
+use inventory_core::{Channel, ItemId, ValidationError};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
@@ -30,6 +30,12 @@ pub(super) const REPORT_ROWS_PER_STATEMENT: usize = 500;
 /// `$first, $first+1, ...`: `count` bind placeholders for an `IN (...)` list.
 pub(super) fn placeholders(first: usize, count: usize) -> String {
     (first..first + count).map(|n| format!("${n}")).collect::<Vec<_>>().join(", ")
+}
+
+/// A number as the database stores it (BIGINT): one that does not fit is refused, naming
+/// the field, never wrapped to a negative value.
+pub(super) fn to_db(field: &str, v: u64) -> Result<i64> {
+    i64::try_from(v).map_err(|_| ValidationError::new(field, v, format!("must be at most {}", i64::MAX)).into())
 }
 
 pub(super) fn i(v: u64) -> i64 {
