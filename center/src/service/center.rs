@@ -92,12 +92,20 @@ impl pb::center_server::Center for CenterService {
     }
 
     async fn borrow(&self, request: Request<pb::BorrowRequest>) -> Res<pb::BorrowResponse> {
-        let span = tracing::info_span!("borrow", trace_id = trace_id(&request).unwrap_or_default());
+        let span = tracing::info_span!(
+            "borrow",
+            trace_id = trace_id(&request).unwrap_or_default(),
+            request_id = tracing::field::Empty
+        );
         self.borrow_inner(request).instrument(span).await
     }
 
     async fn r#return(&self, request: Request<pb::ReturnRequest>) -> Res<pb::ReturnResponse> {
-        let span = tracing::info_span!("return", trace_id = trace_id(&request).unwrap_or_default());
+        let span = tracing::info_span!(
+            "return",
+            trace_id = trace_id(&request).unwrap_or_default(),
+            request_id = tracing::field::Empty
+        );
         self.return_inner(request).instrument(span).await
     }
     async fn heartbeat(&self, request: Request<pb::HeartbeatRequest>) -> Res<pb::HeartbeatResponse> {
@@ -221,6 +229,7 @@ impl CenterService {
         authorize(&own, channel.as_str())?;
         let quantity = Quantity::parse("quantity", r.quantity).map_err(CenterError::from)?;
         let request_id = RequestId::parse("request_id", &r.request_id).map_err(CenterError::from)?;
+        tracing::Span::current().record("request_id", request_id.as_str());
         let out = self.store.borrow(&item, &channel, r.epoch, quantity, &request_id).await?;
         tracing::debug!(item = %item, channel = %channel, granted = out.granted, replayed = out.replayed, "borrow");
         if !out.replayed && out.granted < quantity.get() && out.center_available == 0 {
@@ -248,6 +257,7 @@ impl CenterService {
         authorize(&own, channel.as_str())?;
         let quantity = Quantity::parse("quantity", r.quantity).map_err(CenterError::from)?;
         let request_id = RequestId::parse("request_id", &r.request_id).map_err(CenterError::from)?;
+        tracing::Span::current().record("request_id", request_id.as_str());
         let out = self.store.give_back(&item, &channel, r.epoch, quantity, &request_id).await?;
         if !out.replayed {
             self.events.publish(LedgerEvent::Restocked {

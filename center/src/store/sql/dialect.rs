@@ -112,6 +112,6 @@ pub async fn connect(url: &str) -> std::result::Result<SqlLedger, CenterError> {
         Dialect::Postgres => sqlx::migrate!("../migrations/postgres").run(&pool).await,
         Dialect::Sqlite => sqlx::migrate!("../migrations/sqlite").run(&pool).await,
     };
-    migrated.map_err(|e| CenterError::Unavailable(format!("database migration failed: {e}")))?;
+    migrated.map_err(|e| CenterError::Database { detail: format!("migration failed: {e}") })?;
     Ok(SqlLedger { pool, dialect, q: Queries::new(dialect) })
 }
