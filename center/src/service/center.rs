@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use futures::{Stream, StreamExt};
+use inventory_core::ids::MAX_QUANTITY;
 use inventory_core::ledger::PoolCounts;
-use inventory_core::{AgentId, Channel, ItemId, Quantity, RequestId};
+use inventory_core::{AgentId, Channel, ItemId, Quantity, RequestId, ValidationError};
 use inventory_proto::v1 as pb;
 use tokio::sync::watch;
 use tokio_stream::wrappers::BroadcastStream;
@@ -120,11 +121,25 @@ impl pb::center_server::Center for CenterService {
             if p.lost {
                 lost.push(item.clone());
             }
-            reports.push(PoolReportIn {
-                item,
-                counts: PoolCounts { available: p.available, reserved: p.reserved, sold: p.sold },
-                generation: p.generation,
-            });
+            let count = |name: &str, value: u64| -> Result<u64, CenterError> {
+                if value > MAX_QUANTITY {
+                    let field = format!("pools[{n}].{name}");
+                    return Err(ValidationError::new(field, value, format!("must be at most {MAX_QUANTITY}")).into());
+                }
+                Ok(value)
+            };
+            let counts = PoolCounts {
+                available: count("available", p.available)?,
+                reserved: count("reserved", p.reserved)?,
+                sold: count("sold", p.sold)?,
+            };
+            // Stored as a signed 64-bit number; a larger one would wrap.
+            if i64::try_from(p.generation).is_err() {
+                let field = format!("pools[{n}].generation");
+                let reason = format!("must be at most {}", i64::MAX);
+                return Err(CenterError::from(ValidationError::new(field, p.generation, reason)).into());
+            }
+            reports.push(PoolReportIn { item, counts, generation: p.generation });
         }
         // A report with another pool generation than the last one means the pool store
         // lost the pool and something recreated it: as lost as a pool reported lost.
