@@ -58,7 +58,8 @@ impl From<LedgerError> for CenterError {
             | LedgerError::UnknownChannel { .. }
             | LedgerError::LeaseLive { .. }
             | LedgerError::NothingInDoubt { .. }
-            | LedgerError::SoldExceedsHeld { .. } => CenterError::Precondition(e.to_string()),
+            | LedgerError::SoldExceedsHeld { .. }
+            | LedgerError::Overflow { .. } => CenterError::Precondition(e.to_string()),
         }
     }
 }
