@@ -245,14 +245,15 @@ async fn heartbeat_numbers_are_checked_at_the_edge() {
     let epoch = register(&mut center, "app").await;
     borrow(&mut center, "i", "app", epoch, 10, "b0").await.unwrap();
     let before = ledger_state(&mut admin).await;
-    let report = |tweak: &dyn Fn(&mut pb::PoolReport)| {
+    type Tweak<'a> = &'a dyn Fn(&mut pb::PoolReport);
+    let report = |tweak: Tweak| {
         let mut p = pb::PoolReport { item_id: "i".into(), available: 10, generation: 7, ..Default::default() };
         tweak(&mut p);
         pb::HeartbeatRequest { channel: "app".into(), epoch, pools: vec![p], ..Default::default() }
     };
     let huge = [1_000_000_001, 1 << 63, u64::MAX];
     for n in huge {
-        let cases: [(&str, &dyn Fn(&mut pb::PoolReport)); 3] = [
+        let cases: [(&str, Tweak); 3] = [
             ("pools[0].available", &|p| p.available = n),
             ("pools[0].reserved", &|p| p.reserved = n),
             ("pools[0].sold", &|p| p.sold = n),

@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::SqlLedger;
-use super::rows::{i, stale_or_unknown};
+use super::rows::{stale_or_unknown, to_db};
 use crate::error::CenterError;
 use crate::store::{BorrowOutcome, ItemRecord, NewItem, Result, ReturnOutcome};
 
@@ -62,13 +62,13 @@ impl SqlLedger {
              ON CONFLICT (item_id) DO NOTHING",
         )
         .bind(new.item_id.as_str())
-        .bind(i(state.total))
-        .bind(i(state.available))
-        .bind(i(state.per_user_limit))
-        .bind(i(state.reservation_ttl_ms))
-        .bind(i(new.watermarks.low))
-        .bind(i(new.watermarks.high))
-        .bind(i(new.watermarks.batch))
+        .bind(to_db("total", state.total)?)
+        .bind(to_db("available", state.available)?)
+        .bind(to_db("per_user_limit", state.per_user_limit)?)
+        .bind(to_db("reservation_ttl_ms", state.reservation_ttl_ms)?)
+        .bind(to_db("low", new.watermarks.low)?)
+        .bind(to_db("high", new.watermarks.high)?)
+        .bind(to_db("batch", new.watermarks.batch)?)
         .bind(now_ms)
         .execute(&mut *tx)
         .await?
@@ -180,9 +180,9 @@ impl SqlLedger {
         match channel {
             None => {
                 sqlx::query("UPDATE items SET wm_low = $1, wm_high = $2, wm_batch = $3 WHERE item_id = $4")
-                    .bind(i(wm.low))
-                    .bind(i(wm.high))
-                    .bind(i(wm.batch))
+                    .bind(to_db("low", wm.low)?)
+                    .bind(to_db("high", wm.high)?)
+                    .bind(to_db("batch", wm.batch)?)
                     .bind(item.as_str())
                     .execute(&mut *tx)
                     .await?;
@@ -195,9 +195,9 @@ impl SqlLedger {
                 )
                 .bind(item.as_str())
                 .bind(c.as_str())
-                .bind(i(wm.low))
-                .bind(i(wm.high))
-                .bind(i(wm.batch))
+                .bind(to_db("low", wm.low)?)
+                .bind(to_db("high", wm.high)?)
+                .bind(to_db("batch", wm.batch)?)
                 .execute(&mut *tx)
                 .await?;
             }

@@ -5,7 +5,7 @@ use inventory_core::{Channel, ItemId};
 use sqlx::Row;
 
 use super::SqlLedger;
-use super::rows::i;
+use super::rows::to_db;
 use crate::error::CenterError;
 use crate::store::{ItemRecord, ReclaimOutcome, Result};
 
@@ -55,7 +55,7 @@ impl SqlLedger {
             .await?
             .try_get("last_report")?;
         sqlx::query("UPDATE channels SET epoch = $1 WHERE channel = $2")
-            .bind(i(session.epoch))
+            .bind(to_db("epoch", session.epoch)?)
             .bind(channel.as_str())
             .execute(&mut *tx)
             .await?;
@@ -77,8 +77,8 @@ impl SqlLedger {
                 sqlx::query(
                     "UPDATE allocations SET reclaimed = $1, reported_available = $2 WHERE item_id = $3 AND channel = $4",
                 )
-                .bind(i(alloc.reclaimed))
-                .bind(i(alloc.reported.available))
+                .bind(to_db("reclaimed", alloc.reclaimed)?)
+                .bind(to_db("available", alloc.reported.available)?)
                 .bind(id.as_str())
                 .bind(channel.as_str())
                 .execute(&mut *tx)

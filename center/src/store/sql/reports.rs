@@ -4,7 +4,9 @@ use inventory_core::ledger::{self, ChannelSession};
 use inventory_core::{AgentId, Channel, ItemId};
 use sqlx::Row;
 
-use super::rows::{ALLOC_SELECT, REPORT_ROWS_PER_STATEMENT, alloc_from_row, i, placeholders, stale_or_unknown, u};
+use super::rows::{
+    ALLOC_SELECT, REPORT_ROWS_PER_STATEMENT, alloc_from_row, col, placeholders, stale_or_unknown, to_db,
+};
 use super::{SqlLedger, Tx};
 use crate::error::CenterError;
 use crate::store::{Holding, PoolReportIn, Registration, Result};
@@ -52,11 +54,11 @@ impl SqlLedger {
             query = query
                 .bind(item.as_str())
                 .bind(channel.as_str())
-                .bind(i(pool.available))
-                .bind(i(pool.reserved))
-                .bind(i(pool.sold))
+                .bind(to_db("available", pool.available)?)
+                .bind(to_db("reserved", pool.reserved)?)
+                .bind(to_db("sold", pool.sold)?)
                 .bind(now_ms)
-                .bind(i(*generation));
+                .bind(to_db("generation", *generation)?);
         }
         query.execute(&mut **tx).await?;
         Ok(())
@@ -81,13 +83,13 @@ impl SqlLedger {
              last_heartbeat_ms = excluded.last_heartbeat_ms, last_report = 0 RETURNING epoch",
         )
         .bind(channel.as_str())
-        .bind(i(session.epoch))
+        .bind(to_db("epoch", session.epoch)?)
         .bind(&session.agent_id)
         .bind(session.lease_expires_at_ms)
         .bind(session.last_heartbeat_ms)
         .fetch_one(&mut *tx)
         .await?;
-        let session = ChannelSession { epoch: u(row.try_get("epoch")?), ..session };
+        let session = ChannelSession { epoch: col(&row, "epoch")?, ..session };
         let rows = sqlx::query(&format!("{ALLOC_SELECT} WHERE channel = $1 ORDER BY item_id"))
             .bind(channel.as_str())
             .fetch_all(&mut *tx)

@@ -18,10 +18,11 @@ pub(super) const SESSION_SELECT: &str =
 pub(super) const ALLOC_SELECT: &str = "SELECT item_id, channel, granted, returned, reclaimed, reported_available, \
      reported_reserved, reported_sold, reported_at_ms, pool_generation, in_doubt FROM allocations";
 
-pub(super) fn u(v: i64) -> u64 {
-    // Columns are CHECKed non-negative; a negative value here is corruption, shown as 0
-    // and caught by reconcile.
-    v.max(0) as u64
+/// A number read back from a BIGINT column. Columns hold what [`to_db`] let through, so a
+/// negative value is corruption: refused, never shown as another number.
+pub(super) fn col(row: &AnyRow, column: &str) -> Result<u64> {
+    let v: i64 = row.try_get(column)?;
+    u64::try_from(v).map_err(|_| CenterError::Internal(format!("column {column} holds {v}")))
 }
 
 /// Pool reports written per INSERT (7 parameters each; PostgreSQL allows 65,535).
@@ -38,32 +39,24 @@ pub(super) fn to_db(field: &str, v: u64) -> Result<i64> {
     i64::try_from(v).map_err(|_| ValidationError::new(field, v, format!("must be at most {}", i64::MAX)).into())
 }
 
-pub(super) fn i(v: u64) -> i64 {
-    v as i64
-}
-
 pub(super) fn item_from_row(row: &AnyRow) -> Result<(String, ItemState, Watermarks)> {
     Ok((
         row.try_get("item_id")?,
         ItemState {
-            total: u(row.try_get("total")?),
-            available: u(row.try_get("available")?),
-            per_user_limit: u(row.try_get("per_user_limit")?),
-            reservation_ttl_ms: u(row.try_get("reservation_ttl_ms")?),
+            total: col(row, "total")?,
+            available: col(row, "available")?,
+            per_user_limit: col(row, "per_user_limit")?,
+            reservation_ttl_ms: col(row, "reservation_ttl_ms")?,
             closed: row.try_get::<i64, _>("closed")? != 0,
-            written_off: u(row.try_get("written_off")?),
+            written_off: col(row, "written_off")?,
         },
-        Watermarks {
-            low: u(row.try_get("wm_low")?),
-            high: u(row.try_get("wm_high")?),
-            batch: u(row.try_get("wm_batch")?),
-        },
+        Watermarks { low: col(row, "wm_low")?, high: col(row, "wm_high")?, batch: col(row, "wm_batch")? },
     ))
 }
 
 pub(super) fn session_from_row(row: &AnyRow) -> Result<ChannelSession> {
     Ok(ChannelSession {
-        epoch: u(row.try_get("epoch")?),
+        epoch: col(row, "epoch")?,
         agent_id: row.try_get("agent_id")?,
         lease_expires_at_ms: row.try_get("lease_expires_at_ms")?,
         last_heartbeat_ms: row.try_get("last_heartbeat_ms")?,
@@ -75,17 +68,17 @@ pub(super) fn alloc_from_row(row: &AnyRow) -> Result<(String, String, Allocation
         row.try_get("item_id")?,
         row.try_get("channel")?,
         Allocation {
-            granted: u(row.try_get("granted")?),
-            returned: u(row.try_get("returned")?),
-            reclaimed: u(row.try_get("reclaimed")?),
+            granted: col(row, "granted")?,
+            returned: col(row, "returned")?,
+            reclaimed: col(row, "reclaimed")?,
             reported: PoolCounts {
-                available: u(row.try_get("reported_available")?),
-                reserved: u(row.try_get("reported_reserved")?),
-                sold: u(row.try_get("reported_sold")?),
+                available: col(row, "reported_available")?,
+                reserved: col(row, "reported_reserved")?,
+                sold: col(row, "reported_sold")?,
             },
             reported_at_ms: row.try_get("reported_at_ms")?,
-            generation: u(row.try_get("pool_generation")?),
-            in_doubt: u(row.try_get("in_doubt")?),
+            generation: col(row, "pool_generation")?,
+            in_doubt: col(row, "in_doubt")?,
         },
     ))
 }
@@ -135,12 +128,12 @@ impl SqlLedger {
             "UPDATE items SET total = $1, available = $2, written_off = $6 \
              WHERE item_id = $3 AND total = $4 AND available = $5",
         )
-        .bind(i(after.total))
-        .bind(i(after.available))
+        .bind(to_db("total", after.total)?)
+        .bind(to_db("available", after.available)?)
         .bind(item)
-        .bind(i(before.total))
-        .bind(i(before.available))
-        .bind(i(after.written_off))
+        .bind(to_db("total", before.total)?)
+        .bind(to_db("available", before.available)?)
+        .bind(to_db("written_off", after.written_off)?)
         .execute(&mut **tx)
         .await?;
         if done.rows_affected() != 1 {
@@ -158,9 +151,9 @@ impl SqlLedger {
         )
         .bind(item)
         .bind(channel)
-        .bind(i(a.granted))
-        .bind(i(a.returned))
-        .bind(i(a.reclaimed))
+        .bind(to_db("granted", a.granted)?)
+        .bind(to_db("returned", a.returned)?)
+        .bind(to_db("reclaimed", a.reclaimed)?)
         .execute(&mut **tx)
         .await?;
         Ok(())
@@ -172,11 +165,11 @@ impl SqlLedger {
             "UPDATE allocations SET in_doubt = $1, reported_available = $2, reported_reserved = $3, \
              reported_sold = $4, pool_generation = $5 WHERE item_id = $6 AND channel = $7",
         )
-        .bind(i(a.in_doubt))
-        .bind(i(a.reported.available))
-        .bind(i(a.reported.reserved))
-        .bind(i(a.reported.sold))
-        .bind(i(a.generation))
+        .bind(to_db("in_doubt", a.in_doubt)?)
+        .bind(to_db("available", a.reported.available)?)
+        .bind(to_db("reserved", a.reported.reserved)?)
+        .bind(to_db("sold", a.reported.sold)?)
+        .bind(to_db("generation", a.generation)?)
         .bind(item)
         .bind(channel)
         .execute(&mut **tx)
@@ -211,7 +204,7 @@ impl SqlLedger {
             .fetch_optional(&mut **tx)
             .await?;
         row.map(|r| -> Result<Watermarks> {
-            Ok(Watermarks { low: u(r.try_get("low")?), high: u(r.try_get("high")?), batch: u(r.try_get("batch")?) })
+            Ok(Watermarks { low: col(&r, "low")?, high: col(&r, "high")?, batch: col(&r, "batch")? })
         })
         .transpose()
     }

@@ -7,8 +7,8 @@ use sqlx::Row;
 
 use super::SqlLedger;
 use super::rows::{
-    ALLOC_SELECT, ITEM_SELECT, REPORT_ROWS_PER_STATEMENT, SESSION_SELECT, alloc_from_row, item_from_row, placeholders,
-    session_from_row, u,
+    ALLOC_SELECT, ITEM_SELECT, REPORT_ROWS_PER_STATEMENT, SESSION_SELECT, alloc_from_row, col, item_from_row,
+    placeholders, session_from_row,
 };
 use crate::error::CenterError;
 use crate::store::{ChannelRecord, ChannelView, ItemLedger, ItemPolicy, ItemRecord, Reconciliation, Result};
@@ -150,11 +150,7 @@ impl SqlLedger {
             .map(|r| -> Result<(String, Watermarks)> {
                 Ok((
                     r.try_get("channel")?,
-                    Watermarks {
-                        low: u(r.try_get("low")?),
-                        high: u(r.try_get("high")?),
-                        batch: u(r.try_get("batch")?),
-                    },
+                    Watermarks { low: col(r, "low")?, high: col(r, "high")?, batch: col(r, "batch")? },
                 ))
             })
             .collect::<Result<_>>()?;
