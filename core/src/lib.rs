@@ -8,6 +8,7 @@
 pub mod auth;
 pub mod ids;
 pub mod ledger;
+pub mod loss;
 pub mod rebalance;
 pub mod watermarks;
 

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use futures::{Stream, StreamExt};
 use inventory_core::ids::MAX_QUANTITY;
 use inventory_core::ledger::PoolCounts;
+use inventory_core::loss::PoolReport;
 use inventory_core::{AgentId, Channel, ItemId, Quantity, RequestId, ValidationError};
 use inventory_proto::v1 as pb;
 use tokio::sync::watch;
@@ -115,12 +116,8 @@ impl pb::center_server::Center for CenterService {
         let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
         authorize(&own, channel.as_str())?;
         let mut reports = Vec::with_capacity(r.pools.len());
-        let mut lost = Vec::new();
         for (n, p) in r.pools.iter().enumerate() {
             let item = ItemId::parse(&format!("pools[{n}].item_id"), &p.item_id).map_err(CenterError::from)?;
-            if p.lost {
-                lost.push(item.clone());
-            }
             let count = |name: &str, value: u64| -> Result<u64, CenterError> {
                 if value > MAX_QUANTITY {
                     let field = format!("pools[{n}].{name}");
@@ -139,40 +136,23 @@ impl pb::center_server::Center for CenterService {
                 let reason = format!("must be at most {}", i64::MAX);
                 return Err(CenterError::from(ValidationError::new(field, p.generation, reason)).into());
             }
-            reports.push(PoolReportIn { item, counts, generation: p.generation });
+            reports.push(PoolReportIn { item, report: PoolReport { counts, generation: p.generation, lost: p.lost } });
         }
-        // A report with another pool generation than the last one means the pool store
-        // lost the pool and something recreated it: as lost as a pool reported lost.
-        let reported: Vec<ItemId> = reports.iter().map(|r| r.item.clone()).collect();
-        let known = self.store.channel_allocations(&channel, &reported).await?;
-        let mut in_doubt: Vec<String> =
-            known.iter().filter(|(_, a)| a.in_doubt > 0).map(|(item, _)| item.clone()).collect();
-        for report in &reports {
-            let before = known.iter().find(|(i, _)| i == report.item.as_str()).map_or(0, |(_, a)| a.generation);
-            // A pool reported with generation 0 after a real one vanished too.
-            if before != 0 && report.generation != before && !lost.contains(&report.item) {
-                tracing::error!(channel = %channel, item = %report.item, before, now = report.generation, "pool generation changed");
-                lost.push(report.item.clone());
-            }
-        }
-        // A lost pool: everything the channel holds of the item is in doubt, never resold.
-        for item in &lost {
-            let units = self.store.mark_lost(item, &channel, r.epoch).await?;
+        let out =
+            self.store.heartbeat(&channel, r.epoch, &reports, r.last_report, now_ms(), self.lease.lease_ttl_ms).await?;
+        for (item, units) in &out.lost {
             // Only units really in doubt freeze the item: a pool lost while the channel
             // held nothing of it costs nothing.
-            if units > 0 {
+            if *units > 0 {
                 tracing::error!(channel = %channel, item = %item, in_doubt = units, "channel lost its pool; units in doubt");
-                if !in_doubt.iter().any(|i| i == item.as_str()) {
-                    in_doubt.push(item.to_string());
-                }
+            } else {
+                tracing::warn!(channel = %channel, item = %item, "channel lost a pool that held nothing");
             }
         }
-        let session =
-            self.store.heartbeat(&channel, r.epoch, &reports, r.last_report, now_ms(), self.lease.lease_ttl_ms).await?;
         Ok(Response::new(pb::HeartbeatResponse {
-            lease_expires_at_unix_ms: session.lease_expires_at_ms,
+            lease_expires_at_unix_ms: out.session.lease_expires_at_ms,
             lease_ttl_ms: self.lease.lease_ttl_ms,
-            in_doubt_items: in_doubt,
+            in_doubt_items: out.in_doubt_items,
         }))
     }
 

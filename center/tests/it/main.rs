@@ -9,6 +9,7 @@ mod hostile;
 mod lost_reply;
 mod model;
 mod replicas;
+mod reports;
 mod requests;
 mod security;
 mod shutdown;

@@ -25,7 +25,7 @@ mod rows;
 mod views;
 
 use async_trait::async_trait;
-use inventory_core::ledger::{Allocation, ChannelSession};
+use inventory_core::ledger::ChannelSession;
 use inventory_core::watermarks::Watermarks;
 use inventory_core::{AgentId, Channel, ItemId, Quantity, RequestId};
 use sqlx::{Any, AnyPool, Executor, Transaction};
@@ -33,8 +33,8 @@ use sqlx::{Any, AnyPool, Executor, Transaction};
 pub use dialect::{Dialect, connect};
 
 use super::{
-    BorrowOutcome, ChannelView, ItemLedger, ItemPolicy, ItemRecord, LedgerStore, NewItem, PoolReportIn, ReclaimOutcome,
-    Reconciliation, Registration, Result, ReturnOutcome,
+    BorrowOutcome, ChannelView, HeartbeatOutcome, ItemLedger, ItemPolicy, ItemRecord, LedgerStore, NewItem,
+    PoolReportIn, ReclaimOutcome, Reconciliation, Registration, Result, ReturnOutcome,
 };
 use dialect::Queries;
 
@@ -123,20 +123,12 @@ impl LedgerStore for SqlLedger {
         last_report: bool,
         now_ms: i64,
         lease_ttl_ms: u64,
-    ) -> Result<ChannelSession> {
+    ) -> Result<HeartbeatOutcome> {
         SqlLedger::heartbeat(self, channel, epoch, reports, last_report, now_ms, lease_ttl_ms).await
-    }
-
-    async fn mark_lost(&self, item: &ItemId, channel: &Channel, epoch: u64) -> Result<u64> {
-        SqlLedger::mark_lost(self, item, channel, epoch).await
     }
 
     async fn resolve_in_doubt(&self, item: &ItemId, channel: &Channel, sold: u64) -> Result<(ItemRecord, u64)> {
         SqlLedger::resolve_in_doubt(self, item, channel, sold).await
-    }
-
-    async fn channel_allocations(&self, channel: &Channel, items: &[ItemId]) -> Result<Vec<(String, Allocation)>> {
-        SqlLedger::channel_allocations(self, channel, items).await
     }
 
     async fn channels(&self) -> Result<Vec<ChannelView>> {

@@ -1,48 +1,16 @@
 //! Read views: each one snapshot, so a view never mixes states.
 
-use inventory_core::ledger::{self, Allocation, ChannelSession};
+use inventory_core::ledger::{self, ChannelSession};
 use inventory_core::watermarks::Watermarks;
 use inventory_core::{Channel, ItemId};
 use sqlx::Row;
 
 use super::SqlLedger;
-use super::rows::{
-    ALLOC_SELECT, ITEM_SELECT, REPORT_ROWS_PER_STATEMENT, SESSION_SELECT, alloc_from_row, col, item_from_row,
-    placeholders, session_from_row,
-};
+use super::rows::{ALLOC_SELECT, ITEM_SELECT, SESSION_SELECT, alloc_from_row, col, item_from_row, session_from_row};
 use crate::error::CenterError;
 use crate::store::{ChannelRecord, ChannelView, ItemLedger, ItemPolicy, ItemRecord, Reconciliation, Result};
 
 impl SqlLedger {
-    pub(super) async fn channel_allocations(
-        &self,
-        channel: &Channel,
-        items: &[ItemId],
-    ) -> Result<Vec<(String, Allocation)>> {
-        let mut out = std::collections::BTreeMap::new();
-        let rows = sqlx::query(&format!("{ALLOC_SELECT} WHERE channel = $1 AND in_doubt > 0"))
-            .bind(channel.as_str())
-            .fetch_all(&self.pool)
-            .await?;
-        for r in &rows {
-            let (item, _, a) = alloc_from_row(r)?;
-            out.insert(item, a);
-        }
-        for chunk in items.chunks(REPORT_ROWS_PER_STATEMENT) {
-            let list = placeholders(2, chunk.len());
-            let sql = format!("{ALLOC_SELECT} WHERE channel = $1 AND item_id IN ({list})");
-            let mut query = sqlx::query(&sql).bind(channel.as_str());
-            for item in chunk {
-                query = query.bind(item.as_str());
-            }
-            for r in &query.fetch_all(&self.pool).await? {
-                let (item, _, a) = alloc_from_row(r)?;
-                out.insert(item, a);
-            }
-        }
-        Ok(out.into_iter().collect())
-    }
-
     pub(super) async fn channels(&self) -> Result<Vec<ChannelView>> {
         let mut tx = self.begin_read().await?;
         let sessions = sqlx::query(&format!("{SESSION_SELECT} ORDER BY channel")).fetch_all(&mut *tx).await?;
