@@ -4,10 +4,13 @@
 
 use std::net::SocketAddr;
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use inventory_agent::config::StoreKind;
+use inventory_agent::{AgentConfig, Application as AgentApp};
 use inventory_proto::v1 as pb;
 use inventory_proto::v1::admin_client::AdminClient;
+use inventory_proto::v1::agent_client::AgentClient;
 use inventory_proto::v1::center_client::CenterClient;
 use inventory_test_support::{TestDatabase, free_port, wait_until};
 use sqlx::Connection;
@@ -18,7 +21,10 @@ use tokio::time::timeout;
 const SHUTDOWN_BOUND: Duration = Duration::from_secs(5);
 
 async fn spawn_center(db: &str) -> (Child, String) {
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    spawn_center_at(db, format!("127.0.0.1:{}", free_port()).parse().unwrap()).await
+}
+
+async fn spawn_center_at(db: &str, addr: SocketAddr) -> (Child, String) {
     let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_inventory-center"))
         .args(["--listen", &addr.to_string(), "--http-listen", "127.0.0.1:0", "--database-url", db, "--insecure"])
         .env("RUST_LOG", "warn")
@@ -143,4 +149,79 @@ async fn a_second_signal_exits_at_once() {
     signal(&center, "TERM");
     let exited = timeout(Duration::from_secs(1), center.wait()).await;
     assert!(exited.is_ok(), "center ignored the second signal");
+}
+
+/// Buys `units` from an agent, one unit per buyer, retrying while the agent answers
+/// UNAVAILABLE (its center is away); fails after `deadline`.
+async fn buy(client: &mut AgentClient<tonic::transport::Channel>, prefix: &str, units: u64, deadline: Instant) {
+    let mut sold = 0;
+    let mut n = 0;
+    while sold < units {
+        assert!(Instant::now() < deadline, "{prefix}: sold {sold} of {units} before the deadline");
+        n += 1;
+        let key = format!("{prefix}-{n}");
+        let r = client
+            .acquire(pb::AcquireRequest {
+                item_id: "c".into(),
+                user_id: key.clone(),
+                quantity: 1,
+                idempotency_key: key,
+            })
+            .await;
+        match r.map(|r| r.into_inner().outcome()) {
+            Ok(pb::AcquireOutcome::Reserved) => sold += 1,
+            Ok(_) => {}
+            Err(s) => {
+                assert_eq!(s.code(), tonic::Code::Unavailable, "{prefix}: {s:?}");
+                // Back off while the agent reaches the center again.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_agents_sell_through_a_restarted_center_within_a_lease() {
+    const LEASE: Duration = Duration::from_secs(10);
+    let db = TestDatabase::create().await;
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let (mut center, url) = spawn_center_at(&db.url, addr).await;
+    let mut admin = AdminClient::connect(url.clone()).await.unwrap();
+    admin
+        .create_item(pb::CreateItemRequest {
+            item_id: "c".into(),
+            total: 3_000,
+            per_user_limit: 1,
+            reservation_ttl_ms: 300_000,
+            watermarks: Some(pb::Watermarks { low: 5, high: 40, batch: 20 }),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut agents = Vec::new();
+    for channel in ["app", "web", "eu-west"] {
+        let config = AgentConfig::for_tests(channel, &url, StoreKind::Memory, "redis://unused", "x:");
+        let agent = AgentApp::build(config).await.expect("agent starts");
+        let client = AgentClient::connect(format!("http://{}", agent.grpc_addr())).await.unwrap();
+        let task = tokio::spawn(agent.run_until(std::future::pending()));
+        agents.push((channel, client, task));
+    }
+    for (channel, client, _) in &mut agents {
+        buy(client, &format!("{channel}-before"), 5, Instant::now() + LEASE).await;
+    }
+
+    signal(&center, "TERM");
+    let status = timeout(SHUTDOWN_BOUND, center.wait()).await.expect("center exited within the bound").unwrap();
+    assert!(status.success(), "{status:?}");
+
+    let (_center, _) = spawn_center_at(&db.url, addr).await;
+    // Each agent sells more than its pool held: the rest is borrowed from the new center.
+    let deadline = Instant::now() + LEASE;
+    for (channel, client, _) in &mut agents {
+        let pool = client.get_stock(pb::GetStockRequest { item_id: "c".into() }).await.unwrap().into_inner();
+        buy(client, &format!("{channel}-after"), pool.available + 25, deadline).await;
+    }
+    for (_, _, task) in agents {
+        task.abort();
+    }
 }
