@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use inventory_proto::v1 as pb;
 use rand::Rng;
 
 use crate::contract::{borrow, create, ledger, reconcile, register};
@@ -122,6 +123,15 @@ async fn one_request_id_raced_over_two_items(backend: Backend) {
             }
         }
         assert_eq!(conflicts, 1, "round {n}: one of the two calls applies");
+
+        // Operators' request ids race the same way.
+        let rid = format!("stock-{n}");
+        let add = |item: &str| pb::AddStockRequest { item_id: item.into(), quantity: 1, request_id: rid.clone() };
+        let (mut admin_a, mut admin_b) = (admin.clone(), admin.clone());
+        let (first, second) = tokio::join!(admin_a.add_stock(add("a")), admin_b.add_stock(add("b")));
+        let codes: Vec<_> = [first, second].into_iter().map(|r| r.map(|_| ()).map_err(|s| s.code())).collect();
+        assert!(codes.contains(&Ok(())), "round {n}: {codes:?}");
+        assert!(codes.contains(&Err(tonic::Code::AlreadyExists)), "round {n}: {codes:?}");
 
         let rid = format!("replay-{n}");
         let (first, second) =

@@ -179,9 +179,10 @@ impl SqlLedger {
 
     pub(super) async fn sum_held(&self, tx: &mut Tx, item: &str) -> Result<u64> {
         let rows = sqlx::query(&format!("{ALLOC_SELECT} WHERE item_id = $1")).bind(item).fetch_all(&mut **tx).await?;
-        let mut held = 0;
+        let mut held = 0u64;
         for row in &rows {
-            held += alloc_from_row(row)?.2.held();
+            // Saturating: a corrupted ledger shows in Reconcile, not as a panic here.
+            held = held.saturating_add(alloc_from_row(row)?.2.held());
         }
         Ok(held)
     }

@@ -97,7 +97,11 @@ impl SqlLedger {
         rows.iter()
             .map(|row| {
                 let (item_id, state, watermarks) = item_from_row(row)?;
-                let held = allocations.iter().filter(|(i, _, _)| *i == item_id).map(|(_, _, a)| a.held()).sum();
+                // Saturating: a corrupted ledger shows in Reconcile, not as a panic here.
+                let held = allocations
+                    .iter()
+                    .filter(|(i, _, _)| *i == item_id)
+                    .fold(0u64, |sum, (_, _, a)| sum.saturating_add(a.held()));
                 Ok(ItemRecord { item_id, state, watermarks, held })
             })
             .collect()
