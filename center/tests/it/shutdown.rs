@@ -194,7 +194,6 @@ async fn three_agents_sell_through_a_restarted_center_within_a_lease() {
             per_user_limit: 1,
             reservation_ttl_ms: 300_000,
             watermarks: Some(pb::Watermarks { low: 5, high: 40, batch: 20 }),
-            ..Default::default()
         })
         .await
         .unwrap();
