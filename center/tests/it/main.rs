@@ -8,6 +8,7 @@ mod db_errors;
 mod hostile;
 mod lost_reply;
 mod model;
+mod reclaim;
 mod replicas;
 mod reports;
 mod requests;
