@@ -86,7 +86,8 @@ impl AcquireCaller {
         if self.recent.len() < RECENT_KEYS {
             self.recent.push((seq, user));
         } else {
-            let slot = (seq as usize) % RECENT_KEYS;
+            // Below RECENT_KEYS, so it fits.
+            let slot = usize::try_from(seq % RECENT_KEYS as u64).unwrap_or_default();
             self.recent[slot] = (seq, user);
         }
         (seq, user)

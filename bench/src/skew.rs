@@ -100,7 +100,7 @@ impl UserSampler {
                 Kind::Cdf(cdf)
             }
             Skew::Hot { fraction, share } => {
-                let hot_users = ((users as f64 * fraction).round() as u64).clamp(1, users);
+                let hot_users = crate::stats::round_to_u64(users as f64 * fraction).clamp(1, users);
                 Kind::Hot { hot_users, share }
             }
         };
@@ -141,9 +141,9 @@ mod tests {
 
     fn counts(sampler: &UserSampler, draws: usize) -> Vec<u64> {
         let mut rng = SmallRng::seed_from_u64(7);
-        let mut counts = vec![0u64; sampler.users() as usize];
+        let mut counts = vec![0u64; usize::try_from(sampler.users()).expect("users fit in memory")];
         for _ in 0..draws {
-            counts[sampler.sample(&mut rng) as usize] += 1;
+            counts[usize::try_from(sampler.sample(&mut rng)).expect("a user index")] += 1;
         }
         counts
     }

@@ -121,9 +121,16 @@ pub fn fmt_latency(us: f64) -> String {
     }
 }
 
+/// Rounds to the nearest integer: negative values and NaN give 0, values past `u64::MAX`
+/// give `u64::MAX` (what a float-to-integer `as` does, said in one place).
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+pub fn round_to_u64(v: f64) -> u64 {
+    v.round() as u64
+}
+
 /// Formats a rate with thousands separators and no decimals.
 pub fn fmt_rate(v: f64) -> String {
-    let n = v.round() as u64;
+    let n = round_to_u64(v);
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {

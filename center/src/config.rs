@@ -27,6 +27,10 @@ pub struct CenterConfig {
     /// expired (0: never; operators use `invctl reclaim`).
     #[arg(long, env = "INVENTORY_AUTO_RECLAIM_AFTER_MS", default_value_t = 0)]
     pub auto_reclaim_after_ms: u64,
+    /// How often request records no retry can use any more (those of an epoch the agent's
+    /// channel has left) are deleted.
+    #[arg(long, env = "INVENTORY_PRUNE_INTERVAL_MS", default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub prune_interval_ms: u64,
     #[arg(long, env = "INVENTORY_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
     /// Operators' token for the Admin service (prefer --operator-token-file).
@@ -64,6 +68,7 @@ impl CenterConfig {
             lease_ttl_ms: 10_000,
             reclaim_grace_ms: 0,
             auto_reclaim_after_ms: 0,
+            prune_interval_ms: 100,
             log_format: LogFormat::Text,
             operator_token: None,
             operator_token_file: None,

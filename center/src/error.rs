@@ -15,8 +15,13 @@ pub enum CenterError {
     AlreadyExists(String),
     #[error("{0}")]
     Precondition(String),
+    /// A dependency is down or busy and retrying with the same id is safe; the message is
+    /// sent as it is, so it never carries a dependency's own words.
     #[error("{0}")]
     Unavailable(String),
+    /// The database cannot be reached. `detail` (the driver's words) is logged, never sent.
+    #[error("database unavailable: {detail}")]
+    Database { detail: String },
     #[error("{0}")]
     PermissionDenied(String),
     /// Details are logged, never sent to the caller.
@@ -35,7 +40,7 @@ impl CenterError {
             CenterError::NotFound { .. } => Code::NotFound,
             CenterError::AlreadyExists(_) => Code::AlreadyExists,
             CenterError::Precondition(_) => Code::FailedPrecondition,
-            CenterError::Unavailable(_) => Code::Unavailable,
+            CenterError::Unavailable(_) | CenterError::Database { .. } => Code::Unavailable,
             CenterError::PermissionDenied(_) => Code::PermissionDenied,
             CenterError::Internal(_) => Code::Internal,
         }
@@ -53,7 +58,8 @@ impl From<LedgerError> for CenterError {
             | LedgerError::UnknownChannel { .. }
             | LedgerError::LeaseLive { .. }
             | LedgerError::NothingInDoubt { .. }
-            | LedgerError::SoldExceedsHeld { .. } => CenterError::Precondition(e.to_string()),
+            | LedgerError::SoldExceedsHeld { .. }
+            | LedgerError::Overflow { .. } => CenterError::Precondition(e.to_string()),
         }
     }
 }
@@ -74,7 +80,7 @@ impl From<sqlx::Error> for CenterError {
             | sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
             | sqlx::Error::Tls(_)
-            | sqlx::Error::WorkerCrashed => CenterError::Unavailable(format!("database unavailable: {e}")),
+            | sqlx::Error::WorkerCrashed => CenterError::Database { detail: e.to_string() },
             // Serialization failures and deadlocks roll back whole: retrying is safe.
             sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40001" | "40P01" | "57P01")) => {
                 CenterError::Unavailable("database busy, retry with the same request id".into())
@@ -84,6 +90,8 @@ impl From<sqlx::Error> for CenterError {
     }
 }
 
+/// Callers get a short message; what the database said goes to the log, inside the call's
+/// span (which carries the request id, where the call has one).
 impl From<CenterError> for Status {
     fn from(e: CenterError) -> Self {
         match &e {
@@ -91,9 +99,13 @@ impl From<CenterError> for Status {
                 tracing::error!(error = %detail, "internal error");
                 Status::internal("internal error")
             }
-            CenterError::Unavailable(detail) => {
-                tracing::warn!(error = %detail, "dependency unavailable");
-                Status::unavailable(e.to_string())
+            CenterError::Database { detail } => {
+                tracing::warn!(error = %detail, "database unavailable");
+                Status::unavailable("database unavailable, retry with the same request id")
+            }
+            CenterError::Unavailable(message) => {
+                tracing::warn!(error = %message, "dependency unavailable");
+                Status::unavailable(message.clone())
             }
             _ => Status::new(e.code(), e.to_string()),
         }

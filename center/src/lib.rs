@@ -10,6 +10,7 @@ pub mod config;
 pub mod error;
 pub mod events;
 pub mod http;
+pub mod pruner;
 pub mod reclaimer;
 pub mod security;
 pub mod service;

@@ -28,7 +28,7 @@ pub async fn run(store: Arc<dyn LedgerStore>, events: EventHub, after_ms: u64, m
         };
         let now = now_ms();
         for c in channels {
-            let due = now >= c.session.lease_expires_at_ms + after_ms as i64;
+            let due = now >= c.session.lease_expires_at_ms.saturating_add(i64::try_from(after_ms).unwrap_or(i64::MAX));
             // Only channels that still hold something reclaimable: an idle dead channel
             // is left alone (each reclaim bumps its epoch).
             if !due || !c.allocations.iter().any(|(_, a)| reclaimable(a) > 0) {

@@ -22,6 +22,10 @@ use tonic::service::interceptor::InterceptedService;
 /// thousand pools.
 const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 
+/// How long in-flight calls may run on after the shutdown signal: below the 5 s a
+/// supervisor (or an agent waiting to reconnect) is promised.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(4);
+
 pub struct Application {
     grpc: TcpListener,
     http: TcpListener,
@@ -33,6 +37,7 @@ pub struct Application {
     faults: Arc<FaultHooks>,
     lease: LeaseSettings,
     auto_reclaim_after_ms: u64,
+    prune_interval: Duration,
     security: Arc<Security>,
     tls: Option<tonic::transport::ServerTlsConfig>,
 }
@@ -65,6 +70,7 @@ impl Application {
             faults: Arc::new(FaultHooks::default()),
             lease: LeaseSettings { lease_ttl_ms: config.lease_ttl_ms, reclaim_grace_ms: config.reclaim_grace_ms },
             auto_reclaim_after_ms: config.auto_reclaim_after_ms,
+            prune_interval: Duration::from_millis(config.prune_interval_ms),
             security,
             tls,
         })
@@ -87,7 +93,9 @@ impl Application {
         Arc::clone(&self.store)
     }
 
-    /// Serves until `shutdown` completes, then drains in-flight calls and returns.
+    /// Serves until `shutdown` completes, then drains in-flight calls and returns. Open
+    /// `WatchChannel` streams end at once; whatever is still running after
+    /// [`SHUTDOWN_GRACE`] is dropped, so the center stops within that bound.
     pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<CenterServer<CenterService>>().await;
@@ -96,10 +104,11 @@ impl Application {
             .register_encoded_file_descriptor_set(inventory_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()?;
-        let center = CenterService::new(Arc::clone(&self.store), self.events.clone(), self.lease, self.faults);
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let center =
+            CenterService::new(Arc::clone(&self.store), self.events.clone(), self.lease, self.faults, stop_rx.clone());
         let admin = AdminService::new(Arc::clone(&self.store), self.events.clone(), self.lease);
 
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut http_stop = stop_rx.clone();
         let http_stopped = async move {
             let _ = http_stop.wait_for(|s| *s).await;
@@ -125,8 +134,10 @@ impl Application {
             ))
         });
 
+        let pruner = tokio::spawn(crate::pruner::run(Arc::clone(&self.store), self.prune_interval, stop_rx.clone()));
+
         tracing::info!(grpc = %self.grpc_addr, http = %self.http_addr, "center serving");
-        let mut grpc_stop = stop_rx;
+        let mut grpc_stop = stop_rx.clone();
         let mut builder = tonic::transport::Server::builder();
         if let Some(tls) = self.tls {
             builder = builder.tls_config(tls)?;
@@ -160,11 +171,41 @@ impl Application {
             tracing::info!("center shutting down");
             let _ = stop_tx.send(true);
         });
-        grpc.await?;
-        if let Some(r) = reclaimer {
-            let _ = r.await;
+
+        // From the shutdown signal on, everything below shares one deadline.
+        tokio::pin!(grpc);
+        let mut stopping = stop_rx;
+        let mut grpc_done = false;
+        tokio::select! {
+            served = &mut grpc => {
+                served?;
+                grpc_done = true;
+            }
+            _ = stopping.wait_for(|s| *s) => {}
         }
-        http.await??;
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
+        if !grpc_done {
+            match tokio::time::timeout_at(deadline, &mut grpc).await {
+                Ok(served) => served?,
+                Err(_) => tracing::warn!(
+                    grace_ms = SHUTDOWN_GRACE.as_millis(),
+                    "calls still running after the shutdown grace; dropped"
+                ),
+            }
+        }
+        for mut worker in reclaimer.into_iter().chain([pruner]) {
+            if tokio::time::timeout_at(deadline, &mut worker).await.is_err() {
+                worker.abort();
+            }
+        }
+        let mut http = http;
+        match tokio::time::timeout_at(deadline, &mut http).await {
+            Ok(served) => served??,
+            Err(_) => {
+                tracing::warn!("http connections still open after the shutdown grace; dropped");
+                http.abort();
+            }
+        }
         Ok(())
     }
 }

@@ -45,8 +45,14 @@ pub struct PoolCounts {
 }
 
 impl PoolCounts {
+    /// The sum, saturating: a report that large is refused at the edge.
     pub fn sum(&self) -> u64 {
-        self.available + self.reserved + self.sold
+        self.checked_sum().unwrap_or(u64::MAX)
+    }
+
+    /// The sum, or `None` when it does not fit a `u64`.
+    pub fn checked_sum(&self) -> Option<u64> {
+        self.available.checked_add(self.reserved)?.checked_add(self.sold)
     }
 }
 
@@ -71,9 +77,13 @@ impl Allocation {
         self.granted.saturating_sub(self.returned).saturating_sub(self.reclaimed)
     }
 
-    /// held - (reported available + reserved + sold): 0 at quiescence.
+    /// held - (reported available + reserved + sold): 0 at quiescence. Computed without
+    /// overflow and clamped to the `i64` range.
     pub fn drift(&self) -> i64 {
-        self.held() as i64 - self.reported.sum() as i64
+        let reported =
+            i128::from(self.reported.available) + i128::from(self.reported.reserved) + i128::from(self.reported.sold);
+        let drift = i128::from(self.held()) - reported;
+        i64::try_from(drift).unwrap_or(if drift < 0 { i64::MIN } else { i64::MAX })
     }
 }
 
@@ -93,6 +103,9 @@ pub enum LedgerError {
     NothingInDoubt { channel: String },
     #[error("cannot write off {sold} units as sold: channel {channel} has {held} in doubt")]
     SoldExceedsHeld { channel: String, held: u64, sold: u64 },
+    /// A counter would leave its range: the rows hold values no call could have produced.
+    #[error("{counter} would overflow")]
+    Overflow { counter: &'static str },
 }
 
 /// Grants `min(quantity, available)` units to the channel; 0 when none are left or the
@@ -102,8 +115,12 @@ pub fn borrow(item: &mut ItemState, alloc: &mut Allocation, quantity: Quantity) 
         return 0;
     }
     let granted = quantity.get().min(item.available);
+    // A grant the allocation cannot count is not made (granting nothing never oversells).
+    let Some(total_granted) = alloc.granted.checked_add(granted) else {
+        return 0;
+    };
     item.available -= granted;
-    alloc.granted += granted;
+    alloc.granted = total_granted;
     granted
 }
 
@@ -116,22 +133,28 @@ pub fn give_back(
 ) -> Result<(), LedgerError> {
     // Units in doubt are not the channel's to give back: only an operator's resolution
     // moves them (else they would come back twice).
-    let held = alloc.held() - alloc.in_doubt.min(alloc.held());
+    let held = alloc.held().saturating_sub(alloc.in_doubt);
     if quantity.get() > held {
         return Err(LedgerError::ReturnExceedsHeld { channel: channel.to_string(), held, quantity: quantity.get() });
     }
-    alloc.returned += quantity.get();
-    item.available += quantity.get();
+    let returned = alloc.returned.checked_add(quantity.get()).ok_or(LedgerError::Overflow { counter: "returned" })?;
+    let available =
+        item.available.checked_add(quantity.get()).ok_or(LedgerError::Overflow { counter: "center available" })?;
+    alloc.returned = returned;
+    item.available = available;
     Ok(())
 }
 
 /// Raises total and available together.
 pub fn add_stock(item: &mut ItemState, quantity: Quantity) -> Result<(), LedgerError> {
-    if item.total + quantity.get() > MAX_QUANTITY {
+    let total = item.total.checked_add(quantity.get()).filter(|t| *t <= MAX_QUANTITY);
+    let Some(total) = total else {
         return Err(LedgerError::TotalTooLarge { total: item.total, quantity: quantity.get() });
-    }
-    item.total += quantity.get();
-    item.available += quantity.get();
+    };
+    let available =
+        item.available.checked_add(quantity.get()).ok_or(LedgerError::Overflow { counter: "center available" })?;
+    item.total = total;
+    item.available = available;
     Ok(())
 }
 
@@ -142,7 +165,7 @@ pub fn reclaimable(alloc: &Allocation) -> u64 {
     if alloc.in_doubt > 0 {
         return 0;
     }
-    alloc.held().saturating_sub(alloc.reported.reserved + alloc.reported.sold)
+    alloc.held().saturating_sub(alloc.reported.reserved.saturating_add(alloc.reported.sold))
 }
 
 /// The channel reported its pool lost: everything it holds is in doubt.
@@ -156,7 +179,8 @@ pub fn mark_lost(alloc: &mut Allocation) {
 /// until an operator settles them. Returns how many.
 pub fn reclaim_into_doubt(alloc: &mut Allocation) -> u64 {
     let units = reclaimable(alloc);
-    alloc.in_doubt += units;
+    // in_doubt is 0 whenever units > 0 (see `reclaimable`).
+    alloc.in_doubt = alloc.in_doubt.saturating_add(units);
     units
 }
 
@@ -176,7 +200,13 @@ pub fn resolve_in_doubt(
     if sold > doubt {
         return Err(LedgerError::SoldExceedsHeld { channel: channel.to_string(), held: doubt, sold });
     }
-    alloc.reclaimed += doubt;
+    let back = doubt - sold;
+    let overflow = |counter| LedgerError::Overflow { counter };
+    let reclaimed = alloc.reclaimed.checked_add(doubt).ok_or(overflow("reclaimed"))?;
+    let total = item.total.checked_sub(sold).ok_or(overflow("total"))?;
+    let written_off = item.written_off.checked_add(sold).ok_or(overflow("written off"))?;
+    let available = item.available.checked_add(back).ok_or(overflow("center available"))?;
+    alloc.reclaimed = reclaimed;
     alloc.in_doubt = 0;
     if alloc.held() == 0 {
         alloc.reported = PoolCounts::default();
@@ -184,17 +214,22 @@ pub fn resolve_in_doubt(
     } else {
         alloc.reported.available = alloc.reported.available.saturating_sub(doubt);
     }
-    item.total -= sold;
-    item.written_off += sold;
-    item.available += doubt - sold;
-    Ok(doubt - sold)
+    item.total = total;
+    item.written_off = written_off;
+    item.available = available;
+    Ok(back)
 }
 
 /// Takes back [`reclaimable`] units; returns how many.
 pub fn reclaim(item: &mut ItemState, alloc: &mut Allocation) -> u64 {
     let units = reclaimable(alloc);
-    alloc.reclaimed += units;
-    item.available += units;
+    // Units the counters cannot take are left with the channel.
+    let (Some(reclaimed), Some(available)) = (alloc.reclaimed.checked_add(units), item.available.checked_add(units))
+    else {
+        return 0;
+    };
+    alloc.reclaimed = reclaimed;
+    item.available = available;
     // What the center took is no longer in the channel's pool, as far as the ledger
     // knows; keep the report consistent so drift stays meaningful.
     alloc.reported.available = alloc.reported.available.saturating_sub(units);
@@ -213,11 +248,12 @@ pub struct ChannelSession {
 impl ChannelSession {
     /// The next incarnation of a channel's agent: a strictly larger epoch.
     pub fn register(previous: Option<&ChannelSession>, agent_id: &str, now_ms: i64, lease_ttl_ms: u64) -> Self {
-        let epoch = previous.map_or(1, |p| p.epoch + 1);
+        // The stored epoch is a signed 64-bit number: it never gets near u64::MAX.
+        let epoch = previous.map_or(1, |p| p.epoch.saturating_add(1));
         Self {
             epoch,
             agent_id: agent_id.to_owned(),
-            lease_expires_at_ms: now_ms + lease_ttl_ms as i64,
+            lease_expires_at_ms: later(now_ms, lease_ttl_ms),
             last_heartbeat_ms: now_ms,
         }
     }
@@ -230,7 +266,7 @@ impl ChannelSession {
     }
 
     pub fn renew(&mut self, now_ms: i64, lease_ttl_ms: u64) {
-        self.lease_expires_at_ms = now_ms + lease_ttl_ms as i64;
+        self.lease_expires_at_ms = later(now_ms, lease_ttl_ms);
         self.last_heartbeat_ms = now_ms;
     }
 
@@ -241,13 +277,19 @@ impl ChannelSession {
     /// Reclaim is allowed once the lease has been expired for `grace_ms`. The epoch is
     /// bumped so the old agent is fenced off even if it wakes up.
     pub fn begin_reclaim(&mut self, channel: &Channel, now_ms: i64, grace_ms: u64) -> Result<(), LedgerError> {
-        let allowed_at = self.lease_expires_at_ms + grace_ms as i64;
+        let allowed_at = later(self.lease_expires_at_ms, grace_ms);
         if now_ms < allowed_at {
-            return Err(LedgerError::LeaseLive { channel: channel.to_string(), remaining_ms: allowed_at - now_ms });
+            let remaining_ms = allowed_at.saturating_sub(now_ms);
+            return Err(LedgerError::LeaseLive { channel: channel.to_string(), remaining_ms });
         }
-        self.epoch += 1;
+        self.epoch = self.epoch.checked_add(1).ok_or(LedgerError::Overflow { counter: "epoch" })?;
         Ok(())
     }
+}
+
+/// `at_ms + delay_ms`, saturating: a time too far ahead is the end of time, not the past.
+fn later(at_ms: i64, delay_ms: u64) -> i64 {
+    at_ms.saturating_add(i64::try_from(delay_ms).unwrap_or(i64::MAX))
 }
 
 /// A request that changes the ledger, identified by a client-chosen id. Its fingerprint
@@ -268,8 +310,9 @@ impl Mutation {
         }
     }
 
-    /// The payload, canonically. The epoch is left out on purpose: a retry after the
-    /// agent re-registered is still the same request.
+    /// The payload, canonically. The epoch is left out: a retry carries the epoch it was
+    /// first sent under and is answered from the record, whatever the channel's epoch is
+    /// now, for as long as the record is kept.
     pub fn fingerprint(&self) -> String {
         match self {
             Mutation::Borrow { item, channel, quantity } => format!("borrow/{item}/{channel}/{quantity}"),
@@ -312,16 +355,16 @@ pub fn check_item(item_id: &str, item: &ItemState, allocations: &[(String, Alloc
     let mut held_sum: u128 = 0;
     let mut committed: u128 = 0;
     for (channel, a) in allocations {
-        let out = a.returned as u128 + a.reclaimed as u128;
-        if out > a.granted as u128 {
+        let out = u128::from(a.returned) + u128::from(a.reclaimed);
+        if out > u128::from(a.granted) {
             check.violations.push(finding(
                 channel,
                 "negative",
                 format!("returned {} + reclaimed {} exceeds granted {}", a.returned, a.reclaimed, a.granted),
             ));
         }
-        held_sum += a.held() as u128;
-        committed += a.reported.reserved as u128 + a.reported.sold as u128;
+        held_sum += u128::from(a.held());
+        committed += u128::from(a.reported.reserved) + u128::from(a.reported.sold);
         if a.in_doubt > 0 {
             check.in_doubt.push(finding(
                 channel,
@@ -346,7 +389,7 @@ pub fn check_item(item_id: &str, item: &ItemState, allocations: &[(String, Alloc
             ));
         }
     }
-    if item.total as u128 != item.available as u128 + held_sum {
+    if u128::from(item.total) != u128::from(item.available) + held_sum {
         check.violations.push(finding(
             "",
             "conservation",
@@ -355,7 +398,7 @@ pub fn check_item(item_id: &str, item: &ItemState, allocations: &[(String, Alloc
     }
     // Units written off after a lost pool left `total` but may still show as sold in a
     // pool's later reports; they are not an oversell.
-    if committed > item.total as u128 + item.written_off as u128 {
+    if committed > u128::from(item.total) + u128::from(item.written_off) {
         check.violations.push(finding(
             "",
             "oversell",
@@ -518,5 +561,48 @@ mod tests {
         assert_ne!(a.fingerprint(), b.fingerprint());
         assert_ne!(a.fingerprint(), r.fingerprint());
         assert_eq!(a.scope(), r.scope());
+    }
+
+    #[test]
+    fn pool_sums_and_drift_never_overflow() {
+        let p = PoolCounts { available: u64::MAX, reserved: 1, sold: 0 };
+        assert_eq!((p.sum(), p.checked_sum()), (u64::MAX, None));
+        let huge = Allocation { granted: u64::MAX, ..Default::default() };
+        assert_eq!(huge.drift(), i64::MAX, "held beyond i64 clamps, it does not wrap negative");
+        let over = Allocation { reported: p, ..Default::default() };
+        assert_eq!(over.drift(), i64::MIN);
+        let committed = PoolCounts { available: 0, reserved: u64::MAX, sold: 1 };
+        assert_eq!(reclaimable(&Allocation { granted: 5, reported: committed, ..Default::default() }), 0);
+    }
+
+    #[test]
+    fn counters_at_their_limit_refuse_instead_of_wrapping() {
+        let mut item = ItemState::new(q(10), 1, 1000);
+        let mut a = Allocation { granted: u64::MAX, ..Default::default() };
+        assert_eq!(borrow(&mut item, &mut a, q(4)), 0, "a grant that cannot be counted is not made");
+        assert_eq!((item.available, a.granted), (10, u64::MAX));
+
+        let mut item = ItemState::new(q(10), 1, 1000);
+        item.available = u64::MAX - 1;
+        let mut a = Allocation { granted: 5, ..Default::default() };
+        assert!(matches!(give_back(&mut item, &mut a, &ch("app"), q(3)), Err(LedgerError::Overflow { .. })));
+        assert_eq!((item.available, a.returned), (u64::MAX - 1, 0), "nothing changed");
+
+        // A corrupted row: fewer units in total than the ones to write off.
+        let mut item = ItemState::new(q(10), 1, 1000);
+        let mut a = Allocation { granted: 50, in_doubt: 50, ..Default::default() };
+        assert!(matches!(resolve_in_doubt(&mut item, &mut a, &ch("app"), 20), Err(LedgerError::Overflow { .. })));
+        assert_eq!((item.total, a.in_doubt), (10, 50), "nothing changed");
+    }
+
+    #[test]
+    fn lease_times_saturate() {
+        let s = ChannelSession::register(None, "a", 1_000, u64::MAX);
+        assert_eq!(s.lease_expires_at_ms, i64::MAX, "a huge lease is long, not in the past");
+        let mut s = ChannelSession::register(None, "a", i64::MAX - 5, 1_000);
+        assert_eq!(s.lease_expires_at_ms, i64::MAX);
+        assert!(s.begin_reclaim(&ch("app"), i64::MAX - 1, u64::MAX).is_err(), "not reclaimable before its lease ends");
+        s.renew(0, u64::MAX);
+        assert_eq!(s.lease_expires_at_ms, i64::MAX);
     }
 }

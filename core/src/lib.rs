@@ -9,6 +9,7 @@ pub mod auth;
 pub mod channel;
 pub mod ids;
 pub mod ledger;
+pub mod loss;
 pub mod pool;
 pub mod rebalance;
 pub mod watermarks;

@@ -42,7 +42,7 @@ pub fn decide(i: &Inputs) -> Action {
     }
     if i.available > w.high
         && let Some(since) = i.above_high_since_ms
-        && i.now_ms - since >= i.sustain_ms as i64
+        && i.now_ms.saturating_sub(since) >= i64::try_from(i.sustain_ms).unwrap_or(i64::MAX)
     {
         let target = w.low + (w.high - w.low) / 2;
         return Action::Return(i.available - target);

@@ -8,6 +8,7 @@ use inventory_core::watermarks::Watermarks;
 use inventory_core::{Channel, ItemId, Quantity, RequestId, ValidationError};
 use inventory_proto::v1 as pb;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use super::{lease_fields, pb_item, pb_watermarks};
 use crate::clock::now_ms;
@@ -84,7 +85,14 @@ impl pb::admin_server::Admin for AdminService {
         let item = ItemId::parse("item_id", &r.item_id).map_err(CenterError::from)?;
         let quantity = Quantity::parse("quantity", r.quantity).map_err(CenterError::from)?;
         let request_id = RequestId::parse("request_id", &r.request_id).map_err(CenterError::from)?;
-        let (record, replayed) = self.store.add_stock(&item, quantity, &request_id).await?;
+        // Errors are logged inside this span, with the request id.
+        let span = tracing::info_span!("add_stock", request_id = request_id.as_str());
+        let (record, replayed) = self
+            .store
+            .add_stock(&item, quantity, &request_id)
+            .instrument(span.clone())
+            .await
+            .map_err(|e| span.in_scope(|| Status::from(e)))?;
         if !replayed {
             self.events.publish(LedgerEvent::Restocked {
                 item_id: item.to_string(),

@@ -5,9 +5,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use futures::{Stream, StreamExt};
+use inventory_core::ids::MAX_QUANTITY;
 use inventory_core::ledger::PoolCounts;
-use inventory_core::{AgentId, Channel, ItemId, Quantity, RequestId};
+use inventory_core::loss::PoolReport;
+use inventory_core::{AgentId, Channel, ItemId, Quantity, RequestId, ValidationError};
 use inventory_proto::v1 as pb;
+use tokio::sync::watch;
 use tokio_stream::wrappers::BroadcastStream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -45,11 +48,19 @@ pub struct CenterService {
     events: EventHub,
     lease: LeaseSettings,
     faults: Arc<FaultHooks>,
+    /// Turns true when the center shuts down: every `WatchChannel` stream then ends.
+    stop: watch::Receiver<bool>,
 }
 
 impl CenterService {
-    pub fn new(store: Arc<dyn LedgerStore>, events: EventHub, lease: LeaseSettings, faults: Arc<FaultHooks>) -> Self {
-        Self { store, events, lease, faults }
+    pub fn new(
+        store: Arc<dyn LedgerStore>,
+        events: EventHub,
+        lease: LeaseSettings,
+        faults: Arc<FaultHooks>,
+        stop: watch::Receiver<bool>,
+    ) -> Self {
+        Self { store, events, lease, faults, stop }
     }
 }
 
@@ -83,12 +94,20 @@ impl pb::center_server::Center for CenterService {
     }
 
     async fn borrow(&self, request: Request<pb::BorrowRequest>) -> Res<pb::BorrowResponse> {
-        let span = tracing::info_span!("borrow", trace_id = trace_id(&request).unwrap_or_default());
+        let span = tracing::info_span!(
+            "borrow",
+            trace_id = trace_id(&request).unwrap_or_default(),
+            request_id = tracing::field::Empty
+        );
         self.borrow_inner(request).instrument(span).await
     }
 
     async fn r#return(&self, request: Request<pb::ReturnRequest>) -> Res<pb::ReturnResponse> {
-        let span = tracing::info_span!("return", trace_id = trace_id(&request).unwrap_or_default());
+        let span = tracing::info_span!(
+            "return",
+            trace_id = trace_id(&request).unwrap_or_default(),
+            request_id = tracing::field::Empty
+        );
         self.return_inner(request).instrument(span).await
     }
     async fn heartbeat(&self, request: Request<pb::HeartbeatRequest>) -> Res<pb::HeartbeatResponse> {
@@ -97,50 +116,43 @@ impl pb::center_server::Center for CenterService {
         let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
         authorize(&own, channel.as_str())?;
         let mut reports = Vec::with_capacity(r.pools.len());
-        let mut lost = Vec::new();
         for (n, p) in r.pools.iter().enumerate() {
             let item = ItemId::parse(&format!("pools[{n}].item_id"), &p.item_id).map_err(CenterError::from)?;
-            if p.lost {
-                lost.push(item.clone());
+            let count = |name: &str, value: u64| -> Result<u64, CenterError> {
+                if value > MAX_QUANTITY {
+                    let field = format!("pools[{n}].{name}");
+                    return Err(ValidationError::new(field, value, format!("must be at most {MAX_QUANTITY}")).into());
+                }
+                Ok(value)
+            };
+            let counts = PoolCounts {
+                available: count("available", p.available)?,
+                reserved: count("reserved", p.reserved)?,
+                sold: count("sold", p.sold)?,
+            };
+            // Stored as a signed 64-bit number; a larger one would wrap.
+            if i64::try_from(p.generation).is_err() {
+                let field = format!("pools[{n}].generation");
+                let reason = format!("must be at most {}", i64::MAX);
+                return Err(CenterError::from(ValidationError::new(field, p.generation, reason)).into());
             }
-            reports.push(PoolReportIn {
-                item,
-                counts: PoolCounts { available: p.available, reserved: p.reserved, sold: p.sold },
-                generation: p.generation,
-            });
+            reports.push(PoolReportIn { item, report: PoolReport { counts, generation: p.generation, lost: p.lost } });
         }
-        // A report with another pool generation than the last one means the pool store
-        // lost the pool and something recreated it: as lost as a pool reported lost.
-        let reported: Vec<ItemId> = reports.iter().map(|r| r.item.clone()).collect();
-        let known = self.store.channel_allocations(&channel, &reported).await?;
-        let mut in_doubt: Vec<String> =
-            known.iter().filter(|(_, a)| a.in_doubt > 0).map(|(item, _)| item.clone()).collect();
-        for report in &reports {
-            let before = known.iter().find(|(i, _)| i == report.item.as_str()).map_or(0, |(_, a)| a.generation);
-            // A pool reported with generation 0 after a real one vanished too.
-            if before != 0 && report.generation != before && !lost.contains(&report.item) {
-                tracing::error!(channel = %channel, item = %report.item, before, now = report.generation, "pool generation changed");
-                lost.push(report.item.clone());
-            }
-        }
-        // A lost pool: everything the channel holds of the item is in doubt, never resold.
-        for item in &lost {
-            let units = self.store.mark_lost(item, &channel, r.epoch).await?;
+        let out =
+            self.store.heartbeat(&channel, r.epoch, &reports, r.last_report, now_ms(), self.lease.lease_ttl_ms).await?;
+        for (item, units) in &out.lost {
             // Only units really in doubt freeze the item: a pool lost while the channel
             // held nothing of it costs nothing.
-            if units > 0 {
+            if *units > 0 {
                 tracing::error!(channel = %channel, item = %item, in_doubt = units, "channel lost its pool; units in doubt");
-                if !in_doubt.iter().any(|i| i == item.as_str()) {
-                    in_doubt.push(item.to_string());
-                }
+            } else {
+                tracing::warn!(channel = %channel, item = %item, "channel lost a pool that held nothing");
             }
         }
-        let session =
-            self.store.heartbeat(&channel, r.epoch, &reports, r.last_report, now_ms(), self.lease.lease_ttl_ms).await?;
         Ok(Response::new(pb::HeartbeatResponse {
-            lease_expires_at_unix_ms: session.lease_expires_at_ms,
+            lease_expires_at_unix_ms: out.session.lease_expires_at_ms,
             lease_ttl_ms: self.lease.lease_ttl_ms,
-            in_doubt_items: in_doubt,
+            in_doubt_items: out.in_doubt_items,
         }))
     }
 
@@ -193,7 +205,13 @@ impl pb::center_server::Center for CenterService {
                 async move { to_channel_event(store.as_ref(), &channel, e).await }
             })
             .filter_map(std::future::ready);
-        Ok(Response::new(Box::pin(stream.map(Ok))))
+        // A stream never ends by itself; at shutdown the center ends it, so the server can
+        // finish and the agent reconnects to another replica.
+        let mut stop = self.stop.clone();
+        let stopping = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        Ok(Response::new(Box::pin(stream.take_until(stopping).map(Ok))))
     }
 }
 
@@ -206,6 +224,7 @@ impl CenterService {
         authorize(&own, channel.as_str())?;
         let quantity = Quantity::parse("quantity", r.quantity).map_err(CenterError::from)?;
         let request_id = RequestId::parse("request_id", &r.request_id).map_err(CenterError::from)?;
+        tracing::Span::current().record("request_id", request_id.as_str());
         let out = self.store.borrow(&item, &channel, r.epoch, quantity, &request_id).await?;
         tracing::debug!(item = %item, channel = %channel, granted = out.granted, replayed = out.replayed, "borrow");
         if !out.replayed && out.granted < quantity.get() && out.center_available == 0 {
@@ -233,6 +252,7 @@ impl CenterService {
         authorize(&own, channel.as_str())?;
         let quantity = Quantity::parse("quantity", r.quantity).map_err(CenterError::from)?;
         let request_id = RequestId::parse("request_id", &r.request_id).map_err(CenterError::from)?;
+        tracing::Span::current().record("request_id", request_id.as_str());
         let out = self.store.give_back(&item, &channel, r.epoch, quantity, &request_id).await?;
         if !out.replayed {
             self.events.publish(LedgerEvent::Restocked {

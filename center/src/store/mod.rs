@@ -8,7 +8,8 @@
 mod sql;
 
 use async_trait::async_trait;
-use inventory_core::ledger::{Allocation, ChannelSession, Check, ItemState, PoolCounts};
+use inventory_core::ledger::{Allocation, ChannelSession, Check, ItemState};
+use inventory_core::loss::PoolReport;
 use inventory_core::watermarks::Watermarks;
 use inventory_core::{AgentId, Channel, ItemId, Quantity, RequestId};
 use serde::{Deserialize, Serialize};
@@ -97,8 +98,17 @@ pub struct Registration {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolReportIn {
     pub item: ItemId,
-    pub counts: PoolCounts,
-    pub generation: u64,
+    pub report: PoolReport,
+}
+
+/// What a heartbeat did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeartbeatOutcome {
+    pub session: ChannelSession,
+    /// Pools the loss rule found lost, with the units each put in doubt, by item.
+    pub lost: Vec<(String, u64)>,
+    /// Every item the channel has units in doubt of, afterwards.
+    pub in_doubt_items: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,7 +163,9 @@ pub trait LedgerStore: Send + Sync + 'static {
         quantity: Quantity,
         request_id: &RequestId,
     ) -> Result<ReturnOutcome>;
-    /// Records the reports and renews the lease; returns the renewed session.
+    /// Records the reports, each chunk in one transaction that also applies the loss rule
+    /// (`loss::apply_report`: a lost pool puts what the channel holds of the item in
+    /// doubt), then renews the lease.
     async fn heartbeat(
         &self,
         channel: &Channel,
@@ -162,16 +174,10 @@ pub trait LedgerStore: Send + Sync + 'static {
         last_report: bool,
         now_ms: i64,
         lease_ttl_ms: u64,
-    ) -> Result<ChannelSession>;
-    /// The channel reports its pool of `item` lost: everything it holds becomes in doubt.
-    async fn mark_lost(&self, item: &ItemId, channel: &Channel, epoch: u64) -> Result<u64>;
+    ) -> Result<HeartbeatOutcome>;
     /// Settles in-doubt units: `sold` written off, the rest back to the center. Returns
     /// the item afterwards and the units returned.
     async fn resolve_in_doubt(&self, item: &ItemId, channel: &Channel, sold: u64) -> Result<(ItemRecord, u64)>;
-    /// One channel's allocations of `items`, and every one of its allocations with units
-    /// in doubt, by item (read-only). A heartbeat reads only what it needs: with thousands
-    /// of quiet items it reports few of them.
-    async fn channel_allocations(&self, channel: &Channel, items: &[ItemId]) -> Result<Vec<(String, Allocation)>>;
     /// Every registered channel with its session and allocations, by channel name.
     async fn channels(&self) -> Result<Vec<ChannelView>>;
     /// Closes (no more grants) or reopens an item.
@@ -186,4 +192,7 @@ pub trait LedgerStore: Send + Sync + 'static {
     async fn watermarks(&self, item: &ItemId) -> Result<(Watermarks, Vec<(String, Watermarks)>)>;
     async fn reconcile(&self, item: Option<&ItemId>) -> Result<Reconciliation>;
     async fn reclaim(&self, channel: &Channel, now_ms: i64, grace_ms: u64) -> Result<ReclaimOutcome>;
+    /// Deletes up to `limit` request records no retry can use any more (an agent's request
+    /// of an epoch its channel has left); returns how many.
+    async fn prune_requests(&self, limit: u32) -> Result<u64>;
 }

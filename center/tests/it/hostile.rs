@@ -233,3 +233,47 @@ async fn invalid_utf8_at_the_byte_level_is_invalid_argument() {
     }
     assert_eq!(ledger_state(&mut admin).await, before);
 }
+
+/// Heartbeat counts and generations are stored as signed 64-bit numbers: a value that
+/// would wrap (or that no pool can hold) is refused naming the field and the value, and
+/// the largest storable generation reads back unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeat_numbers_are_checked_at_the_edge() {
+    let c = TestCenter::start(Backend::Postgres).await;
+    let (mut admin, mut center) = (c.admin().await, c.center().await);
+    create(&mut admin, "i", 100).await;
+    let epoch = register(&mut center, "app").await;
+    borrow(&mut center, "i", "app", epoch, 10, "b0").await.unwrap();
+    let before = ledger_state(&mut admin).await;
+    type Tweak<'a> = &'a dyn Fn(&mut pb::PoolReport);
+    let report = |tweak: Tweak| {
+        let mut p = pb::PoolReport { item_id: "i".into(), available: 10, generation: 7, ..Default::default() };
+        tweak(&mut p);
+        pb::HeartbeatRequest { channel: "app".into(), epoch, pools: vec![p], ..Default::default() }
+    };
+    let huge = [1_000_000_001, 1 << 63, u64::MAX];
+    for n in huge {
+        let cases: [(&str, Tweak); 3] = [
+            ("pools[0].available", &|p| p.available = n),
+            ("pools[0].reserved", &|p| p.reserved = n),
+            ("pools[0].sold", &|p| p.sold = n),
+        ];
+        for (field, tweak) in cases {
+            let s = center.heartbeat(report(tweak)).await.expect_err(field);
+            assert_eq!(s.code(), Code::InvalidArgument, "{field} = {n}: {s:?}");
+            assert!(s.message().contains(field) && s.message().contains(&n.to_string()), "{s:?}");
+            assert_eq!(s.message(), s.message().to_lowercase(), "lowercase: {s:?}");
+        }
+    }
+    for n in [1 << 63, u64::MAX] {
+        let s = center.heartbeat(report(&|p| p.generation = n)).await.expect_err("generation");
+        assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+        assert!(s.message().contains("pools[0].generation") && s.message().contains(&n.to_string()), "{s:?}");
+    }
+    assert_eq!(ledger_state(&mut admin).await, before, "a refused heartbeat changed the ledger");
+
+    let max = u64::try_from(i64::MAX).unwrap();
+    center.heartbeat(report(&|p| p.generation = max)).await.expect("largest storable generation");
+    let view = admin.get_item(pb::GetItemRequest { item_id: "i".into() }).await.unwrap().into_inner();
+    assert_eq!(view.channels[0].generation, max);
+}

@@ -1,0 +1,177 @@
+//! The ledger over sqlx, for PostgreSQL and SQLite.
+//!
+//! One body of SQL serves both engines; [`Dialect`] holds the differences:
+//! - PostgreSQL: each mutation locks the item row with `SELECT ... FOR UPDATE` (and the
+//!   channel row `FOR SHARE`), so concurrent center replicas serialise per item;
+//! - SQLite: a single connection is the single writer; row locks do not exist and are not
+//!   needed.
+//!
+//! In both, the write is a conditional `UPDATE ... WHERE available = <value read>` so a
+//! missing lock would show up as an error rather than as a lost update.
+//!
+//! SQL text never contains request data: every value is a bind parameter.
+//!
+//! One module per concern: `dialect` (connection and engine differences), `rows` (row
+//! mapping and single-row access), `movement` (the transactions that move units),
+//! `requests` (first answers by request id), `reports` (registration and heartbeats),
+//! `views` (read views) and `reclaim`. The [`LedgerStore`] impl below only routes.
+
+mod dialect;
+mod movement;
+mod reclaim;
+mod reports;
+mod requests;
+mod rows;
+mod views;
+
+use async_trait::async_trait;
+use inventory_core::ledger::ChannelSession;
+use inventory_core::watermarks::Watermarks;
+use inventory_core::{AgentId, Channel, ItemId, Quantity, RequestId};
+use sqlx::{Any, AnyPool, Executor, Transaction};
+
+pub use dialect::{Dialect, connect};
+
+use super::{
+    BorrowOutcome, ChannelView, HeartbeatOutcome, ItemLedger, ItemPolicy, ItemRecord, LedgerStore, NewItem,
+    PoolReportIn, ReclaimOutcome, Reconciliation, Registration, Result, ReturnOutcome,
+};
+use dialect::Queries;
+
+pub struct SqlLedger {
+    pool: AnyPool,
+    dialect: Dialect,
+    q: Queries,
+}
+
+type Tx = Transaction<'static, Any>;
+
+impl SqlLedger {
+    /// The connection pool (for NOTIFY of events on PostgreSQL).
+    pub fn pool(&self) -> AnyPool {
+        self.pool.clone()
+    }
+
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
+    async fn begin(&self) -> Result<Tx> {
+        Ok(self.pool.begin().await?)
+    }
+
+    /// A read-only transaction that sees one snapshot for all its statements, so a
+    /// view never mixes an item row from before a Borrow with allocations from after.
+    async fn begin_read(&self) -> Result<Tx> {
+        let mut tx = self.pool.begin().await?;
+        if self.dialect == Dialect::Postgres {
+            tx.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY").await?;
+        }
+        Ok(tx)
+    }
+}
+
+// Inherent methods of the same names (in the submodules) take precedence over the
+// trait's, so each line calls the implementation, not itself.
+#[async_trait]
+impl LedgerStore for SqlLedger {
+    async fn create_item(&self, item: &NewItem, now_ms: i64) -> Result<(ItemRecord, bool)> {
+        SqlLedger::create_item(self, item, now_ms).await
+    }
+
+    async fn add_stock(&self, item: &ItemId, quantity: Quantity, request_id: &RequestId) -> Result<(ItemRecord, bool)> {
+        SqlLedger::add_stock(self, item, quantity, request_id).await
+    }
+
+    async fn register(
+        &self,
+        channel: &Channel,
+        agent: &AgentId,
+        now_ms: i64,
+        lease_ttl_ms: u64,
+    ) -> Result<Registration> {
+        SqlLedger::register(self, channel, agent, now_ms, lease_ttl_ms).await
+    }
+
+    async fn borrow(
+        &self,
+        item: &ItemId,
+        channel: &Channel,
+        epoch: u64,
+        quantity: Quantity,
+        request_id: &RequestId,
+    ) -> Result<BorrowOutcome> {
+        SqlLedger::borrow(self, item, channel, epoch, quantity, request_id).await
+    }
+
+    async fn give_back(
+        &self,
+        item: &ItemId,
+        channel: &Channel,
+        epoch: u64,
+        quantity: Quantity,
+        request_id: &RequestId,
+    ) -> Result<ReturnOutcome> {
+        SqlLedger::give_back(self, item, channel, epoch, quantity, request_id).await
+    }
+
+    async fn heartbeat(
+        &self,
+        channel: &Channel,
+        epoch: u64,
+        reports: &[PoolReportIn],
+        last_report: bool,
+        now_ms: i64,
+        lease_ttl_ms: u64,
+    ) -> Result<HeartbeatOutcome> {
+        SqlLedger::heartbeat(self, channel, epoch, reports, last_report, now_ms, lease_ttl_ms).await
+    }
+
+    async fn resolve_in_doubt(&self, item: &ItemId, channel: &Channel, sold: u64) -> Result<(ItemRecord, u64)> {
+        SqlLedger::resolve_in_doubt(self, item, channel, sold).await
+    }
+
+    async fn channels(&self) -> Result<Vec<ChannelView>> {
+        SqlLedger::channels(self).await
+    }
+
+    async fn set_closed(&self, item: &ItemId, closed: bool) -> Result<ItemRecord> {
+        SqlLedger::set_closed(self, item, closed).await
+    }
+
+    async fn session(&self, channel: &Channel) -> Result<Option<ChannelSession>> {
+        SqlLedger::session(self, channel).await
+    }
+
+    async fn policy(&self, item: &ItemId, channel: Option<&Channel>) -> Result<ItemPolicy> {
+        SqlLedger::policy(self, item, channel).await
+    }
+
+    async fn item_ledger(&self, item: &ItemId) -> Result<ItemLedger> {
+        SqlLedger::item_ledger(self, item).await
+    }
+
+    async fn list_items(&self) -> Result<Vec<ItemRecord>> {
+        SqlLedger::list_items(self).await
+    }
+
+    async fn set_watermarks(&self, item: &ItemId, channel: Option<&Channel>, watermarks: Watermarks) -> Result<()> {
+        SqlLedger::set_watermarks(self, item, channel, watermarks).await
+    }
+
+    async fn watermarks(&self, item: &ItemId) -> Result<(Watermarks, Vec<(String, Watermarks)>)> {
+        SqlLedger::watermarks(self, item).await
+    }
+
+    async fn reconcile(&self, item: Option<&ItemId>) -> Result<Reconciliation> {
+        SqlLedger::reconcile(self, item).await
+    }
+
+    async fn reclaim(&self, channel: &Channel, now_ms: i64, grace_ms: u64) -> Result<ReclaimOutcome> {
+        SqlLedger::reclaim(self, channel, now_ms, grace_ms).await
+    }
+
+    async fn prune_requests(&self, limit: u32) -> Result<u64> {
+        SqlLedger::prune_requests(self, limit).await
+    }
+}

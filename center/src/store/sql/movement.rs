@@ -1,0 +1,208 @@
+//! Transactions that move units or change an item: Borrow, Return, AddStock, CreateItem,
+//! closing and watermarks.
+
+use inventory_core::ledger::{self, Allocation, ItemState, Mutation};
+use inventory_core::watermarks::Watermarks;
+use inventory_core::{Channel, ItemId, Quantity, RequestId};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::SqlLedger;
+use super::rows::{stale_or_unknown, to_db};
+use crate::error::CenterError;
+use crate::store::{BorrowOutcome, ItemRecord, NewItem, Result, ReturnOutcome};
+
+impl SqlLedger {
+    /// The one transaction behind Borrow and Return: lock the item row, answer a replay
+    /// with the stored first answer, check the epoch, apply `rule` to the item and the
+    /// channel's allocation, write what changed, and record the answer under the request id.
+    /// Returns the answer and whether it was a replay.
+    pub(super) async fn movement<T, F>(
+        &self,
+        item: &ItemId,
+        channel: &Channel,
+        epoch: u64,
+        m: &Mutation,
+        request_id: &RequestId,
+        rule: F,
+    ) -> Result<(T, bool)>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(&mut ItemState, &mut Allocation) -> Result<T>,
+    {
+        let mut tx = self.begin().await?;
+        let (before, _) = self.lock_item(&mut tx, item).await?;
+        if let Some(first) = Self::find_request::<T>(&mut tx, m, request_id).await? {
+            return Ok((first, true));
+        }
+        let session = self.lock_session(&mut tx, channel, &self.q.lock_channel_share).await?;
+        stale_or_unknown(channel, session.as_ref(), epoch)?;
+        let mut alloc = Self::alloc(&mut tx, item.as_str(), channel.as_str()).await?;
+        let mut after = before.clone();
+        let outcome = rule(&mut after, &mut alloc)?;
+        if after != before {
+            Self::write_item(&mut tx, item.as_str(), &before, &after).await?;
+            Self::write_movements(&mut tx, item.as_str(), channel.as_str(), &alloc).await?;
+        }
+        if !Self::put_request(&mut tx, m, request_id, Some((channel, epoch)), &outcome).await? {
+            tx.rollback().await?;
+            return Ok((self.recorded_answer(m, request_id).await?, true));
+        }
+        tx.commit().await?;
+        Ok((outcome, false))
+    }
+
+    pub(super) async fn create_item(&self, new: &NewItem, now_ms: i64) -> Result<(ItemRecord, bool)> {
+        let mut tx = self.begin().await?;
+        let state = ItemState::new(new.total, new.per_user_limit, new.reservation_ttl_ms);
+        // ON CONFLICT DO NOTHING makes concurrent creates safe; the loser compares.
+        let inserted = sqlx::query(
+            "INSERT INTO items (item_id, total, available, per_user_limit, reservation_ttl_ms, closed, \
+             wm_low, wm_high, wm_batch, created_at_ms) VALUES ($1, $2, $3, $4, $5, 0, $6, $7, $8, $9) \
+             ON CONFLICT (item_id) DO NOTHING",
+        )
+        .bind(new.item_id.as_str())
+        .bind(to_db("total", state.total)?)
+        .bind(to_db("available", state.available)?)
+        .bind(to_db("per_user_limit", state.per_user_limit)?)
+        .bind(to_db("reservation_ttl_ms", state.reservation_ttl_ms)?)
+        .bind(to_db("low", new.watermarks.low)?)
+        .bind(to_db("high", new.watermarks.high)?)
+        .bind(to_db("batch", new.watermarks.batch)?)
+        .bind(now_ms)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        let record = self.item_record(&mut tx, &new.item_id).await?;
+        tx.commit().await?;
+        if !inserted {
+            // The definition is what was asked at creation; stock added since does not count.
+            let same = record.state.per_user_limit == new.per_user_limit
+                && record.state.reservation_ttl_ms == new.reservation_ttl_ms;
+            let same_total = record.state.total == new.total.get();
+            if !(same && same_total) {
+                return Err(CenterError::AlreadyExists(format!(
+                    "item {:?} already exists with total {}, per_user_limit {}, reservation_ttl_ms {}",
+                    new.item_id.as_str(),
+                    record.state.total,
+                    record.state.per_user_limit,
+                    record.state.reservation_ttl_ms
+                )));
+            }
+        }
+        Ok((record, inserted))
+    }
+
+    pub(super) async fn add_stock(
+        &self,
+        item: &ItemId,
+        quantity: Quantity,
+        request_id: &RequestId,
+    ) -> Result<(ItemRecord, bool)> {
+        let m = Mutation::AddStock { item: item.clone(), quantity };
+        let mut tx = self.begin().await?;
+        let (before, _) = self.lock_item(&mut tx, item).await?;
+        let replayed = if Self::find_request::<()>(&mut tx, &m, request_id).await?.is_some() {
+            true
+        } else {
+            let mut after = before.clone();
+            ledger::add_stock(&mut after, quantity)?;
+            Self::write_item(&mut tx, item.as_str(), &before, &after).await?;
+            if !Self::put_request(&mut tx, &m, request_id, None, &()).await? {
+                // Recorded meanwhile under the same id (another item's lock): ours rolls back.
+                tx.rollback().await?;
+                self.recorded_answer::<()>(&m, request_id).await?;
+                let mut tx = self.begin_read().await?;
+                let record = self.item_record(&mut tx, item).await?;
+                tx.commit().await?;
+                return Ok((record, true));
+            }
+            false
+        };
+        let record = self.item_record(&mut tx, item).await?;
+        tx.commit().await?;
+        Ok((record, replayed))
+    }
+
+    pub(super) async fn borrow(
+        &self,
+        item: &ItemId,
+        channel: &Channel,
+        epoch: u64,
+        quantity: Quantity,
+        request_id: &RequestId,
+    ) -> Result<BorrowOutcome> {
+        let m = Mutation::Borrow { item: item.clone(), channel: channel.clone(), quantity };
+        let (out, replayed) = self
+            .movement(item, channel, epoch, &m, request_id, |after, alloc| {
+                let granted = ledger::borrow(after, alloc, quantity);
+                Ok(BorrowOutcome { granted, center_available: after.available, replayed: false })
+            })
+            .await?;
+        Ok(BorrowOutcome { replayed, ..out })
+    }
+
+    pub(super) async fn give_back(
+        &self,
+        item: &ItemId,
+        channel: &Channel,
+        epoch: u64,
+        quantity: Quantity,
+        request_id: &RequestId,
+    ) -> Result<ReturnOutcome> {
+        let m = Mutation::Return { item: item.clone(), channel: channel.clone(), quantity };
+        let (out, replayed) = self
+            .movement(item, channel, epoch, &m, request_id, |after, alloc| {
+                ledger::give_back(after, alloc, channel, quantity)?;
+                Ok(ReturnOutcome { center_available: after.available, replayed: false })
+            })
+            .await?;
+        Ok(ReturnOutcome { replayed, ..out })
+    }
+
+    pub(super) async fn set_closed(&self, item: &ItemId, closed: bool) -> Result<ItemRecord> {
+        let mut tx = self.begin().await?;
+        self.lock_item(&mut tx, item).await?;
+        sqlx::query("UPDATE items SET closed = $1 WHERE item_id = $2")
+            .bind(i64::from(closed))
+            .bind(item.as_str())
+            .execute(&mut *tx)
+            .await?;
+        let record = self.item_record(&mut tx, item).await?;
+        tx.commit().await?;
+        Ok(record)
+    }
+
+    pub(super) async fn set_watermarks(&self, item: &ItemId, channel: Option<&Channel>, wm: Watermarks) -> Result<()> {
+        let mut tx = self.begin().await?;
+        self.lock_item(&mut tx, item).await?;
+        match channel {
+            None => {
+                sqlx::query("UPDATE items SET wm_low = $1, wm_high = $2, wm_batch = $3 WHERE item_id = $4")
+                    .bind(to_db("low", wm.low)?)
+                    .bind(to_db("high", wm.high)?)
+                    .bind(to_db("batch", wm.batch)?)
+                    .bind(item.as_str())
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            Some(c) => {
+                sqlx::query(
+                    "INSERT INTO watermark_overrides (item_id, channel, low, high, batch) VALUES ($1, $2, $3, $4, $5) \
+                     ON CONFLICT (item_id, channel) DO UPDATE SET low = excluded.low, high = excluded.high, \
+                     batch = excluded.batch",
+                )
+                .bind(item.as_str())
+                .bind(c.as_str())
+                .bind(to_db("low", wm.low)?)
+                .bind(to_db("high", wm.high)?)
+                .bind(to_db("batch", wm.batch)?)
+                .execute(&mut *tx)
+                .await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,92 @@
+//! Taking units back from a channel: reclaim after its lease, and settling units in doubt.
+
+use inventory_core::ledger;
+use inventory_core::{Channel, ItemId};
+use sqlx::Row;
+
+use super::SqlLedger;
+use super::rows::to_db;
+use crate::error::CenterError;
+use crate::store::{ItemRecord, ReclaimOutcome, Result};
+
+impl SqlLedger {
+    pub(super) async fn resolve_in_doubt(
+        &self,
+        item: &ItemId,
+        channel: &Channel,
+        sold: u64,
+    ) -> Result<(ItemRecord, u64)> {
+        let mut tx = self.begin().await?;
+        let (before, _) = self.lock_item(&mut tx, item).await?;
+        let mut alloc = Self::alloc(&mut tx, item.as_str(), channel.as_str()).await?;
+        let mut after = before.clone();
+        let returned = ledger::resolve_in_doubt(&mut after, &mut alloc, channel, sold)?;
+        Self::write_item(&mut tx, item.as_str(), &before, &after).await?;
+        Self::write_movements(&mut tx, item.as_str(), channel.as_str(), &alloc).await?;
+        Self::write_doubt(&mut tx, item.as_str(), channel.as_str(), &alloc).await?;
+        let record = self.item_record(&mut tx, item).await?;
+        tx.commit().await?;
+        Ok((record, returned))
+    }
+
+    pub(super) async fn reclaim(&self, channel: &Channel, now_ms: i64, grace_ms: u64) -> Result<ReclaimOutcome> {
+        let mut tx = self.begin().await?;
+        let item_rows = sqlx::query("SELECT item_id FROM allocations WHERE channel = $1 ORDER BY item_id")
+            .bind(channel.as_str())
+            .fetch_all(&mut *tx)
+            .await?;
+        // Lock order everywhere: item rows (sorted), then the channel row.
+        let mut items = Vec::with_capacity(item_rows.len());
+        for row in &item_rows {
+            let id: String = row.try_get("item_id")?;
+            let id = ItemId::parse("item_id", &id)?;
+            let state = self.lock_item(&mut tx, &id).await?.0;
+            items.push((id, state));
+        }
+        let mut session = self
+            .lock_session(&mut tx, channel, &self.q.lock_channel_update)
+            .await?
+            .ok_or_else(|| CenterError::Precondition(format!("channel {channel} is not registered")))?;
+        session.begin_reclaim(channel, now_ms, grace_ms)?;
+        // Did the agent say its last word (drained)? Only then is its last report final.
+        let last_word: i64 = sqlx::query("SELECT last_report FROM channels WHERE channel = $1")
+            .bind(channel.as_str())
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get("last_report")?;
+        sqlx::query("UPDATE channels SET epoch = $1 WHERE channel = $2")
+            .bind(to_db("epoch", session.epoch)?)
+            .bind(channel.as_str())
+            .execute(&mut *tx)
+            .await?;
+        let mut reclaimed = Vec::new();
+        for (id, before) in items {
+            let mut alloc = Self::alloc(&mut tx, id.as_str(), channel.as_str()).await?;
+            let mut after = before.clone();
+            if last_word == 0 {
+                let doubt = ledger::reclaim_into_doubt(&mut alloc);
+                if doubt > 0 {
+                    Self::write_doubt(&mut tx, id.as_str(), channel.as_str(), &alloc).await?;
+                }
+                reclaimed.push((id.to_string(), 0, after.available, doubt));
+                continue;
+            }
+            let units = ledger::reclaim(&mut after, &mut alloc);
+            if units > 0 {
+                Self::write_item(&mut tx, id.as_str(), &before, &after).await?;
+                sqlx::query(
+                    "UPDATE allocations SET reclaimed = $1, reported_available = $2 WHERE item_id = $3 AND channel = $4",
+                )
+                .bind(to_db("reclaimed", alloc.reclaimed)?)
+                .bind(to_db("available", alloc.reported.available)?)
+                .bind(id.as_str())
+                .bind(channel.as_str())
+                .execute(&mut *tx)
+                .await?;
+            }
+            reclaimed.push((id.to_string(), units, after.available, 0));
+        }
+        tx.commit().await?;
+        Ok(ReclaimOutcome { items: reclaimed, new_epoch: session.epoch })
+    }
+}

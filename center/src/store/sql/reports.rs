@@ -1,0 +1,230 @@
+//! What agents tell the center: registration, and heartbeats with pool reports (the loss
+//! rule runs inside each report's transaction).
+
+use std::collections::{BTreeMap, HashMap};
+
+use inventory_core::ledger::{Allocation, ChannelSession};
+use inventory_core::loss;
+use inventory_core::{AgentId, Channel, ItemId};
+use sqlx::Row;
+
+use super::rows::{
+    ALLOC_SELECT, REPORT_ROWS_PER_STATEMENT, alloc_from_row, col, placeholders, stale_or_unknown, to_db,
+};
+use super::{SqlLedger, Tx};
+use crate::error::CenterError;
+use crate::store::{HeartbeatOutcome, Holding, PoolReportIn, Registration, Result};
+
+impl SqlLedger {
+    /// Stores one chunk of pool reports (every item must exist).
+    pub(super) async fn write_reports(
+        tx: &mut Tx,
+        channel: &Channel,
+        chunk: &[&PoolReportIn],
+        now_ms: i64,
+    ) -> Result<()> {
+        let list = placeholders(1, chunk.len());
+        let sql = format!("SELECT item_id FROM items WHERE item_id IN ({list})");
+        let mut query = sqlx::query(&sql);
+        for r in chunk {
+            query = query.bind(r.item.as_str());
+        }
+        let known: std::collections::HashSet<String> = query
+            .fetch_all(&mut **tx)
+            .await?
+            .iter()
+            .map(|row| row.try_get("item_id"))
+            .collect::<std::result::Result<_, _>>()?;
+        if let Some(unknown) = chunk.iter().find(|r| !known.contains(r.item.as_str())) {
+            return Err(CenterError::item_not_found(unknown.item.as_str()));
+        }
+        let rows = (0..chunk.len())
+            .map(|k| {
+                let b = k * 7;
+                format!("(${}, ${}, ${}, ${}, ${}, ${}, ${})", b + 1, b + 2, b + 3, b + 4, b + 5, b + 6, b + 7)
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let sql = format!(
+            "INSERT INTO allocations (item_id, channel, reported_available, reported_reserved, reported_sold, \
+             reported_at_ms, pool_generation) VALUES {rows} \
+             ON CONFLICT (item_id, channel) DO UPDATE SET \
+             reported_available = excluded.reported_available, reported_reserved = excluded.reported_reserved, \
+             reported_sold = excluded.reported_sold, reported_at_ms = excluded.reported_at_ms, \
+             pool_generation = excluded.pool_generation"
+        );
+        let mut query = sqlx::query(&sql);
+        for PoolReportIn { item, report } in chunk {
+            query = query
+                .bind(item.as_str())
+                .bind(channel.as_str())
+                .bind(to_db("available", report.counts.available)?)
+                .bind(to_db("reserved", report.counts.reserved)?)
+                .bind(to_db("sold", report.counts.sold)?)
+                .bind(now_ms)
+                .bind(to_db("generation", report.generation)?);
+        }
+        query.execute(&mut **tx).await?;
+        Ok(())
+    }
+
+    pub(super) async fn register(
+        &self,
+        channel: &Channel,
+        agent: &AgentId,
+        now_ms: i64,
+        lease_ttl_ms: u64,
+    ) -> Result<Registration> {
+        let mut tx = self.begin().await?;
+        let previous = self.lock_session(&mut tx, channel, &self.q.lock_channel_update).await?;
+        let session = ChannelSession::register(previous.as_ref(), agent.as_str(), now_ms, lease_ttl_ms);
+        // The upsert bumps the stored epoch atomically even if two registrations race
+        // on a channel that had no row yet.
+        let row = sqlx::query(
+            "INSERT INTO channels (channel, epoch, agent_id, lease_expires_at_ms, last_heartbeat_ms) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (channel) DO UPDATE SET epoch = channels.epoch + 1, \
+             agent_id = excluded.agent_id, lease_expires_at_ms = excluded.lease_expires_at_ms, \
+             last_heartbeat_ms = excluded.last_heartbeat_ms, last_report = 0 RETURNING epoch",
+        )
+        .bind(channel.as_str())
+        .bind(to_db("epoch", session.epoch)?)
+        .bind(&session.agent_id)
+        .bind(session.lease_expires_at_ms)
+        .bind(session.last_heartbeat_ms)
+        .fetch_one(&mut *tx)
+        .await?;
+        let session = ChannelSession { epoch: col(&row, "epoch")?, ..session };
+        let rows = sqlx::query(&format!("{ALLOC_SELECT} WHERE channel = $1 ORDER BY item_id"))
+            .bind(channel.as_str())
+            .fetch_all(&mut *tx)
+            .await?;
+        let mut held = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let (item_id, _, a) = alloc_from_row(row)?;
+            held.push(Holding { item_id, held: a.held(), generation: a.generation, in_doubt: a.in_doubt });
+        }
+        tx.commit().await?;
+        Ok(Registration { session, held })
+    }
+
+    pub(super) async fn heartbeat(
+        &self,
+        channel: &Channel,
+        epoch: u64,
+        reports: &[PoolReportIn],
+        last_report: bool,
+        now_ms: i64,
+        lease_ttl_ms: u64,
+    ) -> Result<HeartbeatOutcome> {
+        // Reports first, one short transaction per chunk of rows, each checking the epoch
+        // under a lock that borrows and returns share (FOR KEY SHARE): a channel with
+        // thousands of items never holds thousands of row locks at once, and its borrows go
+        // on meanwhile. One report per item (the last one wins).
+        let mut latest: BTreeMap<&str, &PoolReportIn> = BTreeMap::new();
+        for r in reports {
+            latest.insert(r.item.as_str(), r);
+        }
+        let latest: Vec<&PoolReportIn> = latest.into_values().collect();
+        let mut lost = Vec::new();
+        for chunk in latest.chunks(REPORT_ROWS_PER_STATEMENT) {
+            lost.extend(self.report_chunk(channel, epoch, chunk, now_ms).await?);
+        }
+        // Then the lease, and whether this was the agent's last word: set only once every
+        // report it sent is stored (a reclaim reads both under FOR UPDATE).
+        let mut tx = self.begin().await?;
+        let session = self.lock_session(&mut tx, channel, &self.q.lock_channel_renew).await?;
+        stale_or_unknown(channel, session.as_ref(), epoch)?;
+        let mut session = session.expect("checked above");
+        session.renew(now_ms, lease_ttl_ms);
+        sqlx::query(
+            "UPDATE channels SET lease_expires_at_ms = $1, last_heartbeat_ms = $2, last_report = $3 WHERE channel = $4",
+        )
+        .bind(session.lease_expires_at_ms)
+        .bind(session.last_heartbeat_ms)
+        .bind(i64::from(last_report))
+        .bind(channel.as_str())
+        .execute(&mut *tx)
+        .await?;
+        let in_doubt_items = sqlx::query("SELECT item_id FROM allocations WHERE channel = $1 AND in_doubt > 0")
+            .bind(channel.as_str())
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|row| row.try_get("item_id"))
+            .collect::<std::result::Result<_, _>>()?;
+        tx.commit().await?;
+        Ok(HeartbeatOutcome { session, lost, in_doubt_items })
+    }
+
+    /// One chunk of reports in one transaction, the loss rule included. Units in doubt
+    /// change only under the item's row lock (a Return checks them under it), so the
+    /// items whose pool the rule may find lost are locked first (lock order: items, then
+    /// the channel), and the rule runs on the rows read under the locks. If a report of
+    /// the same channel changed a generation in between, the chunk starts over. Returns
+    /// the lost pools with the units each put in doubt.
+    async fn report_chunk(
+        &self,
+        channel: &Channel,
+        epoch: u64,
+        chunk: &[&PoolReportIn],
+        now_ms: i64,
+    ) -> Result<Vec<(String, u64)>> {
+        const ATTEMPTS: usize = 3;
+        for _ in 0..ATTEMPTS {
+            let mut tx = self.begin().await?;
+            let seen = Self::allocations_of(&mut tx, channel, chunk).await?;
+            let loses = |rows: &HashMap<String, Allocation>, r: &PoolReportIn| {
+                let before = rows.get(r.item.as_str()).copied().unwrap_or_default();
+                loss::report_loses_pool(&before, &r.report)
+            };
+            let suspects: Vec<&ItemId> = chunk.iter().filter(|r| loses(&seen, r)).map(|r| &r.item).collect();
+            // The chunk is sorted by item id, so these locks are taken in order.
+            for item in &suspects {
+                self.lock_item(&mut tx, item).await?;
+            }
+            let session = self.lock_session(&mut tx, channel, &self.q.lock_channel_share).await?;
+            stale_or_unknown(channel, session.as_ref(), epoch)?;
+            let rows = Self::allocations_of(&mut tx, channel, chunk).await?;
+            if chunk.iter().any(|r| loses(&rows, r) && !suspects.contains(&&r.item)) {
+                tx.rollback().await?;
+                continue;
+            }
+            let mut lost = Vec::new();
+            for r in chunk {
+                let existing = rows.get(r.item.as_str());
+                let mut alloc = existing.copied().unwrap_or_default();
+                if let Some(units) = loss::apply_report(&mut alloc, &r.report, now_ms) {
+                    // Without a row the channel never held any of the item: nothing in doubt.
+                    if existing.is_some() {
+                        Self::write_doubt(&mut tx, r.item.as_str(), channel.as_str(), &alloc).await?;
+                    }
+                    lost.push((r.item.to_string(), units));
+                }
+            }
+            Self::write_reports(&mut tx, channel, chunk, now_ms).await?;
+            tx.commit().await?;
+            return Ok(lost);
+        }
+        Err(CenterError::Unavailable("pool reports changed meanwhile, retry".into()))
+    }
+
+    /// The channel's allocation rows of the chunk's items, by item.
+    async fn allocations_of(
+        tx: &mut Tx,
+        channel: &Channel,
+        chunk: &[&PoolReportIn],
+    ) -> Result<HashMap<String, Allocation>> {
+        let list = placeholders(2, chunk.len());
+        let sql = format!("{ALLOC_SELECT} WHERE channel = $1 AND item_id IN ({list})");
+        let mut query = sqlx::query(&sql).bind(channel.as_str());
+        for r in chunk {
+            query = query.bind(r.item.as_str());
+        }
+        let mut out = HashMap::with_capacity(chunk.len());
+        for row in &query.fetch_all(&mut **tx).await? {
+            let (item, _, a) = alloc_from_row(row)?;
+            out.insert(item, a);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,166 @@
+//! Read views: each one snapshot, so a view never mixes states.
+
+use inventory_core::ledger::{self, ChannelSession};
+use inventory_core::watermarks::Watermarks;
+use inventory_core::{Channel, ItemId};
+use sqlx::Row;
+
+use super::SqlLedger;
+use super::rows::{ALLOC_SELECT, ITEM_SELECT, SESSION_SELECT, alloc_from_row, col, item_from_row, session_from_row};
+use crate::error::CenterError;
+use crate::store::{ChannelRecord, ChannelView, ItemLedger, ItemPolicy, ItemRecord, Reconciliation, Result};
+
+impl SqlLedger {
+    pub(super) async fn channels(&self) -> Result<Vec<ChannelView>> {
+        let mut tx = self.begin_read().await?;
+        let sessions = sqlx::query(&format!("{SESSION_SELECT} ORDER BY channel")).fetch_all(&mut *tx).await?;
+        let allocations = sqlx::query(&format!("{ALLOC_SELECT} ORDER BY channel, item_id")).fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        let allocations = allocations.iter().map(alloc_from_row).collect::<Result<Vec<_>>>()?;
+        sessions
+            .iter()
+            .map(|row| {
+                let channel: String = row.try_get("channel")?;
+                let session = session_from_row(row)?;
+                let mine = allocations
+                    .iter()
+                    .filter(|(_, c, _)| *c == channel)
+                    .map(|(item, _, a)| (item.clone(), *a))
+                    .collect();
+                Ok(ChannelView { channel, session, allocations: mine })
+            })
+            .collect()
+    }
+
+    pub(super) async fn session(&self, channel: &Channel) -> Result<Option<ChannelSession>> {
+        let row = sqlx::query(&format!("{SESSION_SELECT} WHERE channel = $1"))
+            .bind(channel.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(session_from_row).transpose()
+    }
+
+    pub(super) async fn policy(&self, item: &ItemId, channel: Option<&Channel>) -> Result<ItemPolicy> {
+        let mut tx = self.begin_read().await?;
+        let record = self.item_record(&mut tx, item).await?;
+        let (watermarks, allocation) = match channel {
+            Some(c) => (
+                Self::override_for(&mut tx, item.as_str(), c.as_str()).await?.unwrap_or(record.watermarks),
+                Some(Self::alloc(&mut tx, item.as_str(), c.as_str()).await?),
+            ),
+            None => (record.watermarks, None),
+        };
+        tx.commit().await?;
+        Ok(ItemPolicy { item: record, watermarks, allocation })
+    }
+
+    pub(super) async fn item_ledger(&self, item: &ItemId) -> Result<ItemLedger> {
+        let mut tx = self.begin_read().await?;
+        let record = self.item_record(&mut tx, item).await?;
+        let rows = sqlx::query(&format!("{ALLOC_SELECT} WHERE item_id = $1 ORDER BY channel"))
+            .bind(item.as_str())
+            .fetch_all(&mut *tx)
+            .await?;
+        let mut channels = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let (_, channel, allocation) = alloc_from_row(row)?;
+            let session = sqlx::query(&format!("{SESSION_SELECT} WHERE channel = $1"))
+                .bind(&channel)
+                .fetch_optional(&mut *tx)
+                .await?
+                .as_ref()
+                .map(session_from_row)
+                .transpose()?;
+            let overridden = Self::override_for(&mut tx, item.as_str(), &channel).await?;
+            channels.push(ChannelRecord {
+                channel,
+                allocation,
+                session,
+                watermarks: overridden.unwrap_or(record.watermarks),
+                watermarks_overridden: overridden.is_some(),
+            });
+        }
+        tx.commit().await?;
+        Ok(ItemLedger { item: record, channels })
+    }
+
+    pub(super) async fn list_items(&self) -> Result<Vec<ItemRecord>> {
+        let mut tx = self.begin_read().await?;
+        let rows = sqlx::query(&format!("{ITEM_SELECT} ORDER BY item_id")).fetch_all(&mut *tx).await?;
+        let allocations = sqlx::query(&format!("{ALLOC_SELECT} ORDER BY item_id, channel"))
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(alloc_from_row)
+            .collect::<Result<Vec<_>>>()?;
+        tx.commit().await?;
+        rows.iter()
+            .map(|row| {
+                let (item_id, state, watermarks) = item_from_row(row)?;
+                // Saturating: a corrupted ledger shows in Reconcile, not as a panic here.
+                let held = allocations
+                    .iter()
+                    .filter(|(i, _, _)| *i == item_id)
+                    .fold(0u64, |sum, (_, _, a)| sum.saturating_add(a.held()));
+                Ok(ItemRecord { item_id, state, watermarks, held })
+            })
+            .collect()
+    }
+
+    pub(super) async fn watermarks(&self, item: &ItemId) -> Result<(Watermarks, Vec<(String, Watermarks)>)> {
+        let mut tx = self.begin_read().await?;
+        let record = self.item_record(&mut tx, item).await?;
+        let rows = sqlx::query(
+            "SELECT channel, low, high, batch FROM watermark_overrides WHERE item_id = $1 ORDER BY channel",
+        )
+        .bind(item.as_str())
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        let overrides = rows
+            .iter()
+            .map(|r| -> Result<(String, Watermarks)> {
+                Ok((
+                    r.try_get("channel")?,
+                    Watermarks { low: col(r, "low")?, high: col(r, "high")?, batch: col(r, "batch")? },
+                ))
+            })
+            .collect::<Result<_>>()?;
+        Ok((record.watermarks, overrides))
+    }
+
+    pub(super) async fn reconcile(&self, item: Option<&ItemId>) -> Result<Reconciliation> {
+        // One transaction so every item is seen at one instant (REPEATABLE READ would be
+        // stricter; per-item consistency is what invariant 1 needs and each item's rows
+        // only change under its row lock).
+        let mut tx = self.begin_read().await?;
+        let items = match item {
+            Some(id) => {
+                let row = sqlx::query(&format!("{ITEM_SELECT} WHERE item_id = $1"))
+                    .bind(id.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await?
+                    .ok_or_else(|| CenterError::item_not_found(id.as_str()))?;
+                vec![row]
+            }
+            None => sqlx::query(&format!("{ITEM_SELECT} ORDER BY item_id")).fetch_all(&mut *tx).await?,
+        };
+        let mut result = Reconciliation { check: Default::default(), items_checked: 0 };
+        for row in &items {
+            let (item_id, state, _) = item_from_row(row)?;
+            let rows = sqlx::query(&format!("{ALLOC_SELECT} WHERE item_id = $1 ORDER BY channel"))
+                .bind(&item_id)
+                .fetch_all(&mut *tx)
+                .await?;
+            let allocations =
+                rows.iter().map(|r| alloc_from_row(r).map(|(_, c, a)| (c, a))).collect::<Result<Vec<_>>>()?;
+            let check = ledger::check_item(&item_id, &state, &allocations);
+            result.check.violations.extend(check.violations);
+            result.check.drifts.extend(check.drifts);
+            result.check.in_doubt.extend(check.in_doubt);
+            result.items_checked += 1;
+        }
+        tx.commit().await?;
+        Ok(result)
+    }
+}

@@ -1,0 +1,77 @@
+//! The loss rule of heartbeat reports: when a channel's report says its pool store lost
+//! the pool, everything the channel holds of the item goes in doubt (invariant 8). The
+//! center runs [`apply_report`] inside the transaction that stores the report.
+
+use crate::ledger::{Allocation, PoolCounts, mark_lost};
+
+/// One pool as a heartbeat reports it: totals, the generation the pool store gave the
+/// pool when it created it, and whether the agent found the pool lost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolReport {
+    pub counts: PoolCounts,
+    pub generation: u64,
+    pub lost: bool,
+}
+
+/// The loss rule: a pool is lost when its agent says so, or when it comes with another
+/// generation (0 included) than the non-zero one the channel last reported: the pool
+/// store lost the pool and something recreated it (or nothing did).
+pub fn report_loses_pool(alloc: &Allocation, report: &PoolReport) -> bool {
+    report.lost || (alloc.generation != 0 && report.generation != alloc.generation)
+}
+
+/// Applies one report to the channel's allocation: a lost pool ([`report_loses_pool`])
+/// puts everything the channel holds of the item in doubt ([`mark_lost`]); then the
+/// report's totals and generation are kept. Returns `None` when the pool is not lost,
+/// else the units now in doubt (0: lost while the channel held nothing of it).
+pub fn apply_report(alloc: &mut Allocation, report: &PoolReport, now_ms: i64) -> Option<u64> {
+    let lost = report_loses_pool(alloc, report).then(|| {
+        mark_lost(alloc);
+        alloc.in_doubt
+    });
+    alloc.reported = report.counts;
+    alloc.reported_at_ms = now_ms;
+    alloc.generation = report.generation;
+    lost
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Quantity;
+    use crate::ledger::{ItemState, borrow};
+
+    fn q(n: u64) -> Quantity {
+        Quantity::parse("quantity", n).unwrap()
+    }
+
+    fn report(available: u64, generation: u64, lost: bool) -> PoolReport {
+        PoolReport { counts: PoolCounts { available, reserved: 0, sold: 0 }, generation, lost }
+    }
+
+    #[test]
+    fn a_pool_is_lost_when_said_or_when_its_generation_changes() {
+        let never = Allocation::default();
+        assert!(!report_loses_pool(&never, &report(0, 5, false)), "a first generation is no loss");
+        assert!(report_loses_pool(&never, &report(0, 0, true)), "the agent says so");
+        let known = Allocation { generation: 5, ..Default::default() };
+        assert!(!report_loses_pool(&known, &report(3, 5, false)));
+        assert!(report_loses_pool(&known, &report(0, 6, false)), "recreated");
+        assert!(report_loses_pool(&known, &report(0, 0, false)), "vanished");
+    }
+
+    #[test]
+    fn a_lost_report_puts_what_the_channel_holds_in_doubt_then_keeps_the_report() {
+        let mut item = ItemState::new(q(100), 1, 1000);
+        let mut a = Allocation::default();
+        borrow(&mut item, &mut a, q(10));
+        assert_eq!(apply_report(&mut a, &report(10, 5, false), 7), None);
+        assert_eq!((a.reported.available, a.generation, a.reported_at_ms), (10, 5, 7));
+        assert_eq!(apply_report(&mut a, &report(0, 6, false), 8), Some(10));
+        assert_eq!((a.in_doubt, a.reported, a.generation), (10, PoolCounts::default(), 6));
+        assert_eq!(apply_report(&mut a, &report(0, 6, false), 9), None, "the new pool is the one now known");
+        assert_eq!(a.in_doubt, 10);
+        let mut empty = Allocation::default();
+        assert_eq!(apply_report(&mut empty, &report(0, 0, true), 1), Some(0), "lost holding nothing");
+    }
+}
