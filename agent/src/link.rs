@@ -55,6 +55,22 @@ pub fn refused_credentials(code: Code) -> bool {
     matches!(code, Code::PermissionDenied | Code::Unauthenticated)
 }
 
+/// Whether an error code is the center's own answer (the call reached its logic), as
+/// opposed to a transport failure, a timeout or a broken connection.
+fn answered(code: Code) -> bool {
+    matches!(
+        code,
+        Code::InvalidArgument
+            | Code::NotFound
+            | Code::AlreadyExists
+            | Code::PermissionDenied
+            | Code::Unauthenticated
+            | Code::FailedPrecondition
+            | Code::ResourceExhausted
+            | Code::OutOfRange
+    )
+}
+
 fn retryable(code: Code) -> bool {
     matches!(code, Code::Unavailable | Code::DeadlineExceeded | Code::Unknown)
 }
@@ -145,7 +161,7 @@ impl CenterLink {
         self.note_credentials(result);
         // Logged once per change of state; the failed calls themselves are counted.
         match result {
-            Err(s) if retryable(s.code()) => {
+            Err(s) if !answered(s.code()) => {
                 self.unanswered.fetch_add(1, Ordering::Relaxed);
                 let before = self.failures_in_a_row.fetch_add(1, Ordering::AcqRel);
                 if lease::reachable(before) && !lease::reachable(before + 1) {
@@ -154,7 +170,7 @@ impl CenterLink {
             }
             _ => {
                 if !lease::reachable(self.failures_in_a_row.swap(0, Ordering::AcqRel)) {
-                    tracing::info!(center = %self.url, "center regained");
+                    tracing::warn!(center = %self.url, "center regained");
                 }
             }
         }

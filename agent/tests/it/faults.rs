@@ -373,3 +373,62 @@ async fn a_lost_borrow_reply_is_never_a_false_sold_out() {
     let r = center.await_quiescence().await;
     assert!(r.ok, "{:?}", r.violations);
 }
+
+/// The center goes away for a few seconds under load: the agent logs that it lost the
+/// center and that it regained it, once each (not a line per failed call), counts the
+/// failed calls in a metric, and sells again afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_center_outage_is_logged_once_lost_and_once_regained() {
+    let center = Center::start(Db::Lite(TestSqlite::create()), |c| c.lease_ttl_ms = 20_000).await;
+    center.create_item("o", 100_000, 1, (20, 200, 100)).await;
+    let proxy = FaultProxy::start(center.url.trim_start_matches("http://").parse().unwrap()).await.unwrap();
+    let log_path = std::env::temp_dir().join(format!("inventory-outage-{}.log", std::process::id()));
+    let log = std::fs::File::create(&log_path).unwrap();
+    let http = inventory_test_support::free_port();
+    let http_flag = format!("127.0.0.1:{http}");
+    let flags = ["--http-listen", http_flag.as_str()];
+    let mut agent =
+        AgentProcess::spawn_logging(&proxy.url(), "app", &StoreSpec::Memory, None, "app-1", &flags, Some(log)).await;
+    let client = agent.client().await;
+    let buyers = |from: usize, n: usize| {
+        let client = client.clone();
+        async move {
+            let mut sold = 0;
+            for i in from..from + n {
+                let key = format!("b{i}");
+                if let Ok(r) = client.clone().acquire(acquire_req("o", &key, 1, &key)).await {
+                    sold += usize::from(r.into_inner().outcome() == pb::AcquireOutcome::Reserved);
+                }
+            }
+            sold
+        }
+    };
+    assert!(buyers(0, 50).await > 0, "sells before the outage");
+
+    proxy.set(Fault::Reset);
+    let outage = Instant::now();
+    let mut n = 1_000;
+    while outage.elapsed() < Duration::from_secs(3) {
+        buyers(n, 20).await;
+        n += 20;
+    }
+    proxy.set(Fault::Pass);
+    let resumed = wait_until(Duration::from_secs(20), || {
+        let fut = buyers(n, 5);
+        n += 5;
+        async move { fut.await > 0 }
+    })
+    .await;
+    assert!(resumed, "never sold again after the outage");
+    let metrics = crate::harness::http_get(format!("127.0.0.1:{http}").parse().unwrap(), "/metrics").await;
+    let unanswered = crate::harness::sample(&metrics, "inventory_agent_center_unanswered_calls_total{channel=\"app\"}");
+    assert!(unanswered.is_some_and(|v| v >= 3.0), "failed calls counted: {unanswered:?}");
+    assert!(agent.sigterm_and_wait().await.success());
+
+    let text = std::fs::read_to_string(&log_path).unwrap();
+    let _ = std::fs::remove_file(&log_path);
+    let count = |needle: &str| text.lines().filter(|l| l.contains(needle)).count();
+    assert_eq!(count("center lost"), 1, "{text}");
+    assert_eq!(count("center regained"), 1, "{text}");
+    assert!(text.lines().count() < 20, "a quiet log through an outage:\n{text}");
+}

@@ -200,17 +200,34 @@ impl AgentProcess {
         agent_id: &str,
         extra: &[&str],
     ) -> Self {
+        Self::spawn_logging(center, channel, store, port, agent_id, extra, None).await
+    }
+
+    /// Like [`AgentProcess::spawn_with`], its log (stderr) written to `log` if given.
+    pub async fn spawn_logging(
+        center: &str,
+        channel: &str,
+        store: &StoreSpec,
+        port: Option<u16>,
+        agent_id: &str,
+        extra: &[&str],
+        log: Option<std::fs::File>,
+    ) -> Self {
         let port = port.unwrap_or_else(free_port);
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_inventory-agent"));
         cmd.args(["--channel", channel, "--agent-id", agent_id, "--center", center])
             .args(extra)
-            .args(["--listen", &addr.to_string(), "--http-listen", "127.0.0.1:0"])
+            .args(["--listen", &addr.to_string()])
+            .args(if extra.contains(&"--http-listen") { &[][..] } else { &["--http-listen", "127.0.0.1:0"][..] })
             .args(["--rebalance-interval-ms", "20", "--heartbeat-interval-ms", "200", "--return-sustain-ms", "500"])
             .args(["--lease-margin-ms", "200", "--insecure"])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(match log {
+                Some(file) => Stdio::from(file),
+                None => Stdio::inherit(),
+            })
             .kill_on_drop(true);
         match store {
             // Pools kept across a restart only where a test asks for it (a file of its own).
