@@ -14,6 +14,7 @@
 #   INVENTORY_LOCAL_PORT_BASE  first of 11 consecutive ports on 127.0.0.1 (default 27300,
 #                              below the ephemeral range, so no outgoing connection holds one)
 #   INVENTORY_LOCAL_PROFILE    debug (default) or release
+#   CARGO_TARGET_DIR           where cargo builds (honoured, like a build.target-dir setting)
 #   INVENTORY_LOCAL_PG         private (own initdb data dir; the default when initdb exists)
 #                              or system (a fresh database on INVENTORY_LOCAL_PG_URL,
 #                              default postgres://postgres@127.0.0.1:5432/postgres)
@@ -43,17 +44,27 @@ port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 http_get() {
     local port=$1 path=$2 response
     response=$( (exec 3<>"/dev/tcp/127.0.0.1/$port" &&
-        printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' "$path" >&3 && cat <&3) 2>/dev/null) || return 1
+        printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' "$path" >&3 && timeout 5 cat <&3) 2>/dev/null) || return 1
     [[ "$response" == "HTTP/1."?" 200"* ]] || return 1
     printf '%s\n' "${response#*$'\r\n\r\n'}"
 }
 
-# wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.2 s.
+# wait_for SECONDS DESCRIPTION PID LOG COMMAND...: polls COMMAND every 0.2 s; fails at
+# once, with the end of LOG, when process PID (the server waited for) has exited. PID and
+# LOG may be empty.
 wait_for() {
-    local seconds=$1 what=$2
-    shift 2
+    local seconds=$1 what=$2 pid=$3 logfile=$4
+    shift 4
     local deadline=$((SECONDS + seconds))
-    until "$@" >/dev/null 2>&1; do
+    # Each probe bounded (http_get bounds itself): a port held by something else may
+    # accept and never answer.
+    local bound=(timeout 5)
+    [[ $(type -t "$1") == function ]] && bound=()
+    until "${bound[@]}" "$@" >/dev/null 2>&1; do
+        if [[ -n "$pid" ]] && ! kill -0 "$pid" 2>/dev/null; then
+            [[ -n "$logfile" ]] && tail -n 5 "$logfile" >&2
+            die "$what exited at start-up (logs in $state)"
+        fi
         ((SECONDS < deadline)) || die "$what did not come up within ${seconds}s (logs in $state)"
         sleep 0.2
     done
@@ -148,7 +159,7 @@ start_redis() {
     mkdir -p "$state/redis"
     redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save "" --appendonly no --daemonize yes \
         --dir "$state/redis" --pidfile "$state/redis/redis.pid" --logfile "$state/redis/redis.log"
-    wait_for 10 "Redis" redis-cli -p "$REDIS_PORT" ping
+    wait_for 10 "Redis" "" "" redis-cli -p "$REDIS_PORT" ping
     REDIS_PID=$(cat "$state/redis/redis.pid")
 }
 
@@ -188,7 +199,7 @@ EOF
         --storage.tsdb.path="$state/prometheus/data" --web.listen-address="127.0.0.1:$PROM_PORT" \
         >"$state/prometheus/prometheus.log" 2>&1 </dev/null &
     PROM_PID=$!
-    wait_for 30 "Prometheus" http_get "$PROM_PORT" /-/ready
+    wait_for 30 "Prometheus" "$PROM_PID" "$state/prometheus/prometheus.log" http_get "$PROM_PORT" /-/ready
 }
 
 cmd_start() {
@@ -219,7 +230,14 @@ cmd_start() {
     else
         (cd "$root" && cargo build --quiet --bin inventory-center --bin inventory-agent --bin invctl)
     fi
-    BIN="$root/target/$profile"
+    # Cargo's own answer, so CARGO_TARGET_DIR and build.target-dir in a config file both count.
+    local target
+    target=$(cd "$root" && cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+    BIN="${target:-$root/target}/$profile"
+    local b
+    for b in inventory-center inventory-agent invctl; do
+        [[ -x "$BIN/$b" ]] || die "$BIN/$b is missing after the build"
+    done
     make_secrets
     export INVENTORY_TOKEN_FILE="$state/secrets/operator.token"
 
@@ -252,7 +270,7 @@ cmd_start() {
     CENTER_PID=$!
     write_env
     export INVENTORY_CENTER="http://127.0.0.1:$CENTER_GRPC"
-    wait_for 30 "the center" "$BIN/invctl" item list
+    wait_for 30 "the center" "$CENTER_PID" "$state/center.log" "$BIN/invctl" item list
 
     for ch in "${channels[@]}"; do
         local g="AGENT_GRPC_$ch" h="AGENT_HTTP_$ch"
@@ -267,8 +285,8 @@ cmd_start() {
         write_env
     done
     for ch in "${channels[@]}"; do
-        local h="AGENT_HTTP_$ch"
-        wait_for 40 "agent $ch" http_get "${!h}" /healthz
+        local h="AGENT_HTTP_$ch" p="AGENT_PID_$ch"
+        wait_for 40 "agent $ch" "${!p}" "$state/agent-$ch.log" http_get "${!h}" /healthz
     done
     start_prometheus
     write_env
@@ -406,7 +424,7 @@ cmd_status() {
     if [[ -n "${PROM_PID:-}" ]]; then
         printf '   %-14s %-8s %s\n' prometheus "$(alive "$PROM_PID" && echo up || echo down)" "http://127.0.0.1:$PROM_PORT/"
     fi
-    echo "   try: INVENTORY_CENTER=$INVENTORY_CENTER $invctl item list"
+    echo "   try: INVENTORY_CENTER=$INVENTORY_CENTER INVENTORY_TOKEN_FILE=$INVENTORY_TOKEN_FILE $invctl item list"
 }
 
 # SIGTERM and wait (bounded) for the process to exit.

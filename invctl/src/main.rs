@@ -172,8 +172,13 @@ enum WatermarkCmd {
         #[arg(long)]
         batch: u64,
     },
-    /// The item default and every channel override.
-    Get { item: String },
+    /// The item default and every channel override; with --channel, the watermarks that
+    /// channel's pool follows (its override, else the item default).
+    Get {
+        item: String,
+        #[arg(long)]
+        channel: Option<String>,
+    },
 }
 
 /// A failed call: printed as one line, exit code 2.
@@ -676,7 +681,36 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 format!("watermarks of {item} ({scope}) set to low/high/batch {}\n", wm_text(&r.watermarks))
             });
         }
-        Command::Watermark(WatermarkCmd::Get { item }) => {
+        Command::Watermark(WatermarkCmd::Get { item, channel: Some(channel) }) => {
+            let r = admin(&conn, &cli.center)
+                .await?
+                .get_watermarks(pb::GetWatermarksRequest { item_id: item.clone() })
+                .await?
+                .into_inner();
+            let own = r.overrides.iter().find(|o| o.channel == channel);
+            let (source, w) = match own {
+                Some(o) => ("channel", &o.watermarks),
+                None => ("default", &r.default_watermarks),
+            };
+            print(
+                out,
+                json!({"item_id": item, "channel": channel, "source": source, "watermarks": wm_json(w)}),
+                || {
+                    let mut t = Table::new(&["CHANNEL", "LOW", "HIGH", "BATCH", "FROM"]);
+                    let w = w.unwrap_or_default();
+                    let from = if own.is_some() { "channel override" } else { "item default" };
+                    t.row(vec![
+                        channel.clone(),
+                        w.low.to_string(),
+                        w.high.to_string(),
+                        w.batch.to_string(),
+                        from.into(),
+                    ]);
+                    t.render()
+                },
+            );
+        }
+        Command::Watermark(WatermarkCmd::Get { item, channel: None }) => {
             let r = admin(&conn, &cli.center)
                 .await?
                 .get_watermarks(pb::GetWatermarksRequest { item_id: item.clone() })

@@ -78,6 +78,18 @@ async fn item_lifecycle_in_table_and_json() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json output");
     assert_eq!(v["overrides"][0]["channel"], "app");
     assert_eq!(v["overrides"][0]["watermarks"]["low"], 20);
+    // Per channel: its override, else the item default (the README shows both).
+    let o = invctl(&c.url, &["-o", "json", "watermark", "get", "skin-9", "--channel", "app"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json output");
+    assert_eq!((v["source"].as_str(), v["watermarks"]["low"].as_u64()), (Some("channel"), Some(20)), "{v}");
+    let o = invctl(&c.url, &["watermark", "get", "skin-9", "--channel", "web"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).lines().nth(1).is_some_and(|l| l.starts_with("web") && l.ends_with("item default")),
+        "{}",
+        stdout(&o)
+    );
 
     let o = invctl(&c.url, &["reconcile"]).await;
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));

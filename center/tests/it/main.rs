@@ -9,4 +9,5 @@ mod lost_reply;
 mod model;
 mod replicas;
 mod security;
+mod startup_errors;
 mod support;
