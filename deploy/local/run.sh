@@ -4,10 +4,12 @@
 #
 #   deploy/local/run.sh start       build, start everything, print the URLs
 #   deploy/local/run.sh sale        one flash sale through the three agents with invctl
+#   deploy/local/run.sh bench       a short inventory-bench acquire on the three agents, with
+#                                   the backends' token (and, without it, every call refused)
 #   deploy/local/run.sh reconcile   wait for the ledger to settle, check the invariants
 #   deploy/local/run.sh status      what runs where
 #   deploy/local/run.sh stop        drain the agents, stop everything, remove the state
-#   deploy/local/run.sh all         start, sale, reconcile, stop (what CI runs)
+#   deploy/local/run.sh all         start, sale, bench, reconcile, stop (what CI runs)
 #
 # Options (environment):
 #   INVENTORY_LOCAL_DIR        state directory (default: $TMPDIR/inventory-local)
@@ -20,6 +22,7 @@
 #                              default postgres://postgres@127.0.0.1:5432/postgres)
 #   INVENTORY_LOCAL_KEEP=1     `stop` keeps the state directory (logs, data)
 #   SALE_TOTAL, SALE_BUYERS    size of `sale` (default 300 units, 450 buyers)
+#   BENCH_TOTAL                units of `bench`'s item (default 2000)
 #
 # Every process gets its bearer tokens through INVENTORY_* variables pointing at files in
 # $INVENTORY_LOCAL_DIR/secrets (fresh random tokens per start): the operator's and one per
@@ -226,16 +229,16 @@ cmd_start() {
     chmod 755 "$state"
     log "building the binaries ($profile)"
     if [[ "$profile" == release ]]; then
-        (cd "$root" && cargo build --quiet --release --bin inventory-center --bin inventory-agent --bin invctl)
+        (cd "$root" && cargo build --quiet --release --bin inventory-center --bin inventory-agent --bin invctl --bin inventory-bench)
     else
-        (cd "$root" && cargo build --quiet --bin inventory-center --bin inventory-agent --bin invctl)
+        (cd "$root" && cargo build --quiet --bin inventory-center --bin inventory-agent --bin invctl --bin inventory-bench)
     fi
     # Cargo's own answer, so CARGO_TARGET_DIR and build.target-dir in a config file both count.
     local target
     target=$(cd "$root" && cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
     BIN="${target:-$root/target}/$profile"
     local b
-    for b in inventory-center inventory-agent invctl; do
+    for b in inventory-center inventory-agent invctl inventory-bench; do
         [[ -x "$BIN/$b" ]] || die "$BIN/$b is missing after the build"
     done
     make_secrets
@@ -370,6 +373,32 @@ cmd_sale() {
     echo "$item" >"$state/last-sale"
 }
 
+# --- bench ---------------------------------------------------------------------------
+
+cmd_bench() {
+    load_env
+    local total=${BENCH_TOTAL:-2000} item ch agents=()
+    item="bench-$(date +%s)"
+    for ch in "${channels[@]}"; do agents+=(--agent "$(agent_url "$ch")"); done
+    "$invctl" item create "$item" --total "$total" --per-user-limit 2 >/dev/null
+    log "inventory-bench acquire: 2 s on item $item ($total units) through the three agents, as a backend"
+    # Users spread uniformly: each stays far below the agents' per-user rate limit.
+    local bench=("$BIN/inventory-bench" acquire "${agents[@]}" --item "$item" --stock "$total"
+        --duration 2s --concurrency 8 --connections 3 --skew uniform)
+    INVENTORY_TOKEN_FILE="$state/secrets/backend.token" "${bench[@]}" --warmup 500ms --json "$state/bench.json" \
+        >"$state/bench.out" 2>&1 ||
+        die "inventory-bench failed: $(tail -n 3 "$state/bench.out")"
+    grep -A2 '^calls/s' "$state/bench.out" | sed -n '1p;3p' | sed 's/^/   /'
+    grep -q '"errors": [1-9]' "$state/bench.json" && die "inventory-bench saw errors: $(grep -A3 '"errors": {' "$state/bench.json" | tr -d '\n ')"
+    grep -q '"ok": [1-9]' "$state/bench.json" || die "inventory-bench reserved nothing"
+    # The token is what let it in: without it the agents refuse every call.
+    env -u INVENTORY_TOKEN_FILE -u INVENTORY_TOKEN "${bench[@]}" --warmup 0s --requests 20 \
+        --json "$state/bench-no-token.json" >"$state/bench-no-token.out" 2>&1 || true
+    grep -q '"Unauthenticated": 20' "$state/bench-no-token.json" ||
+        die "without the backends' token inventory-bench was not refused: $(tail -n 3 "$state/bench-no-token.out")"
+    echo "   without the token: 20 of 20 calls refused (unauthenticated)"
+}
+
 # --- reconcile -----------------------------------------------------------------------
 
 cmd_reconcile() {
@@ -488,6 +517,7 @@ cmd_all() {
             echo "run.sh: failed; logs:" >&2; tail -n 20 "$state"/*.log >&2 || true; INVENTORY_LOCAL_KEEP=0 cmd_stop || true; fi' EXIT
     cmd_start
     cmd_sale
+    cmd_bench
     cmd_reconcile
     trap - EXIT
     cmd_stop
@@ -496,12 +526,13 @@ cmd_all() {
 case "${1:-}" in
     start) cmd_start ;;
     sale) cmd_sale ;;
+    bench) cmd_bench ;;
     reconcile) cmd_reconcile ;;
     status) cmd_status ;;
     stop) cmd_stop ;;
     all) cmd_all ;;
     *)
-        sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
         exit 2
         ;;
 esac
