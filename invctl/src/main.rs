@@ -2,8 +2,8 @@
 //! agent the way a channel backend does. One module per command group; `conn` reaches the
 //! servers, `output` prints views as tables or JSON.
 //!
-//! Exit codes: 0 success; 1 reconcile found a violated invariant; 2 the call failed (one
-//! line on stderr says why; also a bad command line); 3 reconcile found units in doubt
+//! Exit codes: 0 success; 1 reconcile found a violated invariant; 2 the call failed or the
+//! command line is wrong (one line on stderr says why); 3 reconcile found units in doubt
 //! (nothing violated, but an operator must `resolve` them).
 
 mod agent;
@@ -77,7 +77,17 @@ pub struct Ctx {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help, --version, and the help shown for a missing subcommand.
+        Err(e) if !e.use_stderr() || e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            e.exit()
+        }
+        Err(e) => {
+            eprintln!("invctl: {}", usage_error(&e));
+            return ExitCode::from(2);
+        }
+    };
     match run(cli).await {
         Ok(code) => code,
         Err(Failure(message)) => {
@@ -85,6 +95,20 @@ async fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// A bad command line as one line, like every other failure: clap's message without its
+/// usage block.
+fn usage_error(e: &clap::Error) -> String {
+    let rendered = e.render().to_string();
+    let message: Vec<&str> = rendered
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .filter(|l| !l.is_empty())
+        .collect();
+    let message = message.join(" ");
+    format!("{} (see --help)", message.strip_prefix("error: ").unwrap_or(&message))
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, Failure> {

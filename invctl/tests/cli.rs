@@ -220,7 +220,8 @@ async fn bad_numbers_get_a_plain_error_before_any_call() {
         let o = invctl("http://127.0.0.1:1", args).await;
         assert_eq!(o.status.code(), Some(2), "{args:?}");
         let err = stderr(&o);
-        assert!(err.contains(says) && !err.contains("unexpected argument"), "{args:?}: {err}");
+        assert!(err.starts_with("invctl: ") && err.contains(says), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
     }
 }
 
@@ -293,6 +294,7 @@ async fn confirm_and_cancel_take_the_reservation_either_way() {
     assert_eq!((v["reservation_id"].as_str(), v["state"].as_str()), (Some("r-3"), Some("cancelled")));
     let o = run(vec!["cancel", "i"]).await;
     assert_eq!(o.status.code(), Some(2), "a reservation is required");
+    assert_eq!(stderr(&o), "invctl: the following required arguments were not provided: <RESERVATION> (see --help)\n");
     let o = run(vec!["cancel", "i", "a", "--reservation", "b"]).await;
     assert_eq!(o.status.code(), Some(2), "only one of the two forms");
     let seen = agent.seen.lock().unwrap().clone();
