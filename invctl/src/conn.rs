@@ -23,6 +23,12 @@ pub struct ConnArgs {
     ca: Option<PathBuf>,
 }
 
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A call (connection included) that has no answer by then fails; a server that accepts
+/// connections but never answers (not gRPC, or plaintext gRPC behind an https:// URL)
+/// ends here.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// A failed call: printed as one line, exit code 2.
 pub struct Failure(pub String);
 
@@ -32,11 +38,29 @@ impl From<tonic::Status> for Failure {
     }
 }
 
-impl From<tonic::transport::Error> for Failure {
-    fn from(e: tonic::transport::Error) -> Self {
-        let source = std::error::Error::source(&e).map(|s| format!(": {s}")).unwrap_or_default();
-        Failure(format!("cannot connect: {e}{source}"))
+/// Why a connection failed, in the operator's words: refused, timed out, or a TLS
+/// mismatch (an `https://` URL against a plaintext server, an untrusted certificate).
+fn connect_failure(flag: &str, url: &str, e: &tonic::transport::Error) -> Failure {
+    let mut chain = Vec::new();
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        chain.push(s.to_string());
+        source = s.source();
     }
+    let all = chain.join(": ").to_lowercase();
+    let https = url.starts_with("https://");
+    let why = if all.contains("refused") {
+        "connection refused (nothing listens there)".to_owned()
+    } else if all.contains("timed out") || all.contains("elapsed") {
+        format!("timed out after {} s", CONNECT_TIMEOUT.as_secs())
+    } else if https && (all.contains("corrupt message") || all.contains("invalidcontenttype")) {
+        "TLS handshake failed: the server does not speak TLS (use http://)".to_owned()
+    } else if https && all.contains("certificate") {
+        format!("TLS handshake failed: the server's certificate is not trusted (pass --ca): {}", chain.join(": "))
+    } else {
+        chain.join(": ")
+    };
+    Failure(format!("cannot connect to --{flag} {url:?}: {why}"))
 }
 
 /// "FailedPrecondition" -> "failed precondition".
@@ -95,8 +119,8 @@ impl Conn {
     async fn channel(&self, flag: &str, url: &str) -> Result<Authed, Failure> {
         let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
             .map_err(|e| Failure(format!("invalid --{flag} {url:?}: {e}")))?
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(30));
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(CALL_TIMEOUT);
         if url.starts_with("https://") {
             let mut tls = tonic::transport::ClientTlsConfig::new();
             if let Some(ca) = &self.ca {
@@ -106,7 +130,7 @@ impl Conn {
             }
             endpoint = endpoint.tls_config(tls).map_err(|e| Failure(format!("tls: {e}")))?;
         }
-        let channel = endpoint.connect().await?;
+        let channel = endpoint.connect().await.map_err(|e| connect_failure(flag, url, &e))?;
         Ok(InterceptedService::new(channel, Bearer(self.token.clone())))
     }
 
