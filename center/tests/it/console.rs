@@ -498,6 +498,17 @@ async fn console_page_in_headless_chromium_shows_a_stuck_drift_in_red_and_an_ite
     assert_eq!(app.borrow_of("gone", 10).await, 10);
     app.report_of("gone", 0, 0, 10).await;
 
+    // Until the report period has passed, web's drift may still be in flight: shown, not red.
+    // (A console that allows ten minutes for it sees exactly that.)
+    let patient =
+        Console::start(&center, HistoryConfig { stuck_after: Duration::from_secs(600), ..Default::default() }).await;
+    let dom = dump_dom(&format!("http://{}/", patient.addr)).await;
+    let web = channel_row(&dom, "web");
+    assert!(web.contains(r#"<td data-field="drift_in_flight">1</td>"#), "web's drift in flight:\n{web}");
+    assert!(web.contains(r#"<td data-field="drift_stuck">0</td>"#), "{web}");
+    assert!(!dom.contains(r#"data-alarm="stuck-drift""#), "a drift in flight is not red:\n{dom}");
+    drop(patient);
+
     // Web reported 9 of the 10 units it holds and nothing moves: once that report has stood
     // past the report period (1 s here) the drift is stuck.
     let history =
