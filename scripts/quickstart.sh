@@ -7,10 +7,13 @@
 #   scripts/quickstart.sh            build (release), run the demo, keep serving until Ctrl-C
 #   scripts/quickstart.sh --exit     stop after the demo (used by CI)
 #   scripts/quickstart.sh --debug    use the debug build (faster to build)
+#
+# Environment: QUICKSTART_PROFILE=debug (same as --debug), QUICKSTART_PORT_BASE=N (ports
+# N+1..N+6 instead of the defaults), CARGO_TARGET_DIR (where cargo builds) is honoured.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-profile=release
+profile=${QUICKSTART_PROFILE:-release}
 stay=1
 for arg in "$@"; do
     case "$arg" in
@@ -21,7 +24,12 @@ for arg in "$@"; do
 done
 
 if [ "$profile" = release ]; then cargo build --release --bins; else cargo build --bins; fi
-bin="target/$profile"
+# Cargo's own answer, so CARGO_TARGET_DIR and build.target-dir in a config file both count.
+target=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+bin="${target:-target}/$profile"
+for b in inventory-center inventory-agent invctl; do
+    [ -x "$bin/$b" ] || { echo "quickstart: $bin/$b is missing after the build" >&2; exit 1; }
+done
 work="$(mktemp -d)"
 pids=()
 cleanup() {
@@ -36,13 +44,24 @@ cleanup() {
     fi
     rm -rf "$work"
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'exit 1' INT TERM
 
-# Waits (up to 60 s) until "$@" succeeds; otherwise shows the named log and fails.
+# Waits (up to 60 s) until "$@" succeeds; fails at once if the server (PID) has exited,
+# else after 60 s, showing the named log either way.
 ready() {
-    local log="$1"; shift
-    for _ in $(seq 1 600); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
-    echo "not ready after 60 s: $*; its log ($log):" >&2
+    local log="$1" pid="$2"; shift 2
+    for _ in $(seq 1 600); do
+        # Bounded: a port held by something else may accept and never answer.
+        timeout 2 "$@" >/dev/null 2>&1 && return 0
+        if ! kill -0 "$pid" 2>/dev/null; then
+            echo "quickstart: the server logging to $log exited; its log:" >&2
+            cat "$work/$log" >&2 || true
+            exit 1
+        fi
+        sleep 0.1
+    done
+    echo "quickstart: not ready after 60 s: $*; its log ($log):" >&2
     cat "$work/$log" >&2 || true
     exit 1
 }
@@ -60,9 +79,10 @@ export RUST_LOG="${RUST_LOG:-warn}"
 "$bin/inventory-center" --listen "127.0.0.1:$center_grpc" --http-listen "127.0.0.1:$center_http" \
     --database-url "sqlite://$work/inventory.db" --insecure >"$work/center.log" 2>&1 &
 pids+=($!)
+center_pid=$!
 export INVENTORY_CENTER="http://127.0.0.1:$center_grpc"
 invctl="$bin/invctl"
-ready center.log "$invctl" item list
+ready center.log "$center_pid" "$invctl" item list
 
 echo "== create an item: 100 units, at most 2 per user"
 "$invctl" item create launch-bundle --total 100 --per-user-limit 2 --low 5 --high 30 --batch 10
@@ -72,9 +92,10 @@ for ch in app web; do
     "$bin/inventory-agent" --channel "$ch" --agent-id "$ch-1" --center "$INVENTORY_CENTER" \
         --listen "127.0.0.1:$g" --http-listen "127.0.0.1:$h" --store memory --insecure >"$work/agent-$ch.log" 2>&1 &
     pids+=($!)
+    printf -v "pid_$ch" '%s' $!
 done
-ready agent-app.log "$invctl" --agent "http://127.0.0.1:$app_grpc" agent stock launch-bundle
-ready agent-web.log "$invctl" --agent "http://127.0.0.1:$web_grpc" agent stock launch-bundle
+ready agent-app.log "$pid_app" "$invctl" --agent "http://127.0.0.1:$app_grpc" agent stock launch-bundle
+ready agent-web.log "$pid_web" "$invctl" --agent "http://127.0.0.1:$web_grpc" agent stock launch-bundle
 
 echo
 echo "== a sale: 150 buyers, one unit each, through both channels"
@@ -109,7 +130,9 @@ if [ "$stay" = 1 ]; then
     echo
     echo "center: $INVENTORY_CENTER (metrics http://127.0.0.1:$center_http/metrics)"
     echo "agents: app http://127.0.0.1:$app_grpc, web http://127.0.0.1:$web_grpc"
-    echo "try:    $invctl item show launch-bundle"
+    echo "try:    INVENTORY_CENTER=$INVENTORY_CENTER $invctl item show launch-bundle"
     echo "Ctrl-C stops everything."
+    # From here a stop is the expected end, not a failure.
+    trap 'exit 0' INT TERM
     wait
 fi

@@ -35,6 +35,8 @@ pub struct Workload {
     /// Prefix of every idempotency key of the run, so runs never collide.
     pub run_id: String,
     pub seed: u64,
+    /// `Bearer <token>` for agents that require a backend token.
+    pub authorization: Option<tonic::metadata::AsciiMetadataValue>,
 }
 
 /// Where Acquire goes: an agent over gRPC, or the pool store straight (one EVALSHA).
@@ -136,6 +138,9 @@ impl Caller for AcquireCaller {
                     idempotency_key: key,
                 });
                 request.set_timeout(CALL_TIMEOUT);
+                if let Some(auth) = &self.workload.authorization {
+                    request.metadata_mut().insert("authorization", auth.clone());
+                }
                 let answer = match tokio::time::timeout(CALL_TIMEOUT, client.acquire(request)).await {
                     Ok(Ok(r)) => r.into_inner(),
                     Ok(Err(status)) => return self.record_error(format!("{:?}", status.code())),

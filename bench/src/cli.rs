@@ -10,7 +10,8 @@ use serde::Serialize;
 
 use crate::acquire::{self, AcquireCaller, Outcome, Target, Workload};
 use crate::args::{ensure_loopback, parse_duration, parse_share, parse_watermarks};
-use crate::env::channels;
+use crate::auth::AuthArgs;
+use crate::env::tls_channels;
 use crate::load::{self, Counts, LoadSpec};
 use crate::report::Phase;
 use crate::skew::{Skew, UserSampler};
@@ -90,6 +91,8 @@ pub struct AcquireArgs {
     /// Also write the JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub auth: AuthArgs,
     #[command(flatten)]
     pub load: LoadArgs,
 }
@@ -181,9 +184,12 @@ pub async fn acquire(args: AcquireArgs) -> anyhow::Result<bool> {
     }
     let l = &args.load;
     let per_agent = l.connections.div_ceil(args.agents.len());
+    let authorization = args.auth.authorization()?;
+    let tls = args.auth.tls()?;
     let mut targets = Vec::new();
     for a in &args.agents {
-        targets.extend(channels(a, per_agent).await?.into_iter().map(|c| Target::Agent(AgentClient::new(c))));
+        let conns = tls_channels(a, per_agent, Some(tls.clone())).await?;
+        targets.extend(conns.into_iter().map(|c| Target::Agent(AgentClient::new(c))));
     }
     let workload = Arc::new(Workload {
         item: args.item.clone(),
@@ -192,6 +198,7 @@ pub async fn acquire(args: AcquireArgs) -> anyhow::Result<bool> {
         replay_share: l.replay,
         run_id: format!("ab{}", &uuid::Uuid::new_v4().simple().to_string()[..8]),
         seed: l.seed,
+        authorization,
     });
     let callers: Vec<_> = (0..l.concurrency)
         .map(|i| AcquireCaller::new(i, targets[i % targets.len()].clone(), Arc::clone(&workload)))

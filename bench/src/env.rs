@@ -260,12 +260,24 @@ impl AgentHandle {
 
 /// `count` gRPC connections (HTTP/2, one TCP connection each) to `url`.
 pub async fn channels(url: &str, count: usize) -> anyhow::Result<Vec<tonic::transport::Channel>> {
+    tls_channels(url, count, None).await
+}
+
+/// As [`channels`], with TLS for an `https://` url.
+pub async fn tls_channels(
+    url: &str,
+    count: usize,
+    tls: Option<tonic::transport::ClientTlsConfig>,
+) -> anyhow::Result<Vec<tonic::transport::Channel>> {
     ensure_loopback("target", url).map_err(anyhow::Error::msg)?;
     let mut out = Vec::with_capacity(count);
     for _ in 0..count.max(1) {
-        let endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())?
+        let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())?
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_secs(5));
+        if let (true, Some(tls)) = (url.starts_with("https://"), &tls) {
+            endpoint = endpoint.tls_config(tls.clone()).with_context(|| format!("tls for {url}"))?;
+        }
         out.push(endpoint.connect().await.with_context(|| format!("connect to {url}"))?);
     }
     Ok(out)

@@ -3,7 +3,7 @@
 //!
 //! - [`load`]: the driver (callers, warm-up, bounds, open/closed loop, HDR histograms);
 //! - [`acquire`]: the Acquire workload and its outcome check; [`callers`]: the others;
-//! - [`skew`], [`stats`], [`args`], [`report`]: pure helpers; [`sysinfo`]: machine and CPU use;
+//! - [`skew`], [`stats`], [`args`], [`report`]: pure helpers; [`auth`]: token and TLS of `acquire`; [`sysinfo`]: machine and CPU use;
 //! - [`env`]: fresh database, Redis prefix, in-process center and agents; [`suite`]: the run.
 //!
 //! **Invariant:** traffic goes only to this machine (loopback addresses; anything else is
@@ -11,6 +11,7 @@
 
 mod acquire;
 mod args;
+mod auth;
 mod callers;
 mod cli;
 mod env;

@@ -409,6 +409,7 @@ impl<'a> Runner<'a> {
             replay_share: self.opts.replay_share,
             run_id: format!("{tag}{:x}", rand::random::<u32>()),
             seed: self.opts.seed,
+            authorization: None,
         }))
     }
 

@@ -2,10 +2,13 @@
 //! `/` and its JSON feed on `/api/items`.
 //!
 //! Every view is read from the ledger at request time (`list_items`, one `item_ledger`
-//! per item, `channels`); nothing here writes. The console is one self-contained HTML file with
-//! inline script and SVG charts (no build step, nothing fetched from elsewhere): it
-//! polls `/api/items` and keeps the history in the browser.
+//! and one `watermarks` per item, `channels`); nothing here writes. The console is one
+//! self-contained HTML file with inline script and SVG charts (no build step, nothing
+//! fetched from elsewhere): it loads the last minutes from `/api/history` (sampled by
+//! [`crate::history`], which also tells drift in flight from stuck drift), then polls
+//! `/api/items`.
 
+use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,9 +19,11 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse};
 use axum::routing::get;
 use inventory_core::ItemId;
+use inventory_core::watermarks::Watermarks;
 use serde::Serialize;
 
 use crate::error::CenterError;
+use crate::history::{History, HistoryConfig};
 use crate::store::{ChannelView, ItemLedger, LedgerStore};
 
 /// The console page, served as is.
@@ -34,6 +39,7 @@ struct HttpState {
     store: Arc<dyn LedgerStore>,
     /// Failed ledger reads: this port's, and those of whoever shares the counter.
     database_errors: Arc<AtomicU64>,
+    history: Arc<History>,
 }
 
 pub fn router(store: Arc<dyn LedgerStore>) -> Router {
@@ -44,12 +50,21 @@ pub fn router(store: Arc<dyn LedgerStore>) -> Router {
 /// counter to whatever else talks to the database and `/metrics` reports them all as
 /// `inventory_center_database_errors_total`.
 pub fn router_with_error_counter(store: Arc<dyn LedgerStore>, database_errors: Arc<AtomicU64>) -> Router {
-    let state = HttpState { store, database_errors };
+    router_with(store, database_errors, HistoryConfig::default())
+}
+
+/// Like [`router_with_error_counter`], with the console's sampling set by `history`. The
+/// sampler runs (in the current runtime) as long as the router does.
+pub fn router_with(store: Arc<dyn LedgerStore>, database_errors: Arc<AtomicU64>, history: HistoryConfig) -> Router {
+    let history = Arc::new(History::new(history));
+    History::spawn_sampler(&history, Arc::clone(&store));
+    let state = HttpState { store, database_errors, history };
     Router::new()
         .route("/", get(console))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .route("/api/items", get(api_items))
+        .route("/api/history", get(api_history))
         .with_state(state)
 }
 
@@ -58,16 +73,26 @@ pub fn router_with_error_counter(store: Arc<dyn LedgerStore>, database_errors: A
 pub struct LedgerView {
     pub items: Vec<ItemLedger>,
     pub channels: Vec<ChannelView>,
+    /// Per item, the channels' own watermarks (the others follow the item's default).
+    pub overrides: HashMap<String, Vec<(String, Watermarks)>>,
 }
 
 /// Reads the view. An item that vanished between the listing and its read is skipped.
 async fn read_ledger(store: &dyn LedgerStore) -> Result<LedgerView, CenterError> {
     let mut items = Vec::new();
+    let mut overrides = HashMap::new();
     for record in store.list_items().await? {
         // Ids come from the ledger, so they parse; skip rather than fail if one does not.
         let Ok(id) = ItemId::parse("item_id", &record.item_id) else { continue };
         match store.item_ledger(&id).await {
             Ok(ledger) => items.push(ledger),
+            Err(CenterError::NotFound { .. }) => continue,
+            Err(e) => return Err(e),
+        }
+        match store.watermarks(&id).await {
+            Ok((_, own)) => {
+                overrides.insert(record.item_id.clone(), own);
+            }
             Err(CenterError::NotFound { .. }) => {}
             Err(e) => return Err(e),
         }
@@ -75,7 +100,7 @@ async fn read_ledger(store: &dyn LedgerStore) -> Result<LedgerView, CenterError>
     items.sort_by(|a, b| a.item.item_id.cmp(&b.item.item_id));
     let mut channels = store.channels().await?;
     channels.sort_by(|a, b| a.channel.cmp(&b.channel));
-    Ok(LedgerView { items, channels })
+    Ok(LedgerView { items, channels, overrides })
 }
 
 async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
@@ -269,10 +294,13 @@ pub struct ApiItem {
     pub per_user_limit: u64,
     pub reservation_ttl_ms: u64,
     pub watermarks: ApiWatermarks,
+    /// Nothing left to sell anywhere: the center and every channel's pool are empty
+    /// (reserved units may still come back if their reservations expire).
+    pub sold_out_everywhere: bool,
     pub channels: Vec<ApiChannel>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize)]
 pub struct ApiWatermarks {
     pub low: u64,
     pub high: u64,
@@ -291,8 +319,14 @@ pub struct ApiChannel {
     pub reserved: u64,
     pub sold: u64,
     pub drift: i64,
+    /// The part of `drift` that calls and reports in flight explain (normal in a sale).
+    pub drift_in_flight: i64,
+    /// The part that persisted past a report period ([`crate::history`]): worth a look.
+    pub drift_stuck: i64,
     /// Units in doubt after the channel's pool was lost (0 normally).
     pub in_doubt: u64,
+    /// The watermarks this channel's pool follows (its own, else the item's).
+    pub watermarks: ApiWatermarks,
     pub reported_at_ms: i64,
     pub epoch: Option<u64>,
     pub agent_id: Option<String>,
@@ -300,29 +334,22 @@ pub struct ApiChannel {
     pub lease_remaining_ms: Option<i64>,
 }
 
-pub fn api_view(view: &LedgerView, now_ms: i64) -> ApiItems {
+pub fn api_view(view: &LedgerView, history: &History, now_ms: i64) -> ApiItems {
+    let api_wm = |w: &Watermarks| ApiWatermarks { low: w.low, high: w.high, batch: w.batch };
     let items = view
         .items
         .iter()
-        .map(|l| ApiItem {
-            item_id: l.item.item_id.clone(),
-            total: l.item.state.total,
-            available: l.item.state.available,
-            held: l.item.held,
-            closed: l.item.state.closed,
-            written_off: l.item.state.written_off,
-            per_user_limit: l.item.state.per_user_limit,
-            reservation_ttl_ms: l.item.state.reservation_ttl_ms,
-            watermarks: ApiWatermarks {
-                low: l.item.watermarks.low,
-                high: l.item.watermarks.high,
-                batch: l.item.watermarks.batch,
-            },
-            channels: l
+        .map(|l| {
+            let own = view.overrides.get(&l.item.item_id);
+            let channels: Vec<ApiChannel> = l
                 .channels
                 .iter()
                 .map(|c| {
                     let a = &c.allocation;
+                    let split = history.split(&l.item.item_id, &c.channel, a, now_ms);
+                    let watermarks = own
+                        .and_then(|o| o.iter().find(|(ch, _)| ch == &c.channel))
+                        .map_or(api_wm(&l.item.watermarks), |(_, w)| api_wm(w));
                     ApiChannel {
                         channel: c.channel.clone(),
                         held: a.held(),
@@ -333,14 +360,34 @@ pub fn api_view(view: &LedgerView, now_ms: i64) -> ApiItems {
                         reserved: a.reported.reserved,
                         sold: a.reported.sold,
                         drift: a.drift(),
+                        drift_in_flight: split.in_flight,
+                        drift_stuck: split.stuck,
                         in_doubt: a.in_doubt,
+                        watermarks,
                         reported_at_ms: a.reported_at_ms,
                         epoch: c.session.as_ref().map(|s| s.epoch),
                         agent_id: c.session.as_ref().map(|s| s.agent_id.clone()),
                         lease_remaining_ms: c.session.as_ref().map(|s| s.lease_expires_at_ms - now_ms),
                     }
                 })
-                .collect(),
+                .collect();
+            // Held units the pools do not show (in flight, in doubt) may still be sold.
+            let sold_out_everywhere = l.item.state.total > 0
+                && l.item.state.available == 0
+                && channels.iter().all(|c| c.available == 0 && c.drift == 0 && c.in_doubt == 0);
+            ApiItem {
+                item_id: l.item.item_id.clone(),
+                total: l.item.state.total,
+                available: l.item.state.available,
+                held: l.item.held,
+                closed: l.item.state.closed,
+                written_off: l.item.state.written_off,
+                per_user_limit: l.item.state.per_user_limit,
+                reservation_ttl_ms: l.item.state.reservation_ttl_ms,
+                watermarks: api_wm(&l.item.watermarks),
+                sold_out_everywhere,
+                channels,
+            }
         })
         .collect();
     let channels = view
@@ -359,7 +406,7 @@ pub fn api_view(view: &LedgerView, now_ms: i64) -> ApiItems {
 
 async fn api_items(State(state): State<HttpState>) -> axum::response::Response {
     let (status, body) = match read_ledger(state.store.as_ref()).await {
-        Ok(view) => match serde_json::to_string(&api_view(&view, crate::clock::now_ms())) {
+        Ok(view) => match serde_json::to_string(&api_view(&view, &state.history, crate::clock::now_ms())) {
             Ok(json) => (StatusCode::OK, json),
             Err(e) => {
                 tracing::error!(error = %e, "console: cannot encode the ledger view");
@@ -379,6 +426,21 @@ async fn api_items(State(state): State<HttpState>) -> axum::response::Response {
     (status, headers, body).into_response()
 }
 
+/// The console's memory: the samples of the last minutes, per item.
+async fn api_history(State(state): State<HttpState>) -> axum::response::Response {
+    let headers = [
+        (header::CONTENT_TYPE, HeaderValue::from_static("application/json")),
+        (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
+    ];
+    match serde_json::to_string(&state.history.view()) {
+        Ok(json) => (StatusCode::OK, headers, json).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "console: cannot encode the history");
+            (StatusCode::INTERNAL_SERVER_ERROR, headers, r#"{"error":"internal error"}"#.to_owned()).into_response()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -390,7 +452,7 @@ mod tests {
         assert!(text.lines().any(|l| l == "inventory_center_database_errors_total 3"), "{text}");
         let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
         assert_eq!(families, 15, "every family is announced even without samples:\n{text}");
-        let empty = LedgerView { items: Vec::new(), channels: Vec::new() };
+        let empty = LedgerView { items: Vec::new(), channels: Vec::new(), overrides: HashMap::new() };
         assert_eq!(render(Some(&empty), 0, 0).lines().filter(|l| l.starts_with("# TYPE ")).count(), families);
     }
 }

@@ -1,10 +1,14 @@
 use clap::Parser;
 use inventory_center::{Application, CenterConfig, config};
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     let cfg = CenterConfig::parse();
     config::init_tracing(cfg.log_format);
+    inventory_net::exit_with("inventory-center", run(cfg))
+}
+
+#[tokio::main]
+async fn run(cfg: CenterConfig) -> anyhow::Result<()> {
     let app = Application::build(cfg).await?;
     app.run_until(async {
         inventory_net::shutdown_signal().await;

@@ -4,21 +4,25 @@
 #
 #   deploy/local/run.sh start       build, start everything, print the URLs
 #   deploy/local/run.sh sale        one flash sale through the three agents with invctl
+#   deploy/local/run.sh bench       a short inventory-bench acquire on the three agents, with
+#                                   the backends' token (and, without it, every call refused)
 #   deploy/local/run.sh reconcile   wait for the ledger to settle, check the invariants
 #   deploy/local/run.sh status      what runs where
 #   deploy/local/run.sh stop        drain the agents, stop everything, remove the state
-#   deploy/local/run.sh all         start, sale, reconcile, stop (what CI runs)
+#   deploy/local/run.sh all         start, sale, bench, reconcile, stop (what CI runs)
 #
 # Options (environment):
 #   INVENTORY_LOCAL_DIR        state directory (default: $TMPDIR/inventory-local)
 #   INVENTORY_LOCAL_PORT_BASE  first of 11 consecutive ports on 127.0.0.1 (default 27300,
 #                              below the ephemeral range, so no outgoing connection holds one)
 #   INVENTORY_LOCAL_PROFILE    debug (default) or release
+#   CARGO_TARGET_DIR           where cargo builds (honoured, like a build.target-dir setting)
 #   INVENTORY_LOCAL_PG         private (own initdb data dir; the default when initdb exists)
 #                              or system (a fresh database on INVENTORY_LOCAL_PG_URL,
 #                              default postgres://postgres@127.0.0.1:5432/postgres)
 #   INVENTORY_LOCAL_KEEP=1     `stop` keeps the state directory (logs, data)
 #   SALE_TOTAL, SALE_BUYERS    size of `sale` (default 300 units, 450 buyers)
+#   BENCH_TOTAL                units of `bench`'s item (default 2000)
 #
 # Every process gets its bearer tokens through INVENTORY_* variables pointing at files in
 # $INVENTORY_LOCAL_DIR/secrets (fresh random tokens per start): the operator's and one per
@@ -43,17 +47,27 @@ port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 http_get() {
     local port=$1 path=$2 response
     response=$( (exec 3<>"/dev/tcp/127.0.0.1/$port" &&
-        printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' "$path" >&3 && cat <&3) 2>/dev/null) || return 1
+        printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' "$path" >&3 && timeout 5 cat <&3) 2>/dev/null) || return 1
     [[ "$response" == "HTTP/1."?" 200"* ]] || return 1
     printf '%s\n' "${response#*$'\r\n\r\n'}"
 }
 
-# wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.2 s.
+# wait_for SECONDS DESCRIPTION PID LOG COMMAND...: polls COMMAND every 0.2 s; fails at
+# once, with the end of LOG, when process PID (the server waited for) has exited. PID and
+# LOG may be empty.
 wait_for() {
-    local seconds=$1 what=$2
-    shift 2
+    local seconds=$1 what=$2 pid=$3 logfile=$4
+    shift 4
     local deadline=$((SECONDS + seconds))
-    until "$@" >/dev/null 2>&1; do
+    # Each probe bounded (http_get bounds itself): a port held by something else may
+    # accept and never answer.
+    local bound=(timeout 5)
+    [[ $(type -t "$1") == function ]] && bound=()
+    until "${bound[@]}" "$@" >/dev/null 2>&1; do
+        if [[ -n "$pid" ]] && ! kill -0 "$pid" 2>/dev/null; then
+            [[ -n "$logfile" ]] && tail -n 5 "$logfile" >&2
+            die "$what exited at start-up (logs in $state)"
+        fi
         ((SECONDS < deadline)) || die "$what did not come up within ${seconds}s (logs in $state)"
         sleep 0.2
     done
@@ -148,7 +162,7 @@ start_redis() {
     mkdir -p "$state/redis"
     redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save "" --appendonly no --daemonize yes \
         --dir "$state/redis" --pidfile "$state/redis/redis.pid" --logfile "$state/redis/redis.log"
-    wait_for 10 "Redis" redis-cli -p "$REDIS_PORT" ping
+    wait_for 10 "Redis" "" "" redis-cli -p "$REDIS_PORT" ping
     REDIS_PID=$(cat "$state/redis/redis.pid")
 }
 
@@ -188,7 +202,7 @@ EOF
         --storage.tsdb.path="$state/prometheus/data" --web.listen-address="127.0.0.1:$PROM_PORT" \
         >"$state/prometheus/prometheus.log" 2>&1 </dev/null &
     PROM_PID=$!
-    wait_for 30 "Prometheus" http_get "$PROM_PORT" /-/ready
+    wait_for 30 "Prometheus" "$PROM_PID" "$state/prometheus/prometheus.log" http_get "$PROM_PORT" /-/ready
 }
 
 cmd_start() {
@@ -215,11 +229,18 @@ cmd_start() {
     chmod 755 "$state"
     log "building the binaries ($profile)"
     if [[ "$profile" == release ]]; then
-        (cd "$root" && cargo build --quiet --release --bin inventory-center --bin inventory-agent --bin invctl)
+        (cd "$root" && cargo build --quiet --release --bin inventory-center --bin inventory-agent --bin invctl --bin inventory-bench)
     else
-        (cd "$root" && cargo build --quiet --bin inventory-center --bin inventory-agent --bin invctl)
+        (cd "$root" && cargo build --quiet --bin inventory-center --bin inventory-agent --bin invctl --bin inventory-bench)
     fi
-    BIN="$root/target/$profile"
+    # Cargo's own answer, so CARGO_TARGET_DIR and build.target-dir in a config file both count.
+    local target
+    target=$(cd "$root" && cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+    BIN="${target:-$root/target}/$profile"
+    local b
+    for b in inventory-center inventory-agent invctl inventory-bench; do
+        [[ -x "$BIN/$b" ]] || die "$BIN/$b is missing after the build"
+    done
     make_secrets
     export INVENTORY_TOKEN_FILE="$state/secrets/operator.token"
 
@@ -252,7 +273,7 @@ cmd_start() {
     CENTER_PID=$!
     write_env
     export INVENTORY_CENTER="http://127.0.0.1:$CENTER_GRPC"
-    wait_for 30 "the center" "$BIN/invctl" item list
+    wait_for 30 "the center" "$CENTER_PID" "$state/center.log" "$BIN/invctl" item list
 
     for ch in "${channels[@]}"; do
         local g="AGENT_GRPC_$ch" h="AGENT_HTTP_$ch"
@@ -267,8 +288,8 @@ cmd_start() {
         write_env
     done
     for ch in "${channels[@]}"; do
-        local h="AGENT_HTTP_$ch"
-        wait_for 40 "agent $ch" http_get "${!h}" /healthz
+        local h="AGENT_HTTP_$ch" p="AGENT_PID_$ch"
+        wait_for 40 "agent $ch" "${!p}" "$state/agent-$ch.log" http_get "${!h}" /healthz
     done
     start_prometheus
     write_env
@@ -352,6 +373,32 @@ cmd_sale() {
     echo "$item" >"$state/last-sale"
 }
 
+# --- bench ---------------------------------------------------------------------------
+
+cmd_bench() {
+    load_env
+    local total=${BENCH_TOTAL:-2000} item ch agents=()
+    item="bench-$(date +%s)"
+    for ch in "${channels[@]}"; do agents+=(--agent "$(agent_url "$ch")"); done
+    "$invctl" item create "$item" --total "$total" --per-user-limit 2 >/dev/null
+    log "inventory-bench acquire: 2 s on item $item ($total units) through the three agents, as a backend"
+    # Users spread uniformly: each stays far below the agents' per-user rate limit.
+    local bench=("$BIN/inventory-bench" acquire "${agents[@]}" --item "$item" --stock "$total"
+        --duration 2s --concurrency 8 --connections 3 --skew uniform)
+    INVENTORY_TOKEN_FILE="$state/secrets/backend.token" "${bench[@]}" --warmup 500ms --json "$state/bench.json" \
+        >"$state/bench.out" 2>&1 ||
+        die "inventory-bench failed: $(tail -n 3 "$state/bench.out")"
+    grep -A2 '^calls/s' "$state/bench.out" | sed -n '1p;3p' | sed 's/^/   /'
+    grep -q '"errors": [1-9]' "$state/bench.json" && die "inventory-bench saw errors: $(grep -A3 '"errors": {' "$state/bench.json" | tr -d '\n ')"
+    grep -q '"ok": [1-9]' "$state/bench.json" || die "inventory-bench reserved nothing"
+    # The token is what let it in: without it the agents refuse every call.
+    env -u INVENTORY_TOKEN_FILE -u INVENTORY_TOKEN "${bench[@]}" --warmup 0s --requests 20 \
+        --json "$state/bench-no-token.json" >"$state/bench-no-token.out" 2>&1 || true
+    grep -q '"Unauthenticated": 20' "$state/bench-no-token.json" ||
+        die "without the backends' token inventory-bench was not refused: $(tail -n 3 "$state/bench-no-token.out")"
+    echo "   without the token: 20 of 20 calls refused (unauthenticated)"
+}
+
 # --- reconcile -----------------------------------------------------------------------
 
 cmd_reconcile() {
@@ -406,7 +453,7 @@ cmd_status() {
     if [[ -n "${PROM_PID:-}" ]]; then
         printf '   %-14s %-8s %s\n' prometheus "$(alive "$PROM_PID" && echo up || echo down)" "http://127.0.0.1:$PROM_PORT/"
     fi
-    echo "   try: INVENTORY_CENTER=$INVENTORY_CENTER $invctl item list"
+    echo "   try: INVENTORY_CENTER=$INVENTORY_CENTER INVENTORY_TOKEN_FILE=$INVENTORY_TOKEN_FILE $invctl item list"
 }
 
 # SIGTERM and wait (bounded) for the process to exit.
@@ -470,6 +517,7 @@ cmd_all() {
             echo "run.sh: failed; logs:" >&2; tail -n 20 "$state"/*.log >&2 || true; INVENTORY_LOCAL_KEEP=0 cmd_stop || true; fi' EXIT
     cmd_start
     cmd_sale
+    cmd_bench
     cmd_reconcile
     trap - EXIT
     cmd_stop
@@ -478,12 +526,13 @@ cmd_all() {
 case "${1:-}" in
     start) cmd_start ;;
     sale) cmd_sale ;;
+    bench) cmd_bench ;;
     reconcile) cmd_reconcile ;;
     status) cmd_status ;;
     stop) cmd_stop ;;
     all) cmd_all ;;
     *)
-        sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
         exit 2
         ;;
 esac

@@ -44,7 +44,7 @@ async fn item_lifecycle_in_table_and_json() {
     let c = start_center().await;
     let o = invctl(&c.url, &["item", "create", "skin-9", "--total", "500", "--per-user-limit", "2"]).await;
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stdout(&o).contains("item skin-9 created"), "{}", stdout(&o));
+    assert!(stdout(&o).contains("item \"skin-9\" created"), "{}", stdout(&o));
 
     let o = invctl(&c.url, &["item", "add-stock", "skin-9", "--quantity", "50", "--request-id", "r-1"]).await;
     assert!(o.status.success(), "{}", stderr(&o));
@@ -78,6 +78,18 @@ async fn item_lifecycle_in_table_and_json() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json output");
     assert_eq!(v["overrides"][0]["channel"], "app");
     assert_eq!(v["overrides"][0]["watermarks"]["low"], 20);
+    // Per channel: its override, else the item default (the README shows both).
+    let o = invctl(&c.url, &["-o", "json", "watermark", "get", "skin-9", "--channel", "app"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json output");
+    assert_eq!((v["source"].as_str(), v["watermarks"]["low"].as_u64()), (Some("channel"), Some(20)), "{v}");
+    let o = invctl(&c.url, &["watermark", "get", "skin-9", "--channel", "web"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).lines().nth(1).is_some_and(|l| l.starts_with("web") && l.ends_with("item default")),
+        "{}",
+        stdout(&o)
+    );
 
     let o = invctl(&c.url, &["reconcile"]).await;
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
@@ -98,8 +110,20 @@ async fn errors_are_one_line_and_exit_non_zero() {
     assert!(stderr(&o).starts_with("invctl: invalid argument: invalid item_id \"bad id\""), "{}", stderr(&o));
     let o = invctl("http://127.0.0.1:1", &["item", "list"]).await;
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).starts_with("invctl: cannot connect"), "{}", stderr(&o));
-    assert_eq!(stderr(&o).lines().count(), 1);
+    assert_eq!(
+        stderr(&o),
+        "invctl: cannot connect to --center \"http://127.0.0.1:1\": connection refused (nothing listens there)\n"
+    );
+    // An https:// URL against this plaintext center: said as such, not as a raw TLS error.
+    let tls_url = c.url.replacen("http://", "https://", 1);
+    let o = invctl(&tls_url, &["item", "list"]).await;
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        stderr(&o),
+        format!(
+            "invctl: cannot connect to --center {tls_url:?}: TLS handshake failed: the server does not speak TLS (use http://)\n"
+        )
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,21 +183,134 @@ async fn channel_list_show_close_and_resolve() {
         .heartbeat(pb::HeartbeatRequest {
             channel: "app".into(),
             epoch,
-            pools: vec![pb::PoolReport { item_id: "i".into(), lost: true, ..Default::default() }],
+            pools: vec![pb::PoolReport { item_id: "i".into(), generation: 7, lost: true, ..Default::default() }],
             ..Default::default()
         })
         .await
         .unwrap();
+    // In doubt is no violation, but not "all well" either: a distinct exit code.
     let o = invctl(&c.url, &["reconcile"]).await;
-    assert_eq!(o.status.code(), Some(0), "in doubt is not a violation");
-    assert!(stdout(&o).contains("in doubt") && stdout(&o).contains("invctl resolve"), "{}", stdout(&o));
+    assert_eq!(o.status.code(), Some(3), "{}", stdout(&o));
+    assert!(stdout(&o).starts_with("IN DOUBT") && stdout(&o).contains("invctl resolve"), "{}", stdout(&o));
+    // item show: the channel's units in doubt and its pool generation, in their columns.
+    let o = invctl(&c.url, &["item", "show", "i"]).await;
+    let text = stdout(&o);
+    let header = text.lines().find(|l| l.starts_with("CHANNEL")).expect("channel table");
+    let row = text.lines().find(|l| l.starts_with("app")).expect("app row");
+    let cell = |name: &str| {
+        let at = header.find(name).unwrap_or_else(|| panic!("no {name} column: {text}"));
+        row[at..].split_whitespace().next().unwrap_or_default().to_owned()
+    };
+    assert_eq!((cell("IN DOUBT"), cell("GENERATION")), ("20".to_owned(), "7".to_owned()), "{text}");
+    let o = invctl(&c.url, &["-o", "json", "item", "show", "i"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!((v["channels"][0]["in_doubt"].as_u64(), v["channels"][0]["generation"].as_u64()), (Some(20), Some(7)));
     let o = invctl(&c.url, &["resolve", "--item", "i", "--channel", "app", "--sold", "5"]).await;
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(stdout(&o), "i in channel app: 5 written off as sold, 15 back at the center\n");
+    assert_eq!(stdout(&o), "\"i\" in channel \"app\": 5 written off as sold, 15 back at the center\n");
+    let o = invctl(&c.url, &["reconcile"]).await;
+    assert_eq!(o.status.code(), Some(0), "settled: {}", stdout(&o));
 
     let o = invctl(&c.url, &["item", "close", "i"]).await;
-    assert_eq!(stdout(&o), "item i closed: no more grants\n");
+    assert_eq!(stdout(&o), "item \"i\" closed: no more grants\n");
     let o = invctl(&c.url, &["-o", "json", "item", "close", "i", "--reopen"]).await;
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     assert_eq!((v["closed"].as_bool(), v["total"].as_u64()), (Some(false), Some(45)));
+}
+
+#[tokio::test]
+async fn bad_numbers_get_a_plain_error_before_any_call() {
+    // The center address is never reached: the command line is refused first.
+    for (args, says) in [
+        (&["item", "create", "x", "--total", "-5"][..], "invalid value '-5' for '--total <TOTAL>': cannot be negative"),
+        (&["item", "add-stock", "x", "--quantity", "-1"][..], "'--quantity <QUANTITY>': cannot be negative"),
+        (&["item", "add-stock", "x", "--quantity", "0"][..], "'--quantity <QUANTITY>': must be at least 1"),
+        (&["agent", "acquire", "x", "--user", "u", "--quantity", "0"][..], "must be at least 1"),
+        (&["resolve", "--item", "x", "--channel", "app", "--sold", "-3"][..], "cannot be negative"),
+        (&["watermark", "set", "x", "--low", "1", "--high", "-2", "--batch", "1"][..], "cannot be negative"),
+    ] {
+        let o = invctl("http://127.0.0.1:1", args).await;
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let err = stderr(&o);
+        assert!(err.starts_with("invctl: ") && err.contains(says), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    }
+}
+
+/// A stand-in agent that answers Confirm and Cancel with the reservation it was sent.
+#[derive(Default)]
+struct EchoAgent {
+    seen: std::sync::Mutex<Vec<(String, String)>>,
+}
+
+#[tonic::async_trait]
+impl inventory_proto::v1::agent_server::Agent for EchoAgent {
+    async fn acquire(
+        &self,
+        _: tonic::Request<inventory_proto::v1::AcquireRequest>,
+    ) -> Result<tonic::Response<inventory_proto::v1::AcquireResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not in this test"))
+    }
+
+    async fn confirm(
+        &self,
+        r: tonic::Request<inventory_proto::v1::ConfirmRequest>,
+    ) -> Result<tonic::Response<inventory_proto::v1::ConfirmResponse>, tonic::Status> {
+        let r = r.into_inner();
+        self.seen.lock().unwrap().push(("confirm".into(), r.reservation_id));
+        let state = inventory_proto::v1::ReservationState::Confirmed as i32;
+        Ok(tonic::Response::new(inventory_proto::v1::ConfirmResponse { state }))
+    }
+
+    async fn cancel(
+        &self,
+        r: tonic::Request<inventory_proto::v1::CancelRequest>,
+    ) -> Result<tonic::Response<inventory_proto::v1::CancelResponse>, tonic::Status> {
+        let r = r.into_inner();
+        self.seen.lock().unwrap().push(("cancel".into(), r.reservation_id));
+        let state = inventory_proto::v1::ReservationState::Cancelled as i32;
+        Ok(tonic::Response::new(inventory_proto::v1::CancelResponse { state }))
+    }
+
+    async fn get_stock(
+        &self,
+        _: tonic::Request<inventory_proto::v1::GetStockRequest>,
+    ) -> Result<tonic::Response<inventory_proto::v1::GetStockResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not in this test"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirm_and_cancel_take_the_reservation_either_way() {
+    let agent = std::sync::Arc::new(EchoAgent::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let service = inventory_proto::v1::agent_server::AgentServer::from_arc(std::sync::Arc::clone(&agent));
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let run = |args: Vec<&str>| {
+        let mut full = vec!["--agent", url.as_str(), "agent"];
+        full.extend(args);
+        let full: Vec<String> = full.into_iter().map(str::to_owned).collect();
+        async move { invctl("http://127.0.0.1:1", &full.iter().map(String::as_str).collect::<Vec<_>>()).await }
+    };
+    let o = run(vec!["confirm", "i", "--reservation", "r-flag"]).await;
+    assert_eq!(stdout(&o), "reservation \"r-flag\": confirmed\n", "{}", stderr(&o));
+    let o = run(vec!["confirm", "i", "r-positional"]).await;
+    assert_eq!(stdout(&o), "reservation \"r-positional\": confirmed\n", "{}", stderr(&o));
+    let o = run(vec!["-o", "json", "cancel", "i", "--reservation", "r-3"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!((v["reservation_id"].as_str(), v["state"].as_str()), (Some("r-3"), Some("cancelled")));
+    let o = run(vec!["cancel", "i"]).await;
+    assert_eq!(o.status.code(), Some(2), "a reservation is required");
+    assert_eq!(stderr(&o), "invctl: the following required arguments were not provided: <RESERVATION> (see --help)\n");
+    let o = run(vec!["cancel", "i", "a", "--reservation", "b"]).await;
+    assert_eq!(o.status.code(), Some(2), "only one of the two forms");
+    let seen = agent.seen.lock().unwrap().clone();
+    let expected = [("confirm", "r-flag"), ("confirm", "r-positional"), ("cancel", "r-3")];
+    assert_eq!(seen, expected.map(|(a, b)| (a.to_owned(), b.to_owned())).to_vec());
+    server.abort();
 }

@@ -156,3 +156,34 @@ pub async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
     }
 }
+
+/// The exit of a server's `main`: a failure (bad flag value, port in use, database
+/// unreachable) is one line on stderr, `PROGRAM: cause: cause`, and exit code 1. Returning
+/// `anyhow::Result` from `main` would print the Debug form instead, with a backtrace under
+/// it whenever `RUST_BACKTRACE` is set.
+pub fn exit_with(program: &str, result: anyhow::Result<()>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{program}: {}", one_line(&e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error and its causes on one line (`{:#}` joins them with ": "); line breaks inside
+/// a message become spaces.
+pub fn one_line(e: &anyhow::Error) -> String {
+    format!("{e:#}").split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod exit_tests {
+    use super::*;
+
+    #[test]
+    fn an_error_chain_is_one_line() {
+        let e = anyhow::anyhow!("address in use\n(os error 98)").context("cannot bind 127.0.0.1:50051");
+        assert_eq!(one_line(&e), "cannot bind 127.0.0.1:50051: address in use (os error 98)");
+    }
+}

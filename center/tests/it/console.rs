@@ -1,19 +1,25 @@
 //! The center's HTTP port as operators see it: `/metrics`, the `/api/items` feed and the
 //! live console page at `/`, rendered by a real headless Chromium.
 //!
-//! The page test runs real agents (in this process, pools in memory) that sell while the
-//! page polls. The exact-numbers test plays the channels through the Center gRPC API as
-//! an agent drives it (RegisterAgent, Borrow, Heartbeat with its pool counts), so the
-//! ledger has known numbers, including a drift of 1.
+//! The healthy-sale page test runs real agents (in this process, pools in memory) that sell
+//! while the page polls: nothing may be red. The other tests play the channels through the
+//! Center gRPC API as an agent drives it (RegisterAgent, Borrow, Heartbeat with its pool
+//! counts), so the ledger has known numbers: a drift of 1 that no report explains turns
+//! red once it has stood past the (shortened) report period, and a page opened after the
+//! center sampled a sale (at a shortened period) shows that history.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use inventory_agent::config::StoreKind;
 use inventory_agent::{AgentConfig, Application as AgentApp};
 use inventory_center::CenterConfig;
+use inventory_center::history::HistoryConfig;
+use inventory_center::store::LedgerStore;
 use inventory_proto::v1 as pb;
 use inventory_proto::v1::agent_client::AgentClient;
 use inventory_proto::v1::center_client::CenterClient;
@@ -68,10 +74,14 @@ impl SimulatedAgent {
     }
 
     async fn borrow(&mut self, quantity: u64) -> u64 {
+        self.borrow_of(ITEM, quantity).await
+    }
+
+    async fn borrow_of(&mut self, item: &str, quantity: u64) -> u64 {
         self.requests += 1;
         self.client
             .borrow(pb::BorrowRequest {
-                item_id: ITEM.into(),
+                item_id: item.into(),
                 channel: self.channel.clone(),
                 epoch: self.epoch,
                 quantity,
@@ -84,9 +94,13 @@ impl SimulatedAgent {
     }
 
     async fn report(&mut self, available: u64, reserved: u64, sold: u64) {
+        self.report_of(ITEM, available, reserved, sold).await
+    }
+
+    async fn report_of(&mut self, item: &str, available: u64, reserved: u64, sold: u64) {
         // Fields added to PoolReport later (generation, ...) keep their defaults.
         #[allow(clippy::needless_update)]
-        let pool = pb::PoolReport { item_id: ITEM.into(), available, reserved, sold, ..Default::default() };
+        let pool = pb::PoolReport { item_id: item.into(), available, reserved, sold, ..Default::default() };
         self.client
             .heartbeat(pb::HeartbeatRequest {
                 channel: self.channel.clone(),
@@ -150,6 +164,10 @@ async fn api_items_and_metrics_show_the_ledger_per_channel() {
     assert_eq!((app["held"].as_u64(), app["available"].as_u64(), app["sold"].as_u64()), (Some(20), Some(15), Some(2)));
     assert_eq!((app["drift"].as_i64(), web["drift"].as_i64()), (Some(0), Some(1)));
     assert_eq!((web["in_doubt"].as_u64(), item["written_off"].as_u64()), (Some(0), Some(0)));
+    // Reported a moment ago: web's drift is still in flight, not stuck (that takes 7 s).
+    assert_eq!((web["drift_in_flight"].as_i64(), web["drift_stuck"].as_i64()), (Some(1), Some(0)));
+    assert_eq!(web["watermarks"], serde_json::json!({"low": 5, "high": 40, "batch": 20}));
+    assert_eq!(item["sold_out_everywhere"], false);
     let sessions = v["channels"].as_array().expect("registered channels");
     let names: Vec<&str> = sessions.iter().filter_map(|c| c["channel"].as_str()).collect();
     assert_eq!(names, ["app", "web"]);
@@ -276,6 +294,56 @@ async fn buy(client: &mut AgentClient<Channel>, user: &str) -> bool {
     r.outcome() == pb::AcquireOutcome::Reserved
 }
 
+/// A screenshot of the page for people: saved under the temp dir, path printed.
+async fn screenshot(url: &str, name: &str) {
+    let shot = std::env::temp_dir().join(name);
+    let _ = std::fs::remove_file(&shot);
+    let profile = fresh_dir("shot");
+    let arg = format!("--screenshot={}", shot.display());
+    let out = chromium(&profile, &[arg.as_str(), "--window-size=1280,1400"], url).await;
+    let _ = std::fs::remove_dir_all(&profile);
+    assert!(out.status.success(), "chromium screenshot failed: {}", String::from_utf8_lossy(&out.stderr));
+    let written = wait_until(Duration::from_secs(5), || {
+        let shot = shot.clone();
+        async move { std::fs::metadata(&shot).map(|m| m.len() > 10_000).unwrap_or(false) }
+    })
+    .await;
+    assert!(written, "no screenshot at {}", shot.display());
+    let png = std::fs::read(&shot).expect("read screenshot");
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "a PNG");
+    println!("console screenshot: {}", shot.display());
+}
+
+/// The page's DOM after its scripts ran, as headless Chromium dumps it.
+async fn dump_dom(url: &str) -> String {
+    let profile = fresh_dir("dom");
+    let out = chromium(&profile, &["--dump-dom"], url).await;
+    let _ = std::fs::remove_dir_all(&profile);
+    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && dom.contains("<html"),
+        "chromium failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dom
+}
+
+/// The element that starts with `start` (an opening tag's beginning), up to `end`.
+fn element<'a>(dom: &'a str, start: &str, end: &str) -> &'a str {
+    let from = dom.find(start).unwrap_or_else(|| panic!("no {start} in\n{dom}"));
+    let to = dom[from..].find(end).map_or(dom.len(), |e| from + e);
+    &dom[from..to]
+}
+
+/// The channel's own pool chart: its line, and its low and high watermarks.
+fn assert_pool_chart(dom: &str, channel: &str) {
+    let figure = element(dom, &format!(r#"<figure data-chart="pool" data-channel="{channel}">"#), "</figure>");
+    for part in [r#"data-mark="low""#, r#"data-mark="high""#, &format!(r#"data-series="{channel}""#)] {
+        assert!(figure.contains(part), "the pool chart of {channel} lacks {part}:\n{figure}");
+    }
+}
+
 /// The `<tr>` of a channel in the dumped DOM.
 fn channel_row<'a>(dom: &'a str, channel: &str) -> &'a str {
     let start = dom.find(&format!(r#"<tr data-channel="{channel}">"#)).unwrap_or_else(|| panic!("no row of {channel}"));
@@ -284,12 +352,8 @@ fn channel_row<'a>(dom: &'a str, channel: &str) -> &'a str {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn console_page_in_headless_chromium_shows_items_channels_and_charts() {
-    assert!(
-        Path::new(CHROMIUM).exists(),
-        "{CHROMIUM} is missing: this test renders the console in headless Chromium; \
-         install it with `apt-get install -y chromium`"
-    );
+async fn console_page_in_headless_chromium_shows_a_healthy_sale_without_red() {
+    chromium_present();
     let (center, http) = start_center(Backend::Sqlite).await;
     center
         .admin()
@@ -344,21 +408,15 @@ async fn console_page_in_headless_chromium_shows_items_channels_and_charts() {
         sold
     });
 
-    let profile = fresh_dir("dom");
-    let out = chromium(&profile, &["--dump-dom"], &url).await;
-    let _ = std::fs::remove_dir_all(&profile);
-    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success() && dom.contains("<html"),
-        "chromium failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let dom = dump_dom(&url).await;
     assert!(dom.contains(&format!(r#"<section class="item" data-item="{ITEM}">"#)), "item section missing:\n{dom}");
     for channel in ["app", "web"] {
-        assert!(channel_row(&dom, channel).contains(r#"<td data-field="drift""#), "row of {channel}:\n{dom}");
+        assert!(channel_row(&dom, channel).contains(r#"<td data-field="drift_in_flight""#), "row of {channel}:\n{dom}");
         assert!(dom.contains(&format!(r#"data-series="{channel}""#)), "chart series of {channel} missing:\n{dom}");
+        assert_pool_chart(&dom, channel);
     }
+    // A healthy sale: drift comes and goes with the batches, but nothing is red.
+    assert!(!dom.contains(r#"data-alarm=""#), "an alarm during a healthy sale:\n{dom}");
     assert!(channel_row(&dom, "web").contains(r#"<td data-field="reserved">5</td>"#), "web reserved 5:\n{dom}");
     assert!(dom.contains(r#"data-series="center""#), "center series missing:\n{dom}");
     assert!(dom.contains(r#"data-session="web""#), "web's lease chip missing:\n{dom}");
@@ -367,23 +425,7 @@ async fn console_page_in_headless_chromium_shows_items_channels_and_charts() {
     }
     assert!(dom.contains(r#"data-state="live""#), "the page reached /api/items:\n{dom}");
 
-    // A screenshot for people: saved under the temp dir, path printed.
-    let shot = std::env::temp_dir().join("inventory-console.png");
-    let _ = std::fs::remove_file(&shot);
-    let profile = fresh_dir("shot");
-    let arg = format!("--screenshot={}", shot.display());
-    let out = chromium(&profile, &[arg.as_str(), "--window-size=1280,900"], &url).await;
-    let _ = std::fs::remove_dir_all(&profile);
-    assert!(out.status.success(), "chromium screenshot failed: {}", String::from_utf8_lossy(&out.stderr));
-    let written = wait_until(Duration::from_secs(5), || {
-        let shot = shot.clone();
-        async move { std::fs::metadata(&shot).map(|m| m.len() > 10_000).unwrap_or(false) }
-    })
-    .await;
-    assert!(written, "no screenshot at {}", shot.display());
-    let png = std::fs::read(&shot).expect("read screenshot");
-    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "a PNG");
-    println!("console screenshot: {}", shot.display());
+    screenshot(&url, "inventory-console.png").await;
 
     let _ = stop_tx.send(true);
     let late = seller.await.expect("seller");
@@ -396,4 +438,163 @@ async fn console_page_in_headless_chromium_shows_items_channels_and_charts() {
     })
     .await;
     assert!(settled, "the center never saw the {late} late sales");
+}
+
+/// The console of `center`'s ledger with its own sampling (the center under test samples at
+/// the default period): a second HTTP port over the same database.
+struct Console {
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Console {
+    async fn start(center: &TestCenter, history: HistoryConfig) -> Self {
+        let store: Arc<dyn LedgerStore> =
+            Arc::new(inventory_center::store::connect(&center.database_url).await.expect("a second connection"));
+        let router = inventory_center::http::router_with(store, Arc::new(AtomicU64::new(0)), history);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the console");
+        let addr = listener.local_addr().expect("console address");
+        let task = tokio::spawn(async move { axum::serve(listener, router).await.expect("console serves") });
+        Self { addr, task }
+    }
+
+    async fn json(&self, path: &str) -> serde_json::Value {
+        let (_, _, body) = http_get(self.addr, path).await;
+        serde_json::from_str(&body).unwrap_or_default()
+    }
+}
+
+impl Drop for Console {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn chromium_present() {
+    assert!(
+        Path::new(CHROMIUM).exists(),
+        "{CHROMIUM} is missing: this test renders the console in headless Chromium; \
+         install it with `apt-get install -y chromium`"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_page_in_headless_chromium_shows_a_stuck_drift_in_red_and_an_item_sold_out_everywhere() {
+    chromium_present();
+    let (center, _http, mut app, _web) = center_with_a_sale(Backend::Postgres).await;
+    // A second item, every unit sold through app: nothing left anywhere.
+    center
+        .admin()
+        .await
+        .create_item(pb::CreateItemRequest {
+            item_id: "gone".into(),
+            total: 10,
+            per_user_limit: 1,
+            reservation_ttl_ms: 300_000,
+            watermarks: Some(pb::Watermarks { low: 2, high: 8, batch: 5 }),
+        })
+        .await
+        .expect("create item");
+    assert_eq!(app.borrow_of("gone", 10).await, 10);
+    app.report_of("gone", 0, 0, 10).await;
+
+    // Until the report period has passed, web's drift may still be in flight: shown, not red.
+    // (A console that allows ten minutes for it sees exactly that.)
+    let patient =
+        Console::start(&center, HistoryConfig { stuck_after: Duration::from_secs(600), ..Default::default() }).await;
+    let dom = dump_dom(&format!("http://{}/", patient.addr)).await;
+    let web = channel_row(&dom, "web");
+    assert!(web.contains(r#"<td data-field="drift_in_flight">1</td>"#), "web's drift in flight:\n{web}");
+    assert!(web.contains(r#"<td data-field="drift_stuck">0</td>"#), "{web}");
+    assert!(!dom.contains(r#"data-alarm="stuck-drift""#), "a drift in flight is not red:\n{dom}");
+    drop(patient);
+
+    // Web reported 9 of the 10 units it holds and nothing moves: once that report has stood
+    // past the report period (1 s here) the drift is stuck.
+    let history =
+        HistoryConfig { period: Duration::from_millis(100), stuck_after: Duration::from_secs(1), ..Default::default() };
+    let console = Console::start(&center, history).await;
+    let stuck = wait_until(Duration::from_secs(20), || async {
+        let v = console.json("/api/items").await;
+        let item = v["items"].as_array().and_then(|items| items.iter().find(|i| i["item_id"] == ITEM).cloned());
+        let web = item.and_then(|i| i["channels"].as_array()?.iter().find(|c| c["channel"] == "web").cloned());
+        web.is_some_and(|w| w["drift_stuck"] == 1 && w["drift_in_flight"] == 0)
+    })
+    .await;
+    assert!(stuck, "web's drift never counted as stuck: {}", console.json("/api/items").await);
+
+    let url = format!("http://{}/", console.addr);
+    let dom = dump_dom(&url).await;
+    let web = channel_row(&dom, "web");
+    assert!(
+        web.contains(r#"<td data-field="drift_stuck" class="warn" data-alarm="stuck-drift">1</td>"#),
+        "web's stuck drift is not red:\n{web}"
+    );
+    let app_row = channel_row(&dom, "app");
+    assert!(app_row.contains(r#"<td data-field="drift_stuck">0</td>"#), "app has no stuck drift:\n{app_row}");
+    let section = element(&dom, &format!(r#"<section class="item" data-item="{ITEM}">"#), "</section>");
+    assert!(section.contains(r#"data-alarm="stuck-drift""#) && !section.contains("data-soldout"), "{section}");
+    let gone = element(&dom, r#"<section class="item" data-item="gone">"#, "</section>");
+    assert!(gone.contains("data-soldout") && gone.contains("sold out everywhere"), "not marked sold out:\n{gone}");
+    assert!(!gone.contains(r#"data-alarm="stuck-drift""#), "{gone}");
+    for channel in ["app", "web"] {
+        assert_pool_chart(section, channel);
+    }
+    screenshot(&url, "inventory-console-stuck.png").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_page_opened_late_shows_the_history_the_center_kept() {
+    chromium_present();
+    let (center, _http) = start_center(Backend::Postgres).await;
+    center
+        .admin()
+        .await
+        .create_item(pb::CreateItemRequest {
+            item_id: ITEM.into(),
+            total: 1_000,
+            per_user_limit: 1,
+            reservation_ttl_ms: 300_000,
+            watermarks: Some(pb::Watermarks { low: 5, high: 40, batch: 20 }),
+        })
+        .await
+        .expect("create item");
+    // Sampling every 50 ms stands in for minutes at the default period.
+    let console =
+        Console::start(&center, HistoryConfig { period: Duration::from_millis(50), ..Default::default() }).await;
+    let mut app = SimulatedAgent::register(&center, "app").await;
+    let center_available = |v: &serde_json::Value| -> Vec<u64> {
+        v["items"][ITEM].as_array().map_or(Vec::new(), |s| s.iter().filter_map(|s| s["available"].as_u64()).collect())
+    };
+    // Twelve steps of a sale, each sampled before the next.
+    for step in 1..=12u64 {
+        assert_eq!(app.borrow(20).await, 20);
+        app.report(20 * step - step, 0, step).await;
+        let sampled = wait_until(Duration::from_secs(10), || async {
+            center_available(&console.json("/api/history").await).contains(&(1_000 - 20 * step))
+        })
+        .await;
+        assert!(sampled, "step {step} never reached the history");
+    }
+    let enough = wait_until(Duration::from_secs(10), || async {
+        center_available(&console.json("/api/history").await).len() >= 60
+    })
+    .await;
+    assert!(enough, "the center kept too few samples: {}", console.json("/api/history").await);
+
+    // The page polls once a second, so in its few seconds it could draw only a handful of
+    // points itself: the rest of its chart is the center's history.
+    let url = format!("http://{}/", console.addr);
+    let dom = dump_dom(&url).await;
+    let stock = element(&dom, r#"<figure data-chart="stock">"#, "</figure>");
+    let points: usize = stock
+        .split(r#"data-points=""#)
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no point count in the stock chart:\n{stock}"));
+    assert!(points >= 60, "the chart shows {points} points, not the kept history:\n{stock}");
+    let sold = element(&dom, r#"<figure data-chart="sold">"#, "</figure>");
+    assert!(sold.contains(r#"data-series="app""#), "{sold}");
+    screenshot(&url, "inventory-console-history.png").await;
 }

@@ -14,4 +14,5 @@ mod reports;
 mod requests;
 mod security;
 mod shutdown;
+mod startup_errors;
 mod support;

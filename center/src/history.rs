@@ -1,0 +1,302 @@
+//! The console's memory and its reading of drift.
+//!
+//! The center samples the ledger every `period` (two queries: the items, and every
+//! channel's allocations) and keeps the last `keep` of samples, so a console opened in the
+//! middle of an incident shows how it got there. Samples are kept for the `max_items` items
+//! that changed last, which bounds their memory whatever the catalogue's size; what drift
+//! needs (one held value and time per channel and item) is kept for every item.
+//!
+//! Drift (held − the pool a channel last reported) is normal while a Borrow or Return is
+//! on its way to the pool and the pool's next report is on its way back. A drift is
+//! **stuck** when that cannot explain it: the channel's last report has stood for
+//! `stuck_after` and either came after the last change of `held` (so it should have
+//! counted it) or is overdue (no report for `stuck_after` since `held` last changed).
+//! Agents report a changed pool every third of their lease (about 3.3 s by default), so
+//! a drift that outlives `stuck_after` (7 s by default) is not in flight. Units in doubt
+//! are shown apart and never count as drift.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use inventory_core::ledger::Allocation;
+use serde::Serialize;
+
+use crate::store::LedgerStore;
+
+#[derive(Debug, Clone, Copy)]
+pub struct HistoryConfig {
+    /// How often the ledger is sampled.
+    pub period: Duration,
+    /// How much history is kept (the console's longest window).
+    pub keep: Duration,
+    /// How long an unexplained drift may last before it counts as stuck.
+    pub stuck_after: Duration,
+    /// Items with history (those that changed last).
+    pub max_items: usize,
+}
+
+impl Default for HistoryConfig {
+    fn default() -> Self {
+        Self {
+            period: Duration::from_secs(2),
+            keep: Duration::from_secs(15 * 60),
+            stuck_after: Duration::from_secs(7),
+            max_items: 32,
+        }
+    }
+}
+
+/// One channel's pool of one item at one sample.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChannelSample {
+    pub available: u64,
+    pub reserved: u64,
+    pub sold: u64,
+    pub held: u64,
+    pub drift: i64,
+    pub stuck: bool,
+}
+
+/// One item at one sample.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sample {
+    pub t: i64,
+    /// Units at the center.
+    pub available: u64,
+    pub channels: HashMap<String, ChannelSample>,
+}
+
+/// What `/api/history` serves.
+#[derive(Debug, Serialize)]
+pub struct HistoryView {
+    pub period_ms: u64,
+    pub keep_ms: u64,
+    pub stuck_after_ms: u64,
+    pub items: HashMap<String, Vec<Sample>>,
+}
+
+/// What the sampler knows of one channel's allocation of one item.
+#[derive(Debug, Clone, Copy)]
+struct Track {
+    held: u64,
+    /// `held` had its current value at every sample since this time (0: since before the
+    /// first sample).
+    held_steady_since: i64,
+}
+
+#[derive(Default)]
+struct State {
+    items: HashMap<String, VecDeque<Sample>>,
+    tracks: HashMap<(String, String), Track>,
+    /// Per item: (available, held) at the last sample and when it last changed.
+    activity: HashMap<String, ((u64, u64), i64)>,
+    last_sample_ms: Option<i64>,
+}
+
+pub struct History {
+    config: HistoryConfig,
+    state: Mutex<State>,
+}
+
+/// A drift split into the part calls and reports in flight explain and the stuck rest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DriftSplit {
+    pub in_flight: i64,
+    pub stuck: i64,
+}
+
+impl History {
+    pub fn new(config: HistoryConfig) -> Self {
+        Self { config, state: Mutex::new(State::default()) }
+    }
+
+    pub fn config(&self) -> HistoryConfig {
+        self.config
+    }
+
+    /// Samples `store` every period until `history` is dropped (its router is gone).
+    pub fn spawn_sampler(history: &Arc<History>, store: Arc<dyn LedgerStore>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let weak: Weak<History> = Arc::downgrade(history);
+        let period = history.config.period;
+        runtime.spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(history) = weak.upgrade() else { return };
+                if let Err(e) = history.sample(store.as_ref(), crate::clock::now_ms()).await {
+                    tracing::debug!(error = %e, "console history: ledger unreadable, sample skipped");
+                }
+            }
+        });
+    }
+
+    /// Reads the ledger once and records it.
+    pub async fn sample(&self, store: &dyn LedgerStore, now_ms: i64) -> Result<(), crate::error::CenterError> {
+        let items = store.list_items().await?;
+        let channels = store.channels().await?;
+        let mut by_item: HashMap<&str, Vec<(&str, &Allocation)>> = HashMap::new();
+        for c in &channels {
+            for (item, allocation) in &c.allocations {
+                by_item.entry(item.as_str()).or_default().push((c.channel.as_str(), allocation));
+            }
+        }
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let previous = state.last_sample_ms;
+        for record in &items {
+            let key = (record.state.available, record.held);
+            let entry = state.activity.entry(record.item_id.clone()).or_insert((key, now_ms));
+            if entry.0 != key {
+                *entry = (key, now_ms);
+            }
+        }
+        let ids: HashSet<&str> = items.iter().map(|r| r.item_id.as_str()).collect();
+        state.activity.retain(|id, _| ids.contains(id.as_str()));
+        // The items that changed last keep (or get) a history.
+        let mut ranked: Vec<(&String, i64)> = state.activity.iter().map(|(id, (_, at))| (id, *at)).collect();
+        ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+        let kept: HashSet<String> = ranked.into_iter().take(self.config.max_items).map(|(id, _)| id.clone()).collect();
+
+        let oldest = now_ms - self.config.keep.as_millis() as i64;
+        for record in &items {
+            let with_history = kept.contains(&record.item_id);
+            let mut channels = HashMap::new();
+            for (channel, a) in by_item.get(record.item_id.as_str()).map(Vec::as_slice).unwrap_or_default() {
+                let track_key = (record.item_id.clone(), (*channel).to_owned());
+                let held = a.held();
+                let since = previous.unwrap_or(0);
+                let track = state.tracks.entry(track_key).or_insert(Track { held, held_steady_since: since });
+                if track.held != held {
+                    // It changed after the previous sample: its report may be on its way.
+                    *track = Track { held, held_steady_since: since };
+                }
+                if with_history {
+                    let split = split_drift(a, Some(*track), now_ms, self.config.stuck_after);
+                    let sample = ChannelSample {
+                        available: a.reported.available,
+                        reserved: a.reported.reserved,
+                        sold: a.reported.sold,
+                        held,
+                        drift: a.drift(),
+                        stuck: split.stuck != 0,
+                    };
+                    channels.insert((*channel).to_owned(), sample);
+                }
+            }
+            if with_history {
+                let samples = state.items.entry(record.item_id.clone()).or_default();
+                samples.push_back(Sample { t: now_ms, available: record.state.available, channels });
+                while samples.front().is_some_and(|s| s.t < oldest) {
+                    samples.pop_front();
+                }
+            }
+        }
+        state.items.retain(|id, _| kept.contains(id));
+        state.tracks.retain(|(id, _), _| ids.contains(id.as_str()));
+        state.last_sample_ms = Some(now_ms);
+        Ok(())
+    }
+
+    /// Splits the drift of `allocation` (read now) with what the samples know.
+    pub fn split(&self, item: &str, channel: &str, allocation: &Allocation, now_ms: i64) -> DriftSplit {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let track = state.tracks.get(&(item.to_owned(), channel.to_owned())).copied();
+        // Held moved after the last sample: whatever it moved is in flight.
+        let track = match track {
+            Some(t) if t.held != allocation.held() => {
+                Some(Track { held: allocation.held(), held_steady_since: now_ms })
+            }
+            other => other,
+        };
+        split_drift(allocation, track, now_ms, self.config.stuck_after)
+    }
+
+    pub fn view(&self) -> HistoryView {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        HistoryView {
+            period_ms: self.config.period.as_millis() as u64,
+            keep_ms: self.config.keep.as_millis() as u64,
+            stuck_after_ms: self.config.stuck_after.as_millis() as u64,
+            items: state.items.iter().map(|(id, s)| (id.clone(), s.iter().cloned().collect())).collect(),
+        }
+    }
+}
+
+/// The rule (see the module comment). `track: None`: nothing sampled yet, so a held change
+/// cannot be ruled out and only the report's age counts.
+fn split_drift(a: &Allocation, track: Option<Track>, now_ms: i64, stuck_after: Duration) -> DriftSplit {
+    let drift = a.drift();
+    let stuck_after = stuck_after.as_millis() as i64;
+    let held_steady_since = track.map_or(now_ms, |t| t.held_steady_since);
+    let report_is_old = now_ms - a.reported_at_ms >= stuck_after;
+    let held_moved_lately = now_ms - held_steady_since < stuck_after;
+    let report_counts_the_move = a.reported_at_ms > held_steady_since;
+    let in_flight = held_moved_lately && !report_counts_the_move;
+    if drift == 0 || a.in_doubt > 0 || in_flight || !report_is_old {
+        DriftSplit { in_flight: if a.in_doubt > 0 { 0 } else { drift }, stuck: 0 }
+    } else {
+        DriftSplit { in_flight: 0, stuck: drift }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use inventory_core::ledger::PoolCounts;
+
+    const STUCK_AFTER: Duration = Duration::from_secs(7);
+
+    fn allocation(granted: u64, reported: u64, reported_at_ms: i64) -> Allocation {
+        Allocation {
+            granted,
+            reported: PoolCounts { available: reported, ..Default::default() },
+            reported_at_ms,
+            ..Default::default()
+        }
+    }
+
+    fn track(held: u64, held_steady_since: i64) -> Option<Track> {
+        Some(Track { held, held_steady_since })
+    }
+
+    #[test]
+    fn a_borrow_whose_report_is_on_its_way_is_in_flight() {
+        // Reported at 1 s, granted 10 more at ~5 s, now 6 s: the report is due.
+        let a = allocation(30, 20, 1_000);
+        assert_eq!(split_drift(&a, track(30, 5_000), 6_000, STUCK_AFTER), DriftSplit { in_flight: 10, stuck: 0 });
+        // Even long after the report was sent, as long as held moved lately.
+        assert_eq!(split_drift(&a, track(30, 20_000), 21_000, STUCK_AFTER).stuck, 0);
+    }
+
+    #[test]
+    fn a_drift_that_a_later_report_does_not_explain_is_stuck_once_the_report_has_stood() {
+        // Held steady since 1 s, reported at 2 s with one unit short.
+        let a = allocation(10, 9, 2_000);
+        assert_eq!(split_drift(&a, track(10, 1_000), 5_000, STUCK_AFTER).stuck, 0, "the report is young");
+        assert_eq!(split_drift(&a, track(10, 1_000), 9_000, STUCK_AFTER), DriftSplit { in_flight: 0, stuck: 1 });
+    }
+
+    #[test]
+    fn an_overdue_report_makes_the_drift_stuck() {
+        // A borrow at 1 s that no report ever counted (the agent died).
+        let a = allocation(30, 20, 500);
+        assert_eq!(split_drift(&a, track(30, 1_000), 7_000, STUCK_AFTER).stuck, 0);
+        assert_eq!(split_drift(&a, track(30, 1_000), 8_500, STUCK_AFTER).stuck, 10);
+    }
+
+    #[test]
+    fn no_drift_and_units_in_doubt_are_never_stuck() {
+        let quiet = allocation(10, 10, 0);
+        assert_eq!(split_drift(&quiet, track(10, 0), 100_000, STUCK_AFTER), DriftSplit { in_flight: 0, stuck: 0 });
+        let lost = Allocation { in_doubt: 10, ..allocation(10, 0, 0) };
+        assert_eq!(split_drift(&lost, track(10, 0), 100_000, STUCK_AFTER), DriftSplit { in_flight: 0, stuck: 0 });
+    }
+
+    #[test]
+    fn before_any_sample_a_fresh_change_counts_as_in_flight() {
+        let a = allocation(30, 20, 0);
+        assert_eq!(split_drift(&a, None, 100_000, STUCK_AFTER).stuck, 0);
+    }
+}

@@ -1,0 +1,305 @@
+//! `invctl item create|show|list|close|add-stock`.
+
+use clap::Subcommand;
+use inventory_proto::v1 as pb;
+use serde::Serialize;
+
+use crate::Ctx;
+use crate::args::{count, quantity};
+use crate::conn::Failure;
+use crate::output::{fields, print, q, table};
+use crate::watermark::{WatermarksView, wm_text};
+
+#[derive(Subcommand)]
+pub enum ItemCmd {
+    /// Create an item (idempotent for the same definition).
+    Create {
+        item: String,
+        #[arg(long, value_parser = count, allow_negative_numbers = true)]
+        total: u64,
+        /// Units one user may hold per channel.
+        #[arg(long, default_value_t = 1, value_parser = count, allow_negative_numbers = true)]
+        per_user_limit: u64,
+        /// Reservation lifetime before it expires.
+        #[arg(long, default_value_t = 300_000, value_parser = count, allow_negative_numbers = true)]
+        reservation_ttl_ms: u64,
+        /// Default watermarks (all three, or none for defaults derived from --total).
+        #[arg(long, requires_all = ["high", "batch"], value_parser = count, allow_negative_numbers = true)]
+        low: Option<u64>,
+        #[arg(long, requires_all = ["low", "batch"], value_parser = count, allow_negative_numbers = true)]
+        high: Option<u64>,
+        #[arg(long, requires_all = ["low", "high"], value_parser = count, allow_negative_numbers = true)]
+        batch: Option<u64>,
+    },
+    /// The ledger view of one item, per channel.
+    Show { item: String },
+    /// Every item.
+    List,
+    /// Stop granting the item to channels (pools sell out, then SOLD_OUT); --reopen undoes.
+    Close {
+        item: String,
+        #[arg(long)]
+        reopen: bool,
+    },
+    /// Add units; repeat with the same --request-id to retry safely.
+    AddStock {
+        item: String,
+        #[arg(long, value_parser = quantity, allow_negative_numbers = true)]
+        quantity: u64,
+        /// Defaults to a fresh id (printed, so a retry can reuse it).
+        #[arg(long)]
+        request_id: Option<String>,
+    },
+}
+
+#[derive(Serialize)]
+pub struct ItemView {
+    item_id: String,
+    total: u64,
+    available: u64,
+    held: u64,
+    per_user_limit: u64,
+    reservation_ttl_ms: u64,
+    closed: bool,
+    watermarks: Option<WatermarksView>,
+}
+
+impl From<&pb::Item> for ItemView {
+    fn from(i: &pb::Item) -> Self {
+        Self {
+            item_id: i.item_id.clone(),
+            total: i.total,
+            available: i.available,
+            held: i.held,
+            per_user_limit: i.per_user_limit,
+            reservation_ttl_ms: i.reservation_ttl_ms,
+            closed: i.closed,
+            watermarks: i.watermarks.as_ref().map(WatermarksView::from),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Created {
+    #[serde(flatten)]
+    item: ItemView,
+    created: bool,
+}
+
+#[derive(Serialize)]
+struct StockAdded {
+    #[serde(flatten)]
+    item: ItemView,
+    request_id: String,
+    replayed: bool,
+}
+
+#[derive(Serialize)]
+struct Reported {
+    available: u64,
+    reserved: u64,
+    sold: u64,
+    at_unix_ms: i64,
+}
+
+#[derive(Serialize)]
+struct AllocationView {
+    channel: String,
+    held: u64,
+    granted: u64,
+    returned: u64,
+    reclaimed: u64,
+    reported: Reported,
+    drift: i64,
+    in_doubt: u64,
+    generation: u64,
+    epoch: u64,
+    lease_expires_at_unix_ms: i64,
+    lease_live: bool,
+    watermarks: Option<WatermarksView>,
+}
+
+impl From<&pb::ChannelAllocation> for AllocationView {
+    fn from(c: &pb::ChannelAllocation) -> Self {
+        Self {
+            channel: c.channel.clone(),
+            held: c.held,
+            granted: c.granted,
+            returned: c.returned,
+            reclaimed: c.reclaimed,
+            reported: Reported {
+                available: c.reported_available,
+                reserved: c.reported_reserved,
+                sold: c.reported_sold,
+                at_unix_ms: c.reported_at_unix_ms,
+            },
+            drift: c.drift,
+            in_doubt: c.in_doubt,
+            generation: c.generation,
+            epoch: c.epoch,
+            lease_expires_at_unix_ms: c.lease_expires_at_unix_ms,
+            lease_live: c.lease_live,
+            watermarks: c.watermarks.as_ref().map(WatermarksView::from),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ItemDetail {
+    #[serde(flatten)]
+    item: ItemView,
+    channels: Vec<AllocationView>,
+}
+
+pub fn items_table(items: &[pb::Item]) -> String {
+    let rows = items
+        .iter()
+        .map(|i| {
+            vec![
+                i.item_id.clone(),
+                i.total.to_string(),
+                i.available.to_string(),
+                i.held.to_string(),
+                i.per_user_limit.to_string(),
+                i.reservation_ttl_ms.to_string(),
+                wm_text(&i.watermarks),
+            ]
+        })
+        .collect();
+    table(&["ITEM", "TOTAL", "AVAILABLE", "HELD", "LIMIT", "TTL_MS", "LOW/HIGH/BATCH"], rows)
+}
+
+fn lease_text(c: &pb::ChannelAllocation) -> &'static str {
+    if c.epoch == 0 {
+        "-"
+    } else if c.lease_live {
+        "live"
+    } else {
+        "expired"
+    }
+}
+
+fn detail_text(i: &pb::Item, channels: &[pb::ChannelAllocation]) -> String {
+    let mut text = fields(&[
+        ("item", i.item_id.clone()),
+        ("total", i.total.to_string()),
+        ("center available", i.available.to_string()),
+        ("held by channels", i.held.to_string()),
+        ("per-user limit", i.per_user_limit.to_string()),
+        ("reservation ttl", format!("{} ms", i.reservation_ttl_ms)),
+        ("watermarks", wm_text(&i.watermarks)),
+        ("state", if i.closed { "closed".into() } else { "open".into() }),
+    ]);
+    if !channels.is_empty() {
+        let rows = channels
+            .iter()
+            .map(|c| {
+                vec![
+                    c.channel.clone(),
+                    c.held.to_string(),
+                    c.granted.to_string(),
+                    c.returned.to_string(),
+                    c.reclaimed.to_string(),
+                    c.reported_available.to_string(),
+                    c.reported_reserved.to_string(),
+                    c.reported_sold.to_string(),
+                    c.drift.to_string(),
+                    c.in_doubt.to_string(),
+                    c.generation.to_string(),
+                    c.epoch.to_string(),
+                    lease_text(c).into(),
+                    wm_text(&c.watermarks),
+                ]
+            })
+            .collect();
+        text.push('\n');
+        text.push_str(&table(
+            &[
+                "CHANNEL",
+                "HELD",
+                "GRANTED",
+                "RETURNED",
+                "RECLAIMED",
+                "AVAILABLE",
+                "RESERVED",
+                "SOLD",
+                "DRIFT",
+                "IN DOUBT",
+                "GENERATION",
+                "EPOCH",
+                "LEASE",
+                "LOW/HIGH/BATCH",
+            ],
+            rows,
+        ));
+    }
+    text
+}
+
+pub async fn run(ctx: &Ctx, cmd: ItemCmd) -> Result<(), Failure> {
+    let mut admin = ctx.conn.admin(&ctx.center).await?;
+    match cmd {
+        ItemCmd::Create { item, total, per_user_limit, reservation_ttl_ms, low, high, batch } => {
+            let watermarks = match (low, high, batch) {
+                (Some(low), Some(high), Some(batch)) => Some(pb::Watermarks { low, high, batch }),
+                _ => None,
+            };
+            let r = admin
+                .create_item(pb::CreateItemRequest {
+                    item_id: item,
+                    total,
+                    per_user_limit,
+                    reservation_ttl_ms,
+                    watermarks,
+                })
+                .await?
+                .into_inner();
+            let i = r.item.unwrap_or_default();
+            print(ctx.output, &Created { item: ItemView::from(&i), created: r.created }, || {
+                let verb = if r.created { "created" } else { "already exists (same definition)" };
+                format!("item {} {verb}\n{}", q(&i.item_id), items_table(std::slice::from_ref(&i)))
+            });
+        }
+        ItemCmd::Show { item } => {
+            let r = admin.get_item(pb::GetItemRequest { item_id: item }).await?.into_inner();
+            let i = r.item.unwrap_or_default();
+            let view = ItemDetail {
+                item: ItemView::from(&i),
+                channels: r.channels.iter().map(AllocationView::from).collect(),
+            };
+            print(ctx.output, &view, || detail_text(&i, &r.channels));
+        }
+        ItemCmd::List => {
+            let r = admin.list_items(pb::ListItemsRequest {}).await?.into_inner();
+            let view: Vec<ItemView> = r.items.iter().map(ItemView::from).collect();
+            print(ctx.output, &view, || items_table(&r.items));
+        }
+        ItemCmd::Close { item, reopen } => {
+            let r =
+                admin.close_item(pb::CloseItemRequest { item_id: item.clone(), closed: !reopen }).await?.into_inner();
+            let i = r.item.unwrap_or_default();
+            print(ctx.output, &ItemView::from(&i), || {
+                format!("item {} {}\n", q(&item), if i.closed { "closed: no more grants" } else { "open" })
+            });
+        }
+        ItemCmd::AddStock { item, quantity, request_id } => {
+            let request_id = request_id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+            let r = admin
+                .add_stock(pb::AddStockRequest { item_id: item, quantity, request_id: request_id.clone() })
+                .await?
+                .into_inner();
+            let i = r.item.unwrap_or_default();
+            let view = StockAdded { item: ItemView::from(&i), request_id: request_id.clone(), replayed: r.replayed };
+            print(ctx.output, &view, || {
+                let note = if r.replayed { " (replay: already applied)" } else { "" };
+                format!(
+                    "added {quantity} to {} (request id {}){note}\n{}",
+                    q(&i.item_id),
+                    q(&request_id),
+                    items_table(std::slice::from_ref(&i))
+                )
+            });
+        }
+    }
+    Ok(())
+}
