@@ -90,7 +90,8 @@ echo "== create an item: 100 units, at most 2 per user"
 for ch in app web; do
     if [ "$ch" = app ]; then g=$app_grpc; h=$app_http; else g=$web_grpc; h=$web_http; fi
     "$bin/inventory-agent" --channel "$ch" --agent-id "$ch-1" --center "$INVENTORY_CENTER" \
-        --listen "127.0.0.1:$g" --http-listen "127.0.0.1:$h" --store memory --insecure >"$work/agent-$ch.log" 2>&1 &
+        --listen "127.0.0.1:$g" --http-listen "127.0.0.1:$h" --store memory \
+        --memory-state-file "$work/agent-$ch.pools.json" --insecure >"$work/agent-$ch.log" 2>&1 &
     pids+=($!)
     printf -v "pid_$ch" '%s' $!
 done

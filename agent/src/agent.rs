@@ -48,6 +48,9 @@ pub struct Agent {
     pub reporting: Reporting,
     pub replicas: Arc<Replicas>,
     pub settings: AgentSettings,
+    /// Items to resync at the next registration even if the center does not list them
+    /// (pools a store kept from an earlier run).
+    also_resync: std::sync::Mutex<Vec<String>>,
 }
 
 impl Agent {
@@ -78,7 +81,25 @@ impl Agent {
             miss_wait: settings.miss_wait,
         };
         let reporting = Reporting::new(Arc::clone(&store), Arc::clone(&link), Arc::clone(&items));
-        Self { link, store, items, metrics, role, selling, stocking, reporting, replicas, settings }
+        Self {
+            link,
+            store,
+            items,
+            metrics,
+            role,
+            selling,
+            stocking,
+            reporting,
+            replicas,
+            settings,
+            also_resync: Default::default(),
+        }
+    }
+
+    /// Resync these items at the next registration too (the center's view wins for each,
+    /// even where it says the channel holds nothing of it).
+    pub fn resync_at_next_registration(&self, items: Vec<String>) {
+        self.also_resync.lock().unwrap_or_else(|e| e.into_inner()).extend(items);
     }
 
     pub fn is_leading(&self) -> bool {
@@ -117,9 +138,13 @@ impl Agent {
     pub async fn register(&self) -> Result<u64, AgentError> {
         let sent_at = self.link.now_ms();
         let reg = self.link.register().await.map_err(from_center)?;
-        let mut pending = Vec::with_capacity(reg.held.len());
-        for holding in &reg.held {
-            let id = ItemId::parse("item_id", &holding.item_id)?;
+        let mut ids: Vec<String> = reg.held.iter().map(|h| h.item_id.clone()).collect();
+        let also = self.also_resync.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let extra: Vec<String> = also.iter().filter(|id| !ids.contains(id)).cloned().collect();
+        ids.extend(extra);
+        let mut pending = Vec::with_capacity(ids.len());
+        for id in &ids {
+            let id = ItemId::parse("item_id", id)?;
             let item = self.selling.item(&id).await?;
             let kind = OpKind::Resync(ResyncWhy::Registration { epoch: reg.epoch });
             pending.push((Arc::clone(&item), self.stocking.submit(&item, kind)));
@@ -135,6 +160,7 @@ impl Agent {
                 }
             }
         }
+        self.also_resync.lock().unwrap_or_else(|e| e.into_inner()).retain(|id| !also.contains(id));
         self.link.renew_lease(sent_at);
         self.replicas.publish_lease().await;
         let _ = self.reporting.send(self.reporting.all().await, false).await;

@@ -48,6 +48,7 @@ impl Application {
     pub async fn build(config: AgentConfig) -> anyhow::Result<Self> {
         let acks_timeout = Duration::from_millis(config.redis_replica_ack_timeout_ms);
         let mut memory_state = None;
+        let mut kept_items = Vec::new();
         let store: Arc<dyn PoolStore> = match config.store {
             _ if !config.redis_cluster.is_empty() => Arc::new(
                 RedisPoolStore::new_cluster(&config.redis_cluster, &config.redis_prefix)
@@ -56,11 +57,12 @@ impl Application {
             ),
             StoreKind::Memory => match config.memory_state_path() {
                 Some(path) => {
-                    let (mem, n) = MemoryPoolStore::load(&path)
+                    let (mem, items) = MemoryPoolStore::load(&path, &config.center)
                         .map_err(|e| anyhow::anyhow!("cannot read the pools kept at {}: {e}", path.display()))?;
-                    if n > 0 {
-                        tracing::info!(pools = n, file = %path.display(), "pools kept from the last graceful stop");
+                    if !items.is_empty() {
+                        tracing::info!(pools = items.len(), file = %path.display(), "pools kept from the last graceful stop");
                     }
+                    kept_items = items;
                     let mem = Arc::new(mem);
                     memory_state = Some((Arc::clone(&mem), path));
                     mem
@@ -73,7 +75,7 @@ impl Application {
                     .with_replica_acks(config.redis_replica_acks, acks_timeout),
             ),
         };
-        let mut app = Self::build_with_store(config, store).await?;
+        let mut app = Self::build_with_store_keeping(config, store, kept_items).await?;
         app.memory_state = memory_state;
         Ok(app)
     }
@@ -81,6 +83,16 @@ impl Application {
     /// Like [`Application::build`] with a given pool store (tests wrap stores to observe
     /// or break them).
     pub async fn build_with_store(config: AgentConfig, store: Arc<dyn PoolStore>) -> anyhow::Result<Self> {
+        Self::build_with_store_keeping(config, store, Vec::new()).await
+    }
+
+    /// `kept_items`: items whose pools the store kept from an earlier run; the first
+    /// registration resyncs them too, whether or not the center lists them as held.
+    async fn build_with_store_keeping(
+        config: AgentConfig,
+        store: Arc<dyn PoolStore>,
+        kept_items: Vec<String>,
+    ) -> anyhow::Result<Self> {
         let channel = Channel::parse("channel", &config.channel)?;
         let agent_id = match &config.agent_id {
             Some(id) => AgentId::parse("agent_id", id)?,
@@ -108,6 +120,7 @@ impl Application {
         let grpc = bind(config.listen, "--listen").await?;
         let http = bind(config.http_listen, "--http-listen").await?;
         let agent = Arc::new(Agent::new(store, link, settings, limits));
+        agent.resync_at_next_registration(kept_items);
         // Replicas of the channel sharing this store: the first one leads; the others
         // follow (and sell under the leader's lease) until one of them takes over.
         agent.replicas.announce().await?;
@@ -264,7 +277,7 @@ impl Application {
         // Operations still queued (a follower's, or a leader handing over) end before exit.
         self.agent.stocking.wait_idle().await;
         if let Some((mem, path)) = &self.memory_state {
-            match mem.save(path) {
+            match mem.save(path, self.agent.link.url()) {
                 Ok(n) => tracing::info!(pools = n, file = %path.display(), "pools kept for the next start"),
                 Err(e) => {
                     tracing::error!(error = %e, file = %path.display(), "cannot keep the pools; the next start will find them lost")

@@ -40,6 +40,13 @@ fn new_generation() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| u64::try_from(d.as_micros()).unwrap_or(1).max(1))
 }
 
+/// What [`MemoryPoolStore::save`] writes.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SavedPools {
+    center: String,
+    pools: Vec<SavedPool>,
+}
+
 /// One pool as [`MemoryPoolStore::save`] writes it.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct SavedPool {
@@ -75,8 +82,9 @@ impl MemoryPoolStore {
     }
 
     /// Writes every pool to `path` (through a temporary file and a rename, so a reader
-    /// never sees half a file). Call only once nothing changes the pools any more.
-    pub fn save(&self, path: &Path) -> std::io::Result<usize> {
+    /// never sees half a file), with the center they belong to. Call only once nothing
+    /// changes the pools any more.
+    pub fn save(&self, path: &Path, center: &str) -> std::io::Result<usize> {
         let pools: Vec<SavedPool> = self
             .pools
             .iter()
@@ -86,30 +94,42 @@ impl MemoryPoolStore {
                 pool: lock(e.value()).clone(),
             })
             .collect();
+        let n = pools.len();
+        let saved = SavedPools { center: center.to_owned(), pools };
         let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, serde_json::to_vec(&pools).map_err(std::io::Error::other)?)?;
+        std::fs::write(&tmp, serde_json::to_vec(&saved).map_err(std::io::Error::other)?)?;
         std::fs::rename(&tmp, path)?;
-        Ok(pools.len())
+        Ok(n)
     }
 
-    /// A store holding the pools [`MemoryPoolStore::save`] wrote to `path`, which is then
-    /// deleted: a later crash must not bring back pools older than what was sold since
-    /// (the restarted agent must find them lost instead). No file: an empty store.
-    pub fn load(path: &Path) -> std::io::Result<(Self, usize)> {
+    /// A store holding the pools [`MemoryPoolStore::save`] wrote to `path` for `center`,
+    /// and the items they are of; the file is then deleted: a later crash must not bring
+    /// back pools older than what was sold since (the restarted agent must find them lost
+    /// instead). No file: an empty store. Pools kept for another center are refused.
+    pub fn load(path: &Path, center: &str) -> std::io::Result<(Self, Vec<String>)> {
         let store = Self::new();
         let bytes = match std::fs::read(path) {
             Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((store, 0)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((store, Vec::new())),
             Err(e) => return Err(e),
         };
-        let pools: Vec<SavedPool> = serde_json::from_slice(&bytes)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {e}", path.display())))?;
+        let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
+        let saved: SavedPools =
+            serde_json::from_slice(&bytes).map_err(|e| invalid(format!("{}: {e}", path.display())))?;
+        if saved.center != center {
+            return Err(invalid(format!(
+                "{} holds pools of the center at {}, not {center}; move it away to start with empty pools",
+                path.display(),
+                saved.center
+            )));
+        }
         std::fs::remove_file(path)?;
-        let n = pools.len();
-        for p in pools {
+        let mut items = Vec::with_capacity(saved.pools.len());
+        for p in saved.pools {
+            items.push(p.item_id.clone());
             store.pools.insert(PoolKey::new(p.channel, p.item_id), Arc::new(Mutex::new(p.pool)));
         }
-        Ok((store, n))
+        Ok((store, items))
     }
 
     /// The pool if it exists. The dashmap shard lock is released before the pool is locked.
@@ -314,4 +334,34 @@ impl ChannelState {
 
 pub(super) fn duplicate_reservation_id(id: &str) -> StoreError {
     StoreError::Protocol(format!("new_reservation_id {id:?} names an existing reservation"))
+}
+
+#[cfg(test)]
+mod keep_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn kept_pools_are_read_once_and_only_for_their_center() {
+        let dir = std::env::temp_dir().join(format!("inventory-keep-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("app.pools.json");
+        let store = MemoryPoolStore::new();
+        let pool = PoolKey::new("app", "skin");
+        store.refill(&pool, "g1", 5, 1).await.unwrap();
+        let before = store.snapshot(&pool).await.unwrap();
+        assert_eq!(store.save(&path, "http://a:1").unwrap(), 1);
+
+        let other = MemoryPoolStore::load(&path, "http://b:1").expect_err("pools of another center");
+        assert!(other.to_string().contains("http://a:1"), "{other}");
+        assert!(path.exists(), "a refused file is left for the operator");
+
+        let (again, items) = MemoryPoolStore::load(&path, "http://a:1").unwrap();
+        assert_eq!(items, vec!["skin".to_owned()]);
+        let after = again.snapshot(&pool).await.unwrap();
+        assert_eq!((after.available, after.generation), (before.available, before.generation));
+        assert!(!path.exists(), "read once");
+        let (empty, items) = MemoryPoolStore::load(&path, "http://a:1").unwrap();
+        assert!(items.is_empty() && empty.snapshot(&pool).await.unwrap().generation == 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
