@@ -34,20 +34,35 @@ impl Security {
             (None, Some(f)) => Some(read(f)?.trim().to_owned()),
             (None, None) => None,
         };
-        if backends.is_empty() || center_token.is_none() {
-            if !c.insecure {
-                anyhow::bail!(
-                    "refusing to start without tokens: set --backend-tokens-file and --center-token-file \
-                     (or INVENTORY_BACKEND_TOKENS / INVENTORY_CENTER_TOKEN), or pass --insecure"
-                );
-            }
-            tracing::warn!(
-                backends = !backends.is_empty(),
-                center = center_token.is_some(),
-                "INSECURE: running without tokens"
+        if (backends.is_empty() || center_token.is_none()) && !c.insecure {
+            anyhow::bail!(
+                "refusing to start without tokens: set --backend-tokens-file and --center-token-file \
+                 (or INVENTORY_BACKEND_TOKENS / INVENTORY_CENTER_TOKEN), or pass --insecure"
             );
         }
         Ok(Self { backends, center_token })
+    }
+
+    /// How callers and the center are authenticated, for the start-up line.
+    pub fn mode(&self) -> &'static str {
+        match (self.backends.is_empty(), self.center_token.is_none()) {
+            (false, false) => "tokens",
+            (true, true) => "insecure (no tokens)",
+            (true, false) => "insecure (no backend tokens)",
+            (false, true) => "insecure (no center token)",
+        }
+    }
+
+    /// Says so once the agent serves without tokens (after it bound its ports: an agent
+    /// that fails to start prints only why).
+    pub fn warn_if_insecure(&self) {
+        if self.backends.is_empty() || self.center_token.is_none() {
+            tracing::warn!(
+                backends = !self.backends.is_empty(),
+                center = self.center_token.is_some(),
+                "INSECURE: running without tokens"
+            );
+        }
     }
 
     pub fn server_tls(c: &AgentConfig) -> anyhow::Result<Option<ServerTlsConfig>> {

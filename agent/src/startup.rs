@@ -40,6 +40,8 @@ pub struct Application {
     max_concurrent: usize,
     rebalance_interval: Duration,
     heartbeat_interval: Option<Duration>,
+    /// Which pool store, for the start-up line.
+    store_kind: String,
     /// The memory store and where it keeps its pools across a graceful stop.
     memory_state: Option<(Arc<MemoryPoolStore>, PathBuf)>,
 }
@@ -119,6 +121,7 @@ impl Application {
         // channel behind at the center.
         let grpc = bind(config.listen, "--listen").await?;
         let http = bind(config.http_listen, "--http-listen").await?;
+        security.warn_if_insecure();
         let agent = Arc::new(Agent::new(store, link, settings, limits));
         agent.resync_at_next_registration(kept_items);
         // Replicas of the channel sharing this store: the first one leads; the others
@@ -163,6 +166,7 @@ impl Application {
             max_concurrent: config.max_concurrent_requests.max(1),
             rebalance_interval: Duration::from_millis(config.rebalance_interval_ms.max(1)),
             memory_state: None,
+            store_kind: store_description(&config),
             heartbeat_interval: (config.heartbeat_interval_ms > 0)
                 .then(|| Duration::from_millis(config.heartbeat_interval_ms)),
         })
@@ -224,7 +228,16 @@ impl Application {
             let _ = drain_tx.send(true);
         });
 
-        tracing::info!(grpc = %self.grpc_addr, http = %self.http_addr, channel = %self.agent.link.channel, "agent serving");
+        tracing::info!(
+            grpc = %self.grpc_addr,
+            http = %self.http_addr,
+            channel = %self.agent.link.channel,
+            store = %self.store_kind,
+            center = %self.agent.link.url(),
+            auth = self.security.mode(),
+            leading = self.agent.is_leading(),
+            "agent serving"
+        );
         let mut builder = tonic::transport::Server::builder();
         if let Some(tls) = self.server_tls {
             builder = builder.tls_config(tls)?;
@@ -292,4 +305,25 @@ impl Application {
 
 async fn bind(addr: SocketAddr, flag: &str) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr} ({flag}): {e}"))
+}
+
+/// The pool store in use, for the start-up line (no credentials: Redis URLs may carry them).
+fn store_description(config: &AgentConfig) -> String {
+    if !config.redis_cluster.is_empty() {
+        return format!("redis cluster ({} seed nodes)", config.redis_cluster.len());
+    }
+    match config.store {
+        StoreKind::Redis => format!("redis at {}", without_credentials(&config.redis_url)),
+        StoreKind::Memory => match config.memory_state_path() {
+            Some(path) => format!("memory (kept across graceful restarts in {})", path.display()),
+            None => "memory".to_owned(),
+        },
+    }
+}
+
+fn without_credentials(url: &str) -> String {
+    match (url.split_once("://"), url.rsplit_once('@')) {
+        (Some((scheme, _)), Some((_, host))) => format!("{scheme}://{host}"),
+        _ => url.to_owned(),
+    }
 }

@@ -36,20 +36,25 @@ impl Security {
             (None, None) => Ok(TokenSet::default()),
         }
         .map_err(|e| anyhow::anyhow!("agent tokens: {e}"))?;
-        if operators.is_empty() || agents.is_empty() {
-            if !c.insecure {
-                anyhow::bail!(
-                    "refusing to start without tokens: set --operator-token-file and --agent-tokens-file \
-                     (or INVENTORY_OPERATOR_TOKEN / INVENTORY_AGENT_TOKENS), or pass --insecure"
-                );
-            }
-            tracing::warn!(
-                operators = !operators.is_empty(),
-                agents = !agents.is_empty(),
-                "INSECURE: services without tokens accept any caller"
+        if (operators.is_empty() || agents.is_empty()) && !c.insecure {
+            anyhow::bail!(
+                "refusing to start without tokens: set --operator-token-file and --agent-tokens-file \
+                 (or INVENTORY_OPERATOR_TOKEN / INVENTORY_AGENT_TOKENS), or pass --insecure"
             );
         }
         Ok(Self { operators, agents })
+    }
+
+    /// Says so once the center serves without tokens (after it bound its ports: a center
+    /// that fails to start prints only why).
+    pub fn warn_if_insecure(&self) {
+        if self.operators.is_empty() || self.agents.is_empty() {
+            tracing::warn!(
+                operators = !self.operators.is_empty(),
+                agents = !self.agents.is_empty(),
+                "INSECURE: services without tokens accept any caller"
+            );
+        }
     }
 
     pub fn tls(c: &CenterConfig) -> anyhow::Result<Option<ServerTlsConfig>> {

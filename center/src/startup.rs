@@ -40,6 +40,8 @@ pub struct Application {
     prune_interval: Duration,
     security: Arc<Security>,
     tls: Option<tonic::transport::ServerTlsConfig>,
+    /// The database in use, without credentials, for the start-up line.
+    database: String,
 }
 
 impl Application {
@@ -55,11 +57,13 @@ impl Application {
         let store: Arc<dyn LedgerStore> = Arc::new(ledger);
         let grpc = TcpListener::bind(config.listen).await?;
         let http = TcpListener::bind(config.http_listen).await?;
+        security.warn_if_insecure();
         let http_tls = match (&config.tls_cert, &config.tls_key) {
             (Some(cert), Some(key)) => Some(inventory_net::server_config(cert, key)?),
             _ => None,
         };
         Ok(Self {
+            database: without_credentials(&config.database_url),
             http_tls,
             grpc_addr: grpc.local_addr()?,
             http_addr: http.local_addr()?,
@@ -136,7 +140,14 @@ impl Application {
 
         let pruner = tokio::spawn(crate::pruner::run(Arc::clone(&self.store), self.prune_interval, stop_rx.clone()));
 
-        tracing::info!(grpc = %self.grpc_addr, http = %self.http_addr, "center serving");
+        tracing::info!(
+            grpc = %self.grpc_addr,
+            http = %self.http_addr,
+            database = %self.database,
+            auth = if self.security.operators.is_empty() || self.security.agents.is_empty() { "insecure" } else { "tokens" },
+            tls = self.tls.is_some(),
+            "center serving"
+        );
         let mut grpc_stop = stop_rx.clone();
         let mut builder = tonic::transport::Server::builder();
         if let Some(tls) = self.tls {
@@ -207,5 +218,13 @@ impl Application {
             }
         }
         Ok(())
+    }
+}
+
+/// A database URL without its password (and user), for logs.
+fn without_credentials(url: &str) -> String {
+    match (url.split_once("://"), url.rsplit_once('@')) {
+        (Some((scheme, _)), Some((_, rest))) => format!("{scheme}://{rest}"),
+        _ => url.to_owned(),
     }
 }
