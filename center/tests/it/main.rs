@@ -4,7 +4,6 @@ mod center_crash;
 mod concurrency;
 mod console;
 mod contract;
-mod db_errors;
 mod hostile;
 mod lost_reply;
 mod model;

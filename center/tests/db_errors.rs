@@ -1,5 +1,9 @@
 //! A database error's text stays in the center's log, with the request id, and never
 //! reaches the caller: the answer is a short message saying what to do.
+//!
+//! A test binary of its own: it captures the log with a subscriber of its thread, and
+//! tracing's per-callsite interest cache, shared by every thread of a process, must not be
+//! settled by other tests' threads that have no subscriber.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -9,7 +13,38 @@ use inventory_test_support::TestDatabase;
 use inventory_test_support::proxy::{Fault, FaultProxy};
 use tonic::Code;
 
-use crate::contract::{borrow, create, register};
+use inventory_proto::v1 as pb;
+use inventory_proto::v1::admin_client::AdminClient;
+use inventory_proto::v1::center_client::CenterClient;
+use tonic::transport::Channel;
+
+async fn create(admin: &mut AdminClient<Channel>, item: &str, total: u64) {
+    let req = pb::CreateItemRequest { item_id: item.into(), total, per_user_limit: 2, ..Default::default() };
+    admin.create_item(req).await.expect("create item");
+}
+
+async fn register(center: &mut CenterClient<Channel>, channel: &str) -> u64 {
+    let req = pb::RegisterAgentRequest { channel: channel.into(), agent_id: format!("{channel}-1") };
+    center.register_agent(req).await.expect("register").into_inner().epoch
+}
+
+async fn borrow(
+    center: &mut CenterClient<Channel>,
+    item: &str,
+    channel: &str,
+    epoch: u64,
+    quantity: u64,
+    request_id: &str,
+) -> Result<pb::BorrowResponse, tonic::Status> {
+    let req = pb::BorrowRequest {
+        item_id: item.into(),
+        channel: channel.into(),
+        epoch,
+        quantity,
+        request_id: request_id.into(),
+    };
+    center.borrow(req).await.map(|r| r.into_inner())
+}
 
 /// Log lines written by the center while the test runs.
 #[derive(Clone, Default)]
