@@ -29,11 +29,18 @@ pub struct AgentSettings {
     pub return_sustain_ms: u64,
     /// How long a replica's claim to lead the channel lasts unless renewed.
     pub leader_ttl_ms: u64,
+    /// Lookups (DescribeItem) of items not loaded yet, per second, at most.
+    pub item_lookups_per_sec: u32,
 }
 
 impl Default for AgentSettings {
     fn default() -> Self {
-        Self { miss_wait: Duration::from_secs(2), return_sustain_ms: 2_000, leader_ttl_ms: 3_000 }
+        Self {
+            miss_wait: Duration::from_secs(2),
+            return_sustain_ms: 2_000,
+            leader_ttl_ms: 3_000,
+            item_lookups_per_sec: crate::items::DEFAULT_LOOKUPS_PER_SEC,
+        }
     }
 }
 
@@ -57,7 +64,7 @@ impl Agent {
     pub fn new(store: Arc<dyn PoolStore>, link: CenterLink, settings: AgentSettings, limits: UserLimits) -> Self {
         let link = Arc::new(link);
         let rules = Settings { return_sustain_ms: settings.return_sustain_ms, ..Settings::default() };
-        let items = Arc::new(Items::new(link.channel.clone(), rules));
+        let items = Arc::new(Items::new(link.channel.clone(), rules, settings.item_lookups_per_sec));
         let metrics = Arc::new(Metrics::default());
         let role = Arc::new(Role::default());
         let stocking = Arc::new(Stocking::new(Arc::clone(&store), Arc::clone(&link), Arc::clone(&metrics)));

@@ -67,6 +67,10 @@ pub struct AgentConfig {
     /// claim lasts this long unless renewed (a dead leader is replaced after it).
     #[arg(long, env = "INVENTORY_LEADER_TTL_MS", default_value_t = 3_000)]
     pub leader_ttl_ms: u64,
+    /// At most this many lookups (DescribeItem) of items the agent has not loaded yet, per
+    /// second: a flood of random item ids costs the center this many calls, no more.
+    #[arg(long, env = "INVENTORY_ITEM_LOOKUPS_PER_SEC", default_value_t = crate::items::DEFAULT_LOOKUPS_PER_SEC)]
+    pub item_lookups_per_sec: u32,
     /// How often the rebalancer looks at each pool.
     #[arg(long, env = "INVENTORY_REBALANCE_INTERVAL_MS", default_value_t = 50)]
     pub rebalance_interval_ms: u64,
@@ -156,6 +160,7 @@ impl AgentConfig {
             redis_prefix: redis_prefix.to_owned(),
             memory_state_file: None,
             no_memory_state: true,
+            item_lookups_per_sec: crate::items::DEFAULT_LOOKUPS_PER_SEC,
             redis_cluster: Vec::new(),
             redis_replica_acks: 0,
             redis_replica_ack_timeout_ms: 500,

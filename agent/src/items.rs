@@ -21,9 +21,10 @@ use crate::store::{PoolKey, PoolSnapshot};
 /// an item created meanwhile becomes sellable within this).
 const UNKNOWN_ITEM_MS: i64 = 1_000;
 
-/// Lookups of items not loaded yet, per second, at most: a flood of random item ids costs
-/// the center this many DescribeItem calls a second, not one per request.
-pub const LOOKUPS_PER_SEC: u32 = 100;
+/// Lookups of items not loaded yet, per second, at most (`--item-lookups-per-sec`): a
+/// flood of random item ids costs the center this many DescribeItem calls a second, not
+/// one per request.
+pub const DEFAULT_LOOKUPS_PER_SEC: u32 = 1_000;
 
 /// At most this many unknown ids are remembered (a flood of random ids cannot grow it).
 const UNKNOWN_ITEMS_KEPT: usize = 100_000;
@@ -129,8 +130,8 @@ pub struct Items {
 }
 
 impl Items {
-    pub fn new(channel: Channel, settings: Settings) -> Self {
-        let per_sec = NonZeroU32::new(LOOKUPS_PER_SEC).expect("a positive constant");
+    pub fn new(channel: Channel, settings: Settings, lookups_per_sec: u32) -> Self {
+        let per_sec = NonZeroU32::new(lookups_per_sec.max(1)).expect("max(1)");
         Self {
             channel,
             settings,
@@ -192,7 +193,7 @@ impl Items {
                 if self.lookups.check().is_err() {
                     self.lookups_refused.fetch_add(1, Ordering::Relaxed);
                     return Err(AgentError::Unavailable(format!(
-                        "too many lookups of items this agent does not know yet (at most {LOOKUPS_PER_SEC} a second); retry item_id {item:?} later"
+                        "too many lookups of items this agent does not know yet; retry item_id {item:?} later"
                     )));
                 }
                 self.lookups_made.fetch_add(1, Ordering::Relaxed);

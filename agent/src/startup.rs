@@ -115,6 +115,7 @@ impl Application {
             miss_wait: Duration::from_millis(config.miss_wait_ms),
             return_sustain_ms: config.return_sustain_ms,
             leader_ttl_ms: config.leader_ttl_ms.max(30),
+            item_lookups_per_sec: config.item_lookups_per_sec,
         };
         let limits = UserLimits::new(config.user_rate_per_sec, config.user_burst);
         // Bind before registering: an agent that cannot serve must not leave a registered
