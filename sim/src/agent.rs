@@ -80,9 +80,7 @@ impl World {
         match awaiter {
             Awaiter::Nobody => {}
             Awaiter::Miss(miss) => mem.items.get_mut(item).expect("loaded").misses.push((id, miss)),
-            Awaiter::Registration => {
-                mem.registering.as_mut().expect("registering").pending.push((item.to_owned(), id))
-            }
+            Awaiter::Registration => mem.registering.as_mut().expect("registering").pending.push((item.to_owned(), id)),
             Awaiter::Watcher => mem.watcher_awaits = Some((item.to_owned(), id)),
             Awaiter::Stopping => mem.stopping.as_mut().expect("stopping").awaits = Some((item.to_owned(), id)),
         }
@@ -130,7 +128,8 @@ impl World {
         }
         let described = slot.described.take_if(|(op, _)| *op == id).map(|(_, h)| h);
         let selling = slot.core.mode() == inventory_core::channel::Mode::Selling;
-        let (waking, misses): (Vec<_>, Vec<_>) = std::mem::take(&mut slot.misses).into_iter().partition(|(op, _)| *op == id);
+        let (waking, misses): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut slot.misses).into_iter().partition(|(op, _)| *op == id);
         slot.misses = misses;
         let mem = self.mem(c);
         for (_, miss) in waking {

@@ -8,7 +8,9 @@ use inventory_core::channel::{Admission, MissPlan, OpKind, Refusal};
 
 use crate::agent::{Awaiter, Res};
 use crate::config::{MISS_WAIT_MS, Violation};
-use crate::world::{AcquireArgs, AcquireResult, KeyUse, Miss, RECORD_RETENTION_MS, ReservationState, Transition, World, broken};
+use crate::world::{
+    AcquireArgs, AcquireResult, KeyUse, Miss, RECORD_RETENTION_MS, ReservationState, Transition, World, broken,
+};
 
 /// Users per run: few, so per-user limits bite.
 const USERS: u64 = 6;
@@ -137,7 +139,15 @@ impl World {
 
     /// SOLD_OUT answered (after a Borrow: UNAVAILABLE if the center counts as
     /// unreachable); an empty pool may turn the fast path on.
-    fn answered_sold_out(&mut self, c: usize, item: &str, shelf: u64, available: u64, what: &str, borrowed: bool) -> Res {
+    fn answered_sold_out(
+        &mut self,
+        c: usize,
+        item: &str,
+        shelf: u64,
+        available: u64,
+        what: &str,
+        borrowed: bool,
+    ) -> Res {
         if borrowed && !inventory_core::channel::lease::reachable(self.mem(c).unanswered) {
             self.log(format!("{what} -> unavailable (pool empty, center unreachable)"));
             return Ok(());
@@ -254,7 +264,6 @@ impl World {
         self.finish(c, &item, &id, confirm)
     }
 
-
     /// `Selling::confirm` / `Selling::cancel`.
     pub(crate) fn finish(&mut self, c: usize, item: &str, id: &str, confirm: bool) -> Res {
         let verb = if confirm { "confirm" } else { "cancel" };
@@ -263,8 +272,8 @@ impl World {
             self.log(format!("{what} -> agent down"));
             return Ok(());
         };
-        if mem.stopping.is_some() {
-            self.log(format!("{what} -> unavailable (the agent is shutting down)"));
+        if !mem.started || mem.stopping.is_some() {
+            self.log(format!("{what} -> unavailable (the agent is starting or shutting down)"));
             return Ok(());
         }
         let now = self.now_ms;
@@ -282,7 +291,11 @@ impl World {
             _ => false,
         };
         let core = &mut self.slot(c, item).core;
-        if returned { core.stock_returned() } else { core.touch() }
+        if returned {
+            core.stock_returned()
+        } else {
+            core.touch()
+        }
         Ok(())
     }
 }

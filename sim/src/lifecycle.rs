@@ -6,8 +6,8 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use inventory_core::channel::{Ctx, ItemCore, OpKind, Policy, Report as CoreReport, ResyncWhy};
 use inventory_core::channel::lease;
+use inventory_core::channel::{Ctx, ItemCore, OpKind, Policy, Report as CoreReport, ResyncWhy};
 use inventory_core::ledger::PoolCounts;
 
 use crate::agent::{Awaiter, Res, core_holding};
@@ -59,6 +59,7 @@ impl World {
             events: VecDeque::new(),
             watcher_awaits: None,
             registering: None,
+            started: false,
             stopping: None,
             wakeups: Vec::new(),
         });
@@ -114,6 +115,7 @@ impl World {
         let until = lease::lease_until(reg.sent_at_ms, LEASE_TTL_MS, LEASE_MARGIN_MS);
         let mem = self.mem(c);
         mem.lease_until_ms = mem.lease_until_ms.max(until);
+        mem.started = true;
         self.log(format!("{} registered and resynced (epoch {})", self.name(c), reg.epoch));
         self.send_reports(c, true, false, true);
         Ok(())
@@ -191,7 +193,7 @@ impl World {
     /// `Stocking::look` (the rebalancer's pass over one item): a due resync, the expiry
     /// sweep, then the rules' watermark decision.
     pub fn rebalance(&mut self, c: usize, item: &str) -> Res {
-        if self.agents[c].mem.as_ref().is_none_or(|m| m.stopping.is_some()) {
+        if self.agents[c].mem.as_ref().is_none_or(|m| !m.started || m.stopping.is_some()) {
             return Ok(());
         }
         let now = self.now_ms;

@@ -82,7 +82,9 @@ impl World {
     /// Delivers message `i` (any order: calls are independent streams).
     pub fn deliver(&mut self, i: usize) -> Res {
         match self.network.remove(i) {
-            Message::Request { channel: c, incarnation, epoch, borrow, item, quantity, request_id, attempt, .. } => {
+            Message::Request {
+                channel: c, incarnation, epoch, borrow, item, quantity, request_id, attempt, ..
+            } => {
                 let ch = self.agents[c].channel.clone();
                 let breakage = self.config.breakage;
                 let result = if borrow {

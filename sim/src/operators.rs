@@ -9,7 +9,6 @@ use crate::config::Violation;
 use crate::world::{Pool, World};
 
 impl World {
-
     /// The operator's `invctl resolve`, for every channel with units in doubt, with the
     /// number of units its orders show sold (the pool's sold units, and those sold from
     /// pool data that was lost). Only at quiescence, once every reservation is finished.

@@ -142,9 +142,9 @@ impl World {
         }
     }
 
-    /// The agent runs and is not shutting down (its rebalancer looks at pools).
+    /// The agent's workers run: it started and is not shutting down.
     fn looks(&self, c: usize) -> bool {
-        self.agents[c].mem.as_ref().is_some_and(|m| m.stopping.is_none())
+        self.agents[c].mem.as_ref().is_some_and(|m| m.started && m.stopping.is_none())
     }
 
     /// The watcher reads its next event (not while it awaits an operation, nor after
@@ -153,7 +153,7 @@ impl World {
         self.agents[c]
             .mem
             .as_ref()
-            .is_some_and(|m| m.stopping.is_none() && m.watcher_awaits.is_none() && !m.events.is_empty())
+            .is_some_and(|m| m.started && m.stopping.is_none() && m.watcher_awaits.is_none() && !m.events.is_empty())
     }
 
     fn actions(&self, c: usize) -> Vec<Action> {
@@ -233,7 +233,10 @@ impl World {
         self.log(format!("time +{ms} ms"));
         for c in 0..self.agents.len() {
             let due = self.agents[c].mem.as_ref().is_some_and(|m| {
-                m.registering.is_none() && m.stopping.is_none() && self.now_ms - m.last_heartbeat_ms >= HEARTBEAT_EVERY_MS
+                m.started
+                    && m.registering.is_none()
+                    && m.stopping.is_none()
+                    && self.now_ms - m.last_heartbeat_ms >= HEARTBEAT_EVERY_MS
             });
             if due {
                 self.heartbeat(c)?;

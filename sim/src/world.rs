@@ -62,6 +62,9 @@ pub struct AgentMem {
     pub watcher_awaits: Option<(String, OpId)>,
     /// A registration under way (the heartbeat worker awaits it).
     pub registering: Option<Registration>,
+    /// The start-up registration succeeded: the workers (rebalancer, heartbeat, event
+    /// watcher) run from then on, as `Application::run_until` starts them after `build`.
+    pub started: bool,
     /// SIGTERM received.
     pub stopping: Option<Stopping>,
     /// Acquires whose Borrow finished, to try the pool once more.
