@@ -38,8 +38,6 @@ impl World {
         self.acquire(c, &item, &user, quantity, &key, None)
     }
 
-    /// `Agent::acquire`: fast path, one pool call; on a miss, join the Borrow and try once
-
     /// `Selling::acquire`: admission by the rules, one pool call; on a miss, the rules'
     /// plan. An Acquire that waits for a Borrow goes on in [`World::wake`].
     pub(crate) fn acquire(
