@@ -13,7 +13,7 @@ use inventory_core::pool::PoolError;
 
 use crate::center::Holding;
 use crate::config::Violation;
-use crate::world::{AgentMem, Call, Miss, Pool, RECORD_RETENTION_MS, Slot, Wakeup, World, broken};
+use crate::world::{AgentMem, Call, Miss, RECORD_RETENTION_MS, Slot, Wakeup, World, broken};
 
 pub type Res<T = ()> = Result<T, Violation>;
 
@@ -313,9 +313,4 @@ impl World {
         }
         Ok(())
     }
-}
-
-/// A pool the store never created reads as an empty one of generation 0.
-pub fn pool_total(pool: Option<&Pool>) -> u64 {
-    pool.map_or(0, |p| p.counts().sum())
 }
