@@ -112,7 +112,7 @@ pub fn scenarios() -> Vec<Scenario> {
             name: "no-resync",
             test: "no_resync_keeps_every_invariant",
             config: Config { resync_at_quiescence: false, faults: Faults { rivals: Rivals::Never, ..faults }, ..base },
-            regression_seeds: &[0, 131],
+            regression_seeds: &[0, 131, 6778],
         },
         with("reclaim", "reclaim_keeps_every_invariant", reclaim, &[7, 60]),
         with("partition", "partition_keeps_every_invariant", partition, &[1, 13, 509]),

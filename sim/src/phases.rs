@@ -65,9 +65,9 @@ pub(crate) fn quiesce(w: &mut World, ck: Checker) -> Result<(), Violation> {
         w.finish(c, &item, &id, true)?;
         ck(w)?;
     }
-    if resync {
-        scheduled_resyncs(w, ck)?;
-    }
+    // The operator resolves once the agents have told what they know: a resync scheduled
+    // after an unknown outcome may still find units of a lost pool to put in doubt.
+    scheduled_resyncs(w, ck)?;
     w.log("--- the operator resolves units in doubt ---".to_owned());
     w.resolve_in_doubt()?;
     ck(w)?;
