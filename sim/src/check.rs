@@ -8,15 +8,13 @@ use std::collections::BTreeMap;
 
 use inventory_core::ledger;
 
-use crate::world::{ReservationState, Violation, World};
+use crate::config::Violation;
+use crate::world::{ReservationState, World};
 
 type Res = Result<(), Violation>;
 
 /// Everything that must hold at every instant.
 pub fn check_step(w: &World) -> Res {
-    if let Some(v) = w.reference.noticed.first() {
-        return Err(v.clone());
-    }
     check_bookkeeping(w)?;
     check_state(w)
 }
@@ -250,7 +248,7 @@ pub fn whereabouts(w: &World, item: &str) -> String {
     let mut parts = vec![format!("{item}: total {}, center available {}", state.total, state.available)];
     for agent in &w.agents {
         let pool = agent.pools.get(item).cloned().unwrap_or_default();
-        let flags = agent.mem.as_ref().and_then(|m| m.items.get(item));
+        let core = agent.mem.as_ref().and_then(|m| m.items.get(item)).map(|s| &s.core);
         parts.push(format!(
             "{}: held {}, pool {}/{}/{} available/reserved/sold{}",
             agent.name(),
@@ -258,17 +256,9 @@ pub fn whereabouts(w: &World, item: &str) -> String {
             pool.available(),
             pool.reserved(),
             pool.sold(),
-            flags.map_or_else(
+            core.map_or_else(
                 || " (down)".to_owned(),
-                |f| format!(
-                    " (center_dry {}, end_of_sale {}, local_empty {}, fast path {}, frozen {}, held in doubt {})",
-                    f.center_dry,
-                    f.end_of_sale,
-                    f.local_empty,
-                    f.fast_path_keys.is_some(),
-                    f.frozen,
-                    f.held_in_doubt
-                )
+                |c| format!(" ({:?}, {:?}, {:?}, busy {})", c.mode(), c.supply(), c.shelf(), c.busy())
             )
         ));
     }

@@ -1,18 +1,19 @@
-//! `inventory-sim [--scenario NAME] [--seed START] [--seeds N] [--steps N] [--trace]`
+//! `inventory-sim [--scenario NAME] [--seed START] [--seeds N] [--steps N] [--trace] [--state-only]`
 //!
 //! Runs N seeds from START (default 0 and 1000) of a scenario (default `default`) and
 //! prints the first failing seed with its trace, or a summary. With `--trace`, runs the
-//! one seed START and prints its whole trace.
+//! one seed START and prints its whole trace. With `--state-only`, judges only the visible
+//! state (`check::check_state`), not the reference model's bookkeeping.
 
 use std::process::ExitCode;
 use std::time::Instant;
 
-use inventory_sim::{Stats, run, scenario, scenarios};
+use inventory_sim::{Checker, Stats, check, run_checked, scenario, scenarios};
 
 fn usage() -> String {
     let names: Vec<&str> = scenarios().iter().map(|s| s.name).collect();
     format!(
-        "usage: inventory-sim [--scenario NAME] [--seed START] [--seeds N] [--steps N] [--trace]\nscenarios: {}",
+        "usage: inventory-sim [--scenario NAME] [--seed START] [--seeds N] [--steps N] [--trace] [--state-only]\nscenarios: {}",
         names.join(", ")
     )
 }
@@ -20,6 +21,7 @@ fn usage() -> String {
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let (mut name, mut start, mut count, mut steps, mut trace) = ("default".to_owned(), 0u64, 1000u64, None, false);
+    let mut checker: Checker = check::check_step;
     while let Some(arg) = args.next() {
         let mut value = |flag: &str| args.next().ok_or_else(|| format!("{flag} needs a value"));
         let parsed: Result<(), String> = match arg.as_str() {
@@ -33,6 +35,10 @@ fn main() -> ExitCode {
             }
             "--trace" => {
                 trace = true;
+                Ok(())
+            }
+            "--state-only" => {
+                checker = check::check_state;
                 Ok(())
             }
             "-h" | "--help" => {
@@ -54,7 +60,7 @@ fn main() -> ExitCode {
         sc.config.steps = steps;
     }
     if trace {
-        return match run(start, &sc) {
+        return match run_checked(start, &sc, checker) {
             Ok(outcome) => {
                 for line in &outcome.trace {
                     println!("{line}");
@@ -74,7 +80,7 @@ fn main() -> ExitCode {
     let began = Instant::now();
     let mut total = Stats::default();
     for seed in start..start.saturating_add(count) {
-        match run(seed, &sc) {
+        match run_checked(seed, &sc, checker) {
             Ok(outcome) => total.add(&outcome.stats),
             Err(failure) => {
                 println!("{failure}");

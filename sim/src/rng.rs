@@ -25,7 +25,7 @@ impl Rng {
     pub fn below(&mut self, n: u64) -> u64 {
         assert!(n > 0, "below(0)");
         // Lemire's multiply-shift; the tiny bias is irrelevant here.
-        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
+        u64::try_from((u128::from(self.next_u64()) * u128::from(n)) >> 64).expect("the high half of a u128 fits in u64")
     }
 
     /// Uniform in `lo..=hi`.
@@ -40,7 +40,7 @@ impl Rng {
 
     /// An index into a slice of length `len` (positive).
     pub fn index(&mut self, len: usize) -> usize {
-        self.below(len as u64) as usize
+        usize::try_from(self.below(u64::try_from(len).expect("a length fits in u64"))).expect("below len")
     }
 
     /// An index chosen with the given weights (at least one positive).

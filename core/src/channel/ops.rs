@@ -357,7 +357,9 @@ impl ItemCore {
             }
             (Stage::BorrowReadGranted { granted }, Reply::Pool(view)) => {
                 if self.check_pool(&view, ctx, notes) {
-                    // The units count as the channel's and fall in doubt.
+                    // The units count as the channel's and fall in doubt, once the center
+                    // hears the pool is lost: it may have heard so before this grant.
+                    self.last_reported = None;
                     return self.borrow_ended(id, 0);
                 }
                 let effect = self.refill_effect(&op, granted, 0);
@@ -377,7 +379,9 @@ impl ItemCore {
                 self.borrow_ended(id, 0)
             }
             (Stage::BorrowRefill { .. }, Reply::Store(StoreFault::PoolMissing)) => {
-                // Lost after the check above: freeze; the units fall in doubt.
+                // Lost after the check above: freeze; the units fall in doubt (reported
+                // lost again, in case the center heard of the loss before this grant).
+                self.last_reported = None;
                 if self.mode != Mode::Lost {
                     notes.push(Note::PoolLost { known: self.generation, now: 0 });
                     self.mode = Mode::Lost;
@@ -445,6 +449,11 @@ impl ItemCore {
                 } else {
                     resync_plan(&holding, &view, only_remove)
                 };
+                if plan == ResyncPlan::Lost && holding.in_doubt < holding.held {
+                    // Units the center granted after it heard the pool was lost are not in
+                    // doubt yet: report the pool lost again, or they stay stranded here.
+                    self.last_reported = None;
+                }
                 // Pool writes of a resync carry the channel's epoch now (the registration's).
                 op.epoch = ctx.epoch;
                 self.align(op, plan, view, notes)

@@ -435,3 +435,51 @@ fn an_unsettled_return_is_only_settled_at_its_schedule() {
     assert!(!core.on_center_answered(200), "re-adding units whose Return then lands would sell them twice");
     assert_eq!(core.resync_at(), Some(100 + Settings::default().resync_after_unknown_ms));
 }
+
+/// Units granted after the pool was reported lost are not in doubt at the center (it put
+/// in doubt what the channel held when the report came): the pool must be reported lost
+/// again, else they stay with the frozen channel, neither sold nor resolvable.
+#[test]
+fn a_grant_for_a_pool_already_reported_lost_is_reported_again() {
+    let mut core = item();
+    let mut notes = Vec::new();
+    let (_, s) = core.submit(OpKind::Borrow { want: 10 }, "b1".into(), ctx(0, 1));
+    let s = feed(&mut core, &s, Reply::Pool(view(0, 3)), ctx(0, 1));
+    assert!(matches!(work(&s).effect, Effect::Borrow { .. }));
+    // While the Borrow is out, the store loses the pool; a heartbeat reports it lost, and
+    // the center (holding nothing of the channel yet) acknowledges it.
+    assert_eq!(core.report(Some(view(0, 0)), ctx(10, 1), &mut notes), Some(Report::Lost));
+    core.reported(Report::Lost);
+    assert!(!core.report_changed(&Report::Lost));
+    // The grant lands: not refilled into the lost pool, so the center must hear again.
+    let s = feed(&mut core, &s, Reply::Granted { granted: 10, center_available: 90 }, ctx(20, 1));
+    let s = feed(&mut core, &s, Reply::Pool(view(0, 0)), ctx(20, 1));
+    assert!(matches!(s.finished[..], [(_, OpResult::Borrowed { granted: 0 })]));
+    assert!(core.report_changed(&Report::Lost), "the lost pool is reported again");
+}
+
+/// A resync that finds the pool lost while the center holds units of it not in doubt
+/// (granted after the loss was reported) has the pool reported lost again.
+#[test]
+fn a_resync_finding_units_not_in_doubt_of_a_lost_pool_reports_it_again() {
+    let mut core = item();
+    let mut notes = Vec::new();
+    core.check_pool(&view(0, 3), ctx(0, 1), &mut notes);
+    assert_eq!(core.report(Some(view(0, 0)), ctx(0, 1), &mut notes), Some(Report::Lost));
+    core.reported(Report::Lost);
+    let (_, s) = core.submit(OpKind::Resync(ResyncWhy::Scheduled), "s".into(), ctx(5_000, 1));
+    let s = feed(&mut core, &s, Reply::Holding(Holding { held: 10, generation: 3, in_doubt: 0 }), ctx(5_000, 1));
+    feed(&mut core, &s, Reply::Pool(view(0, 0)), ctx(5_000, 1));
+    assert_eq!(core.mode(), Mode::Lost);
+    assert!(core.report_changed(&Report::Lost), "the center must put those units in doubt");
+    // Once every unit is in doubt, nothing more to tell.
+    core.reported(Report::Lost);
+    let (_, s) = core.submit(OpKind::Resync(ResyncWhy::Scheduled), "s2".into(), ctx(5_000, 1));
+    assert!(s.next.is_none(), "not due: the resync ran");
+    let mut core2 = core.clone();
+    core2.schedule_resync(0);
+    let (_, s) = core2.submit(OpKind::Resync(ResyncWhy::Scheduled), "s3".into(), ctx(5_000, 1));
+    let s = feed(&mut core2, &s, Reply::Holding(Holding { held: 10, generation: 3, in_doubt: 10 }), ctx(5_000, 1));
+    feed(&mut core2, &s, Reply::Pool(view(0, 0)), ctx(5_000, 1));
+    assert!(!core2.report_changed(&Report::Lost));
+}

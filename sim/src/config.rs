@@ -1,0 +1,173 @@
+//! What a run injects (faults, rivals, reclaims, deliberate breakage of the center), the
+//! agent's tunables as the simulated agents are configured, and what a broken rule is.
+
+use std::fmt;
+
+use inventory_core::channel::Settings;
+
+/// Channel names, in order; a world uses the first `n`.
+pub const CHANNELS: [&str; 4] = ["app", "web", "eu-west", "partner"];
+/// Item names, in order; a world uses the first `n`.
+pub const ITEMS: [&str; 2] = ["skin", "bundle"];
+
+/// Lease of an agent's registration (`--lease-ttl-ms` at the center), and the grace before
+/// a reclaim is allowed.
+pub const LEASE_TTL_MS: u64 = 3_000;
+pub const RECLAIM_GRACE_MS: u64 = 1_000;
+/// The agent stops selling this long before its lease runs out (`--lease-margin-ms`).
+pub const LEASE_MARGIN_MS: u64 = 1_000;
+/// The agent heartbeats every third of its lease (`workers::heartbeat`).
+pub const HEARTBEAT_EVERY_MS: i64 = 1_000;
+/// How long an Acquire that found the pool empty waits for its Borrow (`--miss-wait-ms`).
+pub const MISS_WAIT_MS: i64 = 2_000;
+/// How long a pool stays above high before surplus goes back (`AgentSettings`; shorter
+/// than the agent's default so that runs of a few seconds give back).
+pub const RETURN_SUSTAIN_MS: u64 = 500;
+/// A quiet pool is looked at this often by the rebalancer (`workers::IDLE_LOOK_EVERY_MS`).
+pub const IDLE_LOOK_EVERY_MS: i64 = 500;
+/// Attempts of one Borrow/Return by the link, all with the same request id and epoch
+/// (`link::ATTEMPTS`).
+pub const LINK_ATTEMPTS: u32 = 5;
+/// With [`Faults::bounded_delays`], a call or reply lands (or is gone) at most this long
+/// after it was sent: the link's deadline per attempt (`--center-timeout-ms`). Shorter
+/// than `Settings::resync_after_unknown_ms`, the assumption that resync relies on.
+pub const MAX_DELAY_MS: i64 = 2_000;
+
+/// The rules' tunables as the simulated agents run them.
+pub fn settings() -> Settings {
+    Settings { return_sustain_ms: RETURN_SUSTAIN_MS, ..Settings::default() }
+}
+
+/// Which faults a run injects. Percentages are per opportunity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Faults {
+    /// A Borrow/Return attempt (or a DescribeItem) vanishes before the center sees it.
+    pub lose_request_pct: u32,
+    /// The center applied the call but the reply never arrives.
+    pub lose_reply_pct: u32,
+    /// A heartbeat is lost (the lease is not renewed): with enough of them a live agent's
+    /// lease expires and it can be reclaimed while it still sells (a partition).
+    pub lose_heartbeat_pct: u32,
+    /// Agents crash (volatile memory lost, pool kept) and restart.
+    pub crashes: bool,
+    /// Agents stop gracefully (SIGTERM: give back what is unreserved, final report).
+    pub stops: bool,
+    /// When the operator reclaims a channel whose lease expired (plus grace).
+    pub reclaims: Reclaims,
+    /// A pool's store loses its data (Redis restarted without persistence).
+    pub pool_data_loss: bool,
+    /// Second processes of a running agent's channel registering, fencing it.
+    pub rivals: Rivals,
+    /// Calls and replies land or are gone within [`MAX_DELAY_MS`] of being sent (off: a
+    /// call may reach the center any time later, e.g. after the agent's resync).
+    pub bounded_delays: bool,
+    /// A pool store may lose a pool between a Borrow's check of the pool once the grant is
+    /// in and its refill (which must then find the pool missing). Off, stores lose pools
+    /// at any other moment, including while the Borrow's call is out.
+    pub loss_before_refill: bool,
+    /// An attempt may still be on its way when the link gives up on its call, and land
+    /// afterwards (within [`MAX_DELAY_MS`] with bounded delays). Off, the attempts of a
+    /// call given up are lost: an unknown outcome comes only from lost replies.
+    pub late_attempts: bool,
+}
+
+impl Faults {
+    /// Everything the rules survive together: lost, late (within the deadline),
+    /// reordered and replayed calls and their unknown outcomes, attempts landing after the
+    /// link gave up, crashes, graceful stops and restarts, stale calls of dead
+    /// incarnations, second processes fencing running agents with calls in flight, pool
+    /// stores losing their data at any moment but the refill window, and reclaims of
+    /// agents that stopped gracefully. Reclaims of crashed or partitioned agents, the
+    /// refill window and a shared pool store have scenarios of their own.
+    pub const DEFAULT: Faults = Faults {
+        lose_request_pct: 5,
+        lose_reply_pct: 10,
+        lose_heartbeat_pct: 0,
+        crashes: true,
+        stops: true,
+        reclaims: Reclaims::StoppedAgents,
+        pool_data_loss: true,
+        rivals: Rivals::Fence,
+        bounded_delays: true,
+        loss_before_refill: false,
+        late_attempts: true,
+    };
+}
+
+/// Second processes of a channel (a deploy overlapping the running agent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rivals {
+    Never,
+    /// It registers (a new epoch) and dies before its resync: the running agent is fenced
+    /// with its calls in flight and registers again at its next heartbeat.
+    Fence,
+    /// It registers, then resyncs (with rules of its own) the pools of the store it shares
+    /// with the running agent, reports and stops: both believe they lead the channel.
+    SharedStore,
+}
+
+/// The operator's use of `invctl reclaim`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reclaims {
+    Never,
+    /// Only channels whose agent stopped gracefully: its final report is exact.
+    StoppedAgents,
+    /// Whenever the lease has expired for the grace period.
+    LeaseExpired,
+}
+
+/// Deliberate breakage of the center, to show the checker catches real mistakes (the
+/// simulator is not vacuous). All off in real runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Breakage {
+    /// The center applies Borrow/Return whatever epoch they carry.
+    pub skip_epoch_check: bool,
+    /// The center ignores its request table: a replayed Borrow/Return applies again.
+    pub apply_replays: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// Random steps before the run drains to quiescence and sells out.
+    pub steps: usize,
+    pub faults: Faults,
+    pub breakage: Breakage,
+    /// At quiescence, every agent registers again and resyncs before invariant 2 is
+    /// checked. Without it, a running agent keeps whatever drift the faults left until
+    /// its own scheduled resyncs settle it.
+    pub resync_at_quiescence: bool,
+    /// Units in doubt while no pool store lost data and no reclaim put them in doubt are
+    /// a violation (invariant 7: they stay stranded until an operator resolves them).
+    pub doubt_requires_data_loss: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            steps: 300,
+            faults: Faults::DEFAULT,
+            breakage: Breakage::default(),
+            resync_at_quiescence: true,
+            doubt_requires_data_loss: true,
+        }
+    }
+}
+
+/// One broken rule: which invariant (as numbered in the brief) and what was seen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub invariant: &'static str,
+    pub detail: String,
+}
+
+impl Violation {
+    pub fn new(invariant: &'static str, detail: impl Into<String>) -> Self {
+        Self { invariant, detail: detail.into() }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invariant {}: {}", self.invariant, self.detail)
+    }
+}

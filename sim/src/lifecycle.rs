@@ -1,0 +1,342 @@
+//! The agent's sequences that span items, as `agent/src` runs them over the rules: start
+//! and registration (`Agent::register`), heartbeats and reports (`Reporting`,
+//! `workers::heartbeat`), the rebalancer's look (`Stocking::look`), the event watcher
+//! (`events::apply`), the drain at shutdown (`Agent::drain`), a crash, and a second process
+//! of the channel registering.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use inventory_core::channel::lease;
+use inventory_core::channel::{Ctx, ItemCore, OpKind, Policy, Report as CoreReport, ResyncWhy};
+use inventory_core::ledger::PoolCounts;
+
+use crate::agent::{Awaiter, Res, core_holding};
+use crate::center::{CenterEvent, HeartbeatAnswer, Refusal, Report};
+use crate::config::{IDLE_LOOK_EVERY_MS, LEASE_MARGIN_MS, LEASE_TTL_MS, Rivals, settings};
+use crate::world::{AgentMem, RECORD_RETENTION_MS, Registration, Slot, Stopping, World, broken};
+
+impl World {
+    /// The item's policy and the center's stock, as DescribeItem gives them to a new process.
+    fn load_item(&self, item: &str) -> ItemCore {
+        let it = self.center.item(item);
+        let policy = Policy {
+            per_user_limit: it.state.per_user_limit,
+            reservation_ttl_ms: it.state.reservation_ttl_ms,
+            watermarks: it.watermarks,
+            closed: false,
+        };
+        ItemCore::new(policy, it.state.available, settings())
+    }
+
+    /// A new process: every item loaded fresh, then the start-up registration.
+    pub fn restart(&mut self, c: usize) -> Res {
+        let items = self
+            .item_names()
+            .into_iter()
+            .map(|name| {
+                let slot = Slot {
+                    core: self.load_item(&name),
+                    work: None,
+                    call: None,
+                    kinds: BTreeMap::new(),
+                    described: None,
+                    granted: None,
+                    misses: Vec::new(),
+                };
+                (name, slot)
+            })
+            .collect();
+        let agent = &mut self.agents[c];
+        agent.incarnations += 1;
+        agent.stopped_gracefully = false;
+        agent.mem = Some(AgentMem {
+            incarnation: agent.incarnations,
+            epoch: 0,
+            lease_until_ms: 0,
+            unanswered: 0,
+            last_heartbeat_ms: self.now_ms,
+            items,
+            events: VecDeque::new(),
+            watcher_awaits: None,
+            registering: None,
+            started: false,
+            stopping: None,
+            wakeups: Vec::new(),
+        });
+        self.log(format!("{} starts (incarnation {})", self.name(c), self.agents[c].incarnations));
+        self.register(c, true)?;
+        self.settle(c)
+    }
+
+    /// A running agent registers again (as its heartbeat worker does when fenced).
+    pub fn register_and_resync(&mut self, c: usize) -> Res {
+        self.register(c, false)?;
+        self.settle(c)
+    }
+
+    /// `Agent::register`: a new epoch (the lease dropped), then a resync of every item the
+    /// center says the channel holds, queued behind whatever the item is doing; the lease
+    /// follows once all have ended ([`World::registered`]).
+    fn register(&mut self, c: usize, startup: bool) -> Res {
+        let name = self.name(c);
+        let sent_at_ms = self.now_ms;
+        let (epoch, held) = self.center.register(&name, &format!("{name}-1"), self.now_ms);
+        let mem = self.mem(c);
+        mem.lease_until_ms = 0;
+        mem.epoch = epoch;
+        mem.registering = Some(Registration {
+            sent_at_ms,
+            epoch,
+            held: held.iter().map(|h| (h.item.clone(), h.clone())).collect(),
+            pending: Vec::new(),
+            failed: false,
+            startup,
+        });
+        self.log(format!("{name} registers: epoch {epoch}, holds {held:?}"));
+        for h in held {
+            self.submit(c, &h.item, OpKind::Resync(ResyncWhy::Registration { epoch }), Awaiter::Registration)?;
+        }
+        Ok(())
+    }
+
+    /// Every resync of the registration ended: the lease from the send time and a report
+    /// at once, or, if one failed, no lease (the start-up registration is tried again; the
+    /// heartbeat worker's next heartbeat renews the lease under the new epoch).
+    pub(crate) fn registered(&mut self, c: usize) -> Res {
+        let reg = self.mem(c).registering.take().expect("registering");
+        if reg.failed {
+            self.stats.registrations_failed += 1;
+            self.log(format!("{} registration (epoch {}) failed: a resync did not finish", self.name(c), reg.epoch));
+            if reg.startup {
+                return self.register(c, true);
+            }
+            return Ok(());
+        }
+        let until = lease::lease_until(reg.sent_at_ms, LEASE_TTL_MS, LEASE_MARGIN_MS);
+        let mem = self.mem(c);
+        mem.lease_until_ms = mem.lease_until_ms.max(until);
+        mem.started = true;
+        self.log(format!("{} registered and resynced (epoch {})", self.name(c), reg.epoch));
+        self.send_reports(c, true, false, true);
+        Ok(())
+    }
+
+    /// `Reporting::send` of every pool (`all`) or of those whose report changed: renews the
+    /// lease and stops selling what the center holds in doubt. `None`: the heartbeat was lost.
+    fn send_reports(
+        &mut self,
+        c: usize,
+        all: bool,
+        last_report: bool,
+        may_lose: bool,
+    ) -> Option<Result<HeartbeatAnswer, Refusal>> {
+        let sent_at = self.now_ms;
+        let ctx = self.ctx(c);
+        let mut reports = Vec::new();
+        for item in self.item_names() {
+            let view = self.view(c, &item);
+            let mut notes = Vec::new();
+            let slot = self.slot(c, &item);
+            let read = slot.core.report_needs_read().then_some(view);
+            let Some(report) = slot.core.report(read, ctx, &mut notes) else { continue };
+            if all || slot.core.report_changed(&report) {
+                reports.push((item.clone(), report));
+            }
+            for note in notes {
+                self.log(format!("{}/{item}: {note:?}", self.name(c)));
+            }
+        }
+        if may_lose && !self.calm() && self.rng.percent(self.config.faults.lose_heartbeat_pct) {
+            self.mem(c).unanswered += 1;
+            self.log(format!("heartbeat {} lost", self.name(c)));
+            return None;
+        }
+        let wire: Vec<Report> = reports.iter().map(|(item, r)| to_wire(item, r)).collect();
+        let (epoch, channel) = (ctx.epoch, self.agents[c].channel.clone());
+        let result = self.center.heartbeat(&channel, epoch, &wire, last_report, self.now_ms);
+        self.mem(c).unanswered = 0;
+        match &result {
+            Ok(answer) => {
+                self.stats.generation_changes += count(answer.generation_changed.len());
+                self.stats.lost_pools_without_units += count(answer.lost_without_units.len());
+                let until = lease::lease_until(sent_at, LEASE_TTL_MS, LEASE_MARGIN_MS);
+                let mem = self.mem(c);
+                mem.lease_until_ms = mem.lease_until_ms.max(until);
+                for (item, r) in reports {
+                    self.slot(c, &item).core.reported(r);
+                }
+                for item in &answer.in_doubt_items {
+                    if self.slot(c, item).core.on_in_doubt() {
+                        self.stats.frozen_by_center += 1;
+                    }
+                }
+                self.log(format!("heartbeat {channel} epoch {epoch} last {last_report}: {wire:?} -> {answer:?}"));
+            }
+            Err(r) => self.log(format!("heartbeat {channel} epoch {epoch}: {wire:?} -> {r}")),
+        }
+        Some(result)
+    }
+
+    /// `workers::heartbeat`: the changed pools; fenced (a stale epoch): register again.
+    pub(crate) fn heartbeat(&mut self, c: usize) -> Res {
+        self.mem(c).last_heartbeat_ms = self.now_ms;
+        if let Some(Err(_)) = self.send_reports(c, false, false, true) {
+            self.log(format!("{} is fenced; registering again", self.name(c)));
+            self.stats.fenced_reregistrations += 1;
+            let calls = self.mem(c).items.values().any(|s| s.call.is_some());
+            self.stats.fenced_with_calls_in_flight += u64::from(calls);
+            self.register(c, false)?;
+        }
+        Ok(())
+    }
+
+    /// `Stocking::look` (the rebalancer's pass over one item): a due resync, the expiry
+    /// sweep, then the rules' watermark decision.
+    pub fn rebalance(&mut self, c: usize, item: &str) -> Res {
+        if self.agents[c].mem.as_ref().is_none_or(|m| !m.started || m.stopping.is_some()) {
+            return Ok(());
+        }
+        let now = self.now_ms;
+        if !self.slot(c, item).core.needs_look(now, IDLE_LOOK_EVERY_MS) {
+            return Ok(());
+        }
+        for kind in self.slot(c, item).core.due_resyncs(now) {
+            self.submit(c, item, kind, Awaiter::Nobody)?;
+        }
+        let freed = match self.agents[c].pools.get_mut(item) {
+            Some(pool) => pool.expire_due(1_000, now, RECORD_RETENTION_MS).map_err(broken)?,
+            None => 0,
+        };
+        let view = self.view(c, item);
+        let ctx = self.ctx(c);
+        let mut notes = Vec::new();
+        let kind = self.slot(c, item).core.on_look(view, freed, ctx, &mut notes);
+        for note in notes {
+            self.log(format!("{}/{item}: {note:?}", self.name(c)));
+        }
+        self.log(format!("rebalance {}/{item}: {view:?}, freed {freed} -> {kind:?}", self.name(c)));
+        if let Some(kind) = kind {
+            self.submit(c, item, kind, Awaiter::Nobody)?;
+        }
+        self.settle(c)
+    }
+
+    /// Resyncs scheduled in running agents: (channel, item, when due).
+    pub fn scheduled_resyncs(&self) -> Vec<(usize, String, i64)> {
+        let mut scheduled = Vec::new();
+        for (c, agent) in self.agents.iter().enumerate() {
+            let Some(mem) = agent.mem.as_ref() else { continue };
+            for (item, slot) in &mem.items {
+                if let Some(at) = slot.core.resync_at() {
+                    scheduled.push((c, item.clone(), at));
+                }
+            }
+        }
+        scheduled
+    }
+
+    /// `events::apply` for the next event of the channel's stream.
+    pub(crate) fn hear(&mut self, c: usize) -> Res {
+        let event = self.mem(c).events.pop_front().expect("caller checked");
+        self.log(format!("{} hears {event:?}", self.name(c)));
+        match event {
+            CenterEvent::Restocked { item, center_available, .. } => {
+                self.slot(c, &item).core.on_restocked(center_available);
+            }
+            CenterEvent::ReturnRequested { item, .. } => {
+                let kind = self.slot(c, &item).core.on_return_requested();
+                self.submit(c, &item, kind, Awaiter::Watcher)?;
+            }
+            CenterEvent::InDoubtResolved { item, .. } => {
+                self.submit(c, &item, OpKind::Resync(ResyncWhy::Resolved), Awaiter::Watcher)?;
+            }
+        }
+        self.settle(c)
+    }
+
+    /// The process dies: memory, operations, waiting Acquires and the event stream are
+    /// gone; the pool store and the calls already on the wire are not.
+    pub fn crash(&mut self, c: usize) {
+        let calls = self.agents[c].mem.take().map_or(0, |m| m.items.values().filter(|s| s.call.is_some()).count());
+        self.stats.crashes += 1;
+        self.log(format!("{} crashes ({calls} calls in flight abandoned)", self.name(c)));
+    }
+
+    /// SIGTERM: no new Acquire, Confirm or Cancel; the workers finish what they await;
+    /// then the drain ([`World::settle`] moves it on).
+    pub fn stop(&mut self, c: usize) -> Res {
+        self.log(format!("{} stops gracefully", self.name(c)));
+        let left = self.item_names().into();
+        self.mem(c).stopping = Some(Stopping { left, awaits: None });
+        self.settle(c)
+    }
+
+    /// The end of a drain: the final report, the agent's last word (a reclaim may put its
+    /// unsold units back on sale), then the process exits.
+    pub(crate) fn exit(&mut self, c: usize) -> Res {
+        let answer = self.send_reports(c, true, true, false);
+        self.agents[c].stopped_gracefully = matches!(answer, Some(Ok(_)));
+        self.agents[c].mem = None;
+        self.log(format!("{} exits", self.name(c)));
+        Ok(())
+    }
+
+    /// Another process of the channel registers, fencing the running agent, which
+    /// registers again at its next heartbeat. With [`Rivals::SharedStore`] it runs the
+    /// rules too, on the same pool store: it resyncs every pool the center says the
+    /// channel holds (its effects carried out at once), reports and stops.
+    pub(crate) fn rival(&mut self, c: usize) -> Res {
+        let name = self.name(c);
+        let (epoch, held) = self.center.register(&name, &format!("{name}-2"), self.now_ms);
+        self.log(format!("a second {name} process registers: epoch {epoch}, holds {held:?}"));
+        if self.config.faults.rivals == Rivals::SharedStore {
+            let ctx = Ctx { now_ms: self.now_ms, epoch };
+            let mut reports = Vec::new();
+            for h in held {
+                let item = h.item.clone();
+                let mut core = self.load_item(&item);
+                let fresh = self.fresh_id("g");
+                let (_, mut step) = core.submit(OpKind::Resync(ResyncWhy::Registration { epoch }), fresh, ctx);
+                while let Some(work) = step.next.take() {
+                    let reply = match &work.effect {
+                        inventory_core::channel::Effect::Describe => {
+                            inventory_core::channel::Reply::Holding(core_holding(&self.center.describe(&item, &name)))
+                        }
+                        effect => self.store(c, &item, effect)?,
+                    };
+                    step = core.feed(work.op, reply, ctx);
+                }
+                if self.agents[c].pools.get(&item).map_or(0, |p| p.counts().sum()) <= h.held {
+                    self.reference.synced(c, &item, h.as_of);
+                }
+                let view = self.view(c, &item);
+                let mut notes = Vec::new();
+                if let Some(r) = core.report(core.report_needs_read().then_some(view), ctx, &mut notes) {
+                    reports.push(to_wire(&item, &r));
+                }
+            }
+            let channel = self.agents[c].channel.clone();
+            let answer = self.center.heartbeat(&channel, epoch, &reports, false, self.now_ms);
+            self.log(format!("the second {name} process reports {reports:?} -> {answer:?}"));
+        }
+        self.log(format!("the second {name} process stops"));
+        Ok(())
+    }
+}
+
+/// A report as the heartbeat carries it (`PoolReport`).
+fn to_wire(item: &str, r: &CoreReport) -> Report {
+    match r {
+        CoreReport::Lost => Report { item: item.to_owned(), counts: PoolCounts::default(), generation: 0, lost: true },
+        CoreReport::Counts(v) => Report {
+            item: item.to_owned(),
+            counts: PoolCounts { available: v.available, reserved: v.reserved, sold: v.sold },
+            generation: v.generation,
+            lost: false,
+        },
+    }
+}
+
+fn count(n: usize) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,172 @@
+//! The network and the center link (`agent/src/link.rs`): every attempt of a Borrow or
+//! Return carries the same request id and the epoch its operation read before its pool
+//! writes; an attempt or its reply may be lost, delayed (within the deadline) or
+//! reordered; an attempt that times out is retried, up to [`LINK_ATTEMPTS`], and then the
+//! call's outcome is unknown (its attempts may still land). Answers become the rules'
+//! replies as `stocking.rs` maps gRPC codes: FAILED_PRECONDITION is a refusal, anything
+//! else an unknown outcome.
+
+use inventory_core::channel::{CallFault, Reply};
+
+use crate::agent::Res;
+use crate::center::{Answer, Refusal};
+use crate::config::{LINK_ATTEMPTS, Violation};
+use crate::world::{Message, World};
+
+impl World {
+    /// The link sends the current attempt of the item's call.
+    pub(crate) fn send(&mut self, c: usize, item: &str) -> Res {
+        let mem = self.mem(c);
+        let (epoch_now, incarnation) = (mem.epoch, mem.incarnation);
+        let call = mem.items[item].call.clone().expect("a call");
+        if call.attempt == 1 && call.epoch != epoch_now {
+            self.stats.calls_sent_under_their_pool_epoch += 1;
+        }
+        let what = format!(
+            "{} sends {} {item} x{} {} attempt {} epoch {}",
+            self.name(c),
+            if call.borrow { "borrow" } else { "return" },
+            call.quantity,
+            call.request_id,
+            call.attempt,
+            call.epoch
+        );
+        if !self.calm() && self.rng.percent(self.config.faults.lose_request_pct) {
+            self.log(format!("{what}: lost"));
+            self.stats.lost_messages += 1;
+            return Ok(());
+        }
+        self.log(what);
+        self.network.push(Message::Request {
+            sent_at_ms: self.now_ms,
+            channel: c,
+            incarnation,
+            epoch: call.epoch,
+            borrow: call.borrow,
+            item: item.to_owned(),
+            quantity: call.quantity,
+            request_id: call.request_id,
+            attempt: call.attempt,
+        });
+        Ok(())
+    }
+
+    /// The current attempt of the item's call timed out: retry, or give up (outcome
+    /// unknown).
+    pub(crate) fn time_out(&mut self, c: usize, item: &str) -> Res {
+        let name = self.name(c);
+        let mem = self.mem(c);
+        mem.unanswered += 1;
+        let call = mem.items.get_mut(item).and_then(|s| s.call.as_mut()).expect("a call");
+        if call.attempt < LINK_ATTEMPTS {
+            call.attempt += 1;
+            let line = format!("{name} {} attempt {} timed out; retrying", call.request_id, call.attempt - 1);
+            self.stats.retries += 1;
+            self.log(line);
+            return self.send(c, item);
+        }
+        let call = self.slot(c, item).call.take().expect("a call");
+        self.stats.give_ups += 1;
+        if !self.config.faults.late_attempts {
+            let before = self.network.len();
+            self.network.retain(
+                |m| !matches!(m, Message::Request { channel, request_id, .. } if *channel == c && *request_id == call.request_id),
+            );
+            self.stats.lost_messages += u64::try_from(before - self.network.len()).unwrap_or(0);
+        }
+        self.log(format!("{} {} gave up after {} attempts", self.name(c), call.request_id, call.attempt));
+        self.feed(c, item, call.op, Reply::Center(CallFault::Unknown))?;
+        self.settle(c)
+    }
+
+    /// Delivers message `i` (any order: calls are independent streams).
+    pub fn deliver(&mut self, i: usize) -> Res {
+        match self.network.remove(i) {
+            Message::Request {
+                channel: c, incarnation, epoch, borrow, item, quantity, request_id, attempt, ..
+            } => {
+                let ch = self.agents[c].channel.clone();
+                let breakage = self.config.breakage;
+                let result = if borrow {
+                    self.center.borrow(&item, &ch, epoch, quantity, &request_id, &breakage)
+                } else {
+                    self.center.give_back(&item, &ch, epoch, quantity, &request_id, &breakage)
+                };
+                match &result {
+                    Ok((_, true)) => self.stats.replays_answered += 1,
+                    Err(Refusal::Precondition(m)) if m.contains("stale epoch") => {
+                        self.stats.stale_refused += 1;
+                        let own = self.agents[c].mem.as_ref().is_some_and(|m| m.incarnation == incarnation);
+                        self.stats.stale_refused_own += u64::from(own);
+                    }
+                    _ => {}
+                }
+                let lost = !self.calm() && self.rng.percent(self.config.faults.lose_reply_pct);
+                self.stats.lost_messages += u64::from(lost);
+                let shown = match &result {
+                    Ok((a, replayed)) => format!("{a:?}{}", if *replayed { " (replayed)" } else { "" }),
+                    Err(r) => r.to_string(),
+                };
+                self.log(format!(
+                    "center: {} {ch}/{item} x{quantity} {request_id} epoch {epoch} -> {shown}{}",
+                    if borrow { "borrow" } else { "return" },
+                    if lost { "; reply lost" } else { "" }
+                ));
+                self.fan_out();
+                if !lost {
+                    self.network.push(Message::Reply {
+                        sent_at_ms: self.now_ms,
+                        channel: c,
+                        incarnation,
+                        item,
+                        request_id,
+                        attempt,
+                        result: result.map(|(a, _)| a),
+                    });
+                }
+                Ok(())
+            }
+            Message::Reply { channel: c, incarnation, item, request_id, attempt, result, .. } => {
+                let current = self.agents[c].mem.as_ref().filter(|m| m.incarnation == incarnation).and_then(|m| {
+                    m.items[&item].call.as_ref().filter(|k| k.request_id == request_id && k.attempt == attempt)
+                });
+                let Some(call) = current.cloned() else {
+                    self.log(format!("reply {request_id} attempt {attempt} to {} dropped", self.name(c)));
+                    return Ok(());
+                };
+                self.slot(c, &item).call = None;
+                self.mem(c).unanswered = 0;
+                let reply = match (call.borrow, result) {
+                    (true, Ok(Answer::Borrow { granted, center_available })) => {
+                        if granted > 0 {
+                            self.slot(c, &item).granted = Some(call.op);
+                        }
+                        Reply::Granted { granted, center_available }
+                    }
+                    (false, Ok(Answer::Return { .. })) => Reply::Done,
+                    (_, Err(Refusal::Precondition(_))) => Reply::Center(CallFault::Refused),
+                    (_, Err(Refusal::Conflict(_))) => Reply::Center(CallFault::Unknown),
+                    (_, Ok(a)) => {
+                        return Err(Violation::new("4", format!("{request_id} answered with {a:?}")));
+                    }
+                };
+                self.log(format!("{} hears {request_id} attempt {attempt}: {reply:?}", self.name(c)));
+                self.feed(c, &item, call.op, reply)?;
+                self.settle(c)
+            }
+        }
+    }
+
+    /// Hands what the center published to the running agents it concerns.
+    pub(crate) fn fan_out(&mut self) {
+        for event in std::mem::take(&mut self.center.outbox) {
+            for agent in &mut self.agents {
+                if let Some(mem) = agent.mem.as_mut()
+                    && event.concerns(agent.channel.as_str())
+                {
+                    mem.events.push_back(event.clone());
+                }
+            }
+        }
+    }
+}
