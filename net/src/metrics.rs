@@ -315,10 +315,10 @@ impl<B: Body> Body for MeteredBody<B> {
             // The stream broke, or ended without saying how: the client got no status.
             Some(Err(_)) | None => Some(Code::Unknown),
         };
-        if let Some(code) = code {
-            if let Some(mut call) = this.call.take() {
-                call.end(code);
-            }
+        if let Some(code) = code
+            && let Some(mut call) = this.call.take()
+        {
+            call.end(code);
         }
         Poll::Ready(polled)
     }
