@@ -178,6 +178,15 @@ impl Metrics {
         self.returns.get()
     }
 
+    /// Prometheus text of the agent's own families, labelled with `channel` (what
+    /// `/metrics` shows of them; the benchmark reads its counters from it).
+    pub fn render(&self, out: &mut String, channel: &str) {
+        let mut registry = Registry::default();
+        self.register(registry.sub_registry_with_label(("channel".into(), channel.to_owned().into())));
+        // Writing to a String cannot fail, nor can these metrics' encoding.
+        let _ = prometheus_client::encoding::prometheus_text::encode(out, &registry);
+    }
+
     /// Adds the agent's own families to `registry` (which labels them with the channel).
     /// Help texts get their full stop from the registry.
     pub fn register(&self, registry: &mut Registry) {
@@ -224,10 +233,8 @@ mod tests {
     }
 
     fn render(m: &Metrics, channel: &str) -> String {
-        let mut registry = Registry::default();
-        m.register(registry.sub_registry_with_label(("channel".into(), channel.to_owned().into())));
         let mut out = String::new();
-        prometheus_client::encoding::prometheus_text::encode(&mut out, &registry).expect("encode");
+        m.render(&mut out, channel);
         out
     }
 
