@@ -16,7 +16,7 @@ pub enum StoreKind {
 #[derive(Debug, Clone, clap::Parser)]
 #[command(
     name = "inventory-agent",
-    version,
+    version = inventory_net::metrics::LONG_VERSION,
     about = "A sales channel's inventory agent: sells from local pools (gRPC)"
 )]
 pub struct AgentConfig {

@@ -1,10 +1,12 @@
 //! The HTTP side port: `/healthz` and Prometheus text on `/metrics`.
 //!
-//! Counters come from [`crate::metrics::Metrics`] (atomics bumped on the hot path); the
-//! pool gauges from the last snapshot of each pool the agent read (rebalancer, heartbeat),
-//! so a scrape never calls the pool store, however many items there are.
+//! One registry, built with the router: the build information and per-RPC metrics of
+//! [`inventory_net::metrics`], then under the channel's label the agent's counters and
+//! histograms ([`crate::metrics::Metrics`]) and [`AgentState`], a collector that reads
+//! the agent's state at scrape time. The pool gauges come from the last snapshot of each
+//! pool the agent read (rebalancer, heartbeat), so a scrape never calls the pool store,
+//! however many items there are.
 
-use std::fmt::Write;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -13,106 +15,150 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, prometheus_text};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
 
 use crate::agent::Agent;
 use inventory_core::channel::Mode;
 
+#[derive(Clone)]
+struct HttpState {
+    agent: Arc<Agent>,
+    registry: Arc<Registry>,
+}
+
 pub fn router(agent: Arc<Agent>) -> Router {
-    Router::new().route("/healthz", get(healthz)).route("/metrics", get(metrics)).with_state(agent)
+    let mut registry = Registry::default();
+    inventory_net::metrics::register_build_info(&mut registry);
+    agent.metrics.rpc.register(&mut registry);
+    // Channel ids are validated to [A-Za-z0-9._:-]; the encoder escapes label values anyway.
+    let channel = registry.sub_registry_with_label(("channel".into(), agent.link.channel.to_string().into()));
+    agent.metrics.register(channel);
+    channel.register_collector(Box::new(AgentState(Arc::clone(&agent))));
+    let state = HttpState { agent, registry: Arc::new(registry) };
+    Router::new().route("/healthz", get(healthz)).route("/metrics", get(metrics)).with_state(state)
 }
 
 /// Not ready while the center refuses the agent's credentials: it cannot sell, and no
 /// amount of waiting fixes that.
-async fn healthz(State(agent): State<Arc<Agent>>) -> impl IntoResponse {
-    if agent.link.credentials_refused() {
+async fn healthz(State(state): State<HttpState>) -> impl IntoResponse {
+    if state.agent.link.credentials_refused() {
         return (StatusCode::SERVICE_UNAVAILABLE, "not ready: the center refuses this agent's credentials\n");
     }
     (StatusCode::OK, "ok\n")
 }
 
-async fn metrics(State(agent): State<Arc<Agent>>) -> impl IntoResponse {
-    // Channel and item ids are validated to [A-Za-z0-9._:-]: safe inside label quotes.
-    let channel = agent.link.channel.to_string();
+async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
     let mut out = String::new();
-    agent.metrics.render(&mut out, &channel);
+    if let Err(e) = prometheus_text::encode(&mut out, &state.registry) {
+        // Writing to a String fails only if a metric's own encoding does.
+        tracing::error!(error = %e, "metrics: cannot encode");
+        return (StatusCode::INTERNAL_SERVER_ERROR, [(header::CONTENT_TYPE, "text/plain")], String::new());
+    }
+    (StatusCode::OK, [(header::CONTENT_TYPE, prometheus_text::CONTENT_TYPE)], out)
+}
 
-    let mut items = agent.items();
-    items.sort_by(|a, b| a.item_id.cmp(&b.item_id));
-    let mut pools = String::new();
-    let mut frozen = String::new();
-    // The pools are the channel's, shared by its replicas: the leading replica reports
-    // them, from the snapshots its rebalancer and heartbeats read (no store call here).
-    let leading = agent.is_leading();
-    for item in &items {
-        let id = &item.item_id;
-        if let Some(s) = item.last_snapshot().filter(|_| leading) {
-            for (state, v) in [("available", s.available), ("reserved", s.reserved), ("sold", s.sold)] {
-                let _ = writeln!(
-                    pools,
-                    "inventory_agent_pool_units{{channel=\"{channel}\",item=\"{id}\",state=\"{state}\"}} {v}"
-                );
+/// The families read from the agent at scrape time: the pool gauges (from snapshots) and
+/// the counters and states kept by the parts that own them (selling, link, items, role).
+struct AgentState(Arc<Agent>);
+
+impl std::fmt::Debug for AgentState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentState").finish_non_exhaustive()
+    }
+}
+
+/// One family of a single unlabelled (but for the channel) sample.
+fn single(encoder: &mut DescriptorEncoder, name: &str, help: &str, metric: &impl EncodeMetric) -> std::fmt::Result {
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+impl Collector for AgentState {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let agent = &self.0;
+        let mut items = agent.items();
+        items.sort_by(|a, b| a.item_id.cmp(&b.item_id));
+        // The pools are the channel's, shared by its replicas: the leading replica reports
+        // them, from the snapshots its rebalancer and heartbeats read (no store call here).
+        let leading = agent.is_leading();
+        {
+            let mut family = encoder.encode_descriptor(
+                "inventory_agent_pool_units",
+                "Units in the channel's pool, by state.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for item in items.iter().filter(|_| leading) {
+                let Some(s) = item.last_snapshot() else { continue };
+                for (state, v) in [("available", s.available), ("reserved", s.reserved), ("sold", s.sold)] {
+                    let labels = [("item", item.item_id.as_str()), ("state", state)];
+                    ConstGauge::new(v).encode(family.encode_family(&labels)?)?;
+                }
             }
         }
-        let f = u8::from(item.mode() == Mode::Lost);
-        let _ = writeln!(frozen, "inventory_agent_pool_frozen{{channel=\"{channel}\",item=\"{id}\"}} {f}");
+        {
+            let mut family = encoder.encode_descriptor(
+                "inventory_agent_pool_frozen",
+                "1 while selling is frozen because the pool store lost the pool.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for item in &items {
+                let frozen = u64::from(item.mode() == Mode::Lost);
+                ConstGauge::new(frozen).encode(family.encode_family(&[("item", item.item_id.as_str())])?)?;
+            }
+        }
+        for (name, help, v) in [
+            (
+                "inventory_agent_rate_limited",
+                "Acquire calls refused by the per-user rate limit.",
+                agent.selling.rate_limited.load(Ordering::Relaxed),
+            ),
+            (
+                "inventory_agent_center_unanswered_calls",
+                "Calls (attempts) to the center that got no answer.",
+                agent.link.unanswered(),
+            ),
+            ("inventory_agent_item_lookups", "DescribeItem calls made to load items.", agent.items.lookups_made()),
+            (
+                "inventory_agent_item_lookups_refused",
+                "Item loads refused by the bound on lookups per second.",
+                agent.items.lookups_refused(),
+            ),
+            (
+                "inventory_agent_center_credential_refusals",
+                "Calls the center refused for this agent's credentials.",
+                agent.link.credential_refusals(),
+            ),
+        ] {
+            single(&mut encoder, name, help, &ConstCounter::new(v))?;
+        }
+        for (name, help, v) in [
+            ("inventory_agent_epoch", "The channel epoch this agent registered with.", agent.link.epoch()),
+            ("inventory_agent_leading", "1 while this replica leads its channel.", u64::from(leading)),
+            ("inventory_agent_draining", "1 while the agent drains (no new acquires).", u64::from(agent.is_draining())),
+            (
+                "inventory_agent_lease_valid",
+                "1 while the agent's lease with the center is valid (it sells only then).",
+                u64::from(agent.link.lease_valid()),
+            ),
+            (
+                "inventory_agent_center_credentials_refused",
+                "1 while the center refuses this agent's credentials (a configuration error).",
+                u64::from(agent.link.credentials_refused()),
+            ),
+            (
+                "inventory_agent_center_reachable",
+                "1 unless the last calls to the center (3 in a row) got no answer.",
+                u64::from(agent.link.reachable()),
+            ),
+        ] {
+            single(&mut encoder, name, help, &ConstGauge::new(v))?;
+        }
+        Ok(())
     }
-    let _ = writeln!(out, "# HELP inventory_agent_pool_units Units in the channel's pool, by state.");
-    let _ = writeln!(out, "# TYPE inventory_agent_pool_units gauge");
-    out.push_str(&pools);
-    let _ = writeln!(
-        out,
-        "# HELP inventory_agent_pool_frozen 1 while selling is frozen because the pool store lost the pool."
-    );
-    let _ = writeln!(out, "# TYPE inventory_agent_pool_frozen gauge");
-    out.push_str(&frozen);
-    let name = "inventory_agent_rate_limited_total";
-    let _ = writeln!(out, "# HELP {name} Acquire calls refused by the per-user rate limit.");
-    let _ = writeln!(out, "# TYPE {name} counter");
-    let _ = writeln!(out, "{name}{{channel=\"{channel}\"}} {}", agent.selling.rate_limited.load(Ordering::Relaxed));
-    for (name, help, v) in [
-        (
-            "inventory_agent_center_unanswered_calls_total",
-            "Calls (attempts) to the center that got no answer.",
-            agent.link.unanswered(),
-        ),
-        ("inventory_agent_item_lookups_total", "DescribeItem calls made to load items.", agent.items.lookups_made()),
-        (
-            "inventory_agent_item_lookups_refused_total",
-            "Item loads refused by the bound on lookups per second.",
-            agent.items.lookups_refused(),
-        ),
-    ] {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} counter");
-        let _ = writeln!(out, "{name}{{channel=\"{channel}\"}} {v}");
-    }
-    let name = "inventory_agent_center_credential_refusals_total";
-    let _ = writeln!(out, "# HELP {name} Calls the center refused for this agent's credentials.");
-    let _ = writeln!(out, "# TYPE {name} counter");
-    let _ = writeln!(out, "{name}{{channel=\"{channel}\"}} {}", agent.link.credential_refusals());
-    for (name, help, v) in [
-        ("inventory_agent_epoch", "The channel epoch this agent registered with.", agent.link.epoch()),
-        ("inventory_agent_leading", "1 while this replica leads its channel.", u64::from(leading)),
-        ("inventory_agent_draining", "1 while the agent drains (no new acquires).", u64::from(agent.is_draining())),
-        (
-            "inventory_agent_lease_valid",
-            "1 while the agent's lease with the center is valid (it sells only then).",
-            u64::from(agent.link.lease_valid()),
-        ),
-        (
-            "inventory_agent_center_credentials_refused",
-            "1 while the center refuses this agent's credentials (a configuration error).",
-            u64::from(agent.link.credentials_refused()),
-        ),
-        (
-            "inventory_agent_center_reachable",
-            "1 unless the last calls to the center (3 in a row) got no answer.",
-            u64::from(agent.link.reachable()),
-        ),
-    ] {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} gauge");
-        let _ = writeln!(out, "{name}{{channel=\"{channel}\"}} {v}");
-    }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
 }

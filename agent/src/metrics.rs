@@ -1,14 +1,24 @@
-//! Counters of the agent, rendered as Prometheus text on `/metrics`. Lock-free atomics so
-//! the hot path pays a few relaxed increments per call (no locks, no allocation).
+//! Counters and histograms of the agent, rendered as Prometheus text on `/metrics` by
+//! `http.rs` (with the per-RPC metrics of [`inventory_net::metrics`] and the gauges read
+//! from the agent's state at scrape time).
+//!
+//! Counters are `prometheus-client` counters, one relaxed atomic each: the business
+//! outcomes hold their labelled counter directly, so the hot path pays an increment (no
+//! lookup, no lock, no allocation). An Acquire's latency goes to a histogram, which
+//! takes the crate's short mutex per observation.
 //!
 //! Names follow Prometheus conventions: base units (`_seconds`, `_units`), `_total` on
 //! counters, labels only of bounded sets (channel, outcome, method, status code; items in
 //! the pool gauges rendered by `http.rs`), never per user.
 
-use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::future::Future;
+use std::time::{Duration, Instant};
 
+use inventory_net::metrics::code_name;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 use tonic::Code;
 
 /// What an Acquire answered (for the counters).
@@ -24,21 +34,9 @@ pub enum Outcome {
 pub const ACQUIRE_BUCKETS_SECONDS: [f64; 12] =
     [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
 
-/// The same bounds in nanoseconds, compared on the hot path (no float math there).
-const ACQUIRE_BUCKETS_NANOS: [u64; 12] = [
-    500_000,
-    1_000_000,
-    2_500_000,
-    5_000_000,
-    10_000_000,
-    25_000_000,
-    50_000_000,
-    100_000_000,
-    250_000_000,
-    500_000_000,
-    1_000_000_000,
-    2_500_000_000,
-];
+/// Upper bounds (seconds) of the Borrow latency buckets: one round trip to the center (a
+/// WAN one included) up to a Borrow that spent its retries.
+pub const BORROW_BUCKETS_SECONDS: [f64; 12] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
 
 /// The agent's gRPC methods, for the rejected-calls counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,8 +48,6 @@ pub enum Method {
 }
 
 impl Method {
-    const ALL: [Method; 4] = [Method::Acquire, Method::Confirm, Method::Cancel, Method::GetStock];
-
     fn as_str(self) -> &'static str {
         match self {
             Method::Acquire => "acquire",
@@ -62,185 +58,169 @@ impl Method {
     }
 }
 
-/// gRPC status codes 0..=16, as label values.
-const CODE_NAMES: [&str; 17] = [
-    "ok",
-    "cancelled",
-    "unknown",
-    "invalid_argument",
-    "deadline_exceeded",
-    "not_found",
-    "already_exists",
-    "permission_denied",
-    "resource_exhausted",
-    "failed_precondition",
-    "aborted",
-    "out_of_range",
-    "unimplemented",
-    "internal",
-    "unavailable",
-    "data_loss",
-    "unauthenticated",
-];
+type Labels<const N: usize> = [(&'static str, &'static str); N];
 
-/// A fixed-bucket histogram of durations. Buckets are stored per bucket (not cumulative)
-/// and summed at render time, so an observation is one search and two increments.
-#[derive(Debug, Default)]
-struct Histogram {
-    /// One slot per bound plus the `+Inf` slot.
-    buckets: [AtomicU64; ACQUIRE_BUCKETS_NANOS.len() + 1],
-    sum_nanos: AtomicU64,
-}
-
-impl Histogram {
-    fn observe(&self, d: Duration) {
-        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        let slot = ACQUIRE_BUCKETS_NANOS.partition_point(|&bound| bound < nanos);
-        self.buckets[slot].fetch_add(1, Ordering::Relaxed);
-        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
-    }
-
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let mut cumulative = 0u64;
-        for (i, slot) in self.buckets.iter().enumerate() {
-            cumulative += slot.load(Ordering::Relaxed);
-            match ACQUIRE_BUCKETS_SECONDS.get(i) {
-                Some(le) => {
-                    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
-                }
-                None => {
-                    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
-                }
-            }
-        }
-        let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
-        // The count is the +Inf bucket, so the two always agree within one scrape.
-        let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
-    }
-}
-
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
-    reserved: AtomicU64,
-    sold_out: AtomicU64,
-    sold_out_fast: AtomicU64,
-    limit_exceeded: AtomicU64,
-    borrows: AtomicU64,
-    borrowed_units: AtomicU64,
-    returns: AtomicU64,
-    returned_units: AtomicU64,
-    center_errors: AtomicU64,
-    pool_store_errors: AtomicU64,
+    acquires: Family<Labels<1>, Counter>,
+    /// The `acquires` series of each outcome (fast sold-out answers count as sold out).
+    reserved: Counter,
+    sold_out: Counter,
+    limit_exceeded: Counter,
+    sold_out_fast: Counter,
     acquire_latency: Histogram,
-    /// `[method][grpc code]`: calls answered with an error status.
-    rejected: [[AtomicU64; CODE_NAMES.len()]; Method::ALL.len()],
+    borrow_latency: Histogram,
+    borrows: Counter,
+    borrowed_units: Counter,
+    returns: Counter,
+    returned_units: Counter,
+    center_errors: Counter,
+    pool_store_errors: Counter,
+    /// By method and gRPC code: calls answered with an error status.
+    rejected: Family<Labels<2>, Counter>,
+    /// Every call of the agent's gRPC server, measured by the layer in `startup.rs`.
+    pub rpc: inventory_net::metrics::RpcMetrics,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let acquires = Family::<Labels<1>, Counter>::default();
+        let outcome = |o: &'static str| acquires.get_or_create_owned(&[("outcome", o)]);
+        let (reserved, sold_out, limit_exceeded) =
+            (outcome("reserved"), outcome("sold_out"), outcome("limit_exceeded"));
+        let rejected = Family::<Labels<2>, Counter>::default();
+        // The usual rejections always appear (so rate() sees them start at 0); the rest
+        // once they happened.
+        for code in [Code::InvalidArgument, Code::ResourceExhausted, Code::Unavailable] {
+            let _ = rejected.get_or_create(&[("method", Method::Acquire.as_str()), ("code", code_name(code))]);
+        }
+        Self {
+            acquires,
+            reserved,
+            sold_out,
+            limit_exceeded,
+            sold_out_fast: Counter::default(),
+            acquire_latency: Histogram::new(ACQUIRE_BUCKETS_SECONDS),
+            borrow_latency: Histogram::new(BORROW_BUCKETS_SECONDS),
+            borrows: Counter::default(),
+            borrowed_units: Counter::default(),
+            returns: Counter::default(),
+            returned_units: Counter::default(),
+            center_errors: Counter::default(),
+            pool_store_errors: Counter::default(),
+            rejected,
+            rpc: inventory_net::metrics::RpcMetrics::new(&[
+                inventory_proto::FILE_DESCRIPTOR_SET,
+                tonic_health::pb::FILE_DESCRIPTOR_SET,
+                tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+            ]),
+        }
+    }
 }
 
 impl Metrics {
     pub fn acquire(&self, o: Outcome) {
-        let c = match o {
-            Outcome::Reserved => &self.reserved,
-            Outcome::SoldOut => &self.sold_out,
-            Outcome::SoldOutFast => &self.sold_out_fast,
-            Outcome::LimitExceeded => &self.limit_exceeded,
+        match o {
+            Outcome::Reserved => self.reserved.inc(),
+            Outcome::SoldOut => self.sold_out.inc(),
+            Outcome::SoldOutFast => {
+                self.sold_out_fast.inc();
+                self.sold_out.inc()
+            }
+            Outcome::LimitExceeded => self.limit_exceeded.inc(),
         };
-        c.fetch_add(1, Ordering::Relaxed);
     }
 
     /// How long one Acquire call took, whatever it answered.
     pub fn observe_acquire(&self, elapsed: Duration) {
-        self.acquire_latency.observe(elapsed);
+        self.acquire_latency.observe(elapsed.as_secs_f64());
+    }
+
+    /// Runs one Borrow call to the center and records how long it took, whatever it
+    /// answered (retries included: that is what the waiting buyers see).
+    pub async fn time_borrow<T>(&self, call: impl Future<Output = T>) -> T {
+        let started = Instant::now();
+        let answer = call.await;
+        self.borrow_latency.observe(started.elapsed().as_secs_f64());
+        answer
     }
 
     /// A call answered with an error status instead of a business outcome.
     pub fn rejected(&self, method: Method, code: Code) {
-        let code = usize::try_from(code as i32).unwrap_or(2).min(CODE_NAMES.len() - 1);
-        self.rejected[method as usize][code].fetch_add(1, Ordering::Relaxed);
+        self.rejected.get_or_create(&[("method", method.as_str()), ("code", code_name(code))]).inc();
     }
 
     /// A call to the pool store (Redis) failed.
     pub fn pool_store_error(&self) {
-        self.pool_store_errors.fetch_add(1, Ordering::Relaxed);
+        self.pool_store_errors.inc();
     }
 
     pub fn borrowed(&self, units: u64) {
-        self.borrows.fetch_add(1, Ordering::Relaxed);
-        self.borrowed_units.fetch_add(units, Ordering::Relaxed);
+        self.borrows.inc();
+        self.borrowed_units.inc_by(units);
     }
 
     pub fn returned(&self, units: u64) {
-        self.returns.fetch_add(1, Ordering::Relaxed);
-        self.returned_units.fetch_add(units, Ordering::Relaxed);
+        self.returns.inc();
+        self.returned_units.inc_by(units);
     }
 
     pub fn center_error(&self) {
-        self.center_errors.fetch_add(1, Ordering::Relaxed);
+        self.center_errors.inc();
     }
 
     /// Borrow calls made so far (for "center calls per 1,000 acquires").
     pub fn borrow_calls(&self) -> u64 {
-        self.borrows.load(Ordering::Relaxed)
+        self.borrows.get()
     }
 
     pub fn return_calls(&self) -> u64 {
-        self.returns.load(Ordering::Relaxed)
+        self.returns.get()
     }
 
+    /// Prometheus text of the agent's own families, labelled with `channel` (what
+    /// `/metrics` shows of them; the benchmark reads its counters from it).
     pub fn render(&self, out: &mut String, channel: &str) {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let _ = writeln!(out, "# HELP inventory_agent_acquires_total Acquire calls answered, by outcome.");
-        let _ = writeln!(out, "# TYPE inventory_agent_acquires_total counter");
-        for (outcome, v) in [
-            ("reserved", get(&self.reserved)),
-            ("sold_out", get(&self.sold_out) + get(&self.sold_out_fast)),
-            ("limit_exceeded", get(&self.limit_exceeded)),
-        ] {
-            let _ = writeln!(out, "inventory_agent_acquires_total{{channel=\"{channel}\",outcome=\"{outcome}\"}} {v}");
-        }
-        let _ = writeln!(out, "# HELP inventory_agent_sold_out_fast_path_total SOLD_OUT answers given from memory.");
-        let _ = writeln!(out, "# TYPE inventory_agent_sold_out_fast_path_total counter");
-        let _ = writeln!(
-            out,
-            "inventory_agent_sold_out_fast_path_total{{channel=\"{channel}\"}} {}",
-            get(&self.sold_out_fast)
+        let mut registry = Registry::default();
+        self.register(registry.sub_registry_with_label(("channel".into(), channel.to_owned().into())));
+        // Writing to a String cannot fail, nor can these metrics' encoding.
+        let _ = prometheus_client::encoding::prometheus_text::encode(out, &registry);
+    }
+
+    /// Adds the agent's own families to `registry` (which labels them with the channel).
+    /// Help texts get their full stop from the registry.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register("inventory_agent_acquires", "Acquire calls answered, by outcome", self.acquires.clone());
+        registry.register(
+            "inventory_agent_sold_out_fast_path",
+            "SOLD_OUT answers given from memory",
+            self.sold_out_fast.clone(),
         );
-        let name = "inventory_agent_acquire_duration_seconds";
-        let _ = writeln!(out, "# HELP {name} Time to answer an Acquire call, any answer.");
-        let _ = writeln!(out, "# TYPE {name} histogram");
-        self.acquire_latency.render(out, name, &format!("channel=\"{channel}\""));
-        for (name, help, v) in [
-            ("inventory_agent_borrows_total", "Borrow calls to the center.", get(&self.borrows)),
-            ("inventory_agent_borrowed_units_total", "Units granted by the center.", get(&self.borrowed_units)),
-            ("inventory_agent_returns_total", "Return calls to the center.", get(&self.returns)),
-            ("inventory_agent_returned_units_total", "Units given back to the center.", get(&self.returned_units)),
-            ("inventory_agent_center_errors_total", "Failed calls to the center.", get(&self.center_errors)),
-            (
-                "inventory_agent_pool_store_errors_total",
-                "Failed calls to the pool store (Redis).",
-                get(&self.pool_store_errors),
-            ),
+        registry.register(
+            "inventory_agent_acquire_duration_seconds",
+            "Time to answer an Acquire call, any answer",
+            self.acquire_latency.clone(),
+        );
+        registry.register(
+            "inventory_agent_borrow_duration_seconds",
+            "Time a Borrow call to the center took, retries included, any answer",
+            self.borrow_latency.clone(),
+        );
+        for (name, help, counter) in [
+            ("inventory_agent_borrows", "Borrow calls to the center", &self.borrows),
+            ("inventory_agent_borrowed_units", "Units granted by the center", &self.borrowed_units),
+            ("inventory_agent_returns", "Return calls to the center", &self.returns),
+            ("inventory_agent_returned_units", "Units given back to the center", &self.returned_units),
+            ("inventory_agent_center_errors", "Failed calls to the center", &self.center_errors),
+            ("inventory_agent_pool_store_errors", "Failed calls to the pool store (Redis)", &self.pool_store_errors),
         ] {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} counter");
-            let _ = writeln!(out, "{name}{{channel=\"{channel}\"}} {v}");
+            registry.register(name, help, counter.clone());
         }
-        let name = "inventory_agent_rejected_calls_total";
-        let _ = writeln!(out, "# HELP {name} Calls answered with a gRPC error status, by method and code.");
-        let _ = writeln!(out, "# TYPE {name} counter");
-        for method in Method::ALL {
-            for (code, counter) in CODE_NAMES.iter().zip(&self.rejected[method as usize]) {
-                let v = get(counter);
-                // The usual rejections always appear (so rate() sees them start at 0);
-                // the rest once they happened.
-                let usual = method == Method::Acquire
-                    && matches!(*code, "invalid_argument" | "resource_exhausted" | "unavailable");
-                if v > 0 || usual {
-                    let m = method.as_str();
-                    let _ = writeln!(out, "{name}{{channel=\"{channel}\",method=\"{m}\",code=\"{code}\"}} {v}");
-                }
-            }
-        }
+        registry.register(
+            "inventory_agent_rejected_calls",
+            "Calls answered with a gRPC error status, by method and code",
+            self.rejected.clone(),
+        );
     }
 }
 
@@ -252,14 +232,19 @@ mod tests {
         text.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
     }
 
+    fn render(m: &Metrics, channel: &str) -> String {
+        let mut out = String::new();
+        m.render(&mut out, channel);
+        out
+    }
+
     #[test]
     fn histogram_buckets_are_cumulative_and_count_matches_inf() {
         let m = Metrics::default();
         for micros in [100, 600, 600, 3_000, 2_000_000, 9_000_000] {
             m.observe_acquire(Duration::from_micros(micros));
         }
-        let mut out = String::new();
-        m.render(&mut out, "app");
+        let out = render(&m, "app");
         let b = |le: &str| {
             sample(&out, &format!("inventory_agent_acquire_duration_seconds_bucket{{channel=\"app\",le=\"{le}\"}}"))
         };
@@ -278,10 +263,38 @@ mod tests {
     fn a_bound_is_inclusive() {
         let m = Metrics::default();
         m.observe_acquire(Duration::from_millis(1));
-        let mut out = String::new();
-        m.render(&mut out, "app");
+        let out = render(&m, "app");
         let series = "inventory_agent_acquire_duration_seconds_bucket{channel=\"app\",le=\"0.001\"}";
         assert_eq!(sample(&out, series), Some(1.0));
+    }
+
+    #[tokio::test]
+    async fn a_borrow_is_timed_whatever_it_answers() {
+        let m = Metrics::default();
+        let answer: Result<u64, &str> = m.time_borrow(async { Err("center unavailable") }).await;
+        assert!(answer.is_err());
+        assert_eq!(m.time_borrow(async { 7 }).await, 7);
+        let out = render(&m, "app");
+        assert_eq!(sample(&out, "inventory_agent_borrow_duration_seconds_count{channel=\"app\"}"), Some(2.0), "{out}");
+        let inf = "inventory_agent_borrow_duration_seconds_bucket{channel=\"app\",le=\"+Inf\"}";
+        assert_eq!(sample(&out, inf), Some(2.0), "{out}");
+    }
+
+    #[test]
+    fn fast_sold_out_answers_count_as_sold_out_too() {
+        let m = Metrics::default();
+        m.acquire(Outcome::SoldOut);
+        m.acquire(Outcome::SoldOutFast);
+        m.acquire(Outcome::Reserved);
+        let out = render(&m, "app");
+        let outcome =
+            |o: &str| sample(&out, &format!(r#"inventory_agent_acquires_total{{channel="app",outcome="{o}"}}"#));
+        assert_eq!(
+            (outcome("sold_out"), outcome("reserved"), outcome("limit_exceeded")),
+            (Some(2.0), Some(1.0), Some(0.0))
+        );
+        assert_eq!(sample(&out, r#"inventory_agent_sold_out_fast_path_total{channel="app"}"#), Some(1.0));
+        assert!(out.contains("# TYPE inventory_agent_acquires_total counter"), "{out}");
     }
 
     #[test]
@@ -289,8 +302,7 @@ mod tests {
         let m = Metrics::default();
         m.rejected(Method::Confirm, Code::FailedPrecondition);
         m.rejected(Method::Confirm, Code::FailedPrecondition);
-        let mut out = String::new();
-        m.render(&mut out, "web");
+        let out = render(&m, "web");
         let confirm =
             r#"inventory_agent_rejected_calls_total{channel="web",method="confirm",code="failed_precondition"}"#;
         assert_eq!(sample(&out, confirm), Some(2.0));

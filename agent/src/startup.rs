@@ -247,6 +247,9 @@ impl Application {
             // Acquire answers in milliseconds; anything slower is stuck.
             .timeout(Duration::from_secs(10))
             .tcp_nodelay(true)
+            // Outside load shedding, so calls it refuses count as RESOURCE_EXHAUSTED;
+            // inside the server's timeout, so a call it cuts off counts as cancelled.
+            .layer(self.agent.metrics.rpc.layer())
             .layer(
                 tower::ServiceBuilder::new()
                     // Outermost: when the limit below is reached, refuse at once

@@ -113,7 +113,8 @@ impl Stocking {
             }
             Effect::Borrow { request_id, quantity, epoch } => {
                 let span = tracing::info_span!("borrow", item = %item.item_id, want = quantity, trace_id = %request_id);
-                match self.link.borrow(&item.item_id, *quantity, request_id, *epoch).instrument(span).await {
+                let call = self.link.borrow(&item.item_id, *quantity, request_id, *epoch).instrument(span);
+                match self.metrics.time_borrow(call).await {
                     Ok(a) => {
                         self.metrics.borrowed(a.granted);
                         Reply::Granted { granted: a.granted, center_available: a.center_available }

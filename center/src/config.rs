@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 #[derive(Debug, Clone, clap::Parser)]
-#[command(name = "inventory-center", version, about = "Authoritative inventory ledger for flash sales (gRPC)")]
+#[command(name = "inventory-center", version = inventory_net::metrics::LONG_VERSION, about = "Authoritative inventory ledger for flash sales (gRPC)")]
 pub struct CenterConfig {
     /// gRPC listen address (Center, Admin, health, reflection).
     #[arg(long, env = "INVENTORY_LISTEN", default_value = "127.0.0.1:50051")]

@@ -7,9 +7,12 @@
 //! fetched from elsewhere): it loads the last minutes from `/api/history` (sampled by
 //! [`crate::history`], which also tells drift in flight from stuck drift), then polls
 //! `/api/items`.
+//!
+//! `/metrics` is Prometheus text from two registries: one built with the router (build
+//! information, and the per-RPC metrics the gRPC server's layer records), and one per
+//! scrape holding [`LedgerMetrics`], the ledger read for that scrape.
 
 use std::collections::HashMap;
-use std::fmt::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -20,6 +23,13 @@ use axum::response::{Html, IntoResponse};
 use axum::routing::get;
 use inventory_core::ItemId;
 use inventory_core::watermarks::Watermarks;
+use inventory_net::metrics::RpcMetrics;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, prometheus_text};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
 use serde::Serialize;
 
 use crate::error::CenterError;
@@ -40,6 +50,18 @@ struct HttpState {
     /// Failed ledger reads: this port's, and those of whoever shares the counter.
     database_errors: Arc<AtomicU64>,
     history: Arc<History>,
+    /// Build information and the per-RPC metrics: the part of `/metrics` kept between scrapes.
+    registry: Arc<Registry>,
+}
+
+/// Per-RPC metrics for the center's gRPC server: its methods are those of the API, health
+/// and reflection.
+pub fn rpc_metrics() -> RpcMetrics {
+    RpcMetrics::new(&[
+        inventory_proto::FILE_DESCRIPTOR_SET,
+        tonic_health::pb::FILE_DESCRIPTOR_SET,
+        tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+    ])
 }
 
 pub fn router(store: Arc<dyn LedgerStore>) -> Router {
@@ -56,9 +78,22 @@ pub fn router_with_error_counter(store: Arc<dyn LedgerStore>, database_errors: A
 /// Like [`router_with_error_counter`], with the console's sampling set by `history`. The
 /// sampler runs (in the current runtime) as long as the router does.
 pub fn router_with(store: Arc<dyn LedgerStore>, database_errors: Arc<AtomicU64>, history: HistoryConfig) -> Router {
+    router_with_metrics(store, database_errors, history, rpc_metrics())
+}
+
+/// Like [`router_with`], showing `rpc` (the metrics of the gRPC server's layer) on `/metrics`.
+pub fn router_with_metrics(
+    store: Arc<dyn LedgerStore>,
+    database_errors: Arc<AtomicU64>,
+    history: HistoryConfig,
+    rpc: RpcMetrics,
+) -> Router {
     let history = Arc::new(History::new(history));
     History::spawn_sampler(&history, Arc::clone(&store));
-    let state = HttpState { store, database_errors, history };
+    let mut registry = Registry::default();
+    inventory_net::metrics::register_build_info(&mut registry);
+    rpc.register(&mut registry);
+    let state = HttpState { store, database_errors, history, registry: Arc::new(registry) };
     Router::new()
         .route("/", get(console))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -110,147 +145,188 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
         tracing::warn!(error = %e, "metrics: ledger unreadable");
     }
     // Always 200: a scrape that fails would hide the error counter with everything else.
-    let body = render(ledger.as_ref().ok(), state.database_errors.load(Ordering::Relaxed), crate::clock::now_ms());
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
-}
-
-fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-    out.push_str(samples);
+    let mut body = render(ledger.ok(), state.database_errors.load(Ordering::Relaxed), crate::clock::now_ms());
+    if let Err(e) = prometheus_text::encode(&mut body, &state.registry) {
+        tracing::error!(error = %e, "metrics: cannot encode");
+    }
+    ([(header::CONTENT_TYPE, prometheus_text::CONTENT_TYPE)], body)
 }
 
 /// Prometheus text for the ledger (`None`: unreadable, only the error counters).
-pub fn render(view: Option<&LedgerView>, database_errors: u64, now_ms: i64) -> String {
+pub fn render(view: Option<LedgerView>, database_errors: u64, now_ms: i64) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(LedgerMetrics { view, database_errors, now_ms }));
     let mut out = String::new();
-    let up = u8::from(view.is_some());
-    family(
-        &mut out,
-        "inventory_center_database_up",
-        "gauge",
-        "1 when the last read of the ledger succeeded.",
-        &format!("inventory_center_database_up {up}\n"),
-    );
-    family(
-        &mut out,
-        "inventory_center_database_errors_total",
-        "counter",
-        "Failed database calls counted by the center (at least the HTTP port's ledger reads).",
-        &format!("inventory_center_database_errors_total {database_errors}\n"),
-    );
-    let (ledgers, channels) = view.map_or((&[][..], &[][..]), |v| (&v.items[..], &v.channels[..]));
-
-    // Item and channel ids are validated to [A-Za-z0-9._:-]: safe inside label quotes.
-    let (mut total, mut available) = (String::new(), String::new());
-    let (mut held, mut drift, mut pool, mut in_doubt) = (String::new(), String::new(), String::new(), String::new());
-    let mut written_off = String::new();
-    let (mut granted, mut returned, mut reclaimed) = (String::new(), String::new(), String::new());
-    for l in ledgers {
-        let (item, state) = (&l.item.item_id, &l.item.state);
-        let _ = writeln!(total, "inventory_center_item_total_units{{item=\"{item}\"}} {}", state.total);
-        let _ = writeln!(available, "inventory_center_available_units{{item=\"{item}\"}} {}", state.available);
-        let _ =
-            writeln!(written_off, "inventory_center_written_off_units_total{{item=\"{item}\"}} {}", state.written_off);
-        for c in &l.channels {
-            let labels = format!("item=\"{item}\",channel=\"{}\"", c.channel);
-            let a = &c.allocation;
-            let _ = writeln!(held, "inventory_center_held_units{{{labels}}} {}", a.held());
-            let _ = writeln!(drift, "inventory_center_channel_drift_units{{{labels}}} {}", a.drift());
-            let _ = writeln!(in_doubt, "inventory_center_in_doubt_units{{{labels}}} {}", a.in_doubt);
-            for (s, v) in
-                [("available", a.reported.available), ("reserved", a.reported.reserved), ("sold", a.reported.sold)]
-            {
-                let _ = writeln!(pool, "inventory_center_reported_pool_units{{{labels},state=\"{s}\"}} {v}");
-            }
-            let _ = writeln!(granted, "inventory_center_granted_units_total{{{labels}}} {}", a.granted);
-            let _ = writeln!(returned, "inventory_center_returned_units_total{{{labels}}} {}", a.returned);
-            let _ = writeln!(reclaimed, "inventory_center_reclaimed_units_total{{{labels}}} {}", a.reclaimed);
-        }
+    if let Err(e) = prometheus_text::encode(&mut out, &registry) {
+        tracing::error!(error = %e, "metrics: cannot encode the ledger");
     }
-    family(&mut out, "inventory_center_item_total_units", "gauge", "Units of the item in existence.", &total);
-    family(
-        &mut out,
-        "inventory_center_available_units",
-        "gauge",
-        "Units at the center, not held by any channel.",
-        &available,
-    );
-    family(
-        &mut out,
-        "inventory_center_held_units",
-        "gauge",
-        "Units the center regards as out with a channel (granted - returned - reclaimed).",
-        &held,
-    );
-    family(
-        &mut out,
-        "inventory_center_channel_drift_units",
-        "gauge",
-        "Held minus the channel's last reported pool; 0 at quiescence.",
-        &drift,
-    );
-    family(
-        &mut out,
-        "inventory_center_in_doubt_units",
-        "gauge",
-        "Units in doubt because the channel's pool store lost the pool; an operator resolves them.",
-        &in_doubt,
-    );
-    family(
-        &mut out,
-        "inventory_center_written_off_units_total",
-        "counter",
-        "Units written off as sold outside the pools when in-doubt units were resolved.",
-        &written_off,
-    );
-    family(
-        &mut out,
-        "inventory_center_reported_pool_units",
-        "gauge",
-        "The channel's pool as its agent last reported it, by state.",
-        &pool,
-    );
-    family(&mut out, "inventory_center_granted_units_total", "counter", "Units granted to the channel.", &granted);
-    family(&mut out, "inventory_center_returned_units_total", "counter", "Units the channel gave back.", &returned);
-    family(
-        &mut out,
-        "inventory_center_reclaimed_units_total",
-        "counter",
-        "Units taken back from the channel after its lease expired.",
-        &reclaimed,
-    );
-
-    let (mut remaining, mut age, mut epoch) = (String::new(), String::new(), String::new());
-    for ChannelView { channel, session: s, .. } in channels {
-        let secs = |ms: i64| ms as f64 / 1000.0;
-        let _ = writeln!(
-            remaining,
-            "inventory_center_lease_remaining_seconds{{channel=\"{channel}\"}} {}",
-            secs(s.lease_expires_at_ms - now_ms)
-        );
-        let _ = writeln!(
-            age,
-            "inventory_center_heartbeat_age_seconds{{channel=\"{channel}\"}} {}",
-            secs(now_ms - s.last_heartbeat_ms)
-        );
-        let _ = writeln!(epoch, "inventory_center_channel_epoch{{channel=\"{channel}\"}} {}", s.epoch);
-    }
-    family(
-        &mut out,
-        "inventory_center_lease_remaining_seconds",
-        "gauge",
-        "Seconds until the channel's lease expires; negative once expired.",
-        &remaining,
-    );
-    family(
-        &mut out,
-        "inventory_center_heartbeat_age_seconds",
-        "gauge",
-        "Seconds since the channel's last heartbeat (or registration).",
-        &age,
-    );
-    family(&mut out, "inventory_center_channel_epoch", "gauge", "The channel's current epoch.", &epoch);
     out
+}
+
+/// The ledger as one scrape read it. Every family is announced even without samples, so
+/// a dashboard tells "no item yet" from "not exported".
+pub struct LedgerMetrics {
+    view: Option<LedgerView>,
+    database_errors: u64,
+    now_ms: i64,
+}
+
+impl std::fmt::Debug for LedgerMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LedgerMetrics").field("readable", &self.view.is_some()).finish_non_exhaustive()
+    }
+}
+
+/// One family: its descriptor, then a sample per label set.
+fn family<L, M>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    samples: impl IntoIterator<Item = (L, M)>,
+) -> std::fmt::Result
+where
+    L: prometheus_client::encoding::EncodeLabelSet,
+    M: EncodeMetric,
+{
+    let mut family = encoder.encode_descriptor(name, help, None, kind)?;
+    for (labels, metric) in samples {
+        metric.encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+impl Collector for LedgerMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let e = &mut encoder;
+        let none: [(&str, &str); 0] = [];
+        let up = u8::from(self.view.is_some());
+        let gauge = MetricType::Gauge;
+        let counter = MetricType::Counter;
+        family(
+            e,
+            "inventory_center_database_up",
+            "1 when the last read of the ledger succeeded.",
+            gauge,
+            [(none, ConstGauge::new(u32::from(up)))],
+        )?;
+        family(
+            e,
+            "inventory_center_database_errors",
+            "Failed database calls counted by the center (at least the HTTP port's ledger reads).",
+            counter,
+            [(none, ConstCounter::new(self.database_errors))],
+        )?;
+        let (ledgers, channels) = self.view.as_ref().map_or((&[][..], &[][..]), |v| (&v.items[..], &v.channels[..]));
+
+        let item = |l: &'_ ItemLedger| [("item", l.item.item_id.clone())];
+        family(
+            e,
+            "inventory_center_item_total_units",
+            "Units of the item in existence.",
+            gauge,
+            ledgers.iter().map(|l| (item(l), ConstGauge::new(l.item.state.total))),
+        )?;
+        family(
+            e,
+            "inventory_center_available_units",
+            "Units at the center, not held by any channel.",
+            gauge,
+            ledgers.iter().map(|l| (item(l), ConstGauge::new(l.item.state.available))),
+        )?;
+        // Per item and channel, in item order.
+        let lines = || {
+            ledgers.iter().flat_map(|l| {
+                l.channels
+                    .iter()
+                    .map(move |c| ([("item", l.item.item_id.clone()), ("channel", c.channel.clone())], &c.allocation))
+            })
+        };
+        family(
+            e,
+            "inventory_center_held_units",
+            "Units the center regards as out with a channel (granted - returned - reclaimed).",
+            gauge,
+            lines().map(|(labels, a)| (labels, ConstGauge::new(a.held()))),
+        )?;
+        family(
+            e,
+            "inventory_center_channel_drift_units",
+            "Held minus the channel's last reported pool; 0 at quiescence.",
+            gauge,
+            lines().map(|(labels, a)| (labels, ConstGauge::new(a.drift()))),
+        )?;
+        family(
+            e,
+            "inventory_center_in_doubt_units",
+            "Units in doubt because the channel's pool store lost the pool; an operator resolves them.",
+            gauge,
+            lines().map(|(labels, a)| (labels, ConstGauge::new(a.in_doubt))),
+        )?;
+        family(
+            e,
+            "inventory_center_written_off_units",
+            "Units written off as sold outside the pools when in-doubt units were resolved.",
+            counter,
+            ledgers.iter().map(|l| (item(l), ConstCounter::new(l.item.state.written_off))),
+        )?;
+        family(
+            e,
+            "inventory_center_reported_pool_units",
+            "The channel's pool as its agent last reported it, by state.",
+            gauge,
+            lines().flat_map(|(labels, a)| {
+                let r = &a.reported;
+                [("available", r.available), ("reserved", r.reserved), ("sold", r.sold)]
+                    .map(|(state, v)| ((labels.clone(), [("state", state)]), ConstGauge::new(v)))
+            }),
+        )?;
+        family(
+            e,
+            "inventory_center_granted_units",
+            "Units granted to the channel.",
+            counter,
+            lines().map(|(labels, a)| (labels, ConstCounter::new(a.granted))),
+        )?;
+        family(
+            e,
+            "inventory_center_returned_units",
+            "Units the channel gave back.",
+            counter,
+            lines().map(|(labels, a)| (labels, ConstCounter::new(a.returned))),
+        )?;
+        family(
+            e,
+            "inventory_center_reclaimed_units",
+            "Units taken back from the channel after its lease expired.",
+            counter,
+            lines().map(|(labels, a)| (labels, ConstCounter::new(a.reclaimed))),
+        )?;
+
+        let secs = |ms: i64| ms as f64 / 1000.0;
+        let channel = |c: &ChannelView| [("channel", c.channel.clone())];
+        family(
+            e,
+            "inventory_center_lease_remaining_seconds",
+            "Seconds until the channel's lease expires; negative once expired.",
+            gauge,
+            channels.iter().map(|c| (channel(c), ConstGauge::new(secs(c.session.lease_expires_at_ms - self.now_ms)))),
+        )?;
+        family(
+            e,
+            "inventory_center_heartbeat_age_seconds",
+            "Seconds since the channel's last heartbeat (or registration).",
+            gauge,
+            channels.iter().map(|c| (channel(c), ConstGauge::new(secs(self.now_ms - c.session.last_heartbeat_ms)))),
+        )?;
+        family(
+            e,
+            "inventory_center_channel_epoch",
+            "The channel's current epoch.",
+            gauge,
+            channels.iter().map(|c| (channel(c), ConstGauge::new(c.session.epoch))),
+        )
+    }
 }
 
 async fn console() -> impl IntoResponse {
@@ -453,6 +529,6 @@ mod tests {
         let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
         assert_eq!(families, 15, "every family is announced even without samples:\n{text}");
         let empty = LedgerView { items: Vec::new(), channels: Vec::new(), overrides: HashMap::new() };
-        assert_eq!(render(Some(&empty), 0, 0).lines().filter(|l| l.starts_with("# TYPE ")).count(), families);
+        assert_eq!(render(Some(empty), 0, 0).lines().filter(|l| l.starts_with("# TYPE ")).count(), families);
     }
 }

@@ -117,7 +117,13 @@ impl Application {
         let http_stopped = async move {
             let _ = http_stop.wait_for(|s| *s).await;
         };
-        let router = crate::http::router(Arc::clone(&self.store));
+        let rpc = crate::http::rpc_metrics();
+        let router = crate::http::router_with_metrics(
+            Arc::clone(&self.store),
+            Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            crate::history::HistoryConfig::default(),
+            rpc.clone(),
+        );
         // The side port speaks TLS with the gRPC port's certificate when one is set.
         let http = match self.http_tls {
             Some(tls) => {
@@ -157,6 +163,9 @@ impl Application {
             // A stuck call must not hold a connection forever; WatchChannel streams are
             // exempt because the deadline covers only the call's start.
             .timeout(Duration::from_secs(30))
+            // Around every service, health and reflection included, and inside the timeout
+            // above, so a call it cuts off counts as cancelled (what the caller saw).
+            .layer(rpc.layer())
             .add_service(health_service)
             .add_service(reflection)
             // Tokens are checked before any handler runs; health and reflection stay open

@@ -1,10 +1,13 @@
 //! Edges shared by the center and the agent: TLS for the gRPC listener and the HTTP side
-//! port, logging set-up, and the shutdown signal.
+//! port, logging set-up, the shutdown signal, and the metrics both export alike
+//! ([`metrics`]: per-RPC calls and latency, build information).
 //!
 //! The HTTP side port (metrics, health, console) over TLS: `axum::serve` takes any
 //! [`axum::serve::Listener`]; [`TlsListener`] accepts TCP connections and completes each
 //! TLS handshake in its own task (a slow or hostile client cannot hold up the others),
 //! handing finished streams to the server.
+
+pub mod metrics;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -1,9 +1,12 @@
 //! /metrics of a center and an agent after a sale agree with the ledger; error counters
-//! count real failures; and the deployment's Grafana dashboard and Prometheus rules
-//! query only metrics that the two binaries really export.
+//! count real failures; every gRPC call is counted by method and code on both servers;
+//! both endpoints pass `promtool check metrics`; and the deployment's Grafana dashboard
+//! and Prometheus rules query only metrics that the two binaries really export.
 
 use std::collections::{BTreeSet, HashSet};
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use inventory_proto::v1 as pb;
 use inventory_test_support::RedisServer;
@@ -57,6 +60,26 @@ async fn metrics_match_the_ledger_after_a_sale_and_a_graceful_stop() {
     let borrowed = sample(&text, r#"inventory_agent_borrowed_units_total{channel="app"}"#).unwrap();
     let returned = sample(&text, r#"inventory_agent_returned_units_total{channel="app"}"#).unwrap();
     assert_eq!(borrowed - returned, app.held as f64, "what the agent moved is what the center counts as held");
+    // Every Borrow is timed; none failed here, so each timed one was counted as made.
+    let borrows = sample(&text, r#"inventory_agent_borrows_total{channel="app"}"#).unwrap();
+    assert!(borrows >= 1.0, "the sale borrowed: {borrows}");
+    assert_eq!(sample(&text, r#"inventory_agent_borrow_duration_seconds_count{channel="app"}"#), Some(borrows));
+    // The gRPC layer saw every Acquire: business outcomes are OK answers, the bad id is not.
+    let agent_rpc = |method: &str, code: &str| {
+        let series =
+            format!(r#"inventory_rpc_requests_total{{service="inventory.v1.Agent",method="{method}",code="{code}"}}"#);
+        sample(&text, &series)
+    };
+    assert_eq!(agent_rpc("Acquire", "ok"), Some(8.0), "{text}");
+    assert_eq!(agent_rpc("Acquire", "invalid_argument"), Some(1.0), "{text}");
+    let acquire_seconds = r#"inventory_rpc_duration_seconds_count{service="inventory.v1.Agent",method="Acquire"}"#;
+    assert_eq!(sample(&text, acquire_seconds), Some(9.0));
+    let build = format!(
+        r#"inventory_build_info{{version="{}",git="{}"}}"#,
+        inventory_net::metrics::VERSION,
+        inventory_net::metrics::GIT_HASH
+    );
+    assert_eq!(sample(&text, &build), Some(1.0), "{text}");
 
     let text = http_get(center.http_addr, "/metrics").await;
     let item = view.item.as_ref().unwrap();
@@ -67,6 +90,22 @@ async fn metrics_match_the_ledger_after_a_sale_and_a_graceful_stop() {
     let lease = sample(&text, r#"inventory_center_lease_remaining_seconds{channel="app"}"#).unwrap();
     assert!(lease > 0.0, "a live agent's lease has time left: {lease}");
     assert!(http_get(center.http_addr, "/healthz").await.starts_with("ok"));
+    // The center's layer saw the agent's calls: its registration and Borrows answered OK.
+    let center_rpc = |text: &str, method: &str| {
+        let series =
+            format!(r#"inventory_rpc_requests_total{{service="inventory.v1.Center",method="{method}",code="ok"}}"#);
+        sample(text, &series)
+    };
+    assert_eq!(center_rpc(&text, "RegisterAgent"), Some(1.0), "{text}");
+    assert_eq!(center_rpc(&text, "Borrow"), Some(borrows), "{text}");
+    assert_eq!(sample(&text, &build), Some(1.0), "{text}");
+    // The agent's event stream is open, in flight and not finished, as long as the agent runs.
+    let watching = r#"inventory_rpc_in_flight{service="inventory.v1.Center",method="WatchChannel"}"#;
+    let open = inventory_test_support::wait_until(Duration::from_secs(10), || async {
+        sample(&http_get(center.http_addr, "/metrics").await, watching) == Some(1.0)
+    })
+    .await;
+    assert!(open, "the agent's WatchChannel stream is in flight at the center");
 
     // A graceful stop gives back everything not reserved.
     agent.stop().await;
@@ -319,7 +358,8 @@ async fn grafana_dashboard_and_prometheus_rules_name_only_exported_metrics() {
             .find_map(|l| l.strip_prefix(&format!("# TYPE {name} ")))
             .unwrap_or("histogram part");
         assert!(kind != "counter" || name.ends_with("_total"), "counter {name} must end in _total");
-        assert!(name.starts_with("inventory_center_") || name.starts_with("inventory_agent_"), "{name}");
+        let shared = name.starts_with("inventory_rpc_") || name == "inventory_build_info";
+        assert!(shared || name.starts_with("inventory_center_") || name.starts_with("inventory_agent_"), "{name}");
     }
 
     // Prometheus' own series the rules may use.
@@ -395,4 +435,67 @@ async fn grafana_dashboard_and_prometheus_rules_name_only_exported_metrics() {
         .filter(|n| !n.ends_with("_sum") && !n.ends_with("_count") && !used.contains(n.as_str()))
         .collect();
     assert!(missing.is_empty(), "exported but on no dashboard panel: {missing:?}");
+}
+
+/// Runs `promtool check metrics` on `text`; `Err` with promtool's complaint when it has one.
+fn promtool_check(text: &str) -> Result<(), String> {
+    let mut child = match std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+            "promtool is not on PATH; it checks the /metrics text of both servers. Install it with \
+             `apt-get install prometheus` (Debian/Ubuntu; .ci/run does this) or put Prometheus' promtool on PATH"
+        ),
+        Err(e) => panic!("cannot run promtool: {e}"),
+    };
+    child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("write to promtool");
+    let out = child.wait_with_output().expect("promtool finishes");
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if out.status.success() && said.trim().is_empty() { Ok(()) } else { Err(said) }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metrics_endpoint_passes_promtool_check_metrics() {
+    // Every family with samples: a sale, a rejected call, a fast sold-out answer.
+    let center = Center::start_sqlite().await;
+    center.create_item("p", 2, 1, (1, 2, 1)).await;
+    let agent = LocalAgent::start(&center.url, "app", &StoreSpec::Memory).await;
+    let mut client = agent.client().await;
+    for i in 0..4 {
+        client.acquire(acquire_req("p", &format!("u{i}"), 1, &format!("k{i}"))).await.expect("answered");
+    }
+    let bad = client.acquire(acquire_req("not an id", "u0", 1, "k-bad")).await.unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    center.await_quiescence().await;
+
+    for (server, addr) in [("center", center.http_addr), ("agent", agent.http_addr)] {
+        let text = http_get(addr, "/metrics").await;
+        assert!(text.contains("inventory_rpc_requests_total{"), "{server} exports RPC metrics:\n{text}");
+        if let Err(complaint) = promtool_check(&text) {
+            panic!("promtool check metrics on the {server}'s /metrics:\n{complaint}\n--- the text:\n{text}");
+        }
+    }
+    // The check itself catches a broken exposition (so a pass above means something).
+    assert!(promtool_check("# TYPE broken counter\nbroken 1\n").is_err());
+}
+
+#[test]
+fn version_names_the_git_commit() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inventory-agent"))
+        .arg("--version")
+        .output()
+        .expect("run inventory-agent --version");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let expected =
+        format!("inventory-agent {} (git {})", inventory_net::metrics::VERSION, inventory_net::metrics::GIT_HASH);
+    assert_eq!(text.trim(), expected);
+    if Path::new(env!("CARGO_MANIFEST_DIR")).join("../.git").exists() {
+        assert_ne!(inventory_net::metrics::GIT_HASH, "unknown", "a build from a git checkout knows its commit");
+    }
 }

@@ -196,11 +196,33 @@ async fn api_items_and_metrics_show_the_ledger_per_channel() {
     assert!((0.0..10.0).contains(&age), "heartbeat age {age} s");
     assert_eq!(s("inventory_center_database_up"), 1.0);
     assert_eq!(s("inventory_center_database_errors_total"), 0.0);
+    // The gRPC layer counted the two channels' Borrows, and the build is named.
+    assert_eq!(s(r#"inventory_rpc_requests_total{service="inventory.v1.Center",method="Borrow",code="ok"}"#), 2.0);
+    assert_eq!(s(r#"inventory_rpc_duration_seconds_count{service="inventory.v1.Center",method="Borrow"}"#), 2.0);
+    let build = format!(
+        r#"inventory_build_info{{version="{}",git="{}"}}"#,
+        inventory_net::metrics::VERSION,
+        inventory_net::metrics::GIT_HASH
+    );
+    assert_eq!(s(&build), 1.0);
     for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
         let (name, kind) = line[7..].split_once(' ').expect("type line");
-        assert!(name.starts_with("inventory_center_"), "{line}");
+        let shared = name.starts_with("inventory_rpc_") || name == "inventory_build_info";
+        assert!(shared || name.starts_with("inventory_center_"), "{line}");
         assert!(kind != "counter" || name.ends_with("_total"), "a counter without _total: {line}");
     }
+}
+
+#[test]
+fn version_names_the_git_commit() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inventory-center"))
+        .arg("--version")
+        .output()
+        .expect("run inventory-center --version");
+    assert!(out.status.success());
+    let expected =
+        format!("inventory-center {} (git {})", inventory_net::metrics::VERSION, inventory_net::metrics::GIT_HASH);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), expected);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
