@@ -125,6 +125,7 @@ pub async fn run(ctx: &Ctx, cmd: AgentCmd) -> Result<(), Failure> {
                     user_id: user.clone(),
                     quantity,
                     idempotency_key: key.clone(),
+                    ..Default::default()
                 })
                 .await?
                 .into_inner();

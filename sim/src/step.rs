@@ -376,6 +376,7 @@ impl World {
             new_reservation_id: new_id,
             per_user_limit: state.per_user_limit,
             reservation_ttl_ms: state.reservation_ttl_ms,
+            expect_generation: None,
         };
         let result = pool.acquire(&args, now).map_err(broken)?;
         let losses = self.reference.pool_losses.get(&(c, item.to_owned())).copied().unwrap_or(0);
