@@ -292,11 +292,20 @@ struct EchoAgent {
 
 #[tonic::async_trait]
 impl inventory_proto::v1::agent_server::Agent for EchoAgent {
+    /// Reserves, answering the generation it was told to expect as the pool's.
     async fn acquire(
         &self,
-        _: tonic::Request<inventory_proto::v1::AcquireRequest>,
+        r: tonic::Request<inventory_proto::v1::AcquireRequest>,
     ) -> Result<tonic::Response<inventory_proto::v1::AcquireResponse>, tonic::Status> {
-        Err(tonic::Status::unimplemented("not in this test"))
+        let r = r.into_inner();
+        self.seen.lock().unwrap().push(("acquire".into(), r.expect_pool_generation.to_string()));
+        Ok(tonic::Response::new(inventory_proto::v1::AcquireResponse {
+            outcome: inventory_proto::v1::AcquireOutcome::Reserved as i32,
+            reservation_id: "r-a".into(),
+            quantity: r.quantity,
+            pool_generation: r.expect_pool_generation,
+            ..Default::default()
+        }))
     }
 
     async fn confirm(
@@ -356,8 +365,13 @@ async fn confirm_and_cancel_take_the_reservation_either_way() {
     assert_eq!(stderr(&o), "invctl: the following required arguments were not provided: <RESERVATION> (see --help)\n");
     let o = run(vec!["cancel", "i", "a", "--reservation", "b"]).await;
     assert_eq!(o.status.code(), Some(2), "only one of the two forms");
+    // A replay that must not reserve in a pool of another generation.
+    let o =
+        run(vec!["-o", "json", "acquire", "i", "--user", "u", "--key", "k", "--expect-pool-generation", "42"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!((v["reservation_id"].as_str(), v["pool_generation"].as_u64()), (Some("r-a"), Some(42)), "{v}");
     let seen = agent.seen.lock().unwrap().clone();
-    let expected = [("confirm", "r-flag"), ("confirm", "r-positional"), ("cancel", "r-3")];
+    let expected = [("confirm", "r-flag"), ("confirm", "r-positional"), ("cancel", "r-3"), ("acquire", "42")];
     assert_eq!(seen, expected.map(|(a, b)| (a.to_owned(), b.to_owned())).to_vec());
     server.abort();
 }
