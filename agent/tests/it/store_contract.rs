@@ -382,6 +382,14 @@ async fn a_replay_expecting_another_pool_generation_is_refused_and_writes_nothin
         result => panic!("expected a refusal of u64::MAX, got {result:?}"),
     }
 
+    // Expecting 0 checks nothing, in both stores.
+    let unchecked = AcquireArgs {
+        expect_generation: Some(0),
+        new_reservation_id: uuid::Uuid::new_v4().to_string(),
+        ..first.clone()
+    };
+    assert!(matches!(store.acquire(&p, &unchecked).await, Ok(AcquireResult::Reserved { replayed: true, .. })));
+
     // No pool at all has generation 0: a replay expecting one is refused too.
     let none = pool("sku-generation-none");
     match store.acquire(&none, &replay).await {

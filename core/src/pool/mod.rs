@@ -30,6 +30,7 @@ pub struct AcquireArgs {
     /// refused ([`PoolError::GenerationChanged`]) unless the pool still has it. A pool
     /// that lost its data and was created again has another generation and does not know
     /// the keys of the lost one, so this is what keeps such a replay from reserving twice.
+    /// `Some(0)` checks nothing, like `None`: no pool answered a reservation at generation 0.
     pub expect_generation: Option<u64>,
 }
 

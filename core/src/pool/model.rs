@@ -83,8 +83,9 @@ impl Pool {
         if args.quantity == 0 {
             return Err(PoolError::ZeroQuantity);
         }
-        // Before the key lookup: a pool of another generation cannot know the key.
-        if let Some(expected) = args.expect_generation
+        // Before the key lookup: a pool of another generation cannot know the key. 0 is
+        // "not checked", as in the Lua twin: no pool answered a reservation at generation 0.
+        if let Some(expected) = args.expect_generation.filter(|g| *g != 0)
             && expected != self.generation
         {
             return Err(PoolError::GenerationChanged { expected, actual: self.generation });

@@ -84,6 +84,9 @@ fn a_replay_expecting_a_lost_generation_is_refused_and_writes_nothing() {
     // No pool at all: generation 0.
     let refused = PoolError::GenerationChanged { expected: 8, actual: 0 };
     assert_eq!(Pool::new().acquire(&current, 0), Err(refused));
+    // 0 expects nothing (the Lua twin receives 0 for "not checked").
+    let unchecked = AcquireArgs { expect_generation: Some(0), ..args("u4", 1, "k4", "r5") };
+    assert!(matches!(p.acquire(&unchecked, 0), Ok(AcquireResult::Reserved { replayed: false, .. })));
 }
 
 #[test]
