@@ -1,7 +1,8 @@
 -- acquire.lua: one purchase attempt against one pool, atomically.
 --
--- Order of checks: idempotency key (replay or conflict), per-user limit, availability.
--- A sold-out or limit answer writes nothing. Time comes from Redis TIME only.
+-- Order of checks: the expected pool generation, idempotency key (replay or conflict),
+-- per-user limit, availability. A refused, sold-out or limit answer writes nothing. Time
+-- comes from Redis TIME only.
 --
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
 --   1 pool    hash  available, reserved, sold, generation
@@ -16,8 +17,12 @@
 --   4 new_reservation_id (used only if this call reserves)
 --   5 per_user_limit
 --   6 reservation_ttl_ms
+--   7 expected pool generation (0: not checked); a pool of another generation (0 when it
+--     does not exist) lost the keys of that one, so the call is refused before the key
+--     lookup
 -- Returns one of:
---   {'reserved', reservation_id, quantity, expires_at_ms, replayed (0|1)}
+--   {'reserved', reservation_id, quantity, expires_at_ms, replayed (0|1), generation}
+--   {'generation', expected, actual}   both as decimal strings
 --   {'sold_out', available}
 --   {'limit', held}
 --   {'conflict'}
@@ -29,6 +34,15 @@ local qty = tonumber(ARGV[2])
 local limit = tonumber(ARGV[5])
 local ttl = tonumber(ARGV[6])
 
+-- Compared as decimal strings (as ARGV carries it and as refill.lua stored it): a u64
+-- above 2^53 would lose digits as a Lua number.
+local expect = ARGV[7]
+local stored = redis.call('HGET', K_POOL, 'generation') or '0'
+if expect ~= '0' and expect ~= stored then
+  return {'generation', expect, stored}
+end
+local generation = tonumber(stored)
+
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -39,7 +53,7 @@ if existing then
   if raw then
     local rec = cjson.decode(raw)
     if rec.u == user and tonumber(rec.q) == qty then
-      return {'reserved', existing, tonumber(rec.q), tonumber(rec.e), 1}
+      return {'reserved', existing, tonumber(rec.q), tonumber(rec.e), 1, generation}
     end
     return {'conflict'}
   end
@@ -65,4 +79,4 @@ redis.call('HSET', K_RES, new_id, cjson.encode({s = 'reserved', q = qty, e = exp
 redis.call('ZADD', K_DUE, expires_at, new_id)
 redis.call('HSET', K_IDEM, key, new_id)
 
-return {'reserved', new_id, qty, expires_at, 0}
+return {'reserved', new_id, qty, expires_at, 0, generation}

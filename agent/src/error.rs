@@ -71,6 +71,7 @@ impl From<AgentError> for Status {
                 tracing::debug!(error = %s, "unavailable");
                 Status::unavailable(s.to_string())
             }
+            AgentError::Store(s @ StoreError::GenerationChanged { .. }) => Status::failed_precondition(s.to_string()),
             AgentError::Store(s @ (StoreError::Protocol(_) | StoreError::PoolMissing(_))) => {
                 tracing::error!(error = %s, "internal error");
                 Status::internal("internal error")

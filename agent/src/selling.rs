@@ -27,6 +27,8 @@ pub struct AcquireRequest {
     pub user: UserId,
     pub quantity: u64,
     pub idempotency_key: String,
+    /// The pool generation an earlier answer for this key carried, when the backend passed it.
+    pub expect_pool_generation: Option<u64>,
 }
 
 pub struct Selling {
@@ -113,6 +115,7 @@ impl Selling {
             new_reservation_id: uuid::Uuid::new_v4().simple().to_string(),
             per_user_limit: policy.per_user_limit,
             reservation_ttl_ms: policy.reservation_ttl_ms,
+            expect_generation: req.expect_pool_generation,
         };
         let mut result = self.store.acquire(&item.pool, &args).await?;
         if let AcquireResult::SoldOut { .. } = result {
@@ -121,7 +124,7 @@ impl Selling {
             item.with(|c| c.touch());
         }
         let response = match result {
-            AcquireResult::Reserved { reservation_id, quantity, expires_at_ms, replayed } => {
+            AcquireResult::Reserved { reservation_id, quantity, expires_at_ms, replayed, generation } => {
                 self.metrics.acquire(Outcome::Reserved);
                 pb::AcquireResponse {
                     outcome: pb::AcquireOutcome::Reserved as i32,
@@ -129,6 +132,7 @@ impl Selling {
                     expires_at_unix_ms: expires_at_ms,
                     replayed,
                     quantity,
+                    pool_generation: generation,
                 }
             }
             AcquireResult::SoldOut { available } => {

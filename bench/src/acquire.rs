@@ -136,6 +136,7 @@ impl Caller for AcquireCaller {
                     user_id,
                     quantity,
                     idempotency_key: key,
+                    ..Default::default()
                 });
                 request.set_timeout(CALL_TIMEOUT);
                 if let Some(auth) = &self.workload.authorization {
@@ -170,6 +171,7 @@ impl Caller for AcquireCaller {
                     new_reservation_id: uuid::Uuid::new_v4().simple().to_string(),
                     per_user_limit,
                     reservation_ttl_ms,
+                    expect_generation: None,
                 };
                 match tokio::time::timeout(CALL_TIMEOUT, store.acquire(&pool, &args)).await {
                     Ok(Ok(AcquireResult::Reserved { reservation_id, replayed, .. })) => {

@@ -57,6 +57,8 @@ impl From<LedgerError> for CenterError {
             | LedgerError::StaleEpoch { .. }
             | LedgerError::UnknownChannel { .. }
             | LedgerError::LeaseLive { .. }
+            | LedgerError::ChannelHoldsStock { .. }
+            | LedgerError::AgentAttached { .. }
             | LedgerError::NothingInDoubt { .. }
             | LedgerError::SoldExceedsHeld { .. }
             | LedgerError::Overflow { .. } => CenterError::Precondition(e.to_string()),

@@ -103,6 +103,13 @@ pub enum LedgerError {
     NothingInDoubt { channel: String },
     #[error("cannot write off {sold} units as sold: channel {channel} has {held} in doubt")]
     SoldExceedsHeld { channel: String, held: u64, sold: u64 },
+    #[error("channel {channel:?} still holds {units}: give them back first (drain its agent, reclaim, resolve)")]
+    ChannelHoldsStock { channel: String, units: String },
+    #[error(
+        "lease of channel {channel:?} is live for {remaining_ms} ms more, so an agent is attached: stop the agent or \
+         wait for the lease to end"
+    )]
+    AgentAttached { channel: String, remaining_ms: i64 },
     /// A counter would leave its range: the rows hold values no call could have produced.
     #[error("{counter} would overflow")]
     Overflow { counter: &'static str },
@@ -166,6 +173,36 @@ pub fn reclaimable(alloc: &Allocation) -> u64 {
         return 0;
     }
     alloc.held().saturating_sub(alloc.reported.reserved.saturating_add(alloc.reported.sold))
+}
+
+/// Whether a channel may be removed (its row and allocations deleted): only when it holds
+/// nothing of any item (held includes units in doubt), so conservation holds without it,
+/// and when no agent is attached: the lease has run out, or the agent's last report was
+/// its last word (it drained and left, though its lease runs on). `allocations` are
+/// `(item_id, allocation)`.
+pub fn check_removal(
+    channel: &Channel,
+    session: &ChannelSession,
+    last_word: bool,
+    now_ms: i64,
+    allocations: &[(String, Allocation)],
+) -> Result<(), LedgerError> {
+    let holding: Vec<String> = allocations
+        .iter()
+        .filter(|(_, a)| a.held() > 0 || a.in_doubt > 0)
+        .map(|(item, a)| match a.in_doubt {
+            0 => format!("{} units of item {item:?}", a.held()),
+            doubt => format!("{} units of item {item:?} ({doubt} in doubt)", a.held()),
+        })
+        .collect();
+    if !holding.is_empty() {
+        return Err(LedgerError::ChannelHoldsStock { channel: channel.to_string(), units: holding.join(", ") });
+    }
+    if session.lease_live(now_ms) && !last_word {
+        let remaining_ms = session.lease_expires_at_ms.saturating_sub(now_ms);
+        return Err(LedgerError::AgentAttached { channel: channel.to_string(), remaining_ms });
+    }
+    Ok(())
 }
 
 /// The channel reported its pool lost: everything it holds is in doubt.
@@ -524,6 +561,30 @@ mod tests {
         assert!(s2.check_epoch(&ch("app"), 1).is_err());
         assert!(s2.check_epoch(&ch("app"), 3).is_err());
         assert!(s2.check_epoch(&ch("app"), 2).is_ok());
+    }
+
+    #[test]
+    fn removal_needs_an_empty_channel_and_no_attached_agent() {
+        let s = ChannelSession::register(None, "a", 0, 1000);
+        let settled = Allocation { granted: 5, returned: 3, reclaimed: 2, ..Default::default() };
+        let holding = Allocation { granted: 5, returned: 1, ..Default::default() };
+        let doubt = Allocation { granted: 4, reclaimed: 0, in_doubt: 4, ..Default::default() };
+        let all = [("a".to_owned(), holding), ("b".to_owned(), settled), ("c".to_owned(), doubt)];
+        let err = check_removal(&ch("app"), &s, true, 5000, &all).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "channel \"app\" still holds 4 units of item \"a\", 4 units of item \"c\" (4 in doubt): give them back \
+             first (drain its agent, reclaim, resolve)"
+        );
+        let empty = [("b".to_owned(), settled)];
+        assert!(matches!(
+            check_removal(&ch("app"), &s, false, 400, &empty),
+            Err(LedgerError::AgentAttached { remaining_ms: 600, .. })
+        ));
+        // The agent's last word: it left though its lease runs on.
+        check_removal(&ch("app"), &s, true, 400, &empty).unwrap();
+        check_removal(&ch("app"), &s, false, 1000, &empty).unwrap();
+        check_removal(&ch("app"), &s, false, 1000, &[]).unwrap();
     }
 
     #[test]

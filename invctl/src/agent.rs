@@ -23,6 +23,10 @@ pub enum AgentCmd {
         /// Idempotency key; defaults to a fresh one (printed, so a retry can reuse it).
         #[arg(long)]
         key: Option<String>,
+        /// On a replay, the pool generation the first answer carried: refused
+        /// (failed precondition) if the pool was lost and recreated since.
+        #[arg(long, default_value_t = 0)]
+        expect_pool_generation: u64,
     },
     /// Confirm (pay) a reservation.
     Confirm(ReservationArgs),
@@ -67,6 +71,7 @@ struct AcquireView {
     quantity: u64,
     expires_at_unix_ms: i64,
     replayed: bool,
+    pool_generation: u64,
 }
 
 #[derive(Serialize)]
@@ -117,7 +122,7 @@ pub async fn run(ctx: &Ctx, cmd: AgentCmd) -> Result<(), Failure> {
                 table(&["ITEM", "AVAILABLE", "RESERVED", "SOLD", "SOLD_OUT"], vec![row])
             });
         }
-        AgentCmd::Acquire { item, user, quantity, key } => {
+        AgentCmd::Acquire { item, user, quantity, key, expect_pool_generation } => {
             let key = key.unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
             let r = client
                 .acquire(pb::AcquireRequest {
@@ -125,6 +130,7 @@ pub async fn run(ctx: &Ctx, cmd: AgentCmd) -> Result<(), Failure> {
                     user_id: user.clone(),
                     quantity,
                     idempotency_key: key.clone(),
+                    expect_pool_generation,
                 })
                 .await?
                 .into_inner();
@@ -150,6 +156,7 @@ pub async fn run(ctx: &Ctx, cmd: AgentCmd) -> Result<(), Failure> {
                 quantity: r.quantity,
                 expires_at_unix_ms: r.expires_at_unix_ms,
                 replayed: r.replayed,
+                pool_generation: r.pool_generation,
             };
             print(ctx.output, &view, || text);
         }

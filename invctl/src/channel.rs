@@ -1,4 +1,4 @@
-//! `invctl channel list|show` and `invctl reclaim`.
+//! `invctl channel list|show|remove` and `invctl reclaim`.
 
 use clap::{Args, Subcommand};
 use inventory_proto::v1 as pb;
@@ -14,6 +14,9 @@ pub enum ChannelCmd {
     List,
     /// One channel, per item.
     Show { channel: String },
+    /// Forget a channel for good (a ghost, or one closed down): refused while it holds
+    /// stock of any item or its agent is attached (live lease, not drained).
+    Remove { channel: String },
 }
 
 #[derive(Args)]
@@ -91,6 +94,13 @@ struct ReclaimView {
     items: Vec<ReclaimedView>,
 }
 
+#[derive(Serialize)]
+struct RemovedView {
+    channel: String,
+    last_epoch: u64,
+    item_ids: Vec<String>,
+}
+
 fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
@@ -155,10 +165,16 @@ fn show_text(channels: &[pb::ChannelInfo], now: i64) -> String {
 }
 
 pub async fn run(ctx: &Ctx, cmd: ChannelCmd) -> Result<(), Failure> {
-    let wanted = match &cmd {
-        ChannelCmd::List => String::new(),
-        ChannelCmd::Show { channel } => channel.clone(),
-    };
+    match cmd {
+        ChannelCmd::List => list(ctx, None).await,
+        ChannelCmd::Show { channel } => list(ctx, Some(channel)).await,
+        ChannelCmd::Remove { channel } => remove(ctx, channel).await,
+    }
+}
+
+/// Every channel as a table (`None`), or one channel per item.
+async fn list(ctx: &Ctx, one: Option<String>) -> Result<(), Failure> {
+    let wanted = one.clone().unwrap_or_default();
     let r = ctx
         .conn
         .admin(&ctx.center)
@@ -168,9 +184,22 @@ pub async fn run(ctx: &Ctx, cmd: ChannelCmd) -> Result<(), Failure> {
         .into_inner();
     let now = now_ms();
     let view: Vec<ChannelView> = r.channels.iter().map(ChannelView::from).collect();
-    print(ctx.output, &view, || match cmd {
-        ChannelCmd::List => list_text(&r.channels, now),
-        ChannelCmd::Show { .. } => show_text(&r.channels, now),
+    print(ctx.output, &view, || match one {
+        None => list_text(&r.channels, now),
+        Some(_) => show_text(&r.channels, now),
+    });
+    Ok(())
+}
+
+async fn remove(ctx: &Ctx, channel: String) -> Result<(), Failure> {
+    let r = ctx.conn.admin(&ctx.center).await?.remove_channel(pb::RemoveChannelRequest { channel }).await?.into_inner();
+    let view = RemovedView { channel: r.channel, last_epoch: r.last_epoch, item_ids: r.item_ids };
+    print(ctx.output, &view, || {
+        let items = match view.item_ids.as_slice() {
+            [] => "none".to_owned(),
+            ids => ids.iter().map(|i| q(i)).collect::<Vec<_>>().join(", "),
+        };
+        format!("channel {} removed (last epoch {}; settled items: {items})\n", q(&view.channel), view.last_epoch)
     });
     Ok(())
 }

@@ -218,6 +218,53 @@ async fn channel_list_show_close_and_resolve() {
     assert_eq!((v["closed"].as_bool(), v["total"].as_u64()), (Some(false), Some(45)));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channel_remove_is_refused_while_the_channel_holds_stock() {
+    use inventory_proto::v1 as pb;
+    let c = start_center().await;
+    invctl(&c.url, &["item", "create", "i", "--total", "50"]).await;
+    let mut center = inventory_proto::v1::center_client::CenterClient::connect(c.url.clone()).await.unwrap();
+    let mut register = async |channel: &str| {
+        let r = pb::RegisterAgentRequest { channel: channel.into(), agent_id: format!("{channel}-1") };
+        let epoch = center.register_agent(r).await.unwrap().into_inner().epoch;
+        // The agent's drain: its last word, so no agent is attached any more.
+        let last = pb::HeartbeatRequest { channel: channel.into(), epoch, last_report: true, ..Default::default() };
+        center.heartbeat(last).await.unwrap();
+        epoch
+    };
+    let epoch = register("app").await;
+    register("ghost").await;
+    let (item_id, channel) = (String::from("i"), String::from("app"));
+    let (quantity, request_id) = (20, String::from("b-1"));
+    let borrow = pb::BorrowRequest { item_id, channel, epoch, quantity, request_id };
+    center.borrow(borrow).await.unwrap();
+
+    let o = invctl(&c.url, &["channel", "remove", "app"]).await;
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        stderr(&o),
+        "invctl: failed precondition: channel \"app\" still holds 20 units of item \"i\": give them back first \
+         (drain its agent, reclaim, resolve)\n"
+    );
+    let (item_id, channel) = (String::from("i"), String::from("app"));
+    let (quantity, request_id) = (20, String::from("r-1"));
+    let give_back = pb::ReturnRequest { item_id, channel, epoch, quantity, request_id };
+    center.r#return(give_back).await.unwrap();
+    let o = invctl(&c.url, &["channel", "remove", "app"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), format!("channel \"app\" removed (last epoch {epoch}; settled items: \"i\")\n"));
+    let o = invctl(&c.url, &["channel", "remove", "app"]).await;
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(stderr(&o), "invctl: not found: channel \"app\" not found\n");
+
+    let o = invctl(&c.url, &["-o", "json", "channel", "remove", "ghost"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v, serde_json::json!({ "channel": "ghost", "last_epoch": 1, "item_ids": [] }));
+    let o = invctl(&c.url, &["-o", "json", "channel", "list"]).await;
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(&o.stdout).expect("json"), serde_json::json!([]));
+}
+
 #[tokio::test]
 async fn bad_numbers_get_a_plain_error_before_any_call() {
     // The center address is never reached: the command line is refused first.
@@ -245,11 +292,20 @@ struct EchoAgent {
 
 #[tonic::async_trait]
 impl inventory_proto::v1::agent_server::Agent for EchoAgent {
+    /// Reserves, answering the generation it was told to expect as the pool's.
     async fn acquire(
         &self,
-        _: tonic::Request<inventory_proto::v1::AcquireRequest>,
+        r: tonic::Request<inventory_proto::v1::AcquireRequest>,
     ) -> Result<tonic::Response<inventory_proto::v1::AcquireResponse>, tonic::Status> {
-        Err(tonic::Status::unimplemented("not in this test"))
+        let r = r.into_inner();
+        self.seen.lock().unwrap().push(("acquire".into(), r.expect_pool_generation.to_string()));
+        Ok(tonic::Response::new(inventory_proto::v1::AcquireResponse {
+            outcome: inventory_proto::v1::AcquireOutcome::Reserved as i32,
+            reservation_id: "r-a".into(),
+            quantity: r.quantity,
+            pool_generation: r.expect_pool_generation,
+            ..Default::default()
+        }))
     }
 
     async fn confirm(
@@ -309,8 +365,13 @@ async fn confirm_and_cancel_take_the_reservation_either_way() {
     assert_eq!(stderr(&o), "invctl: the following required arguments were not provided: <RESERVATION> (see --help)\n");
     let o = run(vec!["cancel", "i", "a", "--reservation", "b"]).await;
     assert_eq!(o.status.code(), Some(2), "only one of the two forms");
+    // A replay that must not reserve in a pool of another generation.
+    let o =
+        run(vec!["-o", "json", "acquire", "i", "--user", "u", "--key", "k", "--expect-pool-generation", "42"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!((v["reservation_id"].as_str(), v["pool_generation"].as_u64()), (Some("r-a"), Some(42)), "{v}");
     let seen = agent.seen.lock().unwrap().clone();
-    let expected = [("confirm", "r-flag"), ("confirm", "r-positional"), ("cancel", "r-3")];
+    let expected = [("confirm", "r-flag"), ("confirm", "r-positional"), ("cancel", "r-3"), ("acquire", "42")];
     assert_eq!(seen, expected.map(|(a, b)| (a.to_owned(), b.to_owned())).to_vec());
     server.abort();
 }

@@ -188,6 +188,9 @@ impl World {
             new_reservation_id: new_id,
             per_user_limit: state.per_user_limit,
             reservation_ttl_ms: state.reservation_ttl_ms,
+            // Buyers here never pass the generation they saw (the product checks it in
+            // the same atomic call; its contract suite covers it).
+            expect_generation: None,
         };
         let result = pool.acquire(&args, now).map_err(broken)?;
         let losses = self.reference.pool_losses.get(&(c, item.to_owned())).copied().unwrap_or(0);

@@ -255,6 +255,9 @@ fn store_error(pool: &PoolKey, e: PoolError) -> StoreError {
         PoolError::Fenced { .. } => StoreError::Fenced(pool.hash_tag()),
         PoolError::Missing => StoreError::PoolMissing(pool.hash_tag()),
         PoolError::DuplicateReservationId(id) => duplicate_reservation_id(&id),
+        PoolError::GenerationChanged { expected, actual } => {
+            StoreError::GenerationChanged { pool: pool.hash_tag(), expected, actual }
+        }
         PoolError::ZeroQuantity | PoolError::Overflow(_) => StoreError::Protocol(e.to_string()),
     }
 }

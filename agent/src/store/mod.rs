@@ -52,6 +52,14 @@ pub enum StoreError {
     /// is over (another replica, or this one, registered again) and must not move its units.
     #[error("pool {0} was fenced by a later epoch of its channel")]
     Fenced(String),
+    /// An acquire expected another pool generation than the pool has (0: no pool):
+    /// nothing was read or written beyond the generation.
+    #[error(
+        "expect_pool_generation {expected} does not match generation {actual} of pool {pool}: the pool's data was \
+         lost since that answer and its idempotency keys with it, so the key is not replayed; look the order up \
+         instead of retrying"
+    )]
+    GenerationChanged { pool: String, expected: u64, actual: u64 },
 }
 
 /// Key names of a channel's coordination state: `{channel}` is its hash tag.

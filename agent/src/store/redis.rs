@@ -350,7 +350,7 @@ fn transition(what: &str, v: Value) -> Result<Transition, StoreError> {
     }
 }
 
-fn acquire_result(v: Value, new_reservation_id: &str) -> Result<AcquireResult, StoreError> {
+fn acquire_result(v: Value, pool: &PoolKey, new_reservation_id: &str) -> Result<AcquireResult, StoreError> {
     const WHAT: &str = "acquire";
     let items = array(WHAT, v)?;
     let Some(tag) = items.first() else { return Err(StoreError::Protocol("acquire: empty reply".to_owned())) };
@@ -361,11 +361,20 @@ fn acquire_result(v: Value, new_reservation_id: &str) -> Result<AcquireResult, S
             quantity: uint(WHAT, field(2)?)?,
             expires_at_ms: int(WHAT, field(3)?)?,
             replayed: int(WHAT, field(4)?)? == 1,
+            generation: uint(WHAT, field(5)?)?,
         }),
         "sold_out" => Ok(AcquireResult::SoldOut { available: uint(WHAT, field(1)?)? }),
         "limit" => Ok(AcquireResult::LimitExceeded { held: uint(WHAT, field(1)?)? }),
         "conflict" => Ok(AcquireResult::KeyConflict),
         "duplicate_id" => Err(super::memory::duplicate_reservation_id(new_reservation_id)),
+        "generation" => {
+            let number = |v: &Value| string(WHAT, v)?.parse::<u64>().map_err(|_| unexpected(WHAT, v));
+            Err(StoreError::GenerationChanged {
+                pool: pool.hash_tag(),
+                expected: number(field(1)?)?,
+                actual: number(field(2)?)?,
+            })
+        }
         _ => Err(StoreError::Protocol(format!("acquire: unexpected reply {items:?}"))),
     }
 }
@@ -380,9 +389,10 @@ impl PoolStore for RedisPoolStore {
         let mut call = self.scripts.acquire.key(&k.pool);
         call.key(&k.res).key(&k.due).key(&k.held).key(&k.idem);
         call.arg(&args.user_id).arg(args.quantity).arg(&args.idempotency_key).arg(&args.new_reservation_id);
-        call.arg(args.per_user_limit).arg(args.reservation_ttl_ms);
+        // 0 expects nothing: no pool has generation 0 and answered a reservation.
+        call.arg(args.per_user_limit).arg(args.reservation_ttl_ms).arg(args.expect_generation.unwrap_or(0));
         let reply: Value = self.write(&k.pool, &call).await?;
-        acquire_result(reply, &args.new_reservation_id)
+        acquire_result(reply, pool, &args.new_reservation_id)
     }
 
     async fn confirm(&self, pool: &PoolKey, reservation_id: &str) -> Result<Transition, StoreError> {

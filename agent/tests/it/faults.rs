@@ -190,10 +190,14 @@ async fn redis_losing_its_data_freezes_the_pool_and_shows_units_in_doubt() {
     let store = StoreSpec::Redis { url: redis.url.clone(), prefix: "inv:".into() };
     let agent = LocalAgent::start(&center.url, "app", &store).await;
     let mut client = agent.client().await;
+    let mut generations = Vec::new();
     for i in 0..8 {
-        let r = client.acquire(acquire_req("d", &format!("u{i}"), 1, &format!("k{i}"))).await.unwrap();
-        assert_eq!(r.into_inner().outcome(), pb::AcquireOutcome::Reserved);
+        let r = client.acquire(acquire_req("d", &format!("u{i}"), 1, &format!("k{i}"))).await.unwrap().into_inner();
+        assert_eq!(r.outcome(), pb::AcquireOutcome::Reserved);
+        generations.push(r.pool_generation);
     }
+    let generation = generations[0];
+    assert!(generation != 0 && generations.iter().all(|g| *g == generation), "{generations:?}");
     center.await_quiescence().await;
     let held_before = center.ledger("d").await.channels[0].held;
     assert!(held_before >= 8);
@@ -244,6 +248,17 @@ async fn redis_losing_its_data_freezes_the_pool_and_shows_units_in_doubt() {
     })
     .await;
     assert!(resumed, "agent never resumed after the resolution");
+    // The new pool does not know the keys of the lost one: a replay of k0 that passes the
+    // generation its answer carried is refused instead of reserving a second time.
+    let before = stock(&mut client, "d").await;
+    let replay = pb::AcquireRequest { expect_pool_generation: generation, ..acquire_req("d", "u0", 1, "k0") };
+    let refused = client.acquire(replay).await.expect_err("a replay into another generation is refused");
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains(&format!("expect_pool_generation {generation} does not match")), "{refused:?}");
+    let after = stock(&mut client, "d").await;
+    assert_eq!((after.reserved, after.sold), (before.reserved, before.sold), "the refusal reserved nothing");
+    let fresh = client.acquire(acquire_req("d", "y", 1, "ky")).await.unwrap().into_inner();
+    assert!(fresh.replayed && fresh.pool_generation != generation, "{fresh:?}");
     let r = center.await_quiescence().await;
     assert!(r.ok && r.in_doubt.is_empty(), "{r:?}");
 }

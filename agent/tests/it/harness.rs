@@ -273,7 +273,13 @@ impl AgentProcess {
 }
 
 pub fn acquire_req(item: &str, user: &str, quantity: u64, key: &str) -> pb::AcquireRequest {
-    pb::AcquireRequest { item_id: item.into(), user_id: user.into(), quantity, idempotency_key: key.into() }
+    pb::AcquireRequest {
+        item_id: item.into(),
+        user_id: user.into(),
+        quantity,
+        idempotency_key: key.into(),
+        ..Default::default()
+    }
 }
 
 pub async fn stock(client: &mut AgentClient<Channel>, item: &str) -> pb::GetStockResponse {

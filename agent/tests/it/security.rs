@@ -155,7 +155,7 @@ proptest! {
     fn raw_bytes_never_get_past_validation(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
         if let Ok(req) = pb::AcquireRequest::decode(bytes.as_slice()) {
             match parse_acquire(&req) {
-                Ok(AcquireRequest { item, user, quantity, idempotency_key }) => {
+                Ok(AcquireRequest { item, user, quantity, idempotency_key, .. }) => {
                     prop_assert!(item.as_str().bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b)));
                     prop_assert!(user.as_str().bytes().all(|b| (0x21..=0x7e).contains(&b)));
                     prop_assert!((1..=1_000_000_000).contains(&quantity));
@@ -172,10 +172,10 @@ proptest! {
     /// Structured hostile strings: every field refuses what it must.
     #[test]
     fn hostile_strings_are_refused_by_field(s in "\\PC{0,80}|[\\x00-\\x20'\";{}\\[\\]\\\\]{1,20}") {
-        let req = pb::AcquireRequest { item_id: s.clone(), user_id: "u".into(), quantity: 1, idempotency_key: "k".into() };
+        let req = pb::AcquireRequest { item_id: s.clone(), user_id: "u".into(), quantity: 1, idempotency_key: "k".into(), ..Default::default() };
         let valid = !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
         prop_assert_eq!(parse_acquire(&req).is_ok(), valid);
-        let req = pb::AcquireRequest { item_id: "i".into(), user_id: s.clone(), quantity: 1, idempotency_key: "k".into() };
+        let req = pb::AcquireRequest { item_id: "i".into(), user_id: s.clone(), quantity: 1, idempotency_key: "k".into(), ..Default::default() };
         let valid = !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| (0x21..=0x7e).contains(&b));
         prop_assert_eq!(parse_acquire(&req).is_ok(), valid);
     }

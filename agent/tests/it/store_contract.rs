@@ -121,6 +121,7 @@ contract_suite!(
     fencing_races_with_old_epoch_refills_and_counts_each_unit_once,
     replicas_elect_one_leader_and_share_its_lease,
     wants_and_presence_between_replicas,
+    a_replay_expecting_another_pool_generation_is_refused_and_writes_nothing,
 );
 
 // ---------------------------------------------------------------------------------------
@@ -138,6 +139,7 @@ fn acquire_args(user: &str, quantity: u64, key: &str, limit: u64, ttl_ms: u64) -
         new_reservation_id: uuid::Uuid::new_v4().to_string(),
         per_user_limit: limit,
         reservation_ttl_ms: ttl_ms,
+        expect_generation: None,
     }
 }
 
@@ -151,7 +153,7 @@ async fn reserve(store: &dyn PoolStore, pool: &PoolKey, user: &str, quantity: u6
 /// Runs an acquire that must reserve without replay; returns (reservation id, expires_at_ms).
 async fn reserve_with(store: &dyn PoolStore, pool: &PoolKey, args: &AcquireArgs) -> (String, i64) {
     match store.acquire(pool, args).await.expect("acquire") {
-        AcquireResult::Reserved { reservation_id, quantity, expires_at_ms, replayed: false } => {
+        AcquireResult::Reserved { reservation_id, quantity, expires_at_ms, replayed: false, .. } => {
             assert_eq!(reservation_id, args.new_reservation_id);
             assert_eq!(quantity, args.quantity);
             (reservation_id, expires_at_ms)
@@ -294,7 +296,9 @@ async fn replayed_acquire_returns_the_same_reservation_and_deducts_once(backend:
     assert_eq!(counters(&*store, &p).await, (8, 2, 0));
 
     // A retry carries a new candidate reservation id; the first reservation comes back.
-    let expect = AcquireResult::Reserved { reservation_id: id.clone(), quantity: 2, expires_at_ms, replayed: true };
+    let generation = snap(&*store, &p).await.generation;
+    let expect =
+        AcquireResult::Reserved { reservation_id: id.clone(), quantity: 2, expires_at_ms, replayed: true, generation };
     for _ in 0..3 {
         let retry = AcquireArgs { new_reservation_id: uuid::Uuid::new_v4().to_string(), ..first.clone() };
         assert_eq!(store.acquire(&p, &retry).await.unwrap(), expect);
@@ -312,7 +316,7 @@ async fn replayed_acquire_returns_the_same_reservation_and_deducts_once(backend:
     assert_eq!(store.cancel(&p, &id2).await.unwrap(), Transition::Done(Cancelled));
     assert_eq!(
         store.acquire(&p, &second).await.unwrap(),
-        AcquireResult::Reserved { reservation_id: id2, quantity: 1, expires_at_ms: exp2, replayed: true }
+        AcquireResult::Reserved { reservation_id: id2, quantity: 1, expires_at_ms: exp2, replayed: true, generation }
     );
     // Keys that reserved are listed, so a sold-out agent can still recognise replays.
     let mut keys = store.idempotency_keys(&p).await.unwrap();
@@ -320,6 +324,79 @@ async fn replayed_acquire_returns_the_same_reservation_and_deducts_once(backend:
     assert_eq!(keys, ["key-erin-1", "key-erin-2"]);
     assert!(store.idempotency_keys(&pool("sku-none")).await.unwrap().is_empty());
     assert_eq!(counters(&*store, &p).await, (8, 0, 2));
+}
+
+/// The backend passes the pool generation an earlier answer carried: a pool of another
+/// generation (its data lost, or no pool at all) refuses the call before looking at the
+/// key, and writes nothing.
+async fn a_replay_expecting_another_pool_generation_is_refused_and_writes_nothing(backend: &Backend) {
+    let store = backend.store().await;
+    let p = pool("sku-generation");
+    store.refill(&p, "grant-1", 10, 0).await.unwrap();
+    let generation = snap(&*store, &p).await.generation;
+    assert_ne!(generation, 0);
+    let first = acquire_args("uma", 2, "key-uma-1", 5, LONG_TTL_MS);
+    let answer = store.acquire(&p, &first).await.unwrap();
+    let AcquireResult::Reserved { reservation_id, generation: answered, replayed: false, .. } = answer.clone() else {
+        panic!("expected a reservation, got {answer:?}")
+    };
+    assert_eq!(answered, generation, "the answer carries the pool's generation");
+
+    // Expecting the generation the answer carried: the replay is answered as before.
+    let replay = AcquireArgs {
+        expect_generation: Some(generation),
+        new_reservation_id: uuid::Uuid::new_v4().to_string(),
+        ..first.clone()
+    };
+    let again = store.acquire(&p, &replay).await.unwrap();
+    let AcquireResult::Reserved { expires_at_ms, .. } = answer else { unreachable!() };
+    let expected = AcquireResult::Reserved {
+        reservation_id: reservation_id.clone(),
+        quantity: 2,
+        expires_at_ms,
+        replayed: true,
+        generation,
+    };
+    assert_eq!(again, expected);
+
+    // Another generation, for a known key and for a new one: refused, nothing written.
+    let other = generation.wrapping_add(1).max(1);
+    for args in [replay.clone(), acquire_args("uma", 1, "key-uma-2", 5, LONG_TTL_MS)] {
+        let args = AcquireArgs { expect_generation: Some(other), ..args };
+        match store.acquire(&p, &args).await {
+            Err(StoreError::GenerationChanged { expected, actual, .. }) => {
+                assert_eq!((expected, actual), (other, generation));
+            }
+            result => panic!("expected a refusal naming the generations, got {result:?}"),
+        }
+        assert_eq!(state(&*store, &p, &args.new_reservation_id).await, None);
+    }
+    assert_eq!(counters(&*store, &p).await, (8, 2, 0));
+    assert_eq!(store.idempotency_keys(&p).await.unwrap(), ["key-uma-1"]);
+    assert_eq!(state(&*store, &p, &reservation_id).await, Some(Reserved));
+
+    // Any u64 is compared exactly, the largest too.
+    let huge = AcquireArgs { expect_generation: Some(u64::MAX), ..replay.clone() };
+    match store.acquire(&p, &huge).await {
+        Err(StoreError::GenerationChanged { expected: u64::MAX, actual, .. }) => assert_eq!(actual, generation),
+        result => panic!("expected a refusal of u64::MAX, got {result:?}"),
+    }
+
+    // Expecting 0 checks nothing, in both stores.
+    let unchecked = AcquireArgs {
+        expect_generation: Some(0),
+        new_reservation_id: uuid::Uuid::new_v4().to_string(),
+        ..first.clone()
+    };
+    assert!(matches!(store.acquire(&p, &unchecked).await, Ok(AcquireResult::Reserved { replayed: true, .. })));
+
+    // No pool at all has generation 0: a replay expecting one is refused too.
+    let none = pool("sku-generation-none");
+    match store.acquire(&none, &replay).await {
+        Err(StoreError::GenerationChanged { expected, actual: 0, .. }) => assert_eq!(expected, generation),
+        result => panic!("expected a refusal on a missing pool, got {result:?}"),
+    }
+    assert_eq!(snap(&*store, &none).await.generation, 0, "a refused call creates no pool");
 }
 
 async fn key_reused_with_another_payload_conflicts(backend: &Backend) {
@@ -688,6 +765,7 @@ async fn hostile_strings_are_stored_as_data(backend: &Backend) {
     let refilled = 3 * hostile.len() as u64;
     assert_eq!(counters(&*store, &p).await, (refilled, 0, 0));
 
+    let generation = snap(&*store, &p).await.generation;
     let mut reservations = Vec::new();
     for (i, s) in hostile.iter().enumerate() {
         // The same hostile string as user, idempotency key and reservation id.
@@ -697,7 +775,13 @@ async fn hostile_strings_are_stored_as_data(backend: &Backend) {
         let retry = AcquireArgs { new_reservation_id: format!("retry-{i}"), ..args.clone() };
         assert_eq!(
             store.acquire(&p, &retry).await.unwrap(),
-            AcquireResult::Reserved { reservation_id: s.clone(), quantity: 1, expires_at_ms, replayed: true }
+            AcquireResult::Reserved {
+                reservation_id: s.clone(),
+                quantity: 1,
+                expires_at_ms,
+                replayed: true,
+                generation
+            }
         );
         // Each hostile user is its own user with its own allowance.
         let more = acquire_args(s, 1, &format!("more-{i}"), 1, LONG_TTL_MS);
@@ -759,7 +843,13 @@ async fn finished_records_are_forgotten_after_retention(backend: &Backend) {
     assert_eq!(state(&*store, &p, &open_id).await, Some(Reserved));
     assert_eq!(
         store.acquire(&p, &open).await.unwrap(),
-        AcquireResult::Reserved { reservation_id: open_id, quantity: 1, expires_at_ms: open_exp, replayed: true }
+        AcquireResult::Reserved {
+            reservation_id: open_id,
+            quantity: 1,
+            expires_at_ms: open_exp,
+            replayed: true,
+            generation: snap(&*store, &p).await.generation
+        }
     );
     // Counters are untouched by forgetting: 10 + 1 refilled - 2 taken = 6 + 2 reserved + 1 sold.
     assert_eq!(counters(&*store, &p).await, (6, 2, 1));
@@ -1022,4 +1112,18 @@ async fn redis_data_loss_shows_as_generation_zero_and_the_store_reconnects() {
     assert_ne!(recreated.generation, 0);
     assert_ne!(recreated.generation, before.generation);
     assert_eq!((recreated.available, recreated.reserved, recreated.sold), (3, 0, 0));
+
+    // The keys were lost with the pool: a replay of tom's key expecting the generation its
+    // answer carried is refused; without it, the key is new to this pool.
+    let old_key = acquire_args("tom", 2, "before-loss", 5, LONG_TTL_MS);
+    let mut fresh = old_key.clone();
+    fresh.new_reservation_id = uuid::Uuid::new_v4().to_string();
+    let replay = AcquireArgs { expect_generation: Some(before.generation), ..fresh };
+    match store.acquire(&p, &replay).await {
+        Err(StoreError::GenerationChanged { expected, actual, .. }) => {
+            assert_eq!((expected, actual), (before.generation, recreated.generation));
+        }
+        other => panic!("expected the replay refused, got {other:?}"),
+    }
+    assert_eq!(counters(&*store, &p).await, (3, 0, 0));
 }

@@ -287,4 +287,15 @@ impl pb::admin_server::Admin for AdminService {
             new_epoch: out.new_epoch,
         }))
     }
+
+    async fn remove_channel(&self, request: Request<pb::RemoveChannelRequest>) -> Res<pb::RemoveChannelResponse> {
+        let channel = Channel::parse("channel", &request.get_ref().channel).map_err(CenterError::from)?;
+        let removed = self.store.remove_channel(&channel, now_ms()).await?;
+        tracing::warn!(channel = %channel, last_epoch = removed.last_epoch, items = removed.item_ids.len(), "channel removed");
+        Ok(Response::new(pb::RemoveChannelResponse {
+            channel: channel.to_string(),
+            last_epoch: removed.last_epoch,
+            item_ids: removed.item_ids,
+        }))
+    }
 }

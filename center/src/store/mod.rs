@@ -118,6 +118,13 @@ pub struct ReclaimOutcome {
     pub new_epoch: u64,
 }
 
+/// A removed channel: the epoch it had, and the items whose settled allocations went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemovedChannel {
+    pub last_epoch: u64,
+    pub item_ids: Vec<String>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reconciliation {
     pub check: Check,
@@ -192,6 +199,10 @@ pub trait LedgerStore: Send + Sync + 'static {
     async fn watermarks(&self, item: &ItemId) -> Result<(Watermarks, Vec<(String, Watermarks)>)>;
     async fn reconcile(&self, item: Option<&ItemId>) -> Result<Reconciliation>;
     async fn reclaim(&self, channel: &Channel, now_ms: i64, grace_ms: u64) -> Result<ReclaimOutcome>;
+    /// Deletes the channel's row and allocations when it holds nothing and no agent is
+    /// attached (`ledger::check_removal`), remembering its last epoch so a later
+    /// registration starts above it. NOT_FOUND for a channel without a row.
+    async fn remove_channel(&self, channel: &Channel, now_ms: i64) -> Result<RemovedChannel>;
     /// Deletes up to `limit` request records no retry can use any more (an agent's request
     /// of an epoch its channel has left); returns how many.
     async fn prune_requests(&self, limit: u32) -> Result<u64>;

@@ -41,6 +41,7 @@ async fn buy(client: &mut AgentClient<Channel>, key: &str) -> Result<bool, tonic
             user_id: key.into(),
             quantity: 1,
             idempotency_key: key.into(),
+            ..Default::default()
         })
         .await?
         .into_inner();

@@ -309,6 +309,7 @@ async fn buy(client: &mut AgentClient<Channel>, user: &str) -> bool {
             user_id: user.into(),
             quantity: 1,
             idempotency_key: format!("order-{user}"),
+            ..Default::default()
         })
         .await
         .expect("acquire")

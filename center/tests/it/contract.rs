@@ -68,7 +68,7 @@ pub async fn borrow(
         .map(|r| r.into_inner())
 }
 
-async fn give_back(
+pub async fn give_back(
     center: &mut CenterClient<Channel>,
     item: &str,
     channel: &str,

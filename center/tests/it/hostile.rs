@@ -118,6 +118,8 @@ async fn every_field_of_every_rpc_refuses_hostile_values() {
         let cl = pb::CloseItemRequest { item_id: v.clone(), closed: true };
         refused(&what("CloseItem", "item_id"), "item_id", admin.close_item(cl).await);
         refused(&what("Reclaim", "channel"), "channel", admin.reclaim(pb::ReclaimRequest { channel: v.clone() }).await);
+        let rm = pb::RemoveChannelRequest { channel: v.clone() };
+        refused(&what("RemoveChannel", "channel"), "channel", admin.remove_channel(rm).await);
         if !v.is_empty() {
             let w = pb::SetWatermarksRequest { item_id: "i".into(), channel: v.clone(), low: 1, high: 2, batch: 1 };
             refused(&what("SetWatermarks", "channel"), "channel", admin.set_watermarks(w).await);
@@ -216,6 +218,7 @@ async fn invalid_utf8_at_the_byte_level_is_invalid_argument() {
         "/inventory.v1.Admin/GetWatermarks",
         "/inventory.v1.Admin/Reconcile",
         "/inventory.v1.Admin/Reclaim",
+        "/inventory.v1.Admin/RemoveChannel",
         "/inventory.v1.Admin/ResolveInDoubt",
         "/inventory.v1.Admin/CloseItem",
         "/inventory.v1.Admin/ListChannels",

@@ -8,6 +8,7 @@ mod hostile;
 mod lost_reply;
 mod model;
 mod reclaim;
+mod remove_channel;
 mod replicas;
 mod reports;
 mod requests;

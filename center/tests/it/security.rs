@@ -149,6 +149,7 @@ async fn mutual_tls_between_agent_and_center_and_untrusted_clients_refused() {
             user_id: "u".into(),
             quantity: 1,
             idempotency_key: "k".into(),
+            ..Default::default()
         })
         .await
         .unwrap()

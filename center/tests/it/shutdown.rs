@@ -166,6 +166,7 @@ async fn buy(client: &mut AgentClient<tonic::transport::Channel>, prefix: &str, 
                 user_id: key.clone(),
                 quantity: 1,
                 idempotency_key: key,
+                ..Default::default()
             })
             .await;
         match r.map(|r| r.into_inner().outcome()) {

@@ -26,6 +26,12 @@ pub struct AcquireArgs {
     pub new_reservation_id: String,
     pub per_user_limit: u64,
     pub reservation_ttl_ms: u64,
+    /// The pool generation the caller saw with an earlier answer for this key: the call is
+    /// refused ([`PoolError::GenerationChanged`]) unless the pool still has it. A pool
+    /// that lost its data and was created again has another generation and does not know
+    /// the keys of the lost one, so this is what keeps such a replay from reserving twice.
+    /// `Some(0)` checks nothing, like `None`: no pool answered a reservation at generation 0.
+    pub expect_generation: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,15 +41,13 @@ pub enum AcquireResult {
         quantity: u64,
         expires_at_ms: i64,
         replayed: bool,
+        /// The generation of the pool that holds the reservation.
+        generation: u64,
     },
     /// The pool has fewer than `quantity` units available.
-    SoldOut {
-        available: u64,
-    },
+    SoldOut { available: u64 },
     /// The user already holds `held` units (reserved + sold) of the item in this channel.
-    LimitExceeded {
-        held: u64,
-    },
+    LimitExceeded { held: u64 },
     /// The idempotency key was used before for another user or quantity.
     KeyConflict,
 }
@@ -103,6 +107,9 @@ pub enum PoolError {
     Missing,
     #[error("acquire quantity must be positive")]
     ZeroQuantity,
+    /// The caller expected another pool generation than the pool has (0: no pool).
+    #[error("expected pool generation {expected}, the pool has generation {actual}")]
+    GenerationChanged { expected: u64, actual: u64 },
     #[error("new_reservation_id {0:?} names an existing reservation")]
     DuplicateReservationId(String),
     /// A counter would leave `u64`: a refill beyond any real stock, or a broken invariant.

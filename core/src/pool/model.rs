@@ -75,12 +75,20 @@ impl Pool {
         Self::default()
     }
 
-    /// Replay check on the idempotency key, per-user limit check, then `quantity` moves
+    /// The expected generation (if given), replay check on the idempotency key, per-user
+    /// limit check, then `quantity` moves
     /// from available to reserved with an expiry of `now_ms` + ttl. A sold-out or limit
     /// answer writes nothing.
     pub fn acquire(&mut self, args: &AcquireArgs, now_ms: i64) -> Result<AcquireResult, PoolError> {
         if args.quantity == 0 {
             return Err(PoolError::ZeroQuantity);
+        }
+        // Before the key lookup: a pool of another generation cannot know the key. 0 is
+        // "not checked", as in the Lua twin: no pool answered a reservation at generation 0.
+        if let Some(expected) = args.expect_generation.filter(|g| *g != 0)
+            && expected != self.generation
+        {
+            return Err(PoolError::GenerationChanged { expected, actual: self.generation });
         }
         if let Some(id) = self.keys.get(&args.idempotency_key)
             && let Some(r) = self.reservations.get(id)
@@ -91,6 +99,7 @@ impl Pool {
                     quantity: r.quantity,
                     expires_at_ms: r.expires_at_ms,
                     replayed: true,
+                    generation: self.generation,
                 });
             }
             return Ok(AcquireResult::KeyConflict);
@@ -129,6 +138,7 @@ impl Pool {
             quantity: args.quantity,
             expires_at_ms,
             replayed: false,
+            generation: self.generation,
         })
     }
 

@@ -11,6 +11,7 @@ fn args(user: &str, quantity: u64, key: &str, id: &str) -> AcquireArgs {
         new_reservation_id: id.to_owned(),
         per_user_limit: 5,
         reservation_ttl_ms: TTL,
+        expect_generation: None,
     }
 }
 
@@ -35,17 +36,57 @@ fn acquire_reserves_and_a_replay_returns_the_first_reservation() {
     let first = reserve(&mut p, "u1", 2, "k1", "r1", 100);
     assert_eq!(
         first,
-        AcquireResult::Reserved { reservation_id: "r1".into(), quantity: 2, expires_at_ms: 1_100, replayed: false }
+        AcquireResult::Reserved {
+            reservation_id: "r1".into(),
+            quantity: 2,
+            expires_at_ms: 1_100,
+            replayed: false,
+            generation: 7
+        }
     );
     assert_eq!(totals(&p), (8, 2, 0));
     assert_eq!(p.held_by("u1"), 2);
     let again = reserve(&mut p, "u1", 2, "k1", "r2", 500);
     assert_eq!(
         again,
-        AcquireResult::Reserved { reservation_id: "r1".into(), quantity: 2, expires_at_ms: 1_100, replayed: true }
+        AcquireResult::Reserved {
+            reservation_id: "r1".into(),
+            quantity: 2,
+            expires_at_ms: 1_100,
+            replayed: true,
+            generation: 7
+        }
     );
     assert_eq!(totals(&p), (8, 2, 0));
     assert_eq!(p.idempotency_keys().collect::<Vec<_>>(), ["k1"]);
+}
+
+#[test]
+fn a_replay_expecting_a_lost_generation_is_refused_and_writes_nothing() {
+    let mut p = stocked(10);
+    let first = args("u1", 2, "k1", "r1");
+    assert!(matches!(p.acquire(&first, 0), Ok(AcquireResult::Reserved { generation: 7, .. })));
+    // The generation the answer carried: a replay expecting it is answered as before.
+    let replay = AcquireArgs { expect_generation: Some(7), new_reservation_id: "r2".into(), ..first.clone() };
+    assert!(matches!(p.acquire(&replay, 0), Ok(AcquireResult::Reserved { replayed: true, .. })));
+
+    // The store lost the pool; a new one (generation 8) is stocked and does not know k1.
+    let mut p = Pool::new();
+    assert_eq!(p.refill("g0", 10, 1, 8, 0, RETAIN), Ok(true));
+    let refused = PoolError::GenerationChanged { expected: 7, actual: 8 };
+    assert_eq!(p.acquire(&replay, 0), Err(refused));
+    assert_eq!((totals(&p), p.reservation_state("r2")), ((10, 0, 0), None));
+    assert_eq!(p.idempotency_keys().count(), 0);
+    // A first request (nothing expected) reserves; so does one expecting this generation.
+    assert!(matches!(p.acquire(&args("u2", 1, "k2", "r3"), 0), Ok(AcquireResult::Reserved { generation: 8, .. })));
+    let current = AcquireArgs { expect_generation: Some(8), ..args("u3", 1, "k3", "r4") };
+    assert!(matches!(p.acquire(&current, 0), Ok(AcquireResult::Reserved { replayed: false, .. })));
+    // No pool at all: generation 0.
+    let refused = PoolError::GenerationChanged { expected: 8, actual: 0 };
+    assert_eq!(Pool::new().acquire(&current, 0), Err(refused));
+    // 0 expects nothing (the Lua twin receives 0 for "not checked").
+    let unchecked = AcquireArgs { expect_generation: Some(0), ..args("u4", 1, "k4", "r5") };
+    assert!(matches!(p.acquire(&unchecked, 0), Ok(AcquireResult::Reserved { replayed: false, .. })));
 }
 
 #[test]

@@ -14,7 +14,7 @@
 //! One module per concern: `dialect` (connection and engine differences), `rows` (row
 //! mapping and single-row access), `movement` (the transactions that move units),
 //! `requests` (first answers by request id), `reports` (registration and heartbeats),
-//! `views` (read views) and `reclaim`. The [`LedgerStore`] impl below only routes.
+//! `views` (read views) and `reclaim` (reclaim, units in doubt, removing a channel). The [`LedgerStore`] impl below only routes.
 
 mod dialect;
 mod movement;
@@ -34,7 +34,7 @@ pub use dialect::{Dialect, connect};
 
 use super::{
     BorrowOutcome, ChannelView, HeartbeatOutcome, ItemLedger, ItemPolicy, ItemRecord, LedgerStore, NewItem,
-    PoolReportIn, ReclaimOutcome, Reconciliation, Registration, Result, ReturnOutcome,
+    PoolReportIn, ReclaimOutcome, Reconciliation, Registration, RemovedChannel, Result, ReturnOutcome,
 };
 use dialect::Queries;
 
@@ -169,6 +169,10 @@ impl LedgerStore for SqlLedger {
 
     async fn reclaim(&self, channel: &Channel, now_ms: i64, grace_ms: u64) -> Result<ReclaimOutcome> {
         SqlLedger::reclaim(self, channel, now_ms, grace_ms).await
+    }
+
+    async fn remove_channel(&self, channel: &Channel, now_ms: i64) -> Result<RemovedChannel> {
+        SqlLedger::remove_channel(self, channel, now_ms).await
     }
 
     async fn prune_requests(&self, limit: u32) -> Result<u64> {

@@ -1,13 +1,14 @@
-//! Taking units back from a channel: reclaim after its lease, and settling units in doubt.
+//! Taking units back from a channel: reclaim after its lease, settling units in doubt, and
+//! removing a channel that holds nothing.
 
 use inventory_core::ledger;
 use inventory_core::{Channel, ItemId};
 use sqlx::Row;
 
 use super::SqlLedger;
-use super::rows::to_db;
+use super::rows::{ALLOC_SELECT, alloc_from_row, to_db};
 use crate::error::CenterError;
-use crate::store::{ItemRecord, ReclaimOutcome, Result};
+use crate::store::{ItemRecord, ReclaimOutcome, RemovedChannel, Result};
 
 impl SqlLedger {
     pub(super) async fn resolve_in_doubt(
@@ -88,5 +89,66 @@ impl SqlLedger {
         }
         tx.commit().await?;
         Ok(ReclaimOutcome { items: reclaimed, new_epoch: session.epoch })
+    }
+
+    pub(super) async fn remove_channel(&self, channel: &Channel, now_ms: i64) -> Result<RemovedChannel> {
+        let mut tx = self.begin().await?;
+        let item_rows = sqlx::query("SELECT item_id FROM allocations WHERE channel = $1 ORDER BY item_id")
+            .bind(channel.as_str())
+            .fetch_all(&mut *tx)
+            .await?;
+        // Lock order everywhere: item rows (sorted), then the channel row.
+        for row in &item_rows {
+            let id: String = row.try_get("item_id")?;
+            self.lock_item(&mut tx, &ItemId::parse("item_id", &id)?).await?;
+        }
+        let session = self
+            .lock_session(&mut tx, channel, &self.q.lock_channel_update)
+            .await?
+            .ok_or_else(|| CenterError::NotFound { kind: "channel", id: channel.to_string() })?;
+        // Read again under the channel's lock: every call that adds units or an allocation
+        // row (Borrow, reports) holds a share of that lock, so what is read now stays.
+        let rows = sqlx::query(&format!("{ALLOC_SELECT} WHERE channel = $1 ORDER BY item_id"))
+            .bind(channel.as_str())
+            .fetch_all(&mut *tx)
+            .await?;
+        let allocations =
+            rows.iter().map(|row| alloc_from_row(row).map(|(item, _, a)| (item, a))).collect::<Result<Vec<_>>>()?;
+        let last_word: i64 = sqlx::query("SELECT last_report FROM channels WHERE channel = $1")
+            .bind(channel.as_str())
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get("last_report")?;
+        ledger::check_removal(channel, &session, last_word != 0, now_ms, &allocations)?;
+        // Only settled rows go; one that is not (it cannot be, under the locks) keeps the
+        // whole removal from happening rather than losing units from the ledger.
+        let deleted = sqlx::query(
+            "DELETE FROM allocations WHERE channel = $1 AND in_doubt = 0 AND granted = returned + reclaimed",
+        )
+        .bind(channel.as_str())
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if usize::try_from(deleted).ok() != Some(allocations.len()) {
+            tx.rollback().await?;
+            return Err(CenterError::Unavailable(format!(
+                "channel {:?} changed while it was being removed, retry",
+                channel.as_str()
+            )));
+        }
+        sqlx::query("DELETE FROM channels WHERE channel = $1").bind(channel.as_str()).execute(&mut *tx).await?;
+        sqlx::query(
+            "INSERT INTO removed_channels (channel, epoch) VALUES ($1, $2) \
+             ON CONFLICT (channel) DO UPDATE SET epoch = excluded.epoch",
+        )
+        .bind(channel.as_str())
+        .bind(to_db("epoch", session.epoch)?)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(RemovedChannel {
+            last_epoch: session.epoch,
+            item_ids: allocations.into_iter().map(|(item, _)| item).collect(),
+        })
     }
 }

@@ -77,7 +77,20 @@ impl SqlLedger {
     ) -> Result<Registration> {
         let mut tx = self.begin().await?;
         let previous = self.lock_session(&mut tx, channel, &self.q.lock_channel_update).await?;
-        let session = ChannelSession::register(previous.as_ref(), agent.as_str(), now_ms, lease_ttl_ms);
+        let mut session = ChannelSession::register(previous.as_ref(), agent.as_str(), now_ms, lease_ttl_ms);
+        if previous.is_none() {
+            // A removed channel comes back above every epoch it had, so its earlier
+            // incarnation stays fenced. (A removal waits for this row lock, or this
+            // registration's statements see the removal's commit.)
+            let removed = sqlx::query("SELECT epoch FROM removed_channels WHERE channel = $1")
+                .bind(channel.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+            if let Some(row) = removed {
+                let last = col(&row, "epoch")?;
+                session.epoch = last.checked_add(1).ok_or(CenterError::Internal("epoch would overflow".into()))?;
+            }
+        }
         // The upsert bumps the stored epoch atomically even if two registrations race
         // on a channel that had no row yet.
         let row = sqlx::query(

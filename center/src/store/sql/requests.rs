@@ -85,11 +85,14 @@ impl SqlLedger {
     /// and the store answers a replay before it checks the epoch; so while the epoch is
     /// current the record answers the retry, and after it the epoch check refuses the
     /// retry whether or not the record is there. Epochs only grow, so a row found
-    /// superseded stays superseded. Operators' records have no epoch and are kept.
+    /// superseded stays superseded. A removed channel has left every epoch up to its last
+    /// one (a new registration starts above it), so its records go too. Operators' records
+    /// have no epoch and are kept.
     pub(super) async fn prune_requests(&self, limit: u32) -> Result<u64> {
         let done = sqlx::query(
             "DELETE FROM requests WHERE (scope, request_id) IN (SELECT r.scope, r.request_id FROM requests r \
-             JOIN channels c ON c.channel = r.channel WHERE r.epoch < c.epoch LIMIT $1)",
+             LEFT JOIN channels c ON c.channel = r.channel LEFT JOIN removed_channels t ON t.channel = r.channel \
+             WHERE r.epoch < COALESCE(c.epoch, t.epoch + 1) LIMIT $1)",
         )
         .bind(i64::from(limit))
         .execute(&self.pool)
