@@ -141,6 +141,9 @@ async fn ten_thousand_items_cost_little_per_item_to_report_look_at_and_scrape() 
     // Loading 10,000 items at once is what this test measures the cost of, not the
     // bound on lookups of unknown items.
     config.item_lookups_per_sec = 1_000_000;
+    // A full heartbeat of 10,000 pools is one call the center takes seconds over in a debug
+    // build; the figures printed below say how long.
+    config.center_timeout_ms = 60_000;
     let inner: Arc<dyn PoolStore> = Arc::new(RedisPoolStore::new(&redis.url, &redis.prefix).await.expect("redis"));
     let counting = Arc::new(ObservedStore::over(inner));
     let agent = LocalAgent::start_with(config, Some(Arc::clone(&counting) as Arc<dyn PoolStore>)).await;
