@@ -65,10 +65,10 @@ impl Reporting {
             |link: &CenterLink| inventory_core::channel::Ctx { now_ms: crate::clock::now_ms(), epoch: link.epoch() };
         let read = futures::stream::iter(self.items.all())
             .map(|item| async move {
-                let needs_read = item.with(|c| c.report_needs_read());
+                let (needs_read, token) = item.with(|c| (c.report_needs_read(), c.begin_read()));
                 let snap = if needs_read { Some(self.store.snapshot(&item.pool).await.ok()?) } else { None };
                 let mut notes = Vec::new();
-                let report = item.with(|c| c.report(snap.as_ref().map(view), ctx(&self.link), &mut notes))?;
+                let report = item.with(|c| c.report(snap.as_ref().map(view), token, ctx(&self.link), &mut notes))?;
                 for n in notes {
                     tracing::error!(item = %item.item_id, note = ?n, "pool lost its data in the store; frozen, its units in doubt");
                 }

@@ -217,9 +217,10 @@ impl Stocking {
             self.submit(item, kind);
         }
         let freed = self.store.expire_due(&item.pool, 1_000).await?;
+        let token = item.with(|c| c.begin_read());
         let snap = self.store.snapshot(&item.pool).await?;
         let mut notes = Vec::new();
-        let kind = item.with(|c| c.on_look(view(&snap), freed, self.ctx(), &mut notes));
+        let kind = item.with(|c| c.on_look(view(&snap), token, freed, self.ctx(), &mut notes));
         self.notes(item, &notes);
         // While the center gets no answer, only heartbeats probe it (back-off): a Borrow
         // or Return per look would add calls that cannot land.

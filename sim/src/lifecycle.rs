@@ -138,7 +138,8 @@ impl World {
             let mut notes = Vec::new();
             let slot = self.slot(c, &item);
             let read = slot.core.report_needs_read().then_some(view);
-            let Some(report) = slot.core.report(read, ctx, &mut notes) else { continue };
+            let token = slot.core.begin_read();
+            let Some(report) = slot.core.report(read, token, ctx, &mut notes) else { continue };
             if all || slot.core.report_changed(&report) {
                 reports.push((item.clone(), report));
             }
@@ -210,7 +211,9 @@ impl World {
         let view = self.view(c, item);
         let ctx = self.ctx(c);
         let mut notes = Vec::new();
-        let kind = self.slot(c, item).core.on_look(view, freed, ctx, &mut notes);
+        let core = &mut self.slot(c, item).core;
+        let token = core.begin_read();
+        let kind = core.on_look(view, token, freed, ctx, &mut notes);
         for note in notes {
             self.log(format!("{}/{item}: {note:?}", self.name(c)));
         }
@@ -311,7 +314,8 @@ impl World {
                 }
                 let view = self.view(c, &item);
                 let mut notes = Vec::new();
-                if let Some(r) = core.report(core.report_needs_read().then_some(view), ctx, &mut notes) {
+                let token = core.begin_read();
+                if let Some(r) = core.report(core.report_needs_read().then_some(view), token, ctx, &mut notes) {
                     reports.push(to_wire(&item, &r));
                 }
             }

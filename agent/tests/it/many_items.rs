@@ -58,7 +58,29 @@ async fn a_hundred_concurrent_sales_keep_every_items_invariants() {
     // SOLD_OUT is never final while stock sits idle.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while sold.iter().any(|&s| s < UNITS) {
-        assert!(std::time::Instant::now() < deadline, "units stranded: {sold:?}");
+        if std::time::Instant::now() >= deadline {
+            let mut detail = Vec::new();
+            for i in (0..ITEMS).filter(|&i| sold[i] < UNITS) {
+                let id = format!("item-{i}");
+                let view = center.ledger(&id).await;
+                let pools: Vec<_> = futures::future::join_all(clients.iter().map(|c| {
+                    let mut c = c.clone();
+                    let id = id.clone();
+                    async move { c.get_stock(pb::GetStockRequest { item_id: id }).await.map(|r| r.into_inner()) }
+                }))
+                .await;
+                let last: Vec<_> = turned_away.iter().filter(|(ti, _)| *ti == i).take(1).collect();
+                let answer = match last.first() {
+                    Some((ti, b)) => {
+                        let key = format!("i{ti}-b{b}");
+                        format!("{:?}", clients[(ti + b) % 2].clone().acquire(acquire_req(&id, &key, 1, &key)).await)
+                    }
+                    None => "no buyer left".into(),
+                };
+                detail.push(format!("{id}: sold {} ledger {view:?} pools {pools:?} a retry now: {answer}", sold[i]));
+            }
+            panic!("units stranded: {sold:?}\n{}", detail.join("\n"));
+        }
         let mut still = Vec::new();
         for (i, b) in turned_away {
             if sold[i] == UNITS {

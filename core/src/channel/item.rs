@@ -52,6 +52,11 @@ pub enum Shelf {
     EmptyFast(BTreeSet<String>),
 }
 
+/// Taken before a pool read that happens outside the item's operations (the rebalancer's
+/// look, a heartbeat's report), handed back with what the read saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadToken(u64);
+
 /// What to do with an Acquire before any store call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
@@ -98,6 +103,10 @@ pub struct ItemCore {
     pub(super) shelf_version: u64,
     /// The pool's generation as first seen; a change means the store lost the pool.
     pub(super) generation: u64,
+    /// Bumped whenever `generation` is set: a pool read that began before (a [`ReadToken`]
+    /// of an older count) may predate this agent creating the pool, and says nothing about
+    /// its loss.
+    pub(super) generation_changes: u64,
     /// Since when `available` has been above the high watermark.
     pub(super) above_high_since: Option<i64>,
     pub(super) last_starving_signal_ms: Option<i64>,
@@ -136,6 +145,7 @@ impl ItemCore {
             shelf: Shelf::Stocked,
             shelf_version: 0,
             generation: 0,
+            generation_changes: 0,
             above_high_since: None,
             last_starving_signal_ms: None,
             resync_at: None,
@@ -334,12 +344,32 @@ impl ItemCore {
         self.resync_at = Some(at_ms);
     }
 
+    /// Take before reading the pool outside an operation; see [`ItemCore::on_look`] and
+    /// [`ItemCore::report`].
+    pub fn begin_read(&self) -> ReadToken {
+        ReadToken(self.generation_changes)
+    }
+
+    pub(super) fn set_generation(&mut self, generation: u64) {
+        if generation != self.generation {
+            self.generation = generation;
+            self.generation_changes += 1;
+        }
+    }
+
+    /// Whether a read that began with `token` is as new as what the rules know of the
+    /// pool's generation (an operation may have created the pool meanwhile: the read
+    /// would then show it missing).
+    fn current(&self, token: ReadToken) -> bool {
+        token.0 == self.generation_changes
+    }
+
     /// Detects a pool that vanished from the store or came back as another one. The item
     /// goes [`Mode::Lost`] (and a resync is scheduled) the first time. True while lost.
-    pub fn check_pool(&mut self, view: &PoolView, ctx: Ctx, notes: &mut Vec<Note>) -> bool {
+    pub(super) fn check_pool(&mut self, view: &PoolView, ctx: Ctx, notes: &mut Vec<Note>) -> bool {
         if self.generation == 0 {
             if view.generation != 0 {
-                self.generation = view.generation;
+                self.set_generation(view.generation);
             }
             return self.mode == Mode::Lost;
         }
@@ -354,9 +384,20 @@ impl ItemCore {
     /// The rebalancer's look at a pool it just read (after sweeping expired reservations,
     /// which freed `freed` units): loss detection, then the watermark decision. Returns the
     /// operation to queue, if any (never a second Borrow or Return while one is queued).
-    pub fn on_look(&mut self, view: PoolView, freed: u64, ctx: Ctx, notes: &mut Vec<Note>) -> Option<OpKind> {
+    /// A read older than the pool's last known generation (`token`) decides nothing.
+    pub fn on_look(
+        &mut self,
+        view: PoolView,
+        token: ReadToken,
+        freed: u64,
+        ctx: Ctx,
+        notes: &mut Vec<Note>,
+    ) -> Option<OpKind> {
         if freed > 0 {
             self.stock_returned();
+        }
+        if !self.current(token) {
+            return None;
         }
         self.last_view = Some(view);
         if self.check_pool(&view, ctx, notes) {
@@ -388,14 +429,24 @@ impl ItemCore {
         }
     }
 
-    /// The report of a pool read for a heartbeat (`None`: the read failed). A lost pool is
-    /// reported lost without reading it (pass `None`); a pool that vanished is never
-    /// reported as an empty one.
-    pub fn report(&mut self, view: Option<PoolView>, ctx: Ctx, notes: &mut Vec<Note>) -> Option<Report> {
+    /// The report of a pool read for a heartbeat (`None`: the read failed, or it is older
+    /// than the pool's last known generation: `token`). A lost pool is reported lost
+    /// without reading it (pass `None`); a pool that vanished is never reported as an
+    /// empty one.
+    pub fn report(
+        &mut self,
+        view: Option<PoolView>,
+        token: ReadToken,
+        ctx: Ctx,
+        notes: &mut Vec<Note>,
+    ) -> Option<Report> {
         if self.mode == Mode::Lost {
             return Some(Report::Lost);
         }
         let view = view?;
+        if !self.current(token) {
+            return None;
+        }
         self.last_view = Some(view);
         if self.check_pool(&view, ctx, notes) { Some(Report::Lost) } else { Some(Report::Counts(view)) }
     }

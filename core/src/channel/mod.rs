@@ -28,7 +28,7 @@ mod plan;
 #[cfg(test)]
 mod tests;
 
-pub use item::{Admission, ItemCore, MissPlan, Mode, Refusal, Shelf, Supply};
+pub use item::{Admission, ItemCore, MissPlan, Mode, ReadToken, Refusal, Shelf, Supply};
 pub use ops::{CallFault, Effect, OpId, OpKind, OpResult, Reply, ResyncWhy, StoreFault, Work};
 pub use plan::{ResyncPlan, resync_plan};
 

@@ -317,7 +317,7 @@ impl ItemCore {
             (Stage::BorrowOpen { want }, Reply::Done) => next(op, Stage::BorrowReadOpened { want }, Effect::ReadPool),
             (Stage::BorrowReadOpened { want }, Reply::Pool(view)) if view.generation != 0 => {
                 if self.generation == 0 {
-                    self.generation = view.generation;
+                    self.set_generation(view.generation);
                 }
                 self.borrow_call(op, want)
             }
@@ -550,7 +550,7 @@ impl ItemCore {
                     notes.push(Note::Unfrozen);
                 }
                 self.mode = Mode::Selling;
-                self.generation = generation;
+                self.set_generation(generation);
             }
             ResyncPlan::Lost => {
                 // Never resell: the units may have been sold before the store lost them.
@@ -567,7 +567,7 @@ impl ItemCore {
             }
             ResyncPlan::Align { .. } => {
                 if generation != 0 {
-                    self.generation = generation;
+                    self.set_generation(generation);
                 }
             }
             ResyncPlan::Resume { .. } => {
@@ -575,7 +575,7 @@ impl ItemCore {
                     notes.push(Note::Unfrozen);
                 }
                 self.mode = Mode::Selling;
-                self.generation = generation;
+                self.set_generation(generation);
                 self.stock_returned();
             }
         }

@@ -121,15 +121,18 @@ fn a_pool_whose_generation_changed_is_lost_and_reported_lost() {
     let mut core = item();
     let mut notes = Vec::new();
     assert!(!core.check_pool(&view(5, 10), ctx(0, 1), &mut notes), "first sight records the generation");
-    assert_eq!(core.report(Some(view(5, 10)), ctx(0, 1), &mut notes), Some(Report::Counts(view(5, 10))));
+    assert_eq!(
+        core.report(Some(view(5, 10)), core.begin_read(), ctx(0, 1), &mut notes),
+        Some(Report::Counts(view(5, 10)))
+    );
     // The store restarted empty: a vanished pool is never reported as an empty one.
-    assert_eq!(core.report(Some(view(0, 0)), ctx(50, 1), &mut notes), Some(Report::Lost));
+    assert_eq!(core.report(Some(view(0, 0)), core.begin_read(), ctx(50, 1), &mut notes), Some(Report::Lost));
     assert_eq!(core.mode(), Mode::Lost);
     assert!(!core.report_needs_read());
     assert_eq!(core.resync_at(), Some(50 + Settings::default().lost_resync_after_ms));
     assert!(matches!(notes[..], [Note::PoolLost { known: 10, now: 0 }]));
     // A lost pool neither borrows nor gives back.
-    assert_eq!(core.on_look(view(0, 0), 0, ctx(60, 1), &mut notes), None);
+    assert_eq!(core.on_look(view(0, 0), core.begin_read(), 0, ctx(60, 1), &mut notes), None);
     let (id, s) = core.submit(OpKind::Return { max: 5 }, "r".into(), ctx(70, 1));
     assert_eq!(s.finished, vec![(id, OpResult::Returned { units: 0 })]);
 }
@@ -276,7 +279,10 @@ fn units_in_doubt_stop_sales_but_the_pool_is_reported_as_it_is() {
     assert!(core.on_in_doubt());
     assert!(!core.on_in_doubt(), "news once");
     assert_eq!(core.admit("k", 1), Admission::Refuse(Refusal::InDoubt));
-    assert_eq!(core.report(Some(view(3, 1)), ctx(0, 1), &mut notes), Some(Report::Counts(view(3, 1))));
+    assert_eq!(
+        core.report(Some(view(3, 1)), core.begin_read(), ctx(0, 1), &mut notes),
+        Some(Report::Counts(view(3, 1)))
+    );
     let (id, s) = core.submit(OpKind::Return { max: 3 }, "r".into(), ctx(0, 1));
     assert_eq!(s.finished, vec![(id, OpResult::Returned { units: 0 })]);
 }
@@ -354,24 +360,38 @@ fn a_full_grant_with_plenty_left_ends_the_end_of_sale() {
 fn the_look_borrows_below_low_and_returns_sustained_surplus_once() {
     let mut core = item();
     let mut notes = Vec::new();
-    assert_eq!(core.on_look(view(2, 1), 0, ctx(0, 1), &mut notes), Some(OpKind::Borrow { want: 10 }));
+    assert_eq!(
+        core.on_look(view(2, 1), core.begin_read(), 0, ctx(0, 1), &mut notes),
+        Some(OpKind::Borrow { want: 10 })
+    );
     let (_, s) = core.submit(OpKind::Borrow { want: 10 }, "b".into(), ctx(0, 1));
-    assert_eq!(core.on_look(view(2, 1), 0, ctx(1, 1), &mut notes), None, "one Borrow at a time");
+    assert_eq!(core.on_look(view(2, 1), core.begin_read(), 0, ctx(1, 1), &mut notes), None, "one Borrow at a time");
     let s = feed(&mut core, &s, Reply::Pool(view(2, 1)), ctx(0, 1));
     core.feed(work(&s).op, Reply::Center(CallFault::Refused), ctx(0, 1));
 
-    assert_eq!(core.on_look(view(50, 1), 0, ctx(1_000, 1), &mut notes), None, "above high: not yet sustained");
-    assert_eq!(core.on_look(view(50, 1), 0, ctx(2_500, 1), &mut notes), None);
-    assert_eq!(core.on_look(view(50, 1), 0, ctx(3_000, 1), &mut notes), Some(OpKind::Return { max: 33 }));
+    assert_eq!(
+        core.on_look(view(50, 1), core.begin_read(), 0, ctx(1_000, 1), &mut notes),
+        None,
+        "above high: not yet sustained"
+    );
+    assert_eq!(core.on_look(view(50, 1), core.begin_read(), 0, ctx(2_500, 1), &mut notes), None);
+    assert_eq!(
+        core.on_look(view(50, 1), core.begin_read(), 0, ctx(3_000, 1), &mut notes),
+        Some(OpKind::Return { max: 33 })
+    );
     let (_, _s) = core.submit(OpKind::Return { max: 33 }, "r".into(), ctx(3_000, 1));
-    assert_eq!(core.on_look(view(50, 1), 0, ctx(6_000, 1), &mut notes), None, "one Return at a time");
+    assert_eq!(
+        core.on_look(view(50, 1), core.begin_read(), 0, ctx(6_000, 1), &mut notes),
+        None,
+        "one Return at a time"
+    );
 }
 
 #[test]
 fn a_dry_center_stops_prefetching() {
     let mut core = ItemCore::new(policy(), 0, Settings::default());
     let mut notes = Vec::new();
-    assert_eq!(core.on_look(view(0, 1), 0, ctx(0, 1), &mut notes), None);
+    assert_eq!(core.on_look(view(0, 1), core.begin_read(), 0, ctx(0, 1), &mut notes), None);
 }
 
 #[test]
@@ -448,7 +468,7 @@ fn a_grant_for_a_pool_already_reported_lost_is_reported_again() {
     assert!(matches!(work(&s).effect, Effect::Borrow { .. }));
     // While the Borrow is out, the store loses the pool; a heartbeat reports it lost, and
     // the center (holding nothing of the channel yet) acknowledges it.
-    assert_eq!(core.report(Some(view(0, 0)), ctx(10, 1), &mut notes), Some(Report::Lost));
+    assert_eq!(core.report(Some(view(0, 0)), core.begin_read(), ctx(10, 1), &mut notes), Some(Report::Lost));
     core.reported(Report::Lost);
     assert!(!core.report_changed(&Report::Lost));
     // The grant lands: not refilled into the lost pool, so the center must hear again.
@@ -465,7 +485,7 @@ fn a_resync_finding_units_not_in_doubt_of_a_lost_pool_reports_it_again() {
     let mut core = item();
     let mut notes = Vec::new();
     core.check_pool(&view(0, 3), ctx(0, 1), &mut notes);
-    assert_eq!(core.report(Some(view(0, 0)), ctx(0, 1), &mut notes), Some(Report::Lost));
+    assert_eq!(core.report(Some(view(0, 0)), core.begin_read(), ctx(0, 1), &mut notes), Some(Report::Lost));
     core.reported(Report::Lost);
     let (_, s) = core.submit(OpKind::Resync(ResyncWhy::Scheduled), "s".into(), ctx(5_000, 1));
     let s = feed(&mut core, &s, Reply::Holding(Holding { held: 10, generation: 3, in_doubt: 0 }), ctx(5_000, 1));
@@ -482,4 +502,27 @@ fn a_resync_finding_units_not_in_doubt_of_a_lost_pool_reports_it_again() {
     let s = feed(&mut core2, &s, Reply::Holding(Holding { held: 10, generation: 3, in_doubt: 10 }), ctx(5_000, 1));
     feed(&mut core2, &s, Reply::Pool(view(0, 0)), ctx(5_000, 1));
     assert!(!core2.report_changed(&Report::Lost));
+}
+
+/// A pool read that began before an operation of this agent created the pool (so it saw
+/// no pool) says nothing about a loss: the rebalancer's look and a heartbeat's report run
+/// beside the item's operations.
+#[test]
+fn a_read_older_than_the_pools_creation_is_not_a_loss() {
+    let mut core = item();
+    let mut notes = Vec::new();
+    let before = core.begin_read();
+    // Meanwhile a Borrow creates the pool.
+    let (_, s) = core.submit(OpKind::Borrow { want: 10 }, "b1".into(), ctx(0, 1));
+    let s = feed(&mut core, &s, Reply::Pool(view(0, 0)), ctx(0, 1));
+    let s = feed(&mut core, &s, Reply::Done, ctx(0, 1));
+    feed(&mut core, &s, Reply::Pool(view(0, 7)), ctx(0, 1));
+    assert_eq!(core.generation(), 7);
+    // The read that began before saw no pool: neither a look nor a report calls it lost.
+    assert_eq!(core.on_look(view(0, 0), before, 0, ctx(1, 1), &mut notes), None);
+    assert_eq!(core.report(Some(view(0, 0)), before, ctx(1, 1), &mut notes), None);
+    assert_eq!(core.mode(), Mode::Selling);
+    // A read begun now that sees no pool is a loss.
+    assert_eq!(core.report(Some(view(0, 0)), core.begin_read(), ctx(2, 1), &mut notes), Some(Report::Lost));
+    assert_eq!(core.mode(), Mode::Lost);
 }
