@@ -1,6 +1,6 @@
 //! Edges shared by the center and the agent: TLS for the gRPC listener and the HTTP side
-//! port, logging set-up and trace export ([`trace`]), the shutdown signal, and the metrics both export alike
-//! ([`metrics`]: per-RPC calls and latency, build information).
+//! port, logging set-up and trace export ([`trace`]), the shutdown signal, and the metrics
+//! both export alike ([`metrics`]: per-RPC calls and latency, build information).
 //!
 //! The HTTP side port (metrics, health, console) over TLS: `axum::serve` takes any
 //! [`axum::serve::Listener`]; [`TlsListener`] accepts TCP connections and completes each
