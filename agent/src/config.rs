@@ -93,6 +93,10 @@ pub struct AgentConfig {
     pub center_timeout_ms: u64,
     #[arg(long, env = "INVENTORY_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// OTLP/gRPC collector URL (e.g. http://127.0.0.1:4317) to export trace spans to;
+    /// without it nothing is exported.
+    #[arg(long, env = "INVENTORY_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
     /// Token this agent presents to the center (bound to its channel there).
     #[arg(long, env = "INVENTORY_CENTER_TOKEN", hide_env_values = true)]
     pub center_token: Option<String>,
@@ -172,6 +176,7 @@ impl AgentConfig {
             lease_margin_ms: 200,
             center_timeout_ms: 2_000,
             log_format: LogFormat::Text,
+            otlp_endpoint: None,
             center_token: None,
             center_token_file: None,
             backend_tokens: None,

@@ -39,9 +39,13 @@ pub struct CenterLink {
     auth: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 }
 
-/// W3C trace context for a Borrow/Return: the request id (32 hex digits) is the trace id,
-/// so the agent's and the center's log lines of one call share it.
+/// W3C trace context for a Borrow/Return: when spans are exported, the current span's (so
+/// the center's span joins its trace); otherwise the request id (32 hex digits) is the
+/// trace id, so the agent's and the center's log lines of one call share it.
 fn with_traceparent<T>(req: &mut tonic::Request<T>, request_id: &str) {
+    if inventory_net::trace::inject_current(req.metadata_mut()) {
+        return;
+    }
     if request_id.len() == 32 && request_id.bytes().all(|b| b.is_ascii_hexdigit()) {
         let value = format!("00-{request_id}-{}-01", &request_id[..16]);
         if let Ok(v) = value.parse() {

@@ -123,7 +123,8 @@ impl Stocking {
                 }
             }
             Effect::Return { request_id, quantity, epoch } => {
-                match self.link.give_back(&item.item_id, *quantity, request_id, *epoch).await {
+                let span = tracing::info_span!("return", item = %item.item_id, quantity, trace_id = %request_id);
+                match self.link.give_back(&item.item_id, *quantity, request_id, *epoch).instrument(span).await {
                     Ok(_) => {
                         self.metrics.returned(*quantity);
                         Reply::Done

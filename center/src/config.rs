@@ -33,6 +33,10 @@ pub struct CenterConfig {
     pub prune_interval_ms: u64,
     #[arg(long, env = "INVENTORY_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// OTLP/gRPC collector URL (e.g. http://127.0.0.1:4317) to export trace spans to;
+    /// without it nothing is exported.
+    #[arg(long, env = "INVENTORY_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
     /// Operators' token for the Admin service (prefer --operator-token-file).
     #[arg(long, env = "INVENTORY_OPERATOR_TOKEN", hide_env_values = true)]
     pub operator_token: Option<String>,
@@ -70,6 +74,7 @@ impl CenterConfig {
             auto_reclaim_after_ms: 0,
             prune_interval_ms: 100,
             log_format: LogFormat::Text,
+            otlp_endpoint: None,
             operator_token: None,
             operator_token_file: None,
             agent_tokens: None,

@@ -1,6 +1,6 @@
 //! Edges shared by the center and the agent: TLS for the gRPC listener and the HTTP side
-//! port, logging set-up, the shutdown signal, and the metrics both export alike
-//! ([`metrics`]: per-RPC calls and latency, build information).
+//! port, logging set-up and trace export ([`trace`]), the shutdown signal, and the metrics
+//! both export alike ([`metrics`]: per-RPC calls and latency, build information).
 //!
 //! The HTTP side port (metrics, health, console) over TLS: `axum::serve` takes any
 //! [`axum::serve::Listener`]; [`TlsListener`] accepts TCP connections and completes each
@@ -8,6 +8,9 @@
 //! handing finished streams to the server.
 
 pub mod metrics;
+pub mod trace;
+
+pub use trace::{OtlpExport, TracingGuard};
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -132,16 +135,41 @@ pub enum LogFormat {
     Json,
 }
 
-/// Installs the global tracing subscriber (RUST_LOG filters, default `info`).
-pub fn init_tracing(format: LogFormat) {
+/// Installs the global tracing subscriber (RUST_LOG filters, default `info`), and with
+/// `otlp` an OpenTelemetry layer whose spans a batch exporter sends to the collector.
+/// Called from inside the Tokio runtime (the exporter's channel runs on it); the guard's
+/// `shutdown` flushes at exit. A second call leaves the first subscriber in place and
+/// builds no exporter.
+pub fn init_tracing(format: LogFormat, otlp: Option<OtlpExport>) -> anyhow::Result<TracingGuard> {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     // Colours only for a person at a terminal, never in files or a log collector.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi);
+    let fmt = match format {
+        LogFormat::Text => fmt.boxed(),
+        LogFormat::Json => fmt.json().boxed(),
     };
+    let provider = otlp.as_ref().map(trace::provider).transpose()?;
+    let otel = provider.as_ref().map(|p| {
+        use opentelemetry::trace::TracerProvider as _;
+        tracing_opentelemetry::layer().with_tracer(p.tracer("inventory"))
+    });
+    let exporting = otel.is_some();
+    let installed = tracing_subscriber::registry().with(fmt).with(otel).with(filter).try_init().is_ok();
+    if !installed {
+        if let Some(p) = provider {
+            let _ = p.shutdown();
+        }
+        return Ok(TracingGuard { provider: None });
+    }
+    if exporting {
+        trace::set_exporting();
+    }
+    Ok(TracingGuard { provider })
 }
 
 /// Resolves on SIGTERM (orchestrators) or Ctrl-C (a terminal).

@@ -99,6 +99,7 @@ impl pb::center_server::Center for CenterService {
             trace_id = trace_id(&request).unwrap_or_default(),
             request_id = tracing::field::Empty
         );
+        inventory_net::trace::adopt_remote_parent(&span, request.metadata());
         self.borrow_inner(request).instrument(span).await
     }
 
@@ -108,6 +109,7 @@ impl pb::center_server::Center for CenterService {
             trace_id = trace_id(&request).unwrap_or_default(),
             request_id = tracing::field::Empty
         );
+        inventory_net::trace::adopt_remote_parent(&span, request.metadata());
         self.return_inner(request).instrument(span).await
     }
     async fn heartbeat(&self, request: Request<pb::HeartbeatRequest>) -> Res<pb::HeartbeatResponse> {
