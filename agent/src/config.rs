@@ -63,6 +63,13 @@ pub struct AgentConfig {
     /// How long a write waits for those acknowledgements before it answers UNAVAILABLE.
     #[arg(long, env = "INVENTORY_REDIS_REPLICA_ACK_TIMEOUT_MS", default_value_t = 500)]
     pub redis_replica_ack_timeout_ms: u64,
+    /// Multiplexed connections to the Redis server, used in turn (not with a cluster).
+    #[arg(long, env = "INVENTORY_REDIS_CONNECTIONS", default_value_t = 4)]
+    pub redis_connections: usize,
+    /// At most this many Acquires of one pool that arrive while a call for the pool is in
+    /// flight go to Redis together, in one script call (group commit); 1 turns it off.
+    #[arg(long, env = "INVENTORY_REDIS_ACQUIRE_BATCH_MAX", default_value_t = 64)]
+    pub redis_acquire_batch_max: usize,
     /// Replicas of one channel sharing a pool store elect a leader through it; a leader's
     /// claim lasts this long unless renewed (a dead leader is replaced after it).
     #[arg(long, env = "INVENTORY_LEADER_TTL_MS", default_value_t = 3_000)]
@@ -168,6 +175,8 @@ impl AgentConfig {
             redis_cluster: Vec::new(),
             redis_replica_acks: 0,
             redis_replica_ack_timeout_ms: 500,
+            redis_connections: 4,
+            redis_acquire_batch_max: 64,
             leader_ttl_ms: 1_000,
             rebalance_interval_ms: 20,
             heartbeat_interval_ms: 200,

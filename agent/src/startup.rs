@@ -55,7 +55,8 @@ impl Application {
             _ if !config.redis_cluster.is_empty() => Arc::new(
                 RedisPoolStore::new_cluster(&config.redis_cluster, &config.redis_prefix)
                     .await?
-                    .with_replica_acks(config.redis_replica_acks, acks_timeout),
+                    .with_replica_acks(config.redis_replica_acks, acks_timeout)
+                    .with_acquire_batch_max(config.redis_acquire_batch_max),
             ),
             StoreKind::Memory => match config.memory_state_path() {
                 Some(path) => {
@@ -72,9 +73,10 @@ impl Application {
                 None => Arc::new(MemoryPoolStore::new()),
             },
             StoreKind::Redis => Arc::new(
-                RedisPoolStore::new(&config.redis_url, &config.redis_prefix)
+                RedisPoolStore::with_connections(&config.redis_url, &config.redis_prefix, config.redis_connections)
                     .await?
-                    .with_replica_acks(config.redis_replica_acks, acks_timeout),
+                    .with_replica_acks(config.redis_replica_acks, acks_timeout)
+                    .with_acquire_batch_max(config.redis_acquire_batch_max),
             ),
         };
         let mut app = Self::build_with_store_keeping(config, store, kept_items).await?;

@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::acquire::{self, AcquireCaller, Outcome, Target, Workload};
 use crate::args::{ensure_loopback, parse_duration, parse_share, parse_watermarks};
 use crate::auth::AuthArgs;
-use crate::env::tls_channels;
+use crate::env::{RedisTuning, tls_channels};
 use crate::load::{self, Counts, LoadSpec};
 use crate::report::Phase;
 use crate::skew::{Skew, UserSampler};
@@ -118,6 +118,13 @@ pub struct SuiteArgs {
     /// Run only these phases, comma-separated (g runs c too).
     #[arg(long, value_delimiter = ',', value_enum)]
     pub only: Vec<Phase>,
+    /// The Redis agent's connections to Redis (default: the agent's default).
+    #[arg(long)]
+    pub redis_connections: Option<usize>,
+    /// At most this many Acquires per Redis script call, in the Redis agent and in d
+    /// (default: the store's default; 1 turns group commit off).
+    #[arg(long)]
+    pub redis_acquire_batch_max: Option<usize>,
     #[command(flatten)]
     pub load: LoadArgs,
 }
@@ -148,6 +155,7 @@ impl SuiteArgs {
             seed: l.seed,
             output: self.output.clone(),
             only: self.only.clone(),
+            redis: RedisTuning { connections: self.redis_connections, batch_max: self.redis_acquire_batch_max },
         })
     }
 }

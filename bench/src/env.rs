@@ -206,7 +206,14 @@ pub struct AgentHandle {
 #[derive(Debug, Clone)]
 pub enum Store {
     Memory,
-    Redis { url: String, prefix: String },
+    Redis { url: String, prefix: String, tuning: RedisTuning },
+}
+
+/// The Redis store's settings where a run overrides the agent's defaults.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RedisTuning {
+    pub connections: Option<usize>,
+    pub batch_max: Option<usize>,
 }
 
 impl AgentHandle {
@@ -220,7 +227,12 @@ impl AgentHandle {
             Store::Memory => {
                 AgentConfig::for_tests(channel, center_url, StoreKind::Memory, "redis://unused", "unused:")
             }
-            Store::Redis { url, prefix } => AgentConfig::for_tests(channel, center_url, StoreKind::Redis, url, prefix),
+            Store::Redis { url, prefix, tuning } => {
+                let mut config = AgentConfig::for_tests(channel, center_url, StoreKind::Redis, url, prefix);
+                config.redis_connections = tuning.connections.unwrap_or(config.redis_connections);
+                config.redis_acquire_batch_max = tuning.batch_max.unwrap_or(config.redis_acquire_batch_max);
+                config
+            }
         };
         config.agent_id = Some(format!("{channel}-bench"));
         config.rebalance_interval_ms = 50;

@@ -4,7 +4,8 @@
 //! - a: the floor, `grpc.health.v1.Health/Check` on an agent;
 //! - b: Acquire on an agent with the memory store;
 //! - c: Acquire on an agent with the Redis store;
-//! - d: acquire.lua straight from Rust (`RedisPoolStore::acquire`, one EVALSHA), no gRPC;
+//! - d: `RedisPoolStore::acquire` straight from Rust (acquire.lua, or acquire_batch.lua for
+//!   the calls of a pool that arrive while one is in flight), no gRPC;
 //! - e: the naive baseline, one PostgreSQL row updated per purchase;
 //! - f: center Borrow on PostgreSQL;
 //! - g: Acquire (Redis store) open loop at 70% of c, with default watermarks: its p99 and
@@ -20,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use inventory_agent::store::redis::RedisPoolStore;
+use inventory_agent::store::redis::{DEFAULT_ACQUIRE_BATCH_MAX, RedisPoolStore};
 use inventory_agent::store::{PoolKey, PoolStore};
 use inventory_proto::v1 as pb;
 use inventory_proto::v1::admin_client::AdminClient;
@@ -33,7 +34,7 @@ use tonic_health::pb::health_client::HealthClient;
 
 use crate::acquire::{self, AcquireCaller, Target, Workload};
 use crate::callers::{BorrowCaller, HealthCaller, NaiveCaller};
-use crate::env::{AgentHandle, BenchDatabase, BenchRedis, CenterHandle, Store, channels};
+use crate::env::{AgentHandle, BenchDatabase, BenchRedis, CenterHandle, RedisTuning, Store, channels};
 use crate::load::{self, Caller, LoadReport, LoadSpec};
 use crate::report::{Phase, PhaseResult, Report, Settings, render};
 use crate::skew::{Skew, UserSampler};
@@ -74,6 +75,8 @@ pub struct SuiteOptions {
     pub output: PathBuf,
     /// Run only these phases (g needs c and runs it too); empty means all.
     pub only: Vec<Phase>,
+    /// The Redis store's settings where they differ from the defaults.
+    pub redis: RedisTuning,
 }
 
 impl SuiteOptions {
@@ -97,7 +100,7 @@ pub async fn run(opts: SuiteOptions, servers_rt: Handle) -> anyhow::Result<bool>
     let versions = (BenchRedis::version(&mut redis_conn).await, db.server_version().await);
     eprintln!("bench: database {} and Redis prefix {}", db.url, redis.prefix);
     let result = async {
-        let world = World::start(&servers_rt, &db, &redis, opts.steady_watermarks).await?;
+        let world = World::start(&servers_rt, &db, &redis, opts.steady_watermarks, opts.redis).await?;
         let mut runner = Runner::new(&opts, &world, &db, &redis, &mut redis_conn);
         let outcome = tokio::select! {
             r = runner.run_rounds() => r,
@@ -157,6 +160,7 @@ impl World {
         db: &BenchDatabase,
         redis: &BenchRedis,
         steady_watermarks: Option<(u64, u64, u64)>,
+        tuning: RedisTuning,
     ) -> anyhow::Result<Self> {
         let center = CenterHandle::start(rt, &db.url).await?;
         let items = async {
@@ -199,7 +203,7 @@ impl World {
                 return Err(e);
             }
         };
-        let store = Store::Redis { url: redis.url.clone(), prefix: redis.prefix.clone() };
+        let store = Store::Redis { url: redis.url.clone(), prefix: redis.prefix.clone(), tuning };
         let redis_agent = match AgentHandle::start(rt, &center.url, "redis", &store).await {
             Ok(a) => a,
             Err(e) => {
@@ -423,13 +427,15 @@ impl<'a> Runner<'a> {
         .await
     }
 
-    /// Callers of acquire.lua through `RedisPoolStore`, one store (one multiplexed Redis
-    /// connection) per gRPC connection the other phases use.
+    /// Callers of `RedisPoolStore::acquire`, one store (one multiplexed Redis connection)
+    /// per gRPC connection the other phases use.
     async fn lua_callers(&self) -> anyhow::Result<Vec<AcquireCaller>> {
         let pool = PoolKey::new("lua-direct", "bench-lua");
         let mut stores = Vec::new();
         for _ in 0..self.opts.connections {
-            stores.push(Arc::new(RedisPoolStore::new(&self.redis.url, &self.redis.prefix).await?));
+            let store = RedisPoolStore::with_connections(&self.redis.url, &self.redis.prefix, 1).await?;
+            let batch_max = self.opts.redis.batch_max.unwrap_or(DEFAULT_ACQUIRE_BATCH_MAX);
+            stores.push(Arc::new(store.with_acquire_batch_max(batch_max)));
         }
         stores[0].refill(&pool, "bench-refill", BIG_STOCK, 0).await?;
         let workload = self.workload("bench-lua", "d")?;

@@ -12,7 +12,17 @@
 //! **Architecture invariant:** Rust never reads or writes pool keys directly; it builds
 //! key names, passes arguments and parses answers. The rules live in the scripts, whose
 //! twin is [`super::memory`].
+//!
+//! **Group commit on Acquire.** Acquires of one pool that arrive while a script call for
+//! that pool is in flight wait, and go to Redis together as one call of
+//! `acquire_batch.lua`, which answers each as `acquire.lua` would answer them one after
+//! the other in arrival order. A caller that finds no call of its pool in flight goes
+//! straight through with `acquire.lua`, so a quiet pool pays no added latency. A batch
+//! only ever holds one pool's keys, so it stays on one Redis Cluster slot.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -21,6 +31,7 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, ServerErrorKind, Value};
+use tokio::sync::oneshot;
 
 use super::memory::{DEFAULT_RECORD_RETENTION, GC_BATCH};
 use super::{
@@ -30,6 +41,7 @@ use super::{
 
 struct Scripts {
     acquire: Script,
+    acquire_batch: Script,
     confirm: Script,
     cancel: Script,
     expire: Script,
@@ -47,6 +59,7 @@ impl Scripts {
     fn load() -> Self {
         Self {
             acquire: Script::new(include_str!("../../../lua/acquire.lua")),
+            acquire_batch: Script::new(include_str!("../../../lua/acquire_batch.lua")),
             confirm: Script::new(include_str!("../../../lua/confirm.lua")),
             cancel: Script::new(include_str!("../../../lua/cancel.lua")),
             expire: Script::new(include_str!("../../../lua/expire.lua")),
@@ -75,6 +88,13 @@ struct Keys {
     fence: String,
 }
 
+/// How many requests one `acquire_batch.lua` call carries at most: bounds how long one
+/// script call holds the (single-threaded) Redis server.
+pub const DEFAULT_ACQUIRE_BATCH_MAX: usize = 64;
+
+/// How many multiplexed connections a store keeps to one Redis server by default.
+pub const DEFAULT_CONNECTIONS: usize = 4;
+
 /// One Redis server (through a connection manager that multiplexes concurrent calls over
 /// one connection and reconnects after restarts) or a Redis Cluster (the cluster client
 /// routes each script call by its first key, follows MOVED/ASK and failovers, and sends
@@ -92,13 +112,72 @@ struct Durability {
     timeout_ms: u64,
 }
 
+/// What is shared with the tasks that send batches.
+struct Shared {
+    /// Connections to one server (used in turn) or one cluster connection.
+    conns: Vec<Conn>,
+    next: AtomicUsize,
+    scripts: Scripts,
+    stats: BatchCounters,
+}
+
+impl Shared {
+    fn conn(&self) -> Conn {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
+        self.conns[i].clone()
+    }
+}
+
+#[derive(Default)]
+struct BatchCounters {
+    calls: AtomicU64,
+    requests: AtomicU64,
+    largest: AtomicU64,
+}
+
+/// How many Acquires went to Redis in batches (`acquire_batch.lua` calls), counted since
+/// the store was created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchStats {
+    /// Calls of `acquire_batch.lua`.
+    pub calls: u64,
+    /// Acquires those calls answered.
+    pub requests: u64,
+    /// The most Acquires one call answered.
+    pub largest: u64,
+}
+
+/// One pool as the store knows it: its key names, built once, and its group-commit lane.
+struct PoolEntry {
+    /// The pool these keys are of (errors name it).
+    pool: PoolKey,
+    keys: Keys,
+    lane: Mutex<Lane>,
+}
+
+/// The Acquires of one pool: whether a script call for the pool is in flight, and those
+/// waiting for it to finish.
+#[derive(Default)]
+struct Lane {
+    busy: bool,
+    waiting: Vec<Waiter>,
+}
+
+struct Waiter {
+    args: AcquireArgs,
+    answer: oneshot::Sender<Result<AcquireResult, StoreError>>,
+}
+
 /// The Redis [`PoolStore`]. Cheap to share behind an `Arc`.
 pub struct RedisPoolStore {
-    conn: Conn,
+    shared: Arc<Shared>,
     key_prefix: String,
     retention_ms: u64,
-    scripts: Scripts,
     durability: Option<Durability>,
+    batch_max: usize,
+    /// Every pool this store was asked about. Grows with the channel's items (a few hundred
+    /// bytes each), like the agent's item registry.
+    pools: Mutex<HashMap<PoolKey, Arc<PoolEntry>>>,
 }
 
 impl std::fmt::Debug for RedisPoolStore {
@@ -111,6 +190,13 @@ impl RedisPoolStore {
     /// Connects to `redis_url`; every key starts with `key_prefix` (which must not contain
     /// `{` or `}`, so the pool's hash tag stays the first braces of each key).
     pub async fn new(redis_url: &str, key_prefix: &str) -> Result<Self, StoreError> {
+        Self::with_connections(redis_url, key_prefix, DEFAULT_CONNECTIONS).await
+    }
+
+    /// Like [`RedisPoolStore::new`] with `connections` multiplexed connections (at least
+    /// one), used in turn: one connection is served by one task on each side, so a few
+    /// spread the client's and the server's I/O work.
+    pub async fn with_connections(redis_url: &str, key_prefix: &str, connections: usize) -> Result<Self, StoreError> {
         check_prefix(key_prefix)?;
         let client = redis::Client::open(redis_url)
             .map_err(|e| StoreError::Unavailable(format!("bad redis url {redis_url:?}: {e}")))?;
@@ -118,8 +204,12 @@ impl RedisPoolStore {
             .set_connection_timeout(Some(Duration::from_secs(1)))
             .set_response_timeout(Some(Duration::from_secs(2)))
             .set_max_delay(Duration::from_secs(2));
-        let conn = ConnectionManager::new_with_config(client, config).await.map_err(map_err)?;
-        Ok(Self::with_conn(Conn::Single(conn), key_prefix))
+        let mut conns = Vec::new();
+        for _ in 0..connections.max(1) {
+            let conn = ConnectionManager::new_with_config(client.clone(), config.clone()).await.map_err(map_err)?;
+            conns.push(Conn::Single(conn));
+        }
+        Ok(Self::with_conns(conns, key_prefix))
     }
 
     /// Connects to a Redis Cluster through any of its `seed_nodes` (`redis://host:port`);
@@ -137,16 +227,40 @@ impl RedisPoolStore {
             .build()
             .map_err(|e| StoreError::Unavailable(format!("bad redis cluster seed nodes {seed_nodes:?}: {e}")))?;
         let conn = client.get_async_connection().await.map_err(map_err)?;
-        Ok(Self::with_conn(Conn::Cluster(conn), key_prefix))
+        Ok(Self::with_conns(vec![Conn::Cluster(conn)], key_prefix))
     }
 
-    fn with_conn(conn: Conn, key_prefix: &str) -> Self {
+    fn with_conns(conns: Vec<Conn>, key_prefix: &str) -> Self {
         Self {
-            conn,
+            shared: Arc::new(Shared {
+                conns,
+                next: AtomicUsize::new(0),
+                scripts: Scripts::load(),
+                stats: BatchCounters::default(),
+            }),
             key_prefix: key_prefix.to_owned(),
             retention_ms: duration_ms(DEFAULT_RECORD_RETENTION),
-            scripts: Scripts::load(),
             durability: None,
+            batch_max: DEFAULT_ACQUIRE_BATCH_MAX,
+            pools: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// At most `max` Acquires per `acquire_batch.lua` call (default
+    /// [`DEFAULT_ACQUIRE_BATCH_MAX`]); 1 turns group commit off (every Acquire is one
+    /// `acquire.lua` call, however many are in flight).
+    pub fn with_acquire_batch_max(mut self, max: usize) -> Self {
+        self.batch_max = max.max(1);
+        self
+    }
+
+    /// Batches sent so far.
+    pub fn batch_stats(&self) -> BatchStats {
+        let s = &self.shared.stats;
+        BatchStats {
+            calls: s.calls.load(Ordering::Relaxed),
+            requests: s.requests.load(Ordering::Relaxed),
+            largest: s.largest.load(Ordering::Relaxed),
         }
     }
 
@@ -166,7 +280,19 @@ impl RedisPoolStore {
         self
     }
 
-    fn keys(&self, pool: &PoolKey) -> Keys {
+    /// The pool's entry: its key names and its lane, made on first use.
+    fn entry(&self, pool: &PoolKey) -> Arc<PoolEntry> {
+        let mut pools = self.pools.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(e) = pools.get(pool) {
+            return Arc::clone(e);
+        }
+        let entry =
+            Arc::new(PoolEntry { pool: pool.clone(), keys: self.make_keys(pool), lane: Mutex::new(Lane::default()) });
+        pools.insert(pool.clone(), Arc::clone(&entry));
+        entry
+    }
+
+    fn make_keys(&self, pool: &PoolKey) -> Keys {
         let base = format!("{}{}", self.key_prefix, pool.hash_tag());
         let key = |name: &str| format!("{base}:{name}");
         Keys {
@@ -184,46 +310,212 @@ impl RedisPoolStore {
 
     /// Runs a script that only reads.
     async fn read<T: FromRedisValue>(&self, call: &ScriptInvocation<'_>) -> Result<T, StoreError> {
-        match self.conn.clone() {
-            Conn::Single(mut c) => call.invoke_async(&mut c).await,
-            Conn::Cluster(mut c) => call.invoke_async(&mut c).await,
-        }
-        .map_err(map_err)
+        read(self.shared.conn(), call).await
     }
 
-    /// Runs a script that writes the pool whose key is `routing_key`, then waits for
-    /// replicas when asked to (the `WAIT` goes to the same server on the same connection,
-    /// so it covers this write).
     async fn write<T: FromRedisValue>(&self, routing_key: &str, call: &ScriptInvocation<'_>) -> Result<T, StoreError> {
-        let Some(d) = self.durability else { return self.read(call).await };
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(d.replicas).arg(d.timeout_ms);
-        let (reply, acked): (T, i64) = match self.conn.clone() {
-            Conn::Single(mut c) => {
-                let reply = call.invoke_async(&mut c).await.map_err(map_err)?;
-                (reply, wait.query_async(&mut c).await.map_err(map_err)?)
-            }
-            Conn::Cluster(mut c) => {
-                let reply = call.invoke_async(&mut c).await.map_err(map_err)?;
-                // Route WAIT like a write of the pool's key: to the master holding its slot.
-                let route = Route::with_key(routing_key, SlotAddr::Master);
-                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-                // Mid-failover the client's slot map may still name a replica here: then
-                // the write's durability is unknown, and the caller retries (idempotent).
-                match c.route_command(wait, routing).await.map_err(map_err)? {
-                    Value::Int(n) => (reply, n),
-                    other => return Err(StoreError::Unavailable(format!("WAIT for {routing_key}: {other:?}"))),
-                }
+        write(self.shared.conn(), self.durability, routing_key, call).await
+    }
+
+    /// The store's part of [`PoolStore::acquire`]: straight through when no call of the
+    /// pool is in flight, else wait to go with the next batch.
+    async fn acquire_grouped(&self, pool: &PoolKey, args: &AcquireArgs) -> Result<AcquireResult, StoreError> {
+        let entry = self.entry(pool);
+        let waiting = {
+            let mut lane = entry.lane.lock().unwrap_or_else(PoisonError::into_inner);
+            if lane.busy && self.batch_max > 1 {
+                let (answer, waiting) = oneshot::channel();
+                lane.waiting.push(Waiter { args: args.clone(), answer });
+                Some(waiting)
+            } else {
+                lane.busy = true;
+                None
             }
         };
-        if acked < i64::from(d.replicas) {
-            return Err(StoreError::Unavailable(format!(
-                "write to {routing_key} acknowledged by {acked} of {} replicas within {} ms",
-                d.replicas, d.timeout_ms
-            )));
+        if let Some(waiting) = waiting {
+            // The sender is dropped unanswered only if the batch's task died (the runtime
+            // is shutting down): whether the batch reached Redis is then unknown.
+            return waiting.await.unwrap_or_else(|_| {
+                Err(StoreError::Unavailable("the batch carrying this acquire was abandoned".to_owned()))
+            });
         }
-        Ok(reply)
+        // Whatever ends this call (an answer, an error, or the caller dropping it), the
+        // lane passes on to those who queued meanwhile.
+        let _handoff = Handoff { entry: Arc::clone(&entry), shared: Arc::clone(&self.shared), batch: self.batch() };
+        let k = &entry.keys;
+        let mut call = self.shared.scripts.acquire.key(&k.pool);
+        call.key(&k.res).key(&k.due).key(&k.held).key(&k.idem);
+        call.arg(&args.user_id).arg(args.quantity).arg(&args.idempotency_key).arg(&args.new_reservation_id);
+        // 0 expects nothing: no pool has generation 0 and answered a reservation.
+        call.arg(args.per_user_limit).arg(args.reservation_ttl_ms).arg(args.expect_generation.unwrap_or(0));
+        let reply: Value = self.write(&k.pool, &call).await?;
+        acquire_result(reply, pool, &args.new_reservation_id)
     }
+
+    fn batch(&self) -> BatchConfig {
+        BatchConfig { durability: self.durability, max: self.batch_max }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct BatchConfig {
+    durability: Option<Durability>,
+    max: usize,
+}
+
+/// Hands a pool's lane on when the call in flight ends: to a task that sends the waiting
+/// Acquires as batches until none wait, or back to idle.
+struct Handoff {
+    entry: Arc<PoolEntry>,
+    shared: Arc<Shared>,
+    batch: BatchConfig,
+}
+
+impl Drop for Handoff {
+    fn drop(&mut self) {
+        let Some(batch) = next_batch(&self.entry, self.batch.max) else { return };
+        let (entry, shared, config) = (Arc::clone(&self.entry), Arc::clone(&self.shared), self.batch);
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(send_batches(entry, shared, config, batch));
+            }
+            Err(_) => {
+                // No runtime to send them on: their senders drop, so they answer
+                // Unavailable, and the lane is free again.
+                drop(batch);
+                let mut lane = entry.lane.lock().unwrap_or_else(PoisonError::into_inner);
+                lane.busy = false;
+                lane.waiting.clear();
+            }
+        }
+    }
+}
+
+/// Takes up to `max` waiting Acquires in arrival order, or marks the lane idle if none wait.
+fn next_batch(entry: &PoolEntry, max: usize) -> Option<Vec<Waiter>> {
+    let mut lane = entry.lane.lock().unwrap_or_else(PoisonError::into_inner);
+    if lane.waiting.is_empty() {
+        lane.busy = false;
+        return None;
+    }
+    let n = lane.waiting.len().min(max);
+    Some(lane.waiting.drain(..n).collect())
+}
+
+async fn send_batches(entry: Arc<PoolEntry>, shared: Arc<Shared>, config: BatchConfig, mut batch: Vec<Waiter>) {
+    loop {
+        let answers = send_batch(&entry.pool, &entry.keys, &shared, config, &batch).await;
+        match answers {
+            Ok(answers) => {
+                for (waiter, answer) in batch.drain(..).zip(answers) {
+                    // A caller that gave up no longer listens; its answer is dropped.
+                    let _ = waiter.answer.send(answer);
+                }
+            }
+            Err(e) => {
+                for waiter in batch.drain(..) {
+                    let _ = waiter.answer.send(Err(copy_err(&e)));
+                }
+            }
+        }
+        match next_batch(&entry, config.max) {
+            Some(next) => batch = next,
+            None => return,
+        }
+    }
+}
+
+/// One call of acquire_batch.lua: one answer per waiter, in order.
+async fn send_batch(
+    pool: &PoolKey,
+    k: &Keys,
+    shared: &Shared,
+    config: BatchConfig,
+    batch: &[Waiter],
+) -> Result<Vec<Result<AcquireResult, StoreError>>, StoreError> {
+    let mut call = shared.scripts.acquire_batch.key(&k.pool);
+    call.key(&k.res).key(&k.due).key(&k.held).key(&k.idem).arg(batch.len());
+    for w in batch {
+        let a = &w.args;
+        call.arg(&a.user_id).arg(a.quantity).arg(&a.idempotency_key).arg(&a.new_reservation_id);
+        call.arg(a.per_user_limit).arg(a.reservation_ttl_ms).arg(a.expect_generation.unwrap_or(0));
+    }
+    let stats = &shared.stats;
+    let n = u64::try_from(batch.len()).unwrap_or(u64::MAX);
+    stats.calls.fetch_add(1, Ordering::Relaxed);
+    stats.requests.fetch_add(n, Ordering::Relaxed);
+    stats.largest.fetch_max(n, Ordering::Relaxed);
+    let reply: Value = write(shared.conn(), config.durability, &k.pool, &call).await?;
+    let replies = array("acquire_batch", reply)?;
+    if replies.len() != batch.len() {
+        return Err(StoreError::Protocol(format!(
+            "acquire_batch: {} replies for {} requests",
+            replies.len(),
+            batch.len()
+        )));
+    }
+    Ok(replies.into_iter().zip(batch).map(|(r, w)| acquire_result(r, pool, &w.args.new_reservation_id)).collect())
+}
+
+/// The same error for each caller of a failed batch.
+fn copy_err(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
+        StoreError::Protocol(m) => StoreError::Protocol(m.clone()),
+        StoreError::PoolMissing(m) => StoreError::PoolMissing(m.clone()),
+        StoreError::Fenced(m) => StoreError::Fenced(m.clone()),
+        StoreError::GenerationChanged { pool, expected, actual } => {
+            StoreError::GenerationChanged { pool: pool.clone(), expected: *expected, actual: *actual }
+        }
+    }
+}
+
+/// Runs a script that only reads.
+async fn read<T: FromRedisValue>(conn: Conn, call: &ScriptInvocation<'_>) -> Result<T, StoreError> {
+    match conn {
+        Conn::Single(mut c) => call.invoke_async(&mut c).await,
+        Conn::Cluster(mut c) => call.invoke_async(&mut c).await,
+    }
+    .map_err(map_err)
+}
+
+/// Runs a script that writes the pool whose key is `routing_key`, then waits for replicas
+/// when asked to (the `WAIT` goes to the same server on the same connection, so it covers
+/// this write).
+async fn write<T: FromRedisValue>(
+    conn: Conn,
+    durability: Option<Durability>,
+    routing_key: &str,
+    call: &ScriptInvocation<'_>,
+) -> Result<T, StoreError> {
+    let Some(d) = durability else { return read(conn, call).await };
+    let mut wait = redis::cmd("WAIT");
+    wait.arg(d.replicas).arg(d.timeout_ms);
+    let (reply, acked): (T, i64) = match conn {
+        Conn::Single(mut c) => {
+            let reply = call.invoke_async(&mut c).await.map_err(map_err)?;
+            (reply, wait.query_async(&mut c).await.map_err(map_err)?)
+        }
+        Conn::Cluster(mut c) => {
+            let reply = call.invoke_async(&mut c).await.map_err(map_err)?;
+            // Route WAIT like a write of the pool's key: to the master holding its slot.
+            let route = Route::with_key(routing_key, SlotAddr::Master);
+            let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+            // Mid-failover the client's slot map may still name a replica here: then
+            // the write's durability is unknown, and the caller retries (idempotent).
+            match c.route_command(wait, routing).await.map_err(map_err)? {
+                Value::Int(n) => (reply, n),
+                other => return Err(StoreError::Unavailable(format!("WAIT for {routing_key}: {other:?}"))),
+            }
+        }
+    };
+    if acked < i64::from(d.replicas) {
+        return Err(StoreError::Unavailable(format!(
+            "write to {routing_key} acknowledged by {acked} of {} replicas within {} ms",
+            d.replicas, d.timeout_ms
+        )));
+    }
+    Ok(reply)
 }
 
 fn check_prefix(key_prefix: &str) -> Result<(), StoreError> {
@@ -242,7 +534,8 @@ impl RedisPoolStore {
         pool: &PoolKey,
         reservation_id: &str,
     ) -> Result<Transition, StoreError> {
-        let k = self.keys(pool);
+        let entry = self.entry(pool);
+        let k = &entry.keys;
         let mut call = script.key(&k.pool);
         call.key(&k.res).key(&k.due).key(&k.held).key(&k.gc).arg(reservation_id).arg(self.retention_ms);
         let reply: Value = self.write(&k.pool, &call).await?;
@@ -257,8 +550,9 @@ impl RedisPoolStore {
         must_exist: bool,
         epoch: u64,
     ) -> Result<bool, StoreError> {
-        let k = self.keys(pool);
-        let mut call = self.scripts.refill.key(&k.pool);
+        let entry = self.entry(pool);
+        let k = &entry.keys;
+        let mut call = self.shared.scripts.refill.key(&k.pool);
         call.key(&k.grants).key(&k.gc).key(&k.fence);
         call.arg(grant_id).arg(units).arg(self.retention_ms).arg(if must_exist { "1" } else { "0" }).arg(epoch);
         let reply: Value = self.write(&k.pool, &call).await?;
@@ -385,27 +679,21 @@ impl PoolStore for RedisPoolStore {
         if args.quantity == 0 {
             return Err(StoreError::Protocol("acquire quantity must be positive".to_owned()));
         }
-        let k = self.keys(pool);
-        let mut call = self.scripts.acquire.key(&k.pool);
-        call.key(&k.res).key(&k.due).key(&k.held).key(&k.idem);
-        call.arg(&args.user_id).arg(args.quantity).arg(&args.idempotency_key).arg(&args.new_reservation_id);
-        // 0 expects nothing: no pool has generation 0 and answered a reservation.
-        call.arg(args.per_user_limit).arg(args.reservation_ttl_ms).arg(args.expect_generation.unwrap_or(0));
-        let reply: Value = self.write(&k.pool, &call).await?;
-        acquire_result(reply, pool, &args.new_reservation_id)
+        self.acquire_grouped(pool, args).await
     }
 
     async fn confirm(&self, pool: &PoolKey, reservation_id: &str) -> Result<Transition, StoreError> {
-        self.transition_script(&self.scripts.confirm, "confirm", pool, reservation_id).await
+        self.transition_script(&self.shared.scripts.confirm, "confirm", pool, reservation_id).await
     }
 
     async fn cancel(&self, pool: &PoolKey, reservation_id: &str) -> Result<Transition, StoreError> {
-        self.transition_script(&self.scripts.cancel, "cancel", pool, reservation_id).await
+        self.transition_script(&self.shared.scripts.cancel, "cancel", pool, reservation_id).await
     }
 
     async fn expire_due(&self, pool: &PoolKey, max: u64) -> Result<u64, StoreError> {
-        let k = self.keys(pool);
-        let mut call = self.scripts.expire.key(&k.pool);
+        let entry = self.entry(pool);
+        let k = &entry.keys;
+        let mut call = self.shared.scripts.expire.key(&k.pool);
         call.key(&k.res).key(&k.due).key(&k.held).key(&k.idem).key(&k.gc).key(&k.grants).key(&k.takes);
         call.arg(max).arg(self.retention_ms).arg(GC_BATCH);
         // An expiry lost in a failover is found due again: no need to wait for replicas.
@@ -434,8 +722,9 @@ impl PoolStore for RedisPoolStore {
         max_units: u64,
         epoch: u64,
     ) -> Result<u64, StoreError> {
-        let k = self.keys(pool);
-        let mut call = self.scripts.take_for_return.key(&k.pool);
+        let entry = self.entry(pool);
+        let k = &entry.keys;
+        let mut call = self.shared.scripts.take_for_return.key(&k.pool);
         call.key(&k.takes).key(&k.gc).key(&k.fence).arg(take_id).arg(max_units).arg(self.retention_ms).arg(epoch);
         let reply: Value = self.write(&k.pool, &call).await?;
         match int("take_for_return", &reply)? {
@@ -445,8 +734,9 @@ impl PoolStore for RedisPoolStore {
     }
 
     async fn untake(&self, pool: &PoolKey, take_id: &str, epoch: u64) -> Result<u64, StoreError> {
-        let k = self.keys(pool);
-        let mut call = self.scripts.untake.key(&k.pool);
+        let entry = self.entry(pool);
+        let k = &entry.keys;
+        let mut call = self.shared.scripts.untake.key(&k.pool);
         call.key(&k.takes).key(&k.fence).arg(take_id).arg(epoch);
         let reply: Value = self.write(&k.pool, &call).await?;
         match int("untake", &reply)? {
@@ -456,8 +746,9 @@ impl PoolStore for RedisPoolStore {
     }
 
     async fn raise_fence(&self, pool: &PoolKey, epoch: u64) -> Result<u64, StoreError> {
-        let k = self.keys(pool);
-        let mut call = self.scripts.fence.key(&k.fence);
+        let entry = self.entry(pool);
+        let k = &entry.keys;
+        let mut call = self.shared.scripts.fence.key(&k.fence);
         call.arg(epoch);
         let reply: Value = self.write(&k.pool, &call).await?;
         uint("raise_fence", &reply)
@@ -465,8 +756,9 @@ impl PoolStore for RedisPoolStore {
 
     async fn snapshot(&self, pool: &PoolKey) -> Result<PoolSnapshot, StoreError> {
         const WHAT: &str = "snapshot";
-        let k = self.keys(pool);
-        let reply: Value = self.read(&self.scripts.snapshot.key(&k.pool)).await?;
+        let entry = self.entry(pool);
+        let k = &entry.keys;
+        let reply: Value = self.read(&self.shared.scripts.snapshot.key(&k.pool)).await?;
         let items = array(WHAT, reply)?;
         let [available, reserved, sold, generation, now_ms] = items.as_slice() else {
             return Err(StoreError::Protocol(format!("snapshot: unexpected reply {items:?}")));
@@ -486,8 +778,9 @@ impl PoolStore for RedisPoolStore {
         reservation_id: &str,
     ) -> Result<Option<ReservationState>, StoreError> {
         const WHAT: &str = "reservation_state";
-        let k = self.keys(pool);
-        let mut call = self.scripts.reservation_state.key(&k.res);
+        let entry = self.entry(pool);
+        let k = &entry.keys;
+        let mut call = self.shared.scripts.reservation_state.key(&k.res);
         call.arg(reservation_id);
         match self.read(&call).await? {
             Value::Nil => Ok(None),
@@ -496,15 +789,16 @@ impl PoolStore for RedisPoolStore {
     }
 
     async fn idempotency_keys(&self, pool: &PoolKey) -> Result<Vec<String>, StoreError> {
-        let k = self.keys(pool);
-        self.read(&self.scripts.idempotency_keys.key(&k.idem)).await
+        let entry = self.entry(pool);
+        let k = &entry.keys;
+        self.read(&self.shared.scripts.idempotency_keys.key(&k.idem)).await
     }
 
     async fn channel_op(&self, channel: &str, op: ChannelOp<'_>) -> Result<ChannelReply, StoreError> {
         const WHAT: &str = "channel";
         let base = format!("{}{}", self.key_prefix, channel_tag(channel));
         let leader = format!("{base}:leader");
-        let mut call = self.scripts.channel.key(&leader);
+        let mut call = self.shared.scripts.channel.key(&leader);
         call.key(format!("{base}:lease")).key(format!("{base}:wants")).key(format!("{base}:replicas"));
         match op {
             ChannelOp::Lead { replica, ttl_ms } => call.arg("lead").arg(replica).arg(ttl_ms.max(1)),

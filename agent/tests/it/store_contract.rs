@@ -61,6 +61,21 @@ impl Backend {
 }
 
 impl Backend {
+    /// A store, and with Redis the same store's concrete type (to read its batch counters).
+    async fn grouping_store(&self) -> (Arc<dyn PoolStore>, Option<Arc<RedisPoolStore>>) {
+        match self {
+            Backend::Memory => (self.store().await, None),
+            Backend::Redis(redis) => {
+                let store = Arc::new(
+                    RedisPoolStore::new(&redis.url, &redis.prefix)
+                        .await
+                        .unwrap_or_else(|e| panic!("cannot connect the redis store to {}: {e}", redis.url)),
+                );
+                (Arc::clone(&store) as Arc<dyn PoolStore>, Some(store))
+            }
+        }
+    }
+
     /// `n` handles on one shared store, as `n` agent replicas of a channel see it: one
     /// memory store shared in-process, or `n` connections to one Redis.
     async fn shared_stores(&self, n: usize) -> Vec<Arc<dyn PoolStore>> {
@@ -122,6 +137,11 @@ contract_suite!(
     replicas_elect_one_leader_and_share_its_lease,
     wants_and_presence_between_replicas,
     a_replay_expecting_another_pool_generation_is_refused_and_writes_nothing,
+    a_batch_answers_replays_and_conflicts_as_a_sequential_run,
+    a_batch_reaching_a_users_limit_answers_as_a_sequential_run,
+    a_batch_selling_out_midway_answers_as_a_sequential_run,
+    many_concurrent_callers_batched_never_oversell,
+    a_batch_refuses_a_stale_expected_generation_and_answers_the_rest,
 );
 
 // ---------------------------------------------------------------------------------------
@@ -1126,4 +1146,244 @@ async fn redis_data_loss_shows_as_generation_zero_and_the_store_reconnects() {
         other => panic!("expected the replay refused, got {other:?}"),
     }
     assert_eq!(counters(&*store, &p).await, (3, 0, 0));
+}
+
+// ---------------------------------------------------------------------------------------
+// group commit: Acquires of one pool in flight together answer as if sent one by one
+
+/// An answer without its expiry (the sequential and the batched run reserve at different
+/// times).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Answer {
+    Reserved { id: String, quantity: u64, replayed: bool },
+    SoldOut(u64),
+    Limit(u64),
+    Conflict,
+}
+
+fn answer(r: &AcquireResult) -> Answer {
+    match r {
+        AcquireResult::Reserved { reservation_id, quantity, replayed, .. } => {
+            Answer::Reserved { id: reservation_id.clone(), quantity: *quantity, replayed: *replayed }
+        }
+        AcquireResult::SoldOut { available } => Answer::SoldOut(*available),
+        AcquireResult::LimitExceeded { held } => Answer::Limit(*held),
+        AcquireResult::KeyConflict => Answer::Conflict,
+    }
+}
+
+/// Runs `requests` on two fresh pools of `stock` units: one after the other on the first,
+/// all at once on the second, and asserts the same answers and counters. "All at once" is
+/// one task polling every call in order (`join_all`, which polls up to 30 futures in
+/// order): the first goes to the store alone and, the Redis store's call being in flight,
+/// the later ones wait for it and go in batches, in request order. Returns the answers.
+async fn batched_equals_sequential(backend: &Backend, name: &str, stock: u64, requests: &[AcquireArgs]) -> Vec<Answer> {
+    assert!(requests.len() <= 30, "join_all polls in order only up to 30 futures");
+    let (store, redis) = backend.grouping_store().await;
+    let (seq, batched) = (pool(&format!("{name}-seq")), pool(&format!("{name}-batched")));
+    assert!(store.refill(&seq, "grant", stock, 0).await.unwrap());
+    assert!(store.refill(&batched, "grant", stock, 0).await.unwrap());
+
+    let mut sequential = Vec::new();
+    for args in requests {
+        sequential.push(store.acquire(&seq, args).await.expect("sequential acquire"));
+    }
+    let before = redis.as_ref().map(|r| r.batch_stats());
+    let together: Vec<AcquireResult> = futures::future::join_all(requests.iter().map(|a| store.acquire(&batched, a)))
+        .await
+        .into_iter()
+        .map(|r| r.expect("batched acquire"))
+        .collect();
+    if let (Some(redis), Some(before)) = (redis, before) {
+        let after = redis.batch_stats();
+        let n = u64::try_from(requests.len()).unwrap();
+        let (calls, batched) = (after.calls - before.calls, after.requests - before.requests);
+        // Normally one call carries all but the first; a loaded machine may let the first
+        // call finish before the last are polled, which splits them but keeps their order.
+        assert!(calls >= 1 && batched >= 2 && batched < n, "no real batch formed: {calls} calls, {batched} requests");
+    }
+
+    let (seq_answers, batched_answers): (Vec<Answer>, Vec<Answer>) =
+        (sequential.iter().map(answer).collect(), together.iter().map(answer).collect());
+    assert_eq!(batched_answers, seq_answers, "the batched run answered otherwise than the sequential one");
+    assert_eq!(counters(&*store, &batched).await, counters(&*store, &seq).await);
+    // A replay carries its reservation's expiry, within a batch too.
+    let mut expiry: HashMap<&str, i64> = HashMap::new();
+    for r in &together {
+        if let AcquireResult::Reserved { reservation_id, expires_at_ms, .. } = r {
+            assert_eq!(*expiry.entry(reservation_id).or_insert(*expires_at_ms), *expires_at_ms);
+        }
+    }
+    // Each reservation is in the store as reserved.
+    for a in &batched_answers {
+        if let Answer::Reserved { id, .. } = a {
+            assert_eq!(state(&*store, &batched, id).await, Some(Reserved));
+        }
+    }
+    batched_answers
+}
+
+async fn a_batch_answers_replays_and_conflicts_as_a_sequential_run(backend: &Backend) {
+    let mut requests: Vec<AcquireArgs> =
+        (0..16).map(|i| acquire_args(&format!("user-{i}"), 1, &format!("key-{i}"), 10, LONG_TTL_MS)).collect();
+    // Inside the batch: two copies of a key the batch itself reserves, one of a key the
+    // lone first call reserved, a key reused by another user, and one with another quantity.
+    let copy = |i: usize| {
+        let mut a = requests[i].clone();
+        a.new_reservation_id = uuid::Uuid::new_v4().to_string();
+        a
+    };
+    let (c3, c3b, c0, c7) = (copy(3), copy(3), copy(0), copy(7));
+    let mut other_user = copy(5);
+    other_user.user_id = "someone-else".to_owned();
+    let mut other_quantity = copy(9);
+    other_quantity.quantity = 2;
+    requests.splice(6..6, [c3, c0]);
+    requests.extend([c7, other_user, c3b, other_quantity]);
+
+    let answers = batched_equals_sequential(backend, "sku-batch-replay", 100, &requests).await;
+    let replays = answers.iter().filter(|a| matches!(a, Answer::Reserved { replayed: true, .. })).count();
+    assert_eq!(replays, 4, "{answers:?}");
+    assert_eq!(answers.iter().filter(|a| **a == Answer::Conflict).count(), 2, "{answers:?}");
+    // The replays name the first copy's reservation.
+    assert_eq!(
+        answers[6],
+        Answer::Reserved { id: requests[3].new_reservation_id.clone(), quantity: 1, replayed: true }
+    );
+    assert_eq!(
+        answers[7],
+        Answer::Reserved { id: requests[0].new_reservation_id.clone(), quantity: 1, replayed: true }
+    );
+}
+
+async fn a_batch_reaching_a_users_limit_answers_as_a_sequential_run(backend: &Backend) {
+    // One user asks 1, 2, 1, 1, 1 ... against a limit of 4, between other users' calls.
+    let mut requests = Vec::new();
+    for i in 0..10 {
+        let quantity = if i == 1 { 2 } else { 1 };
+        requests.push(acquire_args("hoarder", quantity, &format!("hoard-{i}"), 4, LONG_TTL_MS));
+        requests.push(acquire_args(&format!("user-{i}"), 1, &format!("other-{i}"), 4, LONG_TTL_MS));
+    }
+    // A replay of a key that reserved still answers after the limit is reached.
+    let mut replay = requests[0].clone();
+    replay.new_reservation_id = uuid::Uuid::new_v4().to_string();
+    requests.push(replay);
+
+    let answers = batched_equals_sequential(backend, "sku-batch-limit", 100, &requests).await;
+    let hoarded: Vec<&Answer> = answers.iter().step_by(2).take(10).collect();
+    assert!(matches!(hoarded[..3], [Answer::Reserved { .. }, Answer::Reserved { .. }, Answer::Reserved { .. }]));
+    assert!(hoarded[3..].iter().all(|a| **a == Answer::Limit(4)), "{hoarded:?}");
+    assert!(matches!(answers.last(), Some(Answer::Reserved { replayed: true, .. })));
+}
+
+async fn a_batch_selling_out_midway_answers_as_a_sequential_run(backend: &Backend) {
+    // 10 units; quantities 1 and 3 in turn: the pool runs dry midway, after which a
+    // request for 3 is refused while a later one for 1 still fits what is left.
+    let requests: Vec<AcquireArgs> = (0..12)
+        .map(|i| acquire_args(&format!("user-{i}"), if i % 2 == 0 { 1 } else { 3 }, &format!("k-{i}"), 10, LONG_TTL_MS))
+        .collect();
+    let answers = batched_equals_sequential(backend, "sku-batch-soldout", 10, &requests).await;
+    // 1+3+1+3+1 = 9 reserved, then 3 does not fit 1, 1 does, and nothing is left.
+    assert!(answers[..5].iter().all(|a| matches!(a, Answer::Reserved { replayed: false, .. })), "{answers:?}");
+    assert_eq!(answers[5], Answer::SoldOut(1));
+    assert!(matches!(answers[6], Answer::Reserved { quantity: 1, .. }));
+    assert!(answers[7..].iter().all(|a| *a == Answer::SoldOut(0)), "{answers:?}");
+}
+
+async fn many_concurrent_callers_batched_never_oversell(backend: &Backend) {
+    // Callers on several tasks and threads at once, with replays of their own earlier
+    // keys: whatever batches form, no unit is sold twice and every replay names the first
+    // reservation of its key.
+    let (store, redis) = backend.grouping_store().await;
+    let p = pool("sku-batch-many");
+    assert!(store.refill(&p, "grant", 200, 0).await.unwrap());
+    let mut tasks = Vec::new();
+    for t in 0..48 {
+        let (store, p) = (Arc::clone(&store), p.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut firsts: HashMap<String, String> = HashMap::new();
+            let mut mismatched = 0;
+            let mut reserved = Vec::new();
+            for i in 0..12 {
+                // Every third call replays the previous key.
+                let key = format!("t{t}-k{}", if i % 3 == 2 { i - 1 } else { i });
+                let args = acquire_args(&format!("user-{t}"), 1, &key, 1_000, LONG_TTL_MS);
+                match store.acquire(&p, &args).await.expect("acquire") {
+                    AcquireResult::Reserved { reservation_id, replayed, .. } => {
+                        let first = firsts.entry(key).or_insert_with(|| reservation_id.clone());
+                        if *first != reservation_id {
+                            mismatched += 1;
+                        }
+                        if !replayed {
+                            reserved.push(reservation_id);
+                        }
+                    }
+                    AcquireResult::SoldOut { .. } => {}
+                    other => panic!("unexpected outcome {other:?}"),
+                }
+            }
+            (reserved, mismatched)
+        }));
+    }
+    let mut reserved = Vec::new();
+    for task in tasks {
+        let (ids, mismatched) = task.await.unwrap();
+        assert_eq!(mismatched, 0, "a replay named another reservation than its key's first");
+        reserved.extend(ids);
+    }
+    let distinct: std::collections::HashSet<&String> = reserved.iter().collect();
+    assert_eq!(distinct.len(), reserved.len(), "a reservation id was handed out twice");
+    assert_eq!(reserved.len(), 200, "exactly the pool's 200 units are reserved");
+    assert_eq!(counters(&*store, &p).await, (0, 200, 0));
+    if let Some(redis) = redis {
+        let stats = redis.batch_stats();
+        assert!(stats.largest <= 64, "a batch carried more than the default maximum: {stats:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_without_group_commit_sends_one_call_per_acquire() {
+    let redis = TestRedis::create().await;
+    let store = Arc::new(RedisPoolStore::new(&redis.url, &redis.prefix).await.unwrap().with_acquire_batch_max(1));
+    let p = pool("sku-no-batch");
+    assert!(store.refill(&p, "grant", 50, 0).await.unwrap());
+    let requests: Vec<AcquireArgs> =
+        (0..20).map(|i| acquire_args(&format!("user-{i}"), 1, &format!("k-{i}"), 10, LONG_TTL_MS)).collect();
+    let answers = futures::future::join_all(requests.iter().map(|a| store.acquire(&p, a))).await;
+    assert!(answers.iter().all(|a| matches!(a, Ok(AcquireResult::Reserved { replayed: false, .. }))));
+    assert_eq!(store.batch_stats(), inventory_agent::store::redis::BatchStats::default());
+    assert_eq!(counters(&*store, &p).await, (30, 20, 0));
+}
+
+async fn a_batch_refuses_a_stale_expected_generation_and_answers_the_rest(backend: &Backend) {
+    let (store, redis) = backend.grouping_store().await;
+    let p = pool("sku-batch-generation");
+    assert!(store.refill(&p, "grant", 100, 0).await.unwrap());
+    let generation = store.snapshot(&p).await.unwrap().generation;
+    let requests: Vec<AcquireArgs> = (0..12)
+        .map(|i| {
+            let mut a = acquire_args(&format!("user-{i}"), 1, &format!("gen-{i}"), 10, LONG_TTL_MS);
+            a.expect_generation = match i % 3 {
+                0 => Some(generation + 1),
+                1 => Some(generation),
+                _ => None,
+            };
+            a
+        })
+        .collect();
+    let before = redis.as_ref().map(|r| r.batch_stats());
+    let answers = futures::future::join_all(requests.iter().map(|a| store.acquire(&p, a))).await;
+    if let (Some(redis), Some(before)) = (redis, before) {
+        assert!(redis.batch_stats().requests > before.requests, "no batch formed");
+    }
+    for (i, a) in answers.iter().enumerate() {
+        match (i % 3, a) {
+            (0, Err(StoreError::GenerationChanged { expected, actual, .. })) => {
+                assert_eq!((*expected, *actual), (generation + 1, generation));
+            }
+            (1 | 2, Ok(AcquireResult::Reserved { generation: g, replayed: false, .. })) => assert_eq!(*g, generation),
+            _ => panic!("request {i} answered {a:?}"),
+        }
+    }
+    assert_eq!(store.snapshot(&p).await.unwrap().reserved, 8, "the refused ones wrote nothing");
 }

@@ -13,8 +13,8 @@ use crate::error::CenterError;
 use crate::store::{BorrowOutcome, ItemRecord, NewItem, Result, ReturnOutcome};
 
 impl SqlLedger {
-    /// The one transaction behind Borrow and Return: lock the item row, answer a replay
-    /// with the stored first answer, check the epoch, apply `rule` to the item and the
+    /// The one transaction behind Borrow and Return: answer a replay with the stored first
+    /// answer, lock the item row, check the epoch, apply `rule` to the item and the
     /// channel's allocation, write what changed, and record the answer under the request id.
     /// Returns the answer and whether it was a replay.
     pub(super) async fn movement<T, F>(
@@ -31,10 +31,13 @@ impl SqlLedger {
         F: FnOnce(&mut ItemState, &mut Allocation) -> Result<T>,
     {
         let mut tx = self.begin().await?;
-        let (before, _) = self.lock_item(&mut tx, item).await?;
+        // The replay lookup runs before the item's lock, so the lock is held one round
+        // trip shorter. A first answer recorded after this read (a concurrent call with
+        // the same id) is caught by `put_request`, which then answers from the record.
         if let Some(first) = Self::find_request::<T>(&mut tx, m, request_id).await? {
             return Ok((first, true));
         }
+        let (before, _) = self.lock_item(&mut tx, item).await?;
         let session = self.lock_session(&mut tx, channel, &self.q.lock_channel_share).await?;
         stale_or_unknown(channel, session.as_ref(), epoch)?;
         let mut alloc = Self::alloc(&mut tx, item.as_str(), channel.as_str()).await?;
