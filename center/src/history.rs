@@ -159,7 +159,7 @@ impl History {
         ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
         let kept: HashSet<String> = ranked.into_iter().take(self.config.max_items).map(|(id, _)| id.clone()).collect();
 
-        let oldest = now_ms - self.config.keep.as_millis() as i64;
+        let oldest = now_ms.saturating_sub(millis(self.config.keep));
         for record in &items {
             let with_history = kept.contains(&record.item_id);
             let mut channels = HashMap::new();
@@ -216,9 +216,9 @@ impl History {
     pub fn view(&self) -> HistoryView {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         HistoryView {
-            period_ms: self.config.period.as_millis() as u64,
-            keep_ms: self.config.keep.as_millis() as u64,
-            stuck_after_ms: self.config.stuck_after.as_millis() as u64,
+            period_ms: millis(self.config.period).unsigned_abs(),
+            keep_ms: millis(self.config.keep).unsigned_abs(),
+            stuck_after_ms: millis(self.config.stuck_after).unsigned_abs(),
             items: state.items.iter().map(|(id, s)| (id.clone(), s.iter().cloned().collect())).collect(),
         }
     }
@@ -228,7 +228,7 @@ impl History {
 /// cannot be ruled out and only the report's age counts.
 fn split_drift(a: &Allocation, track: Option<Track>, now_ms: i64, stuck_after: Duration) -> DriftSplit {
     let drift = a.drift();
-    let stuck_after = stuck_after.as_millis() as i64;
+    let stuck_after = millis(stuck_after);
     let held_steady_since = track.map_or(now_ms, |t| t.held_steady_since);
     let report_is_old = now_ms - a.reported_at_ms >= stuck_after;
     let held_moved_lately = now_ms - held_steady_since < stuck_after;
@@ -299,4 +299,9 @@ mod tests {
         let a = allocation(30, 20, 0);
         assert_eq!(split_drift(&a, None, 100_000, STUCK_AFTER).stuck, 0);
     }
+}
+
+/// A duration in whole milliseconds (saturating: no configured period is near the limit).
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

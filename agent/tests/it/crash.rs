@@ -81,7 +81,7 @@ async fn redis_agent_killed_mid_sale_resumes_without_selling_twice() {
     pending.push(in_flight_key);
 
     let mut agent = AgentProcess::spawn(&center.url, "app", &store, Some(port)).await;
-    let done = buy(&url, &mut pending, &mut next, &mut got, TOTAL as usize).await;
+    let done = buy(&url, &mut pending, &mut next, &mut got, usize::try_from(TOTAL).unwrap()).await;
     assert!(done, "sale did not finish after the restart ({} reserved)", got.len());
 
     // Nothing sold twice: one reservation per unit, all distinct.

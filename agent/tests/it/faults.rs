@@ -13,7 +13,7 @@ use tonic::Code;
 use crate::harness::{AgentProcess, Center, Db, LocalAgent, StoreSpec, acquire_req, agent_config, stock};
 
 fn wall_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
+    i64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis()).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

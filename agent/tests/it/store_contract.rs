@@ -506,7 +506,8 @@ async fn sold_out_and_limit_answers_write_nothing(backend: &Backend) {
 async fn missing_pool_reads_as_empty_generation_zero(backend: &Backend) {
     let store = backend.store().await;
     let p = pool("sku-missing");
-    let system_now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let system_now =
+        i64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()).unwrap();
     let s = snap(&*store, &p).await;
     assert_eq!(PoolSnapshot { now_ms: 0, ..s }, PoolSnapshot::default());
     assert!((s.now_ms - system_now).abs() < 60_000, "store clock {} far from system clock {system_now}", s.now_ms);
@@ -720,7 +721,7 @@ async fn short_ttl_reservations_expire_through_the_sweeper(backend: &Backend) {
         let (id, expires_at_ms) = reserve_with(&*store, &p, &args).await;
         let now = snap(&*store, &p).await.now_ms;
         assert!(
-            expires_at_ms > now - 1000 && expires_at_ms <= now + SHORT_TTL_MS as i64,
+            expires_at_ms > now - 1000 && expires_at_ms <= now + i64::try_from(SHORT_TTL_MS).unwrap(),
             "expiry from the store clock"
         );
         short.push(id);
@@ -913,7 +914,7 @@ async fn fencing_races_with_old_epoch_refills_and_counts_each_unit_once(backend:
     let fenced_at = Arc::new(tokio::sync::OnceCell::new());
     let mut tasks = Vec::new();
     for n in 0..200u64 {
-        let (store, pk, fence_seen) = (Arc::clone(&stores[n as usize % 2]), p.clone(), Arc::clone(&fenced_at));
+        let (store, pk, fence_seen) = (Arc::clone(&stores[usize::from(n % 2 == 1)]), p.clone(), Arc::clone(&fenced_at));
         tasks.push(tokio::spawn(async move {
             let started_after_fence = fence_seen.get().is_some();
             match store.refill_existing(&pk, &format!("old-{n}"), 1, 1).await {
