@@ -241,6 +241,11 @@ fn split_drift(a: &Allocation, track: Option<Track>, now_ms: i64, stuck_after: D
     }
 }
 
+/// A duration in whole milliseconds (saturating: no configured period is near the limit).
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,9 +304,4 @@ mod tests {
         let a = allocation(30, 20, 0);
         assert_eq!(split_drift(&a, None, 100_000, STUCK_AFTER).stuck, 0);
     }
-}
-
-/// A duration in whole milliseconds (saturating: no configured period is near the limit).
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
