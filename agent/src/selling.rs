@@ -133,6 +133,7 @@ impl Selling {
                     replayed,
                     quantity,
                     pool_generation: generation,
+                    limit_remaining: 0,
                 }
             }
             AcquireResult::SoldOut { available } => {
@@ -143,9 +144,13 @@ impl Selling {
                 }
                 sold_out()
             }
-            AcquireResult::LimitExceeded { .. } => {
+            AcquireResult::LimitExceeded { held } => {
                 self.metrics.acquire(Outcome::LimitExceeded);
-                pb::AcquireResponse { outcome: pb::AcquireOutcome::LimitExceeded as i32, ..Default::default() }
+                pb::AcquireResponse {
+                    outcome: pb::AcquireOutcome::LimitExceeded as i32,
+                    limit_remaining: policy.per_user_limit.saturating_sub(held),
+                    ..Default::default()
+                }
             }
             AcquireResult::KeyConflict => {
                 return Err(AgentError::AlreadyExists(format!(

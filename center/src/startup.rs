@@ -55,8 +55,8 @@ impl Application {
             store::Dialect::Sqlite => EventHub::new(),
         };
         let store: Arc<dyn LedgerStore> = Arc::new(ledger);
-        let grpc = TcpListener::bind(config.listen).await?;
-        let http = TcpListener::bind(config.http_listen).await?;
+        let grpc = bind(config.listen, "--listen").await?;
+        let http = bind(config.http_listen, "--http-listen").await?;
         security.warn_if_insecure();
         let http_tls = match (&config.tls_cert, &config.tls_key) {
             (Some(cert), Some(key)) => Some(inventory_net::server_config(cert, key)?),
@@ -228,6 +228,10 @@ impl Application {
         }
         Ok(())
     }
+}
+
+async fn bind(addr: SocketAddr, flag: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr} ({flag}): {e}"))
 }
 
 /// A database URL without its password (and user), for logs.

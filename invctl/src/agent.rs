@@ -72,6 +72,8 @@ struct AcquireView {
     expires_at_unix_ms: i64,
     replayed: bool,
     pool_generation: u64,
+    /// With limit_exceeded: how many more units the user may still take.
+    limit_remaining: u64,
 }
 
 #[derive(Serialize)]
@@ -145,6 +147,14 @@ pub async fn run(ctx: &Ctx, cmd: AgentCmd) -> Result<(), Failure> {
                     q(&key),
                     if r.replayed { ", replayed" } else { "" }
                 ),
+                pb::AcquireOutcome::LimitExceeded => format!(
+                    "{outcome}: {} for {} (key {}): {} may take {} more\n",
+                    q(&item),
+                    q(&user),
+                    q(&key),
+                    q(&user),
+                    r.limit_remaining
+                ),
                 _ => format!("{outcome}: {} for {} (key {})\n", q(&item), q(&user), q(&key)),
             };
             let view = AcquireView {
@@ -157,6 +167,7 @@ pub async fn run(ctx: &Ctx, cmd: AgentCmd) -> Result<(), Failure> {
                 expires_at_unix_ms: r.expires_at_unix_ms,
                 replayed: r.replayed,
                 pool_generation: r.pool_generation,
+                limit_remaining: r.limit_remaining,
             };
             print(ctx.output, &view, || text);
         }

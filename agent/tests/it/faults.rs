@@ -389,29 +389,37 @@ async fn a_lost_borrow_reply_is_never_a_false_sold_out() {
     assert!(r.ok, "{:?}", r.violations);
 }
 
-/// The center goes away for a few seconds under load: the agent logs that it lost the
-/// center and that it regained it, once each (not a line per failed call), counts the
-/// failed calls in a metric, and sells again afterwards.
+/// The center is gone for 10 s while two agents sell: each logs once that it lost the
+/// center and once that it regained it (not a line per failed call), counts the failed
+/// calls in a metric, and sells again afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_center_outage_is_logged_once_lost_and_once_regained() {
-    let center = Center::start(Db::Lite(TestSqlite::create()), |c| c.lease_ttl_ms = 20_000).await;
+    let center = Center::start(Db::Lite(TestSqlite::create()), |c| c.lease_ttl_ms = 30_000).await;
     center.create_item("o", 100_000, 1, (20, 200, 100)).await;
     let proxy = FaultProxy::start(center.url.trim_start_matches("http://").parse().unwrap()).await.unwrap();
-    let log_path = std::env::temp_dir().join(format!("inventory-outage-{}.log", std::process::id()));
-    let log = std::fs::File::create(&log_path).unwrap();
-    let http = inventory_test_support::free_port();
-    let http_flag = format!("127.0.0.1:{http}");
-    let flags = ["--http-listen", http_flag.as_str()];
-    let mut agent =
-        AgentProcess::spawn_logging(&proxy.url(), "app", &StoreSpec::Memory, None, "app-1", &flags, Some(log)).await;
-    let client = agent.client().await;
+    let mut agents = Vec::new();
+    for channel in ["app", "web"] {
+        let log_path = std::env::temp_dir().join(format!("inventory-outage-{}-{channel}.log", std::process::id()));
+        let log = std::fs::File::create(&log_path).unwrap();
+        let http = inventory_test_support::free_port();
+        let http_flag = format!("127.0.0.1:{http}");
+        let flags = ["--http-listen", http_flag.as_str()];
+        let agent_id = format!("{channel}-1");
+        let agent =
+            AgentProcess::spawn_logging(&proxy.url(), channel, &StoreSpec::Memory, None, &agent_id, &flags, Some(log))
+                .await;
+        let client = agent.client().await;
+        agents.push((channel, agent, client, http, log_path));
+    }
+    let clients: Vec<_> = agents.iter().map(|a| a.2.clone()).collect();
     let buyers = |from: usize, n: usize| {
-        let client = client.clone();
+        let clients = clients.clone();
         async move {
             let mut sold = 0;
             for i in from..from + n {
                 let key = format!("b{i}");
-                if let Ok(r) = client.clone().acquire(acquire_req("o", &key, 1, &key)).await {
+                let mut client = clients[i % clients.len()].clone();
+                if let Ok(r) = client.acquire(acquire_req("o", &key, 1, &key)).await {
                     sold += usize::from(r.into_inner().outcome() == pb::AcquireOutcome::Reserved);
                 }
             }
@@ -423,27 +431,29 @@ async fn a_center_outage_is_logged_once_lost_and_once_regained() {
     proxy.set(Fault::Reset);
     let outage = Instant::now();
     let mut n = 1_000;
-    while outage.elapsed() < Duration::from_secs(3) {
+    while outage.elapsed() < Duration::from_secs(10) {
         buyers(n, 20).await;
         n += 20;
     }
     proxy.set(Fault::Pass);
     let resumed = wait_until(Duration::from_secs(20), || {
-        let fut = buyers(n, 5);
-        n += 5;
-        async move { fut.await > 0 }
+        let fut = buyers(n, 10);
+        n += 10;
+        async move { fut.await >= 2 }
     })
     .await;
     assert!(resumed, "never sold again after the outage");
-    let metrics = crate::harness::http_get(format!("127.0.0.1:{http}").parse().unwrap(), "/metrics").await;
-    let unanswered = crate::harness::sample(&metrics, "inventory_agent_center_unanswered_calls_total{channel=\"app\"}");
-    assert!(unanswered.is_some_and(|v| v >= 3.0), "failed calls counted: {unanswered:?}");
-    assert!(agent.sigterm_and_wait().await.success());
-
-    let text = std::fs::read_to_string(&log_path).unwrap();
-    let _ = std::fs::remove_file(&log_path);
-    let count = |needle: &str| text.lines().filter(|l| l.contains(needle)).count();
-    assert_eq!(count("center lost"), 1, "{text}");
-    assert_eq!(count("center regained"), 1, "{text}");
-    assert!(text.lines().count() < 20, "a quiet log through an outage:\n{text}");
+    for (channel, mut agent, _, http, log_path) in agents {
+        let metrics = crate::harness::http_get(format!("127.0.0.1:{http}").parse().unwrap(), "/metrics").await;
+        let series = format!("inventory_agent_center_unanswered_calls_total{{channel=\"{channel}\"}}");
+        let unanswered = crate::harness::sample(&metrics, &series);
+        assert!(unanswered.is_some_and(|v| v >= 3.0), "{channel}: failed calls counted: {unanswered:?}");
+        assert!(agent.sigterm_and_wait().await.success());
+        let text = std::fs::read_to_string(&log_path).unwrap();
+        let _ = std::fs::remove_file(&log_path);
+        let count = |needle: &str| text.lines().filter(|l| l.contains(needle)).count();
+        assert_eq!(count("center lost"), 1, "{channel}:\n{text}");
+        assert_eq!(count("center regained"), 1, "{channel}:\n{text}");
+        assert!(text.lines().count() < 20, "{channel}: a quiet log through an outage:\n{text}");
+    }
 }

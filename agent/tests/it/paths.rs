@@ -246,3 +246,21 @@ async fn an_agent_that_cannot_bind_leaves_no_channel_at_the_center() {
         center.admin().await.list_channels(pb::ListChannelsRequest::default()).await.unwrap().into_inner().channels;
     assert!(channels.is_empty(), "registered before failing: {channels:?}");
 }
+
+/// A LIMIT_EXCEEDED answer says how many units the user may still take.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limit_exceeded_says_how_many_units_the_user_may_still_take() {
+    let center = Center::start_sqlite().await;
+    center.create_item("lim", 100, 3, (5, 40, 20)).await;
+    let agent = LocalAgent::start(&center.url, "app", &StoreSpec::Memory).await;
+    let mut client = agent.client().await;
+    let first = client.acquire(acquire_req("lim", "dora", 2, "d1")).await.unwrap().into_inner();
+    assert_eq!(first.outcome(), pb::AcquireOutcome::Reserved);
+    let more = client.acquire(acquire_req("lim", "dora", 2, "d2")).await.unwrap().into_inner();
+    assert_eq!(more.outcome(), pb::AcquireOutcome::LimitExceeded);
+    assert_eq!(more.limit_remaining, 1, "limit 3, holding 2");
+    let one = client.acquire(acquire_req("lim", "dora", 1, "d3")).await.unwrap().into_inner();
+    assert_eq!(one.outcome(), pb::AcquireOutcome::Reserved);
+    let none = client.acquire(acquire_req("lim", "dora", 1, "d4")).await.unwrap().into_inner();
+    assert_eq!((none.outcome(), none.limit_remaining), (pb::AcquireOutcome::LimitExceeded, 0));
+}

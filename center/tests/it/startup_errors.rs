@@ -36,5 +36,7 @@ fn a_port_in_use_is_one_line() {
     let db = TestSqlite::create();
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
     let addr = taken.local_addr().expect("bound").to_string();
-    assert_one_line(&run_center(&["--insecure", "--listen", &addr], &db), "in use");
+    let out = run_center(&["--insecure", "--listen", &addr], &db);
+    assert_one_line(&out, "in use");
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&addr), "names the address");
 }
