@@ -244,7 +244,7 @@ async fn ten_thousand_items_cost_little_per_item_to_report_look_at_and_scrape() 
     let per = |d: Duration| d.as_secs_f64() * 1e6 / N as f64;
     println!("10,000 items, one channel, Redis pools (debug build):");
     println!(
-        "  per-item state in the agent: {} bytes inline (ItemRuntime) plus its ids on the heap",
+        "  per-item state in the agent: {} bytes inline (items::Item) plus its ids on the heap",
         std::mem::size_of::<inventory_agent::items::Item>()
     );
     println!(
