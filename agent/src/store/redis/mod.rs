@@ -33,6 +33,13 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 use redis::{ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, ServerErrorKind, Value};
 use tokio::sync::oneshot;
 
+mod batch;
+mod reply;
+
+pub use batch::BatchStats;
+use batch::{BatchConfig, BatchCounters, Handoff, Lane, PoolEntry, Waiter};
+use reply::{acquire_result, array, int, state, string, transition, uint};
+
 use super::memory::{DEFAULT_RECORD_RETENTION, GC_BATCH};
 use super::{
     AcquireArgs, AcquireResult, ChannelOp, ChannelReply, PoolKey, PoolSnapshot, PoolStore, ReservationState,
@@ -58,19 +65,19 @@ struct Scripts {
 impl Scripts {
     fn load() -> Self {
         Self {
-            acquire: Script::new(include_str!("../../../lua/acquire.lua")),
-            acquire_batch: Script::new(include_str!("../../../lua/acquire_batch.lua")),
-            confirm: Script::new(include_str!("../../../lua/confirm.lua")),
-            cancel: Script::new(include_str!("../../../lua/cancel.lua")),
-            expire: Script::new(include_str!("../../../lua/expire.lua")),
-            refill: Script::new(include_str!("../../../lua/refill.lua")),
-            take_for_return: Script::new(include_str!("../../../lua/take_for_return.lua")),
-            untake: Script::new(include_str!("../../../lua/untake.lua")),
-            snapshot: Script::new(include_str!("../../../lua/snapshot.lua")),
-            reservation_state: Script::new(include_str!("../../../lua/reservation_state.lua")),
-            idempotency_keys: Script::new(include_str!("../../../lua/idempotency_keys.lua")),
-            fence: Script::new(include_str!("../../../lua/fence.lua")),
-            channel: Script::new(include_str!("../../../lua/channel.lua")),
+            acquire: Script::new(include_str!("../../../../lua/acquire.lua")),
+            acquire_batch: Script::new(include_str!("../../../../lua/acquire_batch.lua")),
+            confirm: Script::new(include_str!("../../../../lua/confirm.lua")),
+            cancel: Script::new(include_str!("../../../../lua/cancel.lua")),
+            expire: Script::new(include_str!("../../../../lua/expire.lua")),
+            refill: Script::new(include_str!("../../../../lua/refill.lua")),
+            take_for_return: Script::new(include_str!("../../../../lua/take_for_return.lua")),
+            untake: Script::new(include_str!("../../../../lua/untake.lua")),
+            snapshot: Script::new(include_str!("../../../../lua/snapshot.lua")),
+            reservation_state: Script::new(include_str!("../../../../lua/reservation_state.lua")),
+            idempotency_keys: Script::new(include_str!("../../../../lua/idempotency_keys.lua")),
+            fence: Script::new(include_str!("../../../../lua/fence.lua")),
+            channel: Script::new(include_str!("../../../../lua/channel.lua")),
         }
     }
 }
@@ -126,46 +133,6 @@ impl Shared {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
         self.conns[i].clone()
     }
-}
-
-#[derive(Default)]
-struct BatchCounters {
-    calls: AtomicU64,
-    requests: AtomicU64,
-    largest: AtomicU64,
-}
-
-/// How many Acquires went to Redis in batches (`acquire_batch.lua` calls), counted since
-/// the store was created.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BatchStats {
-    /// Calls of `acquire_batch.lua`.
-    pub calls: u64,
-    /// Acquires those calls answered.
-    pub requests: u64,
-    /// The most Acquires one call answered.
-    pub largest: u64,
-}
-
-/// One pool as the store knows it: its key names, built once, and its group-commit lane.
-struct PoolEntry {
-    /// The pool these keys are of (errors name it).
-    pool: PoolKey,
-    keys: Keys,
-    lane: Mutex<Lane>,
-}
-
-/// The Acquires of one pool: whether a script call for the pool is in flight, and those
-/// waiting for it to finish.
-#[derive(Default)]
-struct Lane {
-    busy: bool,
-    waiting: Vec<Waiter>,
-}
-
-struct Waiter {
-    args: AcquireArgs,
-    answer: oneshot::Sender<Result<AcquireResult, StoreError>>,
 }
 
 /// The Redis [`PoolStore`]. Cheap to share behind an `Arc`.
@@ -357,119 +324,6 @@ impl RedisPoolStore {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-struct BatchConfig {
-    durability: Option<Durability>,
-    max: usize,
-}
-
-/// Hands a pool's lane on when the call in flight ends: to a task that sends the waiting
-/// Acquires as batches until none wait, or back to idle.
-struct Handoff {
-    entry: Arc<PoolEntry>,
-    shared: Arc<Shared>,
-    batch: BatchConfig,
-}
-
-impl Drop for Handoff {
-    fn drop(&mut self) {
-        let Some(batch) = next_batch(&self.entry, self.batch.max) else { return };
-        let (entry, shared, config) = (Arc::clone(&self.entry), Arc::clone(&self.shared), self.batch);
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(send_batches(entry, shared, config, batch));
-            }
-            Err(_) => {
-                // No runtime to send them on: their senders drop, so they answer
-                // Unavailable, and the lane is free again.
-                drop(batch);
-                let mut lane = entry.lane.lock().unwrap_or_else(PoisonError::into_inner);
-                lane.busy = false;
-                lane.waiting.clear();
-            }
-        }
-    }
-}
-
-/// Takes up to `max` waiting Acquires in arrival order, or marks the lane idle if none wait.
-fn next_batch(entry: &PoolEntry, max: usize) -> Option<Vec<Waiter>> {
-    let mut lane = entry.lane.lock().unwrap_or_else(PoisonError::into_inner);
-    if lane.waiting.is_empty() {
-        lane.busy = false;
-        return None;
-    }
-    let n = lane.waiting.len().min(max);
-    Some(lane.waiting.drain(..n).collect())
-}
-
-async fn send_batches(entry: Arc<PoolEntry>, shared: Arc<Shared>, config: BatchConfig, mut batch: Vec<Waiter>) {
-    loop {
-        let answers = send_batch(&entry.pool, &entry.keys, &shared, config, &batch).await;
-        match answers {
-            Ok(answers) => {
-                for (waiter, answer) in batch.drain(..).zip(answers) {
-                    // A caller that gave up no longer listens; its answer is dropped.
-                    let _ = waiter.answer.send(answer);
-                }
-            }
-            Err(e) => {
-                for waiter in batch.drain(..) {
-                    let _ = waiter.answer.send(Err(copy_err(&e)));
-                }
-            }
-        }
-        match next_batch(&entry, config.max) {
-            Some(next) => batch = next,
-            None => return,
-        }
-    }
-}
-
-/// One call of acquire_batch.lua: one answer per waiter, in order.
-async fn send_batch(
-    pool: &PoolKey,
-    k: &Keys,
-    shared: &Shared,
-    config: BatchConfig,
-    batch: &[Waiter],
-) -> Result<Vec<Result<AcquireResult, StoreError>>, StoreError> {
-    let mut call = shared.scripts.acquire_batch.key(&k.pool);
-    call.key(&k.res).key(&k.due).key(&k.held).key(&k.idem).arg(batch.len());
-    for w in batch {
-        let a = &w.args;
-        call.arg(&a.user_id).arg(a.quantity).arg(&a.idempotency_key).arg(&a.new_reservation_id);
-        call.arg(a.per_user_limit).arg(a.reservation_ttl_ms).arg(a.expect_generation.unwrap_or(0));
-    }
-    let stats = &shared.stats;
-    let n = u64::try_from(batch.len()).unwrap_or(u64::MAX);
-    stats.calls.fetch_add(1, Ordering::Relaxed);
-    stats.requests.fetch_add(n, Ordering::Relaxed);
-    stats.largest.fetch_max(n, Ordering::Relaxed);
-    let reply: Value = write(shared.conn(), config.durability, &k.pool, &call).await?;
-    let replies = array("acquire_batch", reply)?;
-    if replies.len() != batch.len() {
-        return Err(StoreError::Protocol(format!(
-            "acquire_batch: {} replies for {} requests",
-            replies.len(),
-            batch.len()
-        )));
-    }
-    Ok(replies.into_iter().zip(batch).map(|(r, w)| acquire_result(r, pool, &w.args.new_reservation_id)).collect())
-}
-
-/// The same error for each caller of a failed batch.
-fn copy_err(e: &StoreError) -> StoreError {
-    match e {
-        StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
-        StoreError::Protocol(m) => StoreError::Protocol(m.clone()),
-        StoreError::PoolMissing(m) => StoreError::PoolMissing(m.clone()),
-        StoreError::Fenced(m) => StoreError::Fenced(m.clone()),
-        StoreError::GenerationChanged { pool, expected, actual } => {
-            StoreError::GenerationChanged { pool: pool.clone(), expected: *expected, actual: *actual }
-        }
-    }
-}
-
 /// Runs a script that only reads.
 async fn read<T: FromRedisValue>(conn: Conn, call: &ScriptInvocation<'_>) -> Result<T, StoreError> {
     match conn {
@@ -589,88 +443,6 @@ fn map_err(e: RedisError) -> StoreError {
         )
         || e.code() == Some("BUSY");
     if unavailable { StoreError::Unavailable(e.to_string()) } else { StoreError::Protocol(e.to_string()) }
-}
-
-fn unexpected(what: &str, v: &Value) -> StoreError {
-    StoreError::Protocol(format!("{what}: unexpected reply {v:?}"))
-}
-
-fn array(what: &str, v: Value) -> Result<Vec<Value>, StoreError> {
-    match v {
-        Value::Array(items) => Ok(items),
-        other => Err(unexpected(what, &other)),
-    }
-}
-
-fn string(what: &str, v: &Value) -> Result<String, StoreError> {
-    match v {
-        Value::BulkString(b) => String::from_utf8(b.clone()).map_err(|_| unexpected(what, v)),
-        Value::SimpleString(s) => Ok(s.clone()),
-        other => Err(unexpected(what, other)),
-    }
-}
-
-fn int(what: &str, v: &Value) -> Result<i64, StoreError> {
-    match v {
-        Value::Int(i) => Ok(*i),
-        other => Err(unexpected(what, other)),
-    }
-}
-
-fn uint(what: &str, v: &Value) -> Result<u64, StoreError> {
-    u64::try_from(int(what, v)?).map_err(|_| unexpected(what, v))
-}
-
-fn state(what: &str, s: &str) -> Result<ReservationState, StoreError> {
-    match s {
-        "reserved" => Ok(ReservationState::Reserved),
-        "confirmed" => Ok(ReservationState::Confirmed),
-        "cancelled" => Ok(ReservationState::Cancelled),
-        "expired" => Ok(ReservationState::Expired),
-        other => Err(StoreError::Protocol(format!("{what}: unknown reservation state {other:?}"))),
-    }
-}
-
-/// Parses `{verdict, state}` from confirm.lua and cancel.lua.
-fn transition(what: &str, v: Value) -> Result<Transition, StoreError> {
-    let items = array(what, v)?;
-    let verdict = items.first().map(|v| string(what, v)).transpose()?;
-    let st = items.get(1).map(|v| string(what, v)).transpose()?;
-    match (verdict.as_deref(), st.as_deref()) {
-        (Some("done"), Some(s)) => Ok(Transition::Done(state(what, s)?)),
-        (Some("refused"), Some(s)) => Ok(Transition::Refused(state(what, s)?)),
-        (Some("not_found"), _) => Ok(Transition::NotFound),
-        _ => Err(StoreError::Protocol(format!("{what}: unexpected reply {items:?}"))),
-    }
-}
-
-fn acquire_result(v: Value, pool: &PoolKey, new_reservation_id: &str) -> Result<AcquireResult, StoreError> {
-    const WHAT: &str = "acquire";
-    let items = array(WHAT, v)?;
-    let Some(tag) = items.first() else { return Err(StoreError::Protocol("acquire: empty reply".to_owned())) };
-    let field = |i: usize| items.get(i).ok_or_else(|| StoreError::Protocol(format!("acquire: short reply {items:?}")));
-    match string(WHAT, tag)?.as_str() {
-        "reserved" => Ok(AcquireResult::Reserved {
-            reservation_id: string(WHAT, field(1)?)?,
-            quantity: uint(WHAT, field(2)?)?,
-            expires_at_ms: int(WHAT, field(3)?)?,
-            replayed: int(WHAT, field(4)?)? == 1,
-            generation: uint(WHAT, field(5)?)?,
-        }),
-        "sold_out" => Ok(AcquireResult::SoldOut { available: uint(WHAT, field(1)?)? }),
-        "limit" => Ok(AcquireResult::LimitExceeded { held: uint(WHAT, field(1)?)? }),
-        "conflict" => Ok(AcquireResult::KeyConflict),
-        "duplicate_id" => Err(super::memory::duplicate_reservation_id(new_reservation_id)),
-        "generation" => {
-            let number = |v: &Value| string(WHAT, v)?.parse::<u64>().map_err(|_| unexpected(WHAT, v));
-            Err(StoreError::GenerationChanged {
-                pool: pool.hash_tag(),
-                expected: number(field(1)?)?,
-                actual: number(field(2)?)?,
-            })
-        }
-        _ => Err(StoreError::Protocol(format!("acquire: unexpected reply {items:?}"))),
-    }
 }
 
 #[async_trait]

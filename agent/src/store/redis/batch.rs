@@ -1,0 +1,162 @@
+//! Group commit on Acquire: the lane of each pool hands waiting Acquires on to a task
+//! that sends them as `acquire_batch.lua` calls until none wait.
+
+use super::*;
+
+#[derive(Default)]
+pub(super) struct BatchCounters {
+    pub(super) calls: AtomicU64,
+    pub(super) requests: AtomicU64,
+    pub(super) largest: AtomicU64,
+}
+
+/// How many Acquires went to Redis in batches (`acquire_batch.lua` calls), counted since
+/// the store was created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchStats {
+    /// Calls of `acquire_batch.lua`.
+    pub calls: u64,
+    /// Acquires those calls answered.
+    pub requests: u64,
+    /// The most Acquires one call answered.
+    pub largest: u64,
+}
+
+/// One pool as the store knows it: its key names, built once, and its group-commit lane.
+pub(super) struct PoolEntry {
+    /// The pool these keys are of (errors name it).
+    pub(super) pool: PoolKey,
+    pub(super) keys: Keys,
+    pub(super) lane: Mutex<Lane>,
+}
+
+/// The Acquires of one pool: whether a script call for the pool is in flight, and those
+/// waiting for it to finish.
+#[derive(Default)]
+pub(super) struct Lane {
+    pub(super) busy: bool,
+    pub(super) waiting: Vec<Waiter>,
+}
+
+pub(super) struct Waiter {
+    pub(super) args: AcquireArgs,
+    pub(super) answer: oneshot::Sender<Result<AcquireResult, StoreError>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct BatchConfig {
+    pub(super) durability: Option<Durability>,
+    pub(super) max: usize,
+}
+
+/// Hands a pool's lane on when the call in flight ends: to a task that sends the waiting
+/// Acquires as batches until none wait, or back to idle.
+pub(super) struct Handoff {
+    pub(super) entry: Arc<PoolEntry>,
+    pub(super) shared: Arc<Shared>,
+    pub(super) batch: BatchConfig,
+}
+
+impl Drop for Handoff {
+    fn drop(&mut self) {
+        let Some(batch) = next_batch(&self.entry, self.batch.max) else { return };
+        let (entry, shared, config) = (Arc::clone(&self.entry), Arc::clone(&self.shared), self.batch);
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(send_batches(entry, shared, config, batch));
+            }
+            Err(_) => {
+                // No runtime to send them on: their senders drop, so they answer
+                // Unavailable, and the lane is free again.
+                drop(batch);
+                let mut lane = entry.lane.lock().unwrap_or_else(PoisonError::into_inner);
+                lane.busy = false;
+                lane.waiting.clear();
+            }
+        }
+    }
+}
+
+/// Takes up to `max` waiting Acquires in arrival order, or marks the lane idle if none wait.
+pub(super) fn next_batch(entry: &PoolEntry, max: usize) -> Option<Vec<Waiter>> {
+    let mut lane = entry.lane.lock().unwrap_or_else(PoisonError::into_inner);
+    if lane.waiting.is_empty() {
+        lane.busy = false;
+        return None;
+    }
+    let n = lane.waiting.len().min(max);
+    Some(lane.waiting.drain(..n).collect())
+}
+
+pub(super) async fn send_batches(
+    entry: Arc<PoolEntry>,
+    shared: Arc<Shared>,
+    config: BatchConfig,
+    mut batch: Vec<Waiter>,
+) {
+    loop {
+        let answers = send_batch(&entry.pool, &entry.keys, &shared, config, &batch).await;
+        match answers {
+            Ok(answers) => {
+                for (waiter, answer) in batch.drain(..).zip(answers) {
+                    // A caller that gave up no longer listens; its answer is dropped.
+                    let _ = waiter.answer.send(answer);
+                }
+            }
+            Err(e) => {
+                for waiter in batch.drain(..) {
+                    let _ = waiter.answer.send(Err(copy_err(&e)));
+                }
+            }
+        }
+        match next_batch(&entry, config.max) {
+            Some(next) => batch = next,
+            None => return,
+        }
+    }
+}
+
+/// One call of acquire_batch.lua: one answer per waiter, in order.
+pub(super) async fn send_batch(
+    pool: &PoolKey,
+    k: &Keys,
+    shared: &Shared,
+    config: BatchConfig,
+    batch: &[Waiter],
+) -> Result<Vec<Result<AcquireResult, StoreError>>, StoreError> {
+    let mut call = shared.scripts.acquire_batch.key(&k.pool);
+    call.key(&k.res).key(&k.due).key(&k.held).key(&k.idem).arg(batch.len());
+    for w in batch {
+        let a = &w.args;
+        call.arg(&a.user_id).arg(a.quantity).arg(&a.idempotency_key).arg(&a.new_reservation_id);
+        call.arg(a.per_user_limit).arg(a.reservation_ttl_ms).arg(a.expect_generation.unwrap_or(0));
+    }
+    let stats = &shared.stats;
+    let n = u64::try_from(batch.len()).unwrap_or(u64::MAX);
+    stats.calls.fetch_add(1, Ordering::Relaxed);
+    stats.requests.fetch_add(n, Ordering::Relaxed);
+    stats.largest.fetch_max(n, Ordering::Relaxed);
+    let reply: Value = write(shared.conn(), config.durability, &k.pool, &call).await?;
+    let replies = array("acquire_batch", reply)?;
+    if replies.len() != batch.len() {
+        return Err(StoreError::Protocol(format!(
+            "acquire_batch: {} replies for {} requests",
+            replies.len(),
+            batch.len()
+        )));
+    }
+    Ok(replies.into_iter().zip(batch).map(|(r, w)| acquire_result(r, pool, &w.args.new_reservation_id)).collect())
+}
+
+/// The same error for each caller of a failed batch.
+pub(super) fn copy_err(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
+        StoreError::Protocol(m) => StoreError::Protocol(m.clone()),
+        StoreError::PoolMissing(m) => StoreError::PoolMissing(m.clone()),
+        StoreError::Fenced(m) => StoreError::Fenced(m.clone()),
+        StoreError::GenerationChanged { pool, expected, actual } => {
+            StoreError::GenerationChanged { pool: pool.clone(), expected: *expected, actual: *actual }
+        }
+    }
+}
