@@ -122,8 +122,8 @@ impl Application {
         let limits = UserLimits::new(config.user_rate_per_sec, config.user_burst);
         // Bind before registering: an agent that cannot serve must not leave a registered
         // channel behind at the center.
-        let grpc = bind(config.listen, "--listen").await?;
-        let http = bind(config.http_listen, "--http-listen").await?;
+        let grpc = inventory_net::bind(config.listen, "--listen").await?;
+        let http = inventory_net::bind(config.http_listen, "--http-listen").await?;
         security.warn_if_insecure();
         let agent = Arc::new(Agent::new(store, link, settings, limits));
         agent.resync_at_next_registration(kept_items);
@@ -309,27 +309,16 @@ impl Application {
     }
 }
 
-async fn bind(addr: SocketAddr, flag: &str) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr} ({flag}): {e}"))
-}
-
 /// The pool store in use, for the start-up line (no credentials: Redis URLs may carry them).
 fn store_description(config: &AgentConfig) -> String {
     if !config.redis_cluster.is_empty() {
         return format!("redis cluster ({} seed nodes)", config.redis_cluster.len());
     }
     match config.store {
-        StoreKind::Redis => format!("redis at {}", without_credentials(&config.redis_url)),
+        StoreKind::Redis => format!("redis at {}", inventory_net::without_credentials(&config.redis_url)),
         StoreKind::Memory => match config.memory_state_path() {
             Some(path) => format!("memory (kept across graceful restarts in {})", path.display()),
             None => "memory".to_owned(),
         },
-    }
-}
-
-fn without_credentials(url: &str) -> String {
-    match (url.split_once("://"), url.rsplit_once('@')) {
-        (Some((scheme, _)), Some((_, host))) => format!("{scheme}://{host}"),
-        _ => url.to_owned(),
     }
 }

@@ -55,15 +55,15 @@ impl Application {
             store::Dialect::Sqlite => EventHub::new(),
         };
         let store: Arc<dyn LedgerStore> = Arc::new(ledger);
-        let grpc = bind(config.listen, "--listen").await?;
-        let http = bind(config.http_listen, "--http-listen").await?;
+        let grpc = inventory_net::bind(config.listen, "--listen").await?;
+        let http = inventory_net::bind(config.http_listen, "--http-listen").await?;
         security.warn_if_insecure();
         let http_tls = match (&config.tls_cert, &config.tls_key) {
             (Some(cert), Some(key)) => Some(inventory_net::server_config(cert, key)?),
             _ => None,
         };
         Ok(Self {
-            database: without_credentials(&config.database_url),
+            database: inventory_net::without_credentials(&config.database_url),
             http_tls,
             grpc_addr: grpc.local_addr()?,
             http_addr: http.local_addr()?,
@@ -227,17 +227,5 @@ impl Application {
             }
         }
         Ok(())
-    }
-}
-
-async fn bind(addr: SocketAddr, flag: &str) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr} ({flag}): {e}"))
-}
-
-/// A database URL without its password (and user), for logs.
-fn without_credentials(url: &str) -> String {
-    match (url.split_once("://"), url.rsplit_once('@')) {
-        (Some((scheme, _)), Some((_, rest))) => format!("{scheme}://{rest}"),
-        _ => url.to_owned(),
     }
 }

@@ -172,6 +172,19 @@ pub fn init_tracing(format: LogFormat, otlp: Option<OtlpExport>) -> anyhow::Resu
     Ok(TracingGuard { provider })
 }
 
+/// Binds a server's listener; the error names the address and the flag that set it.
+pub async fn bind(addr: SocketAddr, flag: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr} ({flag}): {e}"))
+}
+
+/// A URL without its user and password, for logs (database and Redis URLs may carry them).
+pub fn without_credentials(url: &str) -> String {
+    match (url.split_once("://"), url.rsplit_once('@')) {
+        (Some((scheme, _)), Some((_, rest))) => format!("{scheme}://{rest}"),
+        _ => url.to_owned(),
+    }
+}
+
 /// Resolves on SIGTERM (orchestrators) or Ctrl-C (a terminal).
 pub async fn shutdown_signal() {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -211,6 +224,13 @@ pub fn one_line(e: &anyhow::Error) -> String {
 #[cfg(test)]
 mod exit_tests {
     use super::*;
+
+    #[test]
+    fn urls_in_logs_carry_no_credentials() {
+        assert_eq!(without_credentials("postgres://u:secret@db:5432/inv"), "postgres://db:5432/inv");
+        assert_eq!(without_credentials("redis://:pw@127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(without_credentials("sqlite://inventory.db"), "sqlite://inventory.db");
+    }
 
     #[test]
     fn an_error_chain_is_one_line() {
