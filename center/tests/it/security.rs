@@ -8,6 +8,7 @@ use inventory_proto::v1::admin_client::AdminClient;
 use inventory_proto::v1::center_client::CenterClient;
 use inventory_test_support::TestSqlite;
 use inventory_test_support::pki::TestPki;
+use std::time::Duration;
 use tonic::Code;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
@@ -157,14 +158,17 @@ async fn mutual_tls_between_agent_and_center_and_untrusted_clients_refused() {
     assert_eq!(r.outcome(), pb::AcquireOutcome::Reserved);
 
     // A client whose certificate another CA signed is refused, and so is one without any.
-    let rogue = Endpoint::from_shared(url.clone()).unwrap().tls_config(tls(&pki.untrusted_client)).unwrap();
+    // Bounded: a refused handshake must end in an error, never leave the test waiting.
+    let bounded = |e: Endpoint| e.connect_timeout(Duration::from_secs(10)).timeout(Duration::from_secs(10));
+    let rogue = bounded(Endpoint::from_shared(url.clone()).unwrap().tls_config(tls(&pki.untrusted_client)).unwrap());
     let refused = match rogue.connect().await {
         Err(_) => true,
         Ok(ch) => AdminClient::new(ch).list_items(with_token(pb::ListItemsRequest {}, OPERATOR)).await.is_err(),
     };
     assert!(refused, "a client with an untrusted certificate got through");
-    let anonymous =
-        Endpoint::from_shared(url).unwrap().tls_config(ClientTlsConfig::new().ca_certificate(ca.clone())).unwrap();
+    let anonymous = bounded(
+        Endpoint::from_shared(url).unwrap().tls_config(ClientTlsConfig::new().ca_certificate(ca.clone())).unwrap(),
+    );
     let refused = match anonymous.connect().await {
         Err(_) => true,
         Ok(ch) => AdminClient::new(ch).list_items(with_token(pb::ListItemsRequest {}, OPERATOR)).await.is_err(),
