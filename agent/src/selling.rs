@@ -248,6 +248,10 @@ impl Selling {
             reserved: s.reserved,
             sold: s.sold,
             sold_out: s.available == 0 && it.with(|c| c.supply().center_dry),
+            pool_generation: s.generation,
+            // Filled once pools keep an outbox of events.
+            last_event_sequence: 0,
+            published_event_sequence: 0,
         })
     }
 }

@@ -97,6 +97,7 @@ fn state_text(s: pb::ReservationState) -> &'static str {
         pb::ReservationState::Confirmed => "confirmed",
         pb::ReservationState::Cancelled => "cancelled",
         pb::ReservationState::Expired => "expired",
+        pb::ReservationState::Refunded => "refunded",
         pb::ReservationState::Unspecified => "unspecified",
     }
 }
