@@ -307,13 +307,15 @@ impl Selling {
     pub async fn get_stock(&self, item: &ItemId) -> Result<pb::GetStockResponse, AgentError> {
         let it = self.item(item).await?;
         let s = self.store.snapshot(&it.pool).await?;
+        let outbox = self.store.outbox_stats(&it.pool).await?;
+        it.set_outbox_stats(outbox);
         Ok(pb::GetStockResponse {
             available: s.available,
             reserved: s.reserved,
             sold: s.sold,
             sold_out: s.available == 0 && it.with(|c| c.supply().center_dry),
             pool_generation: s.generation,
-            last_event_sequence: self.store.outbox_stats(&it.pool).await?.last_sequence,
+            last_event_sequence: outbox.last_sequence,
             // The broker relay fills it.
             published_event_sequence: 0,
         })
