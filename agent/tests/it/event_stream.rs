@@ -1,4 +1,4 @@
-//! A small sale on the memory store, consumed through the Agent's `StreamEvents`: every
+//! A small sale (on the memory store, and on Redis), consumed through the Agent's `StreamEvents`: every
 //! transition (reserved, confirmed, cancelled, expired, refunded) arrives once, numbered
 //! without gaps, each reservation's last event is its final state, and a stream resumed
 //! from the middle carries on where asked. Also Refund, GetReservation and Extend at the
@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use inventory_proto::v1 as pb;
 use inventory_proto::v1::agent_client::AgentClient;
-use inventory_test_support::wait_until;
+use inventory_test_support::{TestRedis, wait_until};
 use tonic::transport::Channel;
 use tonic::{Code, Streaming};
 
@@ -36,6 +36,16 @@ async fn get(client: &mut AgentClient<Channel>, id: &str) -> pb::Reservation {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sale_on_the_memory_store_through_the_event_stream() {
+    sale_through_the_event_stream(&StoreSpec::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sale_on_redis_through_the_event_stream() {
+    let redis = TestRedis::create().await;
+    sale_through_the_event_stream(&StoreSpec::Redis { url: redis.url.clone(), prefix: redis.prefix.clone() }).await;
+}
+
+async fn sale_through_the_event_stream(store: &StoreSpec) {
     use pb::ReservationState::{Cancelled, Confirmed, Expired, Refunded, Reserved, Unspecified};
     let center = Center::start_sqlite().await;
     let admin_item = pb::CreateItemRequest {
@@ -46,7 +56,7 @@ async fn a_sale_on_the_memory_store_through_the_event_stream() {
         watermarks: Some(pb::Watermarks { low: 2, high: 15, batch: 10 }),
     };
     center.admin().await.create_item(admin_item).await.unwrap();
-    let agent = LocalAgent::start(&center.url, "app", &StoreSpec::Memory).await;
+    let agent = LocalAgent::start(&center.url, "app", store).await;
     let mut client = agent.client().await;
     // Every item, before the agent knows any: the stream picks the item up once loaded.
     let mut all = client.stream_events(pb::StreamEventsRequest::default()).await.unwrap().into_inner();
