@@ -171,3 +171,56 @@ async fn sale_through_the_event_stream(store: &StoreSpec) {
     let ended = tokio::time::timeout(NEXT, all.message()).await.expect("the stream ends");
     assert!(!matches!(ended, Ok(Some(_))), "{ended:?}");
 }
+
+/// A follower replica (sharing the leader's Redis) streams the events the leader's sales
+/// write: streams only read the shared outbox, and a poll picks up what another replica wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_replica_streams_what_the_leader_sells() {
+    let center = Center::start_sqlite().await;
+    center.create_item("skin", 20, 1, (2, 15, 10)).await;
+    let redis = TestRedis::create().await;
+    let spec = StoreSpec::Redis { url: redis.url.clone(), prefix: redis.prefix.clone() };
+    let mut leader_cfg = crate::harness::agent_config(&center.url, "app", &spec);
+    leader_cfg.agent_id = Some("app-1".into());
+    let leader = LocalAgent::start_with(leader_cfg, None).await;
+    let mut follower_cfg = crate::harness::agent_config(&center.url, "app", &spec);
+    follower_cfg.agent_id = Some("app-2".into());
+    let follower = LocalAgent::start_with(follower_cfg, None).await;
+    assert!(leader.agent.is_leading() && !follower.agent.is_leading());
+
+    let mut from_follower = follower.client().await;
+    let req = pb::StreamEventsRequest { from_sequence: 0, item_id: "skin".into() };
+    let mut stream = from_follower.stream_events(req).await.unwrap().into_inner();
+    let mut client = leader.client().await;
+    let id = reserve(&mut client, "ann").await;
+    let c = pb::ConfirmRequest { item_id: "skin".into(), reservation_id: id.clone() };
+    client.confirm(c).await.unwrap();
+    let first = next(&mut stream).await;
+    let second = next(&mut stream).await;
+    assert_eq!(
+        (first.sequence, first.state(), first.reservation_id.as_str()),
+        (1, pb::ReservationState::Reserved, id.as_str())
+    );
+    assert_eq!((second.sequence, second.state()), (2, pb::ReservationState::Confirmed));
+    // The follower answers lookups from the shared pool too.
+    assert_eq!(get(&mut from_follower, &id).await.state(), pb::ReservationState::Confirmed);
+    follower.stop().await;
+    leader.stop().await;
+}
+
+/// The server cuts unary calls off after 10 s; an event stream is no call in progress and
+/// outlives that deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_stream_outlives_the_servers_call_timeout() {
+    let center = Center::start_sqlite().await;
+    center.create_item("skin", 20, 1, (2, 15, 10)).await;
+    let agent = LocalAgent::start(&center.url, "app", &StoreSpec::Memory).await;
+    let mut client = agent.client().await;
+    let req = pb::StreamEventsRequest { from_sequence: 0, item_id: "skin".into() };
+    let mut stream = client.stream_events(req).await.unwrap().into_inner();
+    // Nothing to wait for but time itself: the deadline is the server's clock.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let id = reserve(&mut client, "ann").await;
+    let e = next(&mut stream).await;
+    assert_eq!((e.sequence, e.reservation_id.as_str()), (1, id.as_str()));
+}
