@@ -5,7 +5,11 @@
 //! Invariant 1 (conservation at the center), per item, after every function here:
 //! `total = available + Σ held(channel)` where `held = granted - returned - reclaimed`.
 
+mod share;
+
 use serde::{Deserialize, Serialize};
+
+pub use share::{RateShare, borrow_shared, share_of};
 
 use crate::ids::{Channel, ItemId, MAX_QUANTITY, Quantity};
 
