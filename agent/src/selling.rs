@@ -126,6 +126,9 @@ impl Selling {
         let response = match result {
             AcquireResult::Reserved { reservation_id, quantity, expires_at_ms, replayed, generation } => {
                 self.metrics.acquire(Outcome::Reserved);
+                if !replayed {
+                    item.with(|c| c.on_reserved(quantity, self.stocking.ctx()));
+                }
                 pb::AcquireResponse {
                     outcome: pb::AcquireOutcome::Reserved as i32,
                     reservation_id,

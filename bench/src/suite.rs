@@ -185,6 +185,8 @@ impl World {
                         per_user_limit: PER_USER_LIMIT,
                         reservation_ttl_ms: RESERVATION_TTL_MS,
                         watermarks,
+                        // Fixed batches: these figures measure the paths, not the batching.
+                        rate_batching: Some(pb::RateBatching { enabled: false, ..Default::default() }),
                     })
                     .await
                     .with_context(|| format!("create item {item}"))?;

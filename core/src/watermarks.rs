@@ -107,6 +107,16 @@ impl RateBatching {
     }
 }
 
+/// The watermarks a pool follows: derived from its sell rate when its batches follow the
+/// rate and it sells (`rate_milli > 0`), else the fixed ones (a pool that has not sold
+/// yet, or has been quiet for many half-lives, is a cold start).
+pub fn effective(fixed: Watermarks, rate_batching: Option<RateBatching>, rate_milli: u64) -> Watermarks {
+    match rate_batching {
+        Some(r) if rate_milli > 0 => r.derive(rate_milli),
+        _ => fixed,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

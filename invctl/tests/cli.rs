@@ -165,6 +165,7 @@ async fn channel_list_show_close_and_resolve() {
             epoch,
             quantity: 20,
             request_id: "b".into(),
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -236,7 +237,7 @@ async fn channel_remove_is_refused_while_the_channel_holds_stock() {
     register("ghost").await;
     let (item_id, channel) = (String::from("i"), String::from("app"));
     let (quantity, request_id) = (20, String::from("b-1"));
-    let borrow = pb::BorrowRequest { item_id, channel, epoch, quantity, request_id };
+    let borrow = pb::BorrowRequest { item_id, channel, epoch, quantity, request_id, ..Default::default() };
     center.borrow(borrow).await.unwrap();
 
     let o = invctl(&c.url, &["channel", "remove", "app"]).await;

@@ -192,13 +192,7 @@ impl ItemCore {
     /// The watermarks in force at `now_ms`: derived from the sell rate when the item's
     /// batches follow it and the pool has sold, else the fixed ones.
     pub fn watermarks_at(&self, now_ms: i64) -> Watermarks {
-        match self.policy.rate_batching {
-            Some(r) => match self.rate.milli(now_ms) {
-                0 => self.policy.watermarks,
-                rate => r.derive(rate),
-            },
-            None => self.policy.watermarks,
-        }
+        crate::watermarks::effective(self.policy.watermarks, self.policy.rate_batching, self.rate.milli(now_ms))
     }
 
     pub fn mode(&self) -> Mode {

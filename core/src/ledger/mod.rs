@@ -72,6 +72,8 @@ pub struct Allocation {
     pub generation: u64,
     /// Units in doubt because the channel's pool was lost; 0 normally.
     pub in_doubt: u64,
+    /// The channel's sell rate of the item as last reported (units/s × 1000).
+    pub sell_rate_milli: u64,
 }
 
 impl Allocation {
