@@ -296,7 +296,7 @@ impl World {
                     watermarks,
                     // Every other seed's items follow their sell rates (decided without a
                     // draw, so the seeds' other settings stay what they were).
-                    rate_batching: (seed.wrapping_add(n as u64) % 2 == 0).then_some(RateBatching {
+                    rate_batching: seed.wrapping_add(n as u64).is_multiple_of(2).then_some(RateBatching {
                         min_batch: 1,
                         max_batch: 2 * batch,
                         target_ms: 1_000,

@@ -300,6 +300,16 @@ async fn to_channel_event(store: &dyn LedgerStore, channel: &Channel, e: LedgerE
     Some(pb::ChannelEvent { event: Some(event) })
 }
 
+/// A sell rate from an agent (units/s × 1000): one above a billion units a second is no
+/// rate any pool sells at.
+fn rate(field: &str, value: u64) -> Result<u64, CenterError> {
+    let max = MAX_QUANTITY.saturating_mul(1_000);
+    if value > max {
+        return Err(ValidationError::new(field, value, format!("must be at most {max}")).into());
+    }
+    Ok(value)
+}
+
 #[cfg(test)]
 mod tests {
     use super::trace_id;
@@ -314,14 +324,4 @@ mod tests {
         r.metadata_mut().insert("traceparent", "00-nothex-00f067aa0ba902b7-01".parse().unwrap());
         assert_eq!(trace_id(&r), None);
     }
-}
-
-/// A sell rate from an agent (units/s × 1000): one above a billion units a second is no
-/// rate any pool sells at.
-fn rate(field: &str, value: u64) -> Result<u64, CenterError> {
-    let max = MAX_QUANTITY.saturating_mul(1_000);
-    if value > max {
-        return Err(ValidationError::new(field, value, format!("must be at most {max}")).into());
-    }
-    Ok(value)
 }

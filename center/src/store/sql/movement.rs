@@ -24,6 +24,7 @@ impl SqlLedger {
     /// Returns the answer and whether it was a replay.
     /// `rate`: a Borrow's; its rate is stored as the channel's latest, and when the Borrow
     /// is short the other channels' rates are read in the same transaction.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn movement<T>(
         &self,
         item: &ItemId,
