@@ -305,7 +305,15 @@ impl ItemCore {
                 MissPlan::Answer
             };
         }
-        let want = if self.supply.end_of_sale { quantity } else { self.watermarks_at(ctx.now_ms).batch.max(quantity) };
+        // At the end of a sale a miss asks only for what it needs, unless the pool's batch
+        // follows its rate: then it asks for its batch, and the center, short, grants its
+        // share by rate (a busy channel taking one unit per call would flood the center).
+        let following = self.policy.rate_batching.is_some() && self.rate.milli(ctx.now_ms) > 0;
+        let want = if self.supply.end_of_sale && !following {
+            quantity
+        } else {
+            self.watermarks_at(ctx.now_ms).batch.max(quantity)
+        };
         MissPlan::Borrow { want }
     }
 
