@@ -12,7 +12,7 @@ use inventory_proto::v1 as pb;
 use inventory_proto::v1::agent_client::AgentClient;
 use tonic::transport::Channel;
 
-use crate::harness::{Center, LocalAgent, StoreSpec, acquire_req, stock};
+use crate::harness::{Center, LocalAgent, StoreSpec, acquire_req, http_get, sample, stock};
 
 const ITEM: &str = "drop";
 /// Less than the two channels ask for in the sale's few seconds: the center runs short.
@@ -42,6 +42,11 @@ struct Run {
     fast_borrows: u64,
     /// The longest a channel answered SOLD_OUT while the other showed available units.
     longest_starved: Duration,
+    /// Right after the sale: the fast pool's sell rate and batch in the agent's /metrics,
+    /// and its rate as the center's /metrics shows it.
+    agent_rate: f64,
+    agent_batch: f64,
+    center_rate: f64,
 }
 
 impl Run {
@@ -124,12 +129,18 @@ async fn sale(rate_following: bool) -> Run {
     center.await_quiescence().await;
     let ledger = center.ledger(ITEM).await;
     let held = |name: &str| ledger.channels.iter().find(|c| c.channel == name).map_or(0, |c| c.held);
+    let agent_text = http_get(agents[0].http_addr, "/metrics").await;
+    let center_text = http_get(center.http_addr, "/metrics").await;
+    let metric = |text: &str, series: &str| sample(text, series).unwrap_or_else(|| panic!("{series} in {text}"));
     let run = Run {
         held: [held(CHANNELS[0]), held(CHANNELS[1])],
         reserved: [fast.1, slow.1],
         calls: [fast.0, slow.0],
         fast_borrows: agents[0].agent.metrics.borrow_calls(),
         longest_starved: fast.2.max(slow.2),
+        agent_rate: metric(&agent_text, "inventory_agent_pool_sell_rate{channel=\"fast\",item=\"drop\"}"),
+        agent_batch: metric(&agent_text, "inventory_agent_pool_batch_units{channel=\"fast\",item=\"drop\"}"),
+        center_rate: metric(&center_text, "inventory_center_channel_sell_rate{item=\"drop\",channel=\"fast\"}"),
     };
     for a in agents {
         a.stop().await;
@@ -148,6 +159,13 @@ async fn rate_following_batches_share_a_scarce_center_ten_to_one_with_fewer_call
         assert_eq!(run.held, run.reserved, "each channel holds what it sold: {run:?}");
         assert!(run.longest_starved <= STARVED_AT_MOST, "a channel starved beside idle units: {run:?}");
     }
+    // Both ends show the fast pool's rate (it sold ~250 a second until just now); its batch
+    // follows the rate only when the item says so.
+    for run in [&fixed, &rate] {
+        assert!(run.agent_rate > 50.0 && run.center_rate > 50.0, "{run:?}");
+    }
+    assert_eq!(fixed.agent_batch, FIXED.2 as f64, "{fixed:?}");
+    assert!(rate.agent_batch > 2.0 * FIXED.2 as f64, "{rate:?}");
     // The buyers ask 10:1; paced by timers on a shared machine they may drift from it by a
     // few tens of percent, and the first and last units of a sale go to whoever asks.
     let ratio = rate.held[0] as f64 / rate.held[1].max(1) as f64;

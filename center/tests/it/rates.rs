@@ -10,10 +10,7 @@ use tonic::transport::Channel;
 use crate::contract::{assert_conserved, assert_status, ledger, register};
 use crate::support::TestCenter;
 
-crate::for_each_backend!(
-    a_short_borrow_is_shared_by_the_channels_rates,
-    rate_batching_is_set_shown_and_validated,
-);
+crate::for_each_backend!(a_short_borrow_is_shared_by_the_channels_rates, rate_batching_is_set_shown_and_validated,);
 
 async fn borrow_at(
     center: &mut CenterClient<Channel>,
@@ -50,7 +47,12 @@ async fn a_short_borrow_is_shared_by_the_channels_rates(c: TestCenter) {
     // The slow channel's rate reaches the center in a heartbeat (1 unit/s).
     let pool = pb::PoolReport { item_id: "i".into(), sell_rate_milli: 1_000, ..Default::default() };
     center
-        .heartbeat(pb::HeartbeatRequest { channel: "slow".into(), epoch: slow, pools: vec![pool], ..Default::default() })
+        .heartbeat(pb::HeartbeatRequest {
+            channel: "slow".into(),
+            epoch: slow,
+            pools: vec![pool],
+            ..Default::default()
+        })
         .await
         .expect("heartbeat");
     // 110 left, the fast channel (10/s) asks for more: its share is 10/11 of them.

@@ -90,3 +90,19 @@ fn the_rate_is_reported_again_only_when_it_moved() {
     // Long after the first sale the average simply halves every half-life.
     assert!(core.report_changed(&report, core.sell_rate_milli(end + 5_000)), "halved");
 }
+
+#[test]
+fn at_the_end_of_a_sale_a_selling_pool_still_asks_for_its_batch() {
+    let mut core = auto_item();
+    let _ = core.on_return_requested();
+    assert_eq!(core.on_miss(1, ctx(0)), MissPlan::Borrow { want: 1 }, "not selling yet: only what it needs");
+    let end = sell(&mut core, 0, 10, 300);
+    let MissPlan::Borrow { want } = core.on_miss(1, ctx(end)) else { panic!("a borrow") };
+    assert!(want >= 90, "its batch, which the center shares when short: {want}");
+    // Fixed watermarks keep the old rule: one unit per miss.
+    let mut fixed = auto_item();
+    fixed.set_policy(Policy { rate_batching: None, ..fixed.policy() });
+    let _ = fixed.on_return_requested();
+    sell(&mut fixed, 0, 10, 300);
+    assert_eq!(fixed.on_miss(1, ctx(end)), MissPlan::Borrow { want: 1 });
+}
