@@ -101,6 +101,32 @@ impl Collector for AgentState {
             }
         }
         {
+            let now = crate::clock::now_ms();
+            let rates: Vec<_> = items.iter().filter(|_| leading).map(|i| (i, i.rate_and_batch(now))).collect();
+            {
+                let mut family = encoder.encode_descriptor(
+                    "inventory_agent_pool_sell_rate",
+                    "The pool's recent sell rate (units reserved per second, an average with a half-life).",
+                    None,
+                    MetricType::Gauge,
+                )?;
+                for (item, (rate, _)) in &rates {
+                    #[allow(clippy::cast_precision_loss)] // a rate far below 2^52
+                    let per_sec = *rate as f64 / 1000.0;
+                    ConstGauge::new(per_sec).encode(family.encode_family(&[("item", item.item_id.as_str())])?)?;
+                }
+            }
+            let mut family = encoder.encode_descriptor(
+                "inventory_agent_pool_batch_units",
+                "The batch the pool borrows now: about target_ms of its sales when the item's batches follow the rate.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (item, (_, batch)) in &rates {
+                ConstGauge::new(*batch).encode(family.encode_family(&[("item", item.item_id.as_str())])?)?;
+            }
+        }
+        {
             let mut family = encoder.encode_descriptor(
                 "inventory_agent_outbox_events",
                 "Reservation events kept in the pool's outbox (at most inventory_agent_outbox_max_events).",

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use dashmap::DashMap;
 use inventory_core::channel::{ItemCore, Mode, OpId, OpResult, Policy, PoolView, Settings, Shelf};
-use inventory_core::watermarks::Watermarks;
+use inventory_core::watermarks::{RateBatching, Watermarks};
 use inventory_core::{Channel, ItemId};
 use inventory_proto::v1 as pb;
 use tokio::sync::oneshot;
@@ -36,6 +36,11 @@ pub fn policy_from(d: &pb::DescribeItemResponse) -> Policy {
         per_user_limit: d.per_user_limit,
         reservation_ttl_ms: d.reservation_ttl_ms,
         watermarks: Watermarks { low: w.low, high: w.high, batch: w.batch.max(1) },
+        rate_batching: d.rate_batching.filter(|r| r.enabled).map(|r| RateBatching {
+            min_batch: r.min_batch.max(1),
+            max_batch: r.max_batch.max(r.min_batch).max(1),
+            target_ms: r.target_ms.max(1),
+        }),
         closed: d.closed,
     }
 }
@@ -113,6 +118,11 @@ impl Item {
     /// The pool as last read (metrics render from it: a scrape costs no store call).
     pub fn last_snapshot(&self) -> Option<PoolView> {
         self.with(|c| c.last_view())
+    }
+
+    /// The pool's recent sell rate (units/s × 1000) and the batch it borrows now.
+    pub fn rate_and_batch(&self, now_ms: i64) -> (u64, u64) {
+        self.with(|c| (c.sell_rate_milli(now_ms), c.watermarks_at(now_ms).batch))
     }
 
     /// `Some(true)`: an Acquire with this key is answered SOLD_OUT from memory.

@@ -267,6 +267,7 @@ impl CenterLink {
         quantity: u64,
         request_id: &str,
         epoch: u64,
+        sell_rate_milli: u64,
     ) -> Result<pb::BorrowResponse, Status> {
         self.retry(epoch, |mut c, epoch| {
             let req = pb::BorrowRequest {
@@ -275,6 +276,7 @@ impl CenterLink {
                 epoch,
                 quantity,
                 request_id: request_id.to_owned(),
+                sell_rate_milli,
             };
             let mut req = self.req(req);
             with_traceparent(&mut req, request_id);

@@ -22,7 +22,7 @@ pub struct Reporting {
     items: Arc<Items>,
 }
 
-fn report_pb(item_id: &str, r: &Report) -> pb::PoolReport {
+fn report_pb(item_id: &str, r: &Report, sell_rate_milli: u64) -> pb::PoolReport {
     match r {
         Report::Lost => pb::PoolReport { item_id: item_id.to_owned(), lost: true, ..Default::default() },
         Report::Counts(v) => pb::PoolReport {
@@ -32,16 +32,18 @@ fn report_pb(item_id: &str, r: &Report) -> pb::PoolReport {
             sold: v.sold,
             generation: v.generation,
             lost: false,
+            sell_rate_milli,
         },
     }
 }
 
 /// Reports read for one heartbeat.
-pub struct Reports(Vec<(Arc<Item>, Report)>);
+/// Each with the pool's sell rate when it was read (units/s × 1000).
+pub struct Reports(Vec<(Arc<Item>, Report, u64)>);
 
 impl Reports {
     pub fn to_pb(&self) -> Vec<pb::PoolReport> {
-        self.0.iter().map(|(item, r)| report_pb(&item.item_id, r)).collect()
+        self.0.iter().map(|(item, r, rate)| report_pb(&item.item_id, r, *rate)).collect()
     }
 
     pub fn len(&self) -> usize {
@@ -68,11 +70,17 @@ impl Reporting {
                 let (needs_read, token) = item.with(|c| (c.report_needs_read(), c.begin_read()));
                 let snap = if needs_read { Some(self.store.snapshot(&item.pool).await.ok()?) } else { None };
                 let mut notes = Vec::new();
-                let report = item.with(|c| c.report(snap.as_ref().map(view), token, ctx(&self.link), &mut notes))?;
+                let ctx = ctx(&self.link);
+                let (report, rate) = item.with(|c| {
+                    let report = c.report(snap.as_ref().map(view), token, ctx, &mut notes)?;
+                    // A lost pool sells nothing: its rate is not reported.
+                    let rate = if report == Report::Lost { 0 } else { c.sell_rate_milli(ctx.now_ms) };
+                    Some((report, rate))
+                })?;
                 for n in notes {
                     tracing::error!(item = %item.item_id, note = ?n, "pool lost its data in the store; frozen, its units in doubt");
                 }
-                Some((item, report))
+                Some((item, report, rate))
             })
             .buffer_unordered(STORE_READS_IN_FLIGHT)
             .filter_map(|x| async move { x })
@@ -84,7 +92,7 @@ impl Reporting {
     /// Only the pools whose report changed since the center last acknowledged one.
     pub async fn changed(&self) -> Reports {
         let Reports(all) = self.all().await;
-        Reports(all.into_iter().filter(|(item, r)| item.with(|c| c.report_changed(r))).collect())
+        Reports(all.into_iter().filter(|(item, r, rate)| item.with(|c| c.report_changed(r, *rate))).collect())
     }
 
     /// One heartbeat carrying `reports`: renews the lease, records the reports the center
@@ -95,8 +103,8 @@ impl Reporting {
         for item in self.items.all() {
             item.with(|c| c.on_center_answered(now));
         }
-        for (item, r) in reports.0 {
-            item.with(|c| c.reported(r));
+        for (item, r, rate) in reports.0 {
+            item.with(|c| c.reported(r, rate));
         }
         for id in &answer.in_doubt_items {
             if let Some(item) = self.items.get(id)

@@ -133,6 +133,7 @@ impl Selling {
                 self.metrics.acquire(Outcome::Reserved);
                 if !replayed {
                     self.events.written();
+                    item.with(|c| c.on_reserved(quantity, self.stocking.ctx()));
                 }
                 pb::AcquireResponse {
                     outcome: pb::AcquireOutcome::Reserved as i32,

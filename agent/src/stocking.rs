@@ -111,9 +111,10 @@ impl Stocking {
             Effect::RaiseFence { epoch } => {
                 store_reply(self.store.raise_fence(pool, *epoch).await.map(|_| Reply::Done))
             }
-            Effect::Borrow { request_id, quantity, epoch } => {
+            Effect::Borrow { request_id, quantity, epoch, sell_rate_milli } => {
                 let span = tracing::info_span!("borrow", item = %item.item_id, want = quantity, trace_id = %request_id);
-                let call = self.link.borrow(&item.item_id, *quantity, request_id, *epoch).instrument(span);
+                let call =
+                    self.link.borrow(&item.item_id, *quantity, request_id, *epoch, *sell_rate_milli).instrument(span);
                 match self.metrics.time_borrow(call).await {
                     Ok(a) => {
                         self.metrics.borrowed(a.granted);

@@ -62,6 +62,7 @@ impl Caller for BorrowCaller {
             epoch: self.epoch,
             quantity: 1,
             request_id: uuid::Uuid::new_v4().simple().to_string(),
+            sell_rate_milli: 0,
         });
         request.set_timeout(CALL_TIMEOUT);
         match tokio::time::timeout(CALL_TIMEOUT, self.client.borrow(request)).await {

@@ -3,6 +3,7 @@
 //!
 //! - [`load`]: the driver (callers, warm-up, bounds, open/closed loop, HDR histograms);
 //! - [`acquire`]: the Acquire workload and its outcome check; [`callers`]: the others;
+//!   [`batching`]: figure (ii), Borrow calls per 1,000 acquires by batching;
 //! - [`skew`], [`stats`], [`args`], [`report`]: pure helpers; [`auth`]: token and TLS of `acquire`; [`sysinfo`]: machine and CPU use;
 //! - [`env`]: fresh database, Redis prefix, in-process center and agents; [`suite`]: the run.
 //!
@@ -12,6 +13,7 @@
 mod acquire;
 mod args;
 mod auth;
+mod batching;
 mod callers;
 mod cli;
 mod env;

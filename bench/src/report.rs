@@ -271,6 +271,8 @@ pub struct Report {
     pub checks_ok: bool,
     /// Phases that could not be measured, and why.
     pub failures: Vec<String>,
+    /// Figure (ii): center calls per 1,000 acquires, fixed vs rate-following batches.
+    pub batching: Vec<crate::batching::BatchingFigure>,
 }
 
 impl Report {
@@ -285,7 +287,17 @@ impl Report {
         let ratios = ratios(&phases);
         let targets = targets(&ratios);
         let checks_ok = phases.iter().filter_map(|p| p.outcome.as_ref()).all(|o| o.ok);
-        Self { started_at_unix_ms, machine, settings, phases, ratios, targets, checks_ok, failures }
+        Self {
+            started_at_unix_ms,
+            machine,
+            settings,
+            phases,
+            ratios,
+            targets,
+            checks_ok,
+            failures,
+            batching: Vec::new(),
+        }
     }
 }
 

@@ -10,7 +10,9 @@
 //! - f: center Borrow on PostgreSQL;
 //! - g: Acquire (Redis store) open loop at 70% of c, with default watermarks: its p99 and
 //!   the center calls (Borrow + Return) per 1,000 acquires of a steady sale;
-//! - h: Acquire (Redis store) once the item is sold out everywhere.
+//! - h: Acquire (Redis store) once the item is sold out everywhere;
+//! - (ii), after the rounds: center Borrow calls per 1,000 acquires with fixed and with
+//!   rate-following batches at two sell rates ([`crate::batching`]).
 //!
 //! The phases run in rounds (a..h, a..h, ...) and each figure is its median round, so a
 //! burst of other work on a shared machine skews one round, not the result.
@@ -53,6 +55,8 @@ const RESERVATION_TTL_MS: u64 = 300_000;
 const NAIVE_STOCK: i64 = 1_000_000_000_000;
 /// Connections of the naive baseline's pool at most (PostgreSQL allows 100 in all).
 const NAIVE_MAX_CONNECTIONS: usize = 50;
+/// The shortest measuring time of each cell of figure (ii) (the cold start is one batch).
+const BATCHING_AT_LEAST: Duration = Duration::from_secs(2);
 /// The longest the sold-out phase waits for the item to sell out.
 const DRAIN_LIMIT: Duration = Duration::from_secs(30);
 
@@ -107,13 +111,26 @@ pub async fn run(opts: SuiteOptions, servers_rt: Handle) -> anyhow::Result<bool>
             _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
         };
         let results = runner.finish().await;
+        // (ii) after the rounds, on an idle agent: its Borrow count is the cells' own.
+        let batching = match &outcome {
+            Ok(()) if opts.only.is_empty() => {
+                crate::batching::measure(&world.center, &world.memory_agent, opts.duration.max(BATCHING_AT_LEAST))
+                    .await
+                    .map_err(|e| format!("(ii) batching: {e:#}"))
+            }
+            _ => Ok(Vec::new()),
+        };
         world.stop().await;
-        outcome.map(|()| results)
+        outcome.map(|()| (results, batching))
     }
     .await;
     redis.delete_keys(&mut redis_conn).await;
     db.drop_database().await;
-    let (results, failures) = result?;
+    let ((results, mut failures), batching) = result?;
+    let batching = batching.unwrap_or_else(|e| {
+        failures.push(e);
+        Vec::new()
+    });
 
     let settings = Settings {
         quick: opts.quick,
@@ -132,8 +149,10 @@ pub async fn run(opts: SuiteOptions, servers_rt: Handle) -> anyhow::Result<bool>
         redis_version: versions.0,
         postgres_version: versions.1,
     };
-    let report = Report::new(started_at_unix_ms, Machine::detect(), settings, results, failures);
+    let mut report = Report::new(started_at_unix_ms, Machine::detect(), settings, results, failures);
+    report.batching = batching;
     println!("{}", render(&report));
+    println!("{}", crate::batching::render(&report.batching));
     if let Some(dir) = opts.output.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     }
@@ -185,6 +204,8 @@ impl World {
                         per_user_limit: PER_USER_LIMIT,
                         reservation_ttl_ms: RESERVATION_TTL_MS,
                         watermarks,
+                        // Fixed batches: these figures measure the paths, not the batching.
+                        rate_batching: Some(pb::RateBatching { enabled: false, ..Default::default() }),
                     })
                     .await
                     .with_context(|| format!("create item {item}"))?;

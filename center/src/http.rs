@@ -303,6 +303,27 @@ impl Collector for LedgerMetrics {
             lines().map(|(labels, a)| (labels, ConstCounter::new(a.reclaimed))),
         )?;
 
+        family(
+            e,
+            "inventory_center_channel_sell_rate",
+            "The channel's recent sell rate of the item as last reported, units per second.",
+            gauge,
+            lines().map(|(labels, a)| (labels, ConstGauge::new(a.sell_rate_milli as f64 / 1000.0))),
+        )?;
+        family(
+            e,
+            "inventory_center_channel_batch_units",
+            "The batch the channel's pool borrows now: by its reported rate when the item's batches follow it.",
+            gauge,
+            ledgers.iter().flat_map(|l| {
+                l.channels.iter().map(move |c| {
+                    let own = c.watermarks_overridden.then_some(c.watermarks);
+                    let batch = crate::service::current_batch(&l.item, own, c.allocation.sell_rate_milli);
+                    ([("item", l.item.item_id.clone()), ("channel", c.channel.clone())], ConstGauge::new(batch))
+                })
+            }),
+        )?;
+
         let secs = |ms: i64| ms as f64 / 1000.0;
         let channel = |c: &ChannelView| [("channel", c.channel.clone())];
         family(
@@ -403,6 +424,10 @@ pub struct ApiChannel {
     pub in_doubt: u64,
     /// The watermarks this channel's pool follows (its own, else the item's).
     pub watermarks: ApiWatermarks,
+    /// The channel's recent sell rate as last reported, units per second.
+    pub sell_rate: f64,
+    /// The batch its pool borrows now (by that rate when the item's batches follow it).
+    pub batch: u64,
     pub reported_at_ms: i64,
     pub epoch: Option<u64>,
     pub agent_id: Option<String>,
@@ -423,9 +448,8 @@ pub fn api_view(view: &LedgerView, history: &History, now_ms: i64) -> ApiItems {
                 .map(|c| {
                     let a = &c.allocation;
                     let split = history.split(&l.item.item_id, &c.channel, a, now_ms);
-                    let watermarks = own
-                        .and_then(|o| o.iter().find(|(ch, _)| ch == &c.channel))
-                        .map_or(api_wm(&l.item.watermarks), |(_, w)| api_wm(w));
+                    let own_wm = own.and_then(|o| o.iter().find(|(ch, _)| ch == &c.channel)).map(|(_, w)| *w);
+                    let watermarks = api_wm(&own_wm.unwrap_or(l.item.watermarks));
                     ApiChannel {
                         channel: c.channel.clone(),
                         held: a.held(),
@@ -440,6 +464,8 @@ pub fn api_view(view: &LedgerView, history: &History, now_ms: i64) -> ApiItems {
                         drift_stuck: split.stuck,
                         in_doubt: a.in_doubt,
                         watermarks,
+                        sell_rate: a.sell_rate_milli as f64 / 1000.0,
+                        batch: crate::service::current_batch(&l.item, own_wm, a.sell_rate_milli),
                         reported_at_ms: a.reported_at_ms,
                         epoch: c.session.as_ref().map(|s| s.epoch),
                         agent_id: c.session.as_ref().map(|s| s.agent_id.clone()),

@@ -42,6 +42,7 @@ async fn borrow(
         epoch,
         quantity,
         request_id: request_id.into(),
+        ..Default::default()
     };
     center.borrow(req).await.map(|r| r.into_inner())
 }

@@ -11,6 +11,7 @@ pub mod ids;
 pub mod ledger;
 pub mod loss;
 pub mod pool;
+pub mod rate;
 pub mod rebalance;
 pub mod watermarks;
 

@@ -11,6 +11,8 @@ pub struct PoolReport {
     pub counts: PoolCounts,
     pub generation: u64,
     pub lost: bool,
+    /// The pool's sell rate (units/s × 1000); a lost pool sells nothing.
+    pub sell_rate_milli: u64,
 }
 
 /// The loss rule: a pool is lost when its agent says so, or when it comes with another
@@ -32,6 +34,7 @@ pub fn apply_report(alloc: &mut Allocation, report: &PoolReport, now_ms: i64) ->
     alloc.reported = report.counts;
     alloc.reported_at_ms = now_ms;
     alloc.generation = report.generation;
+    alloc.sell_rate_milli = if report.lost { 0 } else { report.sell_rate_milli };
     lost
 }
 
@@ -46,7 +49,7 @@ mod tests {
     }
 
     fn report(available: u64, generation: u64, lost: bool) -> PoolReport {
-        PoolReport { counts: PoolCounts { available, reserved: 0, sold: 0 }, generation, lost }
+        PoolReport { counts: PoolCounts { available, reserved: 0, sold: 0 }, generation, lost, sell_rate_milli: 0 }
     }
 
     #[test]

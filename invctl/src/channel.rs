@@ -39,6 +39,10 @@ struct ChannelItemView {
     reported: Reported,
     drift: i64,
     in_doubt: u64,
+    /// Units sold per second recently, as the channel last reported.
+    sell_rate: f64,
+    /// The batch its pool borrows now (0: it reports no rate; the fixed batch applies).
+    batch: u64,
 }
 
 #[derive(Serialize)]
@@ -74,6 +78,8 @@ impl From<&pb::ChannelInfo> for ChannelView {
                     },
                     drift: i.drift,
                     in_doubt: i.in_doubt,
+                    sell_rate: per_sec(i.sell_rate_milli),
+                    batch: i.current_batch,
                 })
                 .collect(),
         }
@@ -157,11 +163,16 @@ fn show_text(channels: &[pb::ChannelInfo], now: i64) -> String {
                     i.reported_sold.to_string(),
                     i.drift.to_string(),
                     i.in_doubt.to_string(),
+                    format!("{:.1}", per_sec(i.sell_rate_milli)),
+                    if i.current_batch == 0 { "-".into() } else { i.current_batch.to_string() },
                 ]
             })
             .collect();
         text.push('\n');
-        text.push_str(&table(&["ITEM", "HELD", "AVAILABLE", "RESERVED", "SOLD", "DRIFT", "IN DOUBT"], rows));
+        text.push_str(&table(
+            &["ITEM", "HELD", "AVAILABLE", "RESERVED", "SOLD", "DRIFT", "IN DOUBT", "SELLS/S", "BATCH"],
+            rows,
+        ));
     }
     text
 }
@@ -230,4 +241,11 @@ pub async fn reclaim(ctx: &Ctx, args: ReclaimArgs) -> Result<(), Failure> {
         )
     });
     Ok(())
+}
+
+/// A reported rate (units/s × 1000) in units per second.
+fn per_sec(milli: u64) -> f64 {
+    #[allow(clippy::cast_precision_loss)] // rates far below 2^52
+    let v = milli as f64 / 1000.0;
+    v
 }

@@ -251,6 +251,8 @@ pub async fn run(ctx: &Ctx, cmd: ItemCmd) -> Result<(), Failure> {
                     per_user_limit,
                     reservation_ttl_ms,
                     watermarks,
+                    // Absent: rate-following, unless fixed watermarks were given.
+                    rate_batching: None,
                 })
                 .await?
                 .into_inner();

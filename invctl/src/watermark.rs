@@ -1,4 +1,5 @@
-//! `invctl watermark set|get`, per item or per channel.
+//! `invctl watermark set|auto|get`: fixed watermarks per item or per channel, or an
+//! item's rate-following batches.
 
 use clap::Subcommand;
 use inventory_proto::v1 as pb;
@@ -11,7 +12,8 @@ use crate::output::{print, q, table};
 
 #[derive(Subcommand)]
 pub enum WatermarkCmd {
-    /// Set the item default, or a channel's override with --channel.
+    /// Set fixed watermarks: the item default (rate-following off), or a channel's
+    /// override with --channel.
     Set {
         item: String,
         #[arg(long)]
@@ -22,6 +24,19 @@ pub enum WatermarkCmd {
         high: u64,
         #[arg(long, value_parser = count, allow_negative_numbers = true)]
         batch: u64,
+    },
+    /// Make the item's batches follow each pool's sell rate: batch = rate x --target-ms
+    /// within --min-batch..=--max-batch (0: defaults); --off returns to the fixed ones.
+    Auto {
+        item: String,
+        #[arg(long, value_parser = count, allow_negative_numbers = true, default_value_t = 0)]
+        min_batch: u64,
+        #[arg(long, value_parser = count, allow_negative_numbers = true, default_value_t = 0)]
+        max_batch: u64,
+        #[arg(long, value_parser = count, allow_negative_numbers = true, default_value_t = 0)]
+        target_ms: u64,
+        #[arg(long)]
+        off: bool,
     },
     /// The item default and every channel override; with --channel, the watermarks that
     /// channel's pool follows (its override, else the item default).
@@ -72,6 +87,32 @@ struct AllView {
     item_id: String,
     default: Option<WatermarksView>,
     overrides: Vec<OverrideView>,
+    rate_batching: Option<RateView>,
+}
+
+/// An item's rate-following batches (`None` in JSON: fixed watermarks).
+#[derive(Serialize)]
+struct RateView {
+    min_batch: u64,
+    max_batch: u64,
+    target_ms: u64,
+}
+
+fn rate_view(r: Option<&pb::RateBatching>) -> Option<RateView> {
+    r.filter(|r| r.enabled).map(|r| RateView { min_batch: r.min_batch, max_batch: r.max_batch, target_ms: r.target_ms })
+}
+
+pub fn rate_text(r: Option<&pb::RateBatching>) -> String {
+    rate_view(r).map_or("fixed".into(), |r| {
+        format!("follows the sell rate: {} ms of sales, batch {}..={}", r.target_ms, r.min_batch, r.max_batch)
+    })
+}
+
+#[derive(Serialize)]
+struct AutoView {
+    item_id: String,
+    rate_batching: Option<RateView>,
+    watermarks: Option<WatermarksView>,
 }
 
 #[derive(Serialize)]
@@ -102,6 +143,7 @@ pub async fn run(ctx: &Ctx, cmd: WatermarkCmd) -> Result<(), Failure> {
                     low,
                     high,
                     batch,
+                    rate_batching: None,
                 })
                 .await?
                 .into_inner();
@@ -109,6 +151,30 @@ pub async fn run(ctx: &Ctx, cmd: WatermarkCmd) -> Result<(), Failure> {
             let text =
                 format!("watermarks of {} ({scope}) set to low/high/batch {}\n", q(&item), wm_text(&r.watermarks));
             print(ctx.output, &SetView { item_id: item, channel: target, watermarks: wm_view(&r.watermarks) }, || text);
+        }
+        WatermarkCmd::Auto { item, min_batch, max_batch, target_ms, off } => {
+            let rate_batching = pb::RateBatching { enabled: !off, min_batch, max_batch, target_ms };
+            let r = admin
+                .set_watermarks(pb::SetWatermarksRequest {
+                    item_id: item.clone(),
+                    rate_batching: Some(rate_batching),
+                    ..Default::default()
+                })
+                .await?
+                .into_inner();
+            let g = admin.get_watermarks(pb::GetWatermarksRequest { item_id: item.clone() }).await?.into_inner();
+            let text = format!(
+                "batches of {}: {} (fixed low/high/batch {})\n",
+                q(&item),
+                rate_text(g.rate_batching.as_ref()),
+                wm_text(&r.watermarks)
+            );
+            let view = AutoView {
+                item_id: item,
+                rate_batching: rate_view(g.rate_batching.as_ref()),
+                watermarks: wm_view(&r.watermarks),
+            };
+            print(ctx.output, &view, || text);
         }
         WatermarkCmd::Get { item, channel: Some(channel) } => {
             let r = admin.get_watermarks(pb::GetWatermarksRequest { item_id: item.clone() }).await?.into_inner();
@@ -132,11 +198,16 @@ pub async fn run(ctx: &Ctx, cmd: WatermarkCmd) -> Result<(), Failure> {
                     .iter()
                     .map(|o| OverrideView { channel: o.channel.clone(), watermarks: wm_view(&o.watermarks) })
                     .collect(),
+                rate_batching: rate_view(r.rate_batching.as_ref()),
             };
             print(ctx.output, &view, || {
                 let mut rows = vec![row("(default)".into(), &r.default_watermarks, None)];
                 rows.extend(r.overrides.iter().map(|o| row(o.channel.clone(), &o.watermarks, None)));
-                table(&["CHANNEL", "LOW", "HIGH", "BATCH"], rows)
+                let rate = rate_text(r.rate_batching.as_ref());
+                format!(
+                    "{}batches: {rate} (channel overrides stay fixed)\n",
+                    table(&["CHANNEL", "LOW", "HIGH", "BATCH"], rows)
+                )
             });
         }
     }

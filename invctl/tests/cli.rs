@@ -91,6 +91,26 @@ async fn item_lifecycle_in_table_and_json() {
         stdout(&o)
     );
 
+    // Batches that follow the sell rate: on with bounds, shown, off again.
+    let o =
+        invctl(&c.url, &["-o", "json", "watermark", "auto", "skin-9", "--min-batch", "2", "--target-ms", "500"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json output");
+    assert_eq!(
+        (v["rate_batching"]["min_batch"].as_u64(), v["rate_batching"]["target_ms"].as_u64()),
+        (Some(2), Some(500))
+    );
+    let o = invctl(&c.url, &["watermark", "get", "skin-9"]).await;
+    assert!(stdout(&o).contains("batches: follows the sell rate: 500 ms of sales"), "{}", stdout(&o));
+    let o = invctl(&c.url, &["-o", "json", "watermark", "auto", "skin-9", "--off"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json output");
+    assert!(v["rate_batching"].is_null(), "{v}");
+    let o = invctl(&c.url, &["watermark", "auto", "skin-9", "--min-batch", "9", "--max-batch", "3"]).await;
+    assert_eq!(
+        stderr(&o),
+        "invctl: invalid argument: invalid rate_batching.max_batch 3: must be at least min_batch 9\n"
+    );
+
     let o = invctl(&c.url, &["reconcile"]).await;
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
     assert!(stdout(&o).starts_with("ok"), "{}", stdout(&o));
@@ -165,6 +185,7 @@ async fn channel_list_show_close_and_resolve() {
             epoch,
             quantity: 20,
             request_id: "b".into(),
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -236,7 +257,7 @@ async fn channel_remove_is_refused_while_the_channel_holds_stock() {
     register("ghost").await;
     let (item_id, channel) = (String::from("i"), String::from("app"));
     let (quantity, request_id) = (20, String::from("b-1"));
-    let borrow = pb::BorrowRequest { item_id, channel, epoch, quantity, request_id };
+    let borrow = pb::BorrowRequest { item_id, channel, epoch, quantity, request_id, ..Default::default() };
     center.borrow(borrow).await.unwrap();
 
     let o = invctl(&c.url, &["channel", "remove", "app"]).await;

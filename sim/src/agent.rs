@@ -168,8 +168,11 @@ impl World {
     pub(crate) fn perform(&mut self, c: usize, item: &str) -> Res {
         let work = self.slot(c, item).work.take().expect("caller checked");
         let reply = match &work.effect {
-            Effect::Borrow { request_id, quantity, epoch } | Effect::Return { request_id, quantity, epoch } => {
-                let borrow = matches!(work.effect, Effect::Borrow { .. });
+            Effect::Borrow { request_id, quantity, epoch, .. } | Effect::Return { request_id, quantity, epoch } => {
+                let (borrow, sell_rate_milli) = match work.effect {
+                    Effect::Borrow { sell_rate_milli, .. } => (true, sell_rate_milli),
+                    _ => (false, 0),
+                };
                 self.slot(c, item).call = Some(Call {
                     op: work.op,
                     borrow,
@@ -177,6 +180,7 @@ impl World {
                     quantity: *quantity,
                     epoch: *epoch,
                     attempt: 1,
+                    sell_rate_milli,
                 });
                 return self.send(c, item);
             }

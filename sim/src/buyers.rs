@@ -195,8 +195,12 @@ impl World {
         let result = pool.acquire(&args, now).map_err(broken)?;
         let losses = self.reference.pool_losses.get(&(c, item.to_owned())).copied().unwrap_or(0);
         match &result {
-            AcquireResult::Reserved { reservation_id, replayed, .. } => {
+            AcquireResult::Reserved { reservation_id, replayed, quantity: got, .. } => {
                 self.log(format!("{what} -> reserved {reservation_id}{}", if *replayed { " (replayed)" } else { "" }));
+                if !*replayed {
+                    let ctx = self.ctx(c);
+                    self.slot(c, item).core.on_reserved(*got, ctx);
+                }
                 match replay_of {
                     Some(k) => {
                         if let Some((first, at_losses)) = self.keys[k].reservation.clone()

@@ -6,8 +6,10 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use inventory_core::ledger::{self, Allocation, ChannelSession, ItemState, LedgerError, Mutation, PoolCounts};
-use inventory_core::watermarks::Watermarks;
+use inventory_core::ledger::{
+    self, Allocation, ChannelSession, ItemState, LedgerError, Mutation, PoolCounts, RateShare,
+};
+use inventory_core::watermarks::{RateBatching, Watermarks};
 use inventory_core::{Channel, ItemId, Quantity};
 
 use crate::config::{Breakage, LEASE_TTL_MS, RECLAIM_GRACE_MS};
@@ -21,6 +23,7 @@ pub struct CenterItem {
     pub id: ItemId,
     pub state: ItemState,
     pub watermarks: Watermarks,
+    pub rate_batching: Option<RateBatching>,
 }
 
 /// The first answer to a request id, as the `requests` table keeps it.
@@ -93,6 +96,7 @@ pub struct Report {
     pub counts: PoolCounts,
     pub generation: u64,
     pub lost: bool,
+    pub sell_rate_milli: u64,
 }
 
 /// What the center publishes on `WatchChannel` (`center/src/events.rs`).
@@ -132,6 +136,8 @@ pub struct Center {
     /// (item, channel) -> allocation.
     pub allocations: BTreeMap<(String, String), Allocation>,
     pub sessions: BTreeMap<String, ChannelSession>,
+    /// Short Borrows shared by the channels' rates (the statistics show the rule ran).
+    pub shared_borrows: u64,
     /// (scope, request id) -> first answer.
     pub requests: BTreeMap<(String, String), StoredRequest>,
     /// Reference model, invariant 4: how many times each (scope, request id) changed the
@@ -205,6 +211,7 @@ impl Center {
 
     /// `SqlLedger::borrow` + the ReturnRequested publication of the Center service.
     /// Returns the answer and whether it was a replay.
+    #[allow(clippy::too_many_arguments)]
     pub fn borrow(
         &mut self,
         item: &str,
@@ -212,6 +219,7 @@ impl Center {
         epoch: u64,
         quantity: u64,
         request_id: &str,
+        (sell_rate_milli, now_ms): (u64, i64),
         breakage: &Breakage,
     ) -> Result<(Answer, bool), Refusal> {
         let item_id = self.item(item).id.clone();
@@ -220,11 +228,31 @@ impl Center {
             return Ok((first, true));
         }
         self.check_epoch(channel, epoch, &format!("borrow {request_id}"), breakage)?;
-        let entry = self.items.get_mut(item).expect("known item");
         let key = (item.to_owned(), channel.to_string());
         let mut alloc = self.allocations.get(&key).copied().unwrap_or_default();
-        let granted = ledger::borrow(&mut entry.state, &mut alloc, qty(quantity));
-        if granted > 0 {
+        // Like the SQL store: a short Borrow is shared by the rates of the channels whose
+        // lease is live, and the Borrow's rate becomes the channel's latest.
+        let mut share = RateShare::default();
+        if quantity > self.item(item).state.available && sell_rate_milli > 0 {
+            let others = self
+                .allocations
+                .iter()
+                .filter(|((i, c), a)| {
+                    i == item
+                        && c != channel.as_str()
+                        && a.sell_rate_milli > 0
+                        && self.sessions.get(c).is_some_and(|s| s.lease_expires_at_ms > now_ms)
+                })
+                .fold(0u64, |sum, (_, a)| sum.saturating_add(a.sell_rate_milli));
+            share = RateShare { own_milli: sell_rate_milli, others_milli: others };
+        }
+        let entry = self.items.get_mut(item).expect("known item");
+        let granted = ledger::borrow_shared(&mut entry.state, &mut alloc, qty(quantity), share);
+        if share.others_milli > 0 {
+            self.shared_borrows += 1;
+        }
+        alloc.sell_rate_milli = sell_rate_milli;
+        if granted > 0 || self.allocations.contains_key(&key) {
             // Like `write_movements`: a zero grant writes no allocation row.
             self.allocations.insert(key, alloc);
         }
@@ -385,6 +413,7 @@ impl Center {
             a.reported = r.counts;
             a.reported_at_ms = now_ms;
             a.generation = r.generation;
+            a.sell_rate_milli = if r.lost { 0 } else { r.sell_rate_milli };
         }
         Ok(answer)
     }

@@ -23,6 +23,7 @@ impl World {
             per_user_limit: it.state.per_user_limit,
             reservation_ttl_ms: it.state.reservation_ttl_ms,
             watermarks: it.watermarks,
+            rate_batching: it.rate_batching,
             closed: false,
         };
         ItemCore::new(policy, it.state.available, settings())
@@ -140,8 +141,9 @@ impl World {
             let read = slot.core.report_needs_read().then_some(view);
             let token = slot.core.begin_read();
             let Some(report) = slot.core.report(read, token, ctx, &mut notes) else { continue };
-            if all || slot.core.report_changed(&report) {
-                reports.push((item.clone(), report));
+            let rate = if report == CoreReport::Lost { 0 } else { slot.core.sell_rate_milli(ctx.now_ms) };
+            if all || slot.core.report_changed(&report, rate) {
+                reports.push((item.clone(), report, rate));
             }
             for note in notes {
                 self.log(format!("{}/{item}: {note:?}", self.name(c)));
@@ -152,7 +154,7 @@ impl World {
             self.log(format!("heartbeat {} lost", self.name(c)));
             return None;
         }
-        let wire: Vec<Report> = reports.iter().map(|(item, r)| to_wire(item, r)).collect();
+        let wire: Vec<Report> = reports.iter().map(|(item, r, rate)| to_wire(item, r, *rate)).collect();
         let (epoch, channel) = (ctx.epoch, self.agents[c].channel.clone());
         let result = self.center.heartbeat(&channel, epoch, &wire, last_report, self.now_ms);
         self.mem(c).unanswered = 0;
@@ -163,8 +165,8 @@ impl World {
                 let until = lease::lease_until(sent_at, LEASE_TTL_MS, LEASE_MARGIN_MS);
                 let mem = self.mem(c);
                 mem.lease_until_ms = mem.lease_until_ms.max(until);
-                for (item, r) in reports {
-                    self.slot(c, &item).core.reported(r);
+                for (item, r, rate) in reports {
+                    self.slot(c, &item).core.reported(r, rate);
                 }
                 for item in &answer.in_doubt_items {
                     if self.slot(c, item).core.on_in_doubt() {
@@ -316,7 +318,8 @@ impl World {
                 let mut notes = Vec::new();
                 let token = core.begin_read();
                 if let Some(r) = core.report(core.report_needs_read().then_some(view), token, ctx, &mut notes) {
-                    reports.push(to_wire(&item, &r));
+                    let rate = if r == CoreReport::Lost { 0 } else { core.sell_rate_milli(ctx.now_ms) };
+                    reports.push(to_wire(&item, &r, rate));
                 }
             }
             let channel = self.agents[c].channel.clone();
@@ -329,14 +332,21 @@ impl World {
 }
 
 /// A report as the heartbeat carries it (`PoolReport`).
-fn to_wire(item: &str, r: &CoreReport) -> Report {
+fn to_wire(item: &str, r: &CoreReport, sell_rate_milli: u64) -> Report {
     match r {
-        CoreReport::Lost => Report { item: item.to_owned(), counts: PoolCounts::default(), generation: 0, lost: true },
+        CoreReport::Lost => Report {
+            item: item.to_owned(),
+            counts: PoolCounts::default(),
+            generation: 0,
+            lost: true,
+            sell_rate_milli: 0,
+        },
         CoreReport::Counts(v) => Report {
             item: item.to_owned(),
             counts: PoolCounts { available: v.available, reserved: v.reserved, sold: v.sold },
             generation: v.generation,
             lost: false,
+            sell_rate_milli,
         },
     }
 }

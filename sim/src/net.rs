@@ -47,6 +47,7 @@ impl World {
             quantity: call.quantity,
             request_id: call.request_id,
             attempt: call.attempt,
+            sell_rate_milli: call.sell_rate_milli,
         });
         Ok(())
     }
@@ -83,12 +84,24 @@ impl World {
     pub fn deliver(&mut self, i: usize) -> Res {
         match self.network.remove(i) {
             Message::Request {
-                channel: c, incarnation, epoch, borrow, item, quantity, request_id, attempt, ..
+                channel: c,
+                incarnation,
+                epoch,
+                borrow,
+                item,
+                quantity,
+                request_id,
+                attempt,
+                sell_rate_milli,
+                ..
             } => {
                 let ch = self.agents[c].channel.clone();
                 let breakage = self.config.breakage;
                 let result = if borrow {
-                    self.center.borrow(&item, &ch, epoch, quantity, &request_id, &breakage)
+                    let (rate, shared) = ((sell_rate_milli, self.now_ms), self.center.shared_borrows);
+                    let result = self.center.borrow(&item, &ch, epoch, quantity, &request_id, rate, &breakage);
+                    self.stats.shared_borrows += self.center.shared_borrows - shared;
+                    result
                 } else {
                     self.center.give_back(&item, &ch, epoch, quantity, &request_id, &breakage)
                 };

@@ -24,6 +24,8 @@ stats! {
     /// Calls the link gave up on (outcome unknown).
     give_ups,
     replays_answered,
+    /// Short Borrows the center shared by the channels' sell rates.
+    shared_borrows,
     stale_refused,
     /// ... of which calls of the running incarnation begun before its re-registration.
     stale_refused_own,

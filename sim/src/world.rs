@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, VecDeque};
 use inventory_core::channel::{ItemCore, OpId, OpKind, Work};
 use inventory_core::ledger::ItemState;
 pub use inventory_core::pool::{AcquireArgs, AcquireResult, Pool, PoolError, ReservationState, Transition};
-use inventory_core::watermarks::Watermarks;
+use inventory_core::watermarks::{RateBatching, Watermarks};
 use inventory_core::{Channel, ItemId};
 
 use crate::center::{Answer, Center, CenterEvent, CenterItem, Holding, Refusal, qty};
@@ -105,6 +105,8 @@ pub struct Call {
     pub quantity: u64,
     pub epoch: u64,
     pub attempt: u32,
+    /// A Borrow's sell rate, as the rules put it in the effect.
+    pub sell_rate_milli: u64,
 }
 
 /// An Acquire that found the pool empty and waits for its Borrow.
@@ -168,6 +170,8 @@ pub enum Message {
         quantity: u64,
         request_id: String,
         attempt: u32,
+        /// A Borrow's sell rate (units/s × 1000).
+        sell_rate_milli: u64,
     },
     Reply {
         sent_at_ms: i64,
@@ -276,7 +280,7 @@ impl World {
         let n_items = rng.index(ITEMS.len()) + 1;
         let n_channels = rng.index(CHANNELS.len() - 1) + 2;
         let mut center = Center::default();
-        for name in &ITEMS[..n_items] {
+        for (n, name) in ITEMS[..n_items].iter().enumerate() {
             let total = rng.range(10, 60);
             let per_user_limit = rng.range(1, 3);
             let ttl = rng.range(300, 3_000);
@@ -290,6 +294,13 @@ impl World {
                     id: ItemId::parse("item_id", name).expect("valid"),
                     state: ItemState::new(qty(total), per_user_limit, ttl),
                     watermarks,
+                    // Every other seed's items follow their sell rates (decided without a
+                    // draw, so the seeds' other settings stay what they were).
+                    rate_batching: seed.wrapping_add(n as u64).is_multiple_of(2).then_some(RateBatching {
+                        min_batch: 1,
+                        max_batch: 2 * batch,
+                        target_ms: 1_000,
+                    }),
                 },
             );
         }

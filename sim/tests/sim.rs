@@ -69,6 +69,7 @@ fn default_keeps_every_invariant() {
         assert!(stats.lost_messages > 0 && stats.late_landings > 0, "{stats:?}");
         assert!(stats.retries > 0 && stats.give_ups > 0, "{stats:?}");
         assert!(stats.replays_answered > 0 && stats.stale_refused > 0, "{stats:?}");
+        assert!(stats.shared_borrows > 0, "short borrows shared by sell rate: {stats:?}");
         assert!(stats.reclaims > 0 && stats.sold > 0, "{stats:?}");
         // The rules' paths were taken.
         assert!(stats.unknown_outcomes > 0 && stats.item_resyncs > 0, "unknown outcomes resynced: {stats:?}");

@@ -82,6 +82,7 @@ impl Center {
                 per_user_limit,
                 reservation_ttl_ms: 300_000,
                 watermarks: Some(pb::Watermarks { low: wm.0, high: wm.1, batch: wm.2 }),
+                ..Default::default()
             })
             .await
             .expect("create item");

@@ -8,6 +8,7 @@ mod harness;
 mod many_items;
 mod metrics;
 mod paths;
+mod rate;
 mod replicas;
 mod sale;
 mod security;

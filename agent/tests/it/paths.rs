@@ -117,6 +117,7 @@ async fn reservations_confirm_cancel_and_expire_through_the_agent() {
             per_user_limit: 1,
             reservation_ttl_ms: 200,
             watermarks: Some(pb::Watermarks { low: 1, high: 4, batch: 5 }),
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -186,6 +187,7 @@ async fn raised_low_watermark_makes_the_agent_borrow_within_a_second() {
             low: 100,
             high: 300,
             batch: 100,
+            ..Default::default()
         })
         .await
         .unwrap();

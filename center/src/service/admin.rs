@@ -4,13 +4,13 @@ use std::sync::Arc;
 
 use inventory_core::ids::MAX_QUANTITY;
 use inventory_core::ledger::Finding;
-use inventory_core::watermarks::Watermarks;
+use inventory_core::watermarks::{RateBatching, WatermarkError, Watermarks};
 use inventory_core::{Channel, ItemId, Quantity, RequestId, ValidationError};
 use inventory_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use super::{lease_fields, pb_item, pb_watermarks};
+use super::{current_batch, lease_fields, pb_item, pb_rate_batching, pb_watermarks};
 use crate::clock::now_ms;
 use crate::error::CenterError;
 use crate::events::{EventHub, LedgerEvent};
@@ -62,7 +62,22 @@ pub fn parse_new_item(r: &pb::CreateItemRequest) -> Result<NewItem, CenterError>
         Some(w) => Watermarks::new(w.low, w.high, w.batch)?,
         None => Watermarks::default_for_total(total.get()),
     };
-    Ok(NewItem { item_id, total, per_user_limit, reservation_ttl_ms, watermarks })
+    // Batches follow the sell rate unless the operator gave fixed watermarks (or says so).
+    let rate_batching = match &r.rate_batching {
+        Some(rb) if rb.enabled => Some(parse_rate_batching(rb, total.get(), "rate_batching.")?),
+        Some(_) => None,
+        None if r.watermarks.is_some() => None,
+        None => Some(RateBatching::default_for_total(total.get())),
+    };
+    Ok(NewItem { item_id, total, per_user_limit, reservation_ttl_ms, watermarks, rate_batching })
+}
+
+/// Validates rate-following bounds; `prefix` names the message in errors.
+fn parse_rate_batching(rb: &pb::RateBatching, total: u64, prefix: &str) -> Result<RateBatching, CenterError> {
+    RateBatching::new(rb.min_batch, rb.max_batch, rb.target_ms, total).map_err(|e| match e {
+        WatermarkError::Invalid(v) => CenterError::from(ValidationError { field: format!("{prefix}{}", v.field), ..v }),
+        other => CenterError::from(other),
+    })
 }
 
 fn pb_finding(f: Finding) -> pb::Violation {
@@ -130,6 +145,12 @@ impl pb::admin_server::Admin for AdminService {
                     watermarks: Some(pb_watermarks(c.watermarks)),
                     in_doubt: a.in_doubt,
                     generation: a.generation,
+                    sell_rate_milli: a.sell_rate_milli,
+                    current_batch: current_batch(
+                        &ledger.item,
+                        c.watermarks_overridden.then_some(c.watermarks),
+                        a.sell_rate_milli,
+                    ),
                 }
             })
             .collect();
@@ -149,6 +170,25 @@ impl pb::admin_server::Admin for AdminService {
         } else {
             Some(Channel::parse("channel", &r.channel).map_err(CenterError::from)?)
         };
+        if let Some(rb) = &r.rate_batching {
+            if let Some(c) = &channel {
+                let reason = "must be empty with rate_batching (its bounds are per item)";
+                return Err(CenterError::from(ValidationError::new("channel", c.as_str(), reason)).into());
+            }
+            // All three 0: keep the fixed watermarks as they are.
+            let fixed = if (r.low, r.high, r.batch) == (0, 0, 0) {
+                None
+            } else {
+                Some(Watermarks::new(r.low, r.high, r.batch).map_err(CenterError::from)?)
+            };
+            let total = self.store.policy(&item, None).await?.item.state.total;
+            let bounds = if rb.enabled { Some(parse_rate_batching(rb, total, "rate_batching.")?) } else { None };
+            self.store.set_rate_batching(&item, bounds, fixed).await?;
+            tracing::info!(item = %item, rate_batching = ?bounds, fixed = ?fixed, "rate batching set");
+            self.events.publish(LedgerEvent::Watermarks { item_id: item.to_string(), channel: None });
+            let wm = self.store.policy(&item, None).await?.watermarks;
+            return Ok(Response::new(pb::SetWatermarksResponse { watermarks: Some(pb_watermarks(wm)) }));
+        }
         let wm = Watermarks::new(r.low, r.high, r.batch).map_err(CenterError::from)?;
         self.store.set_watermarks(&item, channel.as_ref(), wm).await?;
         tracing::info!(item = %item, channel = channel.as_ref().map_or("", |c| c.as_str()), low = wm.low, high = wm.high, batch = wm.batch, "watermarks set");
@@ -160,7 +200,9 @@ impl pb::admin_server::Admin for AdminService {
     async fn get_watermarks(&self, request: Request<pb::GetWatermarksRequest>) -> Res<pb::GetWatermarksResponse> {
         let item = ItemId::parse("item_id", &request.get_ref().item_id).map_err(CenterError::from)?;
         let (default, overrides) = self.store.watermarks(&item).await?;
+        let rate_batching = self.store.policy(&item, None).await?.item.rate_batching;
         Ok(Response::new(pb::GetWatermarksResponse {
+            rate_batching: Some(pb_rate_batching(rate_batching)),
             default_watermarks: Some(pb_watermarks(default)),
             overrides: overrides
                 .into_iter()
@@ -215,11 +257,24 @@ impl pb::admin_server::Admin for AdminService {
                         reported_sold: a.reported.sold,
                         drift: a.drift(),
                         in_doubt: a.in_doubt,
+                        sell_rate_milli: a.sell_rate_milli,
+                        current_batch: 0,
                     })
                     .collect(),
                 channel: c.channel,
             })
             .collect::<Vec<_>>();
+        // The batch of each pool that reports a rate, by its item's settings.
+        let mut channels = channels;
+        for info in &mut channels {
+            let channel = Channel::parse("channel", &info.channel).map_err(CenterError::from)?;
+            for it in info.items.iter_mut().filter(|it| it.sell_rate_milli > 0) {
+                let item = ItemId::parse("item_id", &it.item_id).map_err(CenterError::from)?;
+                let p = self.store.policy(&item, Some(&channel)).await?;
+                it.current_batch =
+                    inventory_core::watermarks::effective(p.watermarks, p.rate_batching, it.sell_rate_milli).batch;
+            }
+        }
         if !wanted.is_empty() && channels.is_empty() {
             return Err(CenterError::NotFound { kind: "channel", id: wanted.clone() }.into());
         }

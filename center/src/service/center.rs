@@ -15,12 +15,12 @@ use tokio_stream::wrappers::BroadcastStream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use super::pb_watermarks;
+use super::{pb_rate_batching, pb_watermarks};
 use crate::clock::now_ms;
 use crate::error::CenterError;
 use crate::events::{EventHub, LedgerEvent};
 use crate::security::{authorize, own_channel};
-use crate::store::{LedgerStore, PoolReportIn};
+use crate::store::{BorrowRate, LedgerStore, PoolReportIn};
 
 /// Lease and reclaim timing.
 #[derive(Debug, Clone, Copy)]
@@ -138,7 +138,9 @@ impl pb::center_server::Center for CenterService {
                 let reason = format!("must be at most {}", i64::MAX);
                 return Err(CenterError::from(ValidationError::new(field, p.generation, reason)).into());
             }
-            reports.push(PoolReportIn { item, report: PoolReport { counts, generation: p.generation, lost: p.lost } });
+            let sell_rate_milli = rate(&format!("pools[{n}].sell_rate_milli"), p.sell_rate_milli)?;
+            let report = PoolReport { counts, generation: p.generation, lost: p.lost, sell_rate_milli };
+            reports.push(PoolReportIn { item, report });
         }
         let out =
             self.store.heartbeat(&channel, r.epoch, &reports, r.last_report, now_ms(), self.lease.lease_ttl_ms).await?;
@@ -176,6 +178,7 @@ impl pb::center_server::Center for CenterService {
             per_user_limit: policy.item.state.per_user_limit,
             reservation_ttl_ms: policy.item.state.reservation_ttl_ms,
             watermarks: Some(pb_watermarks(policy.watermarks)),
+            rate_batching: policy.rate_batching.map(|r| pb_rate_batching(Some(r))),
             center_available: policy.item.state.available,
             closed: policy.item.state.closed,
             held: policy.allocation.map_or(0, |a| a.held()),
@@ -227,7 +230,8 @@ impl CenterService {
         let quantity = Quantity::parse("quantity", r.quantity).map_err(CenterError::from)?;
         let request_id = RequestId::parse("request_id", &r.request_id).map_err(CenterError::from)?;
         tracing::Span::current().record("request_id", request_id.as_str());
-        let out = self.store.borrow(&item, &channel, r.epoch, quantity, &request_id).await?;
+        let rate = BorrowRate { sell_rate_milli: rate("sell_rate_milli", r.sell_rate_milli)?, now_ms: now_ms() };
+        let out = self.store.borrow(&item, &channel, r.epoch, quantity, &request_id, rate).await?;
         tracing::debug!(item = %item, channel = %channel, granted = out.granted, replayed = out.replayed, "borrow");
         if !out.replayed && out.granted < quantity.get() && out.center_available == 0 {
             // End of sale: this channel is short and the center is dry. Ask the others
@@ -294,6 +298,16 @@ async fn to_channel_event(store: &dyn LedgerStore, channel: &Channel, e: LedgerE
         LedgerEvent::InDoubtResolved { item_id, .. } => Event::InDoubtResolved(pb::InDoubtResolved { item_id }),
     };
     Some(pb::ChannelEvent { event: Some(event) })
+}
+
+/// A sell rate from an agent (units/s × 1000): one above a billion units a second is no
+/// rate any pool sells at.
+fn rate(field: &str, value: u64) -> Result<u64, CenterError> {
+    let max = MAX_QUANTITY.saturating_mul(1_000);
+    if value > max {
+        return Err(ValidationError::new(field, value, format!("must be at most {max}")).into());
+    }
+    Ok(value)
 }
 
 #[cfg(test)]

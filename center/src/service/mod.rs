@@ -5,13 +5,30 @@ pub mod admin;
 pub mod center;
 
 use inventory_core::ledger::ChannelSession;
-use inventory_core::watermarks::Watermarks;
+use inventory_core::watermarks::{RateBatching, Watermarks};
 use inventory_proto::v1 as pb;
 
 use crate::store::ItemRecord;
 
 pub(crate) fn pb_watermarks(w: Watermarks) -> pb::Watermarks {
     pb::Watermarks { low: w.low, high: w.high, batch: w.batch }
+}
+
+pub(crate) fn pb_rate_batching(r: Option<RateBatching>) -> pb::RateBatching {
+    r.map_or_else(pb::RateBatching::default, |r| pb::RateBatching {
+        enabled: true,
+        min_batch: r.min_batch,
+        max_batch: r.max_batch,
+        target_ms: r.target_ms,
+    })
+}
+
+/// The batch a channel's pool borrows now, by the rate it last reported.
+pub(crate) fn current_batch(item: &ItemRecord, own: Option<Watermarks>, sell_rate_milli: u64) -> u64 {
+    match own {
+        Some(w) => w.batch,
+        None => inventory_core::watermarks::effective(item.watermarks, item.rate_batching, sell_rate_milli).batch,
+    }
 }
 
 pub(crate) fn pb_item(r: &ItemRecord) -> pb::Item {
@@ -25,6 +42,7 @@ pub(crate) fn pb_item(r: &ItemRecord) -> pb::Item {
         watermarks: Some(pb_watermarks(r.watermarks)),
         held: r.held,
         written_off: r.state.written_off,
+        rate_batching: Some(pb_rate_batching(r.rate_batching)),
     }
 }
 

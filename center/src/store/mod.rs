@@ -10,7 +10,7 @@ mod sql;
 use async_trait::async_trait;
 use inventory_core::ledger::{Allocation, ChannelSession, Check, ItemState};
 use inventory_core::loss::PoolReport;
-use inventory_core::watermarks::Watermarks;
+use inventory_core::watermarks::{RateBatching, Watermarks};
 use inventory_core::{AgentId, Channel, ItemId, Quantity, RequestId};
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +26,8 @@ pub struct ItemRecord {
     pub item_id: String,
     pub state: ItemState,
     pub watermarks: Watermarks,
+    /// Whether the pools' batches follow their sell rates (`None`: fixed watermarks).
+    pub rate_batching: Option<RateBatching>,
     pub held: u64,
 }
 
@@ -60,8 +62,18 @@ pub struct ItemPolicy {
     pub item: ItemRecord,
     /// Effective for the channel asked about.
     pub watermarks: Watermarks,
+    /// The item's rate-following batches, unless the channel has fixed watermarks.
+    pub rate_batching: Option<RateBatching>,
     /// The asking channel's allocation, when a channel was named.
     pub allocation: Option<Allocation>,
+}
+
+/// What a Borrow says of its channel's selling: its sell rate, for the share of a short
+/// supply among the channels whose lease is live at `now_ms`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BorrowRate {
+    pub sell_rate_milli: u64,
+    pub now_ms: i64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -139,6 +151,7 @@ pub struct NewItem {
     pub per_user_limit: u64,
     pub reservation_ttl_ms: u64,
     pub watermarks: Watermarks,
+    pub rate_batching: Option<RateBatching>,
 }
 
 #[async_trait]
@@ -161,6 +174,7 @@ pub trait LedgerStore: Send + Sync + 'static {
         epoch: u64,
         quantity: Quantity,
         request_id: &RequestId,
+        rate: BorrowRate,
     ) -> Result<BorrowOutcome>;
     async fn give_back(
         &self,
@@ -194,8 +208,16 @@ pub trait LedgerStore: Send + Sync + 'static {
     async fn policy(&self, item: &ItemId, channel: Option<&Channel>) -> Result<ItemPolicy>;
     async fn item_ledger(&self, item: &ItemId) -> Result<ItemLedger>;
     async fn list_items(&self) -> Result<Vec<ItemRecord>>;
-    /// `channel = None` sets the item's default.
+    /// `channel = None` sets the item's default (and turns rate-following off).
     async fn set_watermarks(&self, item: &ItemId, channel: Option<&Channel>, watermarks: Watermarks) -> Result<()>;
+    /// Sets the item's rate-following batches (`None`: off), and its fixed watermarks
+    /// when given.
+    async fn set_rate_batching(
+        &self,
+        item: &ItemId,
+        rate_batching: Option<RateBatching>,
+        watermarks: Option<Watermarks>,
+    ) -> Result<()>;
     async fn watermarks(&self, item: &ItemId) -> Result<(Watermarks, Vec<(String, Watermarks)>)>;
     async fn reconcile(&self, item: Option<&ItemId>) -> Result<Reconciliation>;
     async fn reclaim(&self, channel: &Channel, now_ms: i64, grace_ms: u64) -> Result<ReclaimOutcome>;

@@ -62,6 +62,7 @@ async fn center_killed_mid_sale_agents_keep_selling_and_the_ledger_holds() {
             per_user_limit: 1,
             reservation_ttl_ms: 300_000,
             watermarks: Some(pb::Watermarks { low: 10, high: 120, batch: 60 }),
+            ..Default::default()
         })
         .await
         .unwrap();

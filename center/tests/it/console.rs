@@ -86,6 +86,7 @@ impl SimulatedAgent {
                 epoch: self.epoch,
                 quantity,
                 request_id: format!("{}-borrow-{}", self.channel, self.requests),
+                ..Default::default()
             })
             .await
             .expect("borrow")
@@ -133,6 +134,7 @@ async fn center_with_a_sale(backend: Backend) -> (TestCenter, SocketAddr, Simula
             per_user_limit: 1,
             reservation_ttl_ms: 300_000,
             watermarks: Some(pb::Watermarks { low: 5, high: 40, batch: 20 }),
+            ..Default::default()
         })
         .await
         .expect("create item");
@@ -387,6 +389,7 @@ async fn console_page_in_headless_chromium_shows_a_healthy_sale_without_red() {
             per_user_limit: 1,
             reservation_ttl_ms: 300_000,
             watermarks: Some(pb::Watermarks { low: 5, high: 40, batch: 20 }),
+            ..Default::default()
         })
         .await
         .expect("create item");
@@ -515,6 +518,7 @@ async fn console_page_in_headless_chromium_shows_a_stuck_drift_in_red_and_an_ite
             per_user_limit: 1,
             reservation_ttl_ms: 300_000,
             watermarks: Some(pb::Watermarks { low: 2, high: 8, batch: 5 }),
+            ..Default::default()
         })
         .await
         .expect("create item");
@@ -579,6 +583,7 @@ async fn console_page_opened_late_shows_the_history_the_center_kept() {
             per_user_limit: 1,
             reservation_ttl_ms: 300_000,
             watermarks: Some(pb::Watermarks { low: 5, high: 40, batch: 20 }),
+            ..Default::default()
         })
         .await
         .expect("create item");

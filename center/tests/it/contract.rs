@@ -63,6 +63,7 @@ pub async fn borrow(
             epoch,
             quantity,
             request_id: request_id.into(),
+            ..Default::default()
         })
         .await
         .map(|r| r.into_inner())
@@ -341,6 +342,7 @@ async fn watermarks_default_override_and_validation(c: TestCenter) {
         low,
         high,
         batch,
+        ..Default::default()
     };
     admin.set_watermarks(set("", 20, 80, 50)).await.unwrap();
     admin.set_watermarks(set("web", 5, 30, 10)).await.unwrap();
@@ -407,6 +409,7 @@ async fn watch_channel_streams_watermark_changes(c: TestCenter) {
             low: 7,
             high: 70,
             batch: 14,
+            ..Default::default()
         })
         .await
         .unwrap();

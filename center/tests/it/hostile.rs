@@ -64,6 +64,7 @@ async fn every_field_of_every_rpc_refuses_hostile_values() {
             epoch,
             quantity: 1,
             request_id: rid.into(),
+            ..Default::default()
         };
         refused(&what("Borrow", "item_id"), "item_id", center.borrow(b(&v, "app", "r")).await);
         refused(&what("Borrow", "channel"), "channel", center.borrow(b("i", &v, "r")).await);
@@ -121,7 +122,14 @@ async fn every_field_of_every_rpc_refuses_hostile_values() {
         let rm = pb::RemoveChannelRequest { channel: v.clone() };
         refused(&what("RemoveChannel", "channel"), "channel", admin.remove_channel(rm).await);
         if !v.is_empty() {
-            let w = pb::SetWatermarksRequest { item_id: "i".into(), channel: v.clone(), low: 1, high: 2, batch: 1 };
+            let w = pb::SetWatermarksRequest {
+                item_id: "i".into(),
+                channel: v.clone(),
+                low: 1,
+                high: 2,
+                batch: 1,
+                ..Default::default()
+            };
             refused(&what("SetWatermarks", "channel"), "channel", admin.set_watermarks(w).await);
             let r = pb::ReconcileRequest { item_id: v.clone() };
             refused(&what("Reconcile", "item_id"), "item_id", admin.reconcile(r).await);
@@ -138,6 +146,7 @@ async fn every_field_of_every_rpc_refuses_hostile_values() {
             epoch,
             quantity: q,
             request_id: "rq".into(),
+            ..Default::default()
         };
         refused(&format!("Borrow.quantity = {n}"), "quantity", center.borrow(q(n)).await);
         let r = pb::ReturnRequest {
@@ -169,6 +178,7 @@ async fn every_field_of_every_rpc_refuses_hostile_values() {
             low,
             high,
             batch,
+            ..Default::default()
         };
         if n != 0 {
             refused(&format!("SetWatermarks.high = {n}"), "high", admin.set_watermarks(wm(1, n, 1)).await);

@@ -23,6 +23,7 @@ async fn lost_reply(backend: Backend) {
             epoch,
             quantity: 25,
             request_id: "lost-1".into(),
+            ..Default::default()
         });
         r.set_timeout(Duration::from_millis(500));
         r

@@ -7,6 +7,7 @@ mod contract;
 mod hostile;
 mod lost_reply;
 mod model;
+mod rates;
 mod reclaim;
 mod remove_channel;
 mod replicas;

@@ -97,6 +97,7 @@ async fn run(store: &dyn LedgerStore, ops: &[Op]) {
         per_user_limit: 1,
         reservation_ttl_ms: 1000,
         watermarks: Watermarks::default_for_total(TOTAL),
+        rate_batching: None,
     };
     store.create_item(&new, 0).await.unwrap();
     let channels: Vec<Channel> = CHANNELS.iter().map(|c| Channel::parse("channel", c).unwrap()).collect();
@@ -111,7 +112,16 @@ async fn run(store: &dyn LedgerStore, ops: &[Op]) {
         let rid = |r: &u8| RequestId::parse("request_id", &format!("r{r}")).unwrap();
         let actual = match op {
             Op::Borrow { ch, q, rid: r } => {
-                match store.borrow(&item, &channels[*ch], epochs[*ch], Quantity::parse("q", *q).unwrap(), &rid(r)).await
+                match store
+                    .borrow(
+                        &item,
+                        &channels[*ch],
+                        epochs[*ch],
+                        Quantity::parse("q", *q).unwrap(),
+                        &rid(r),
+                        Default::default(),
+                    )
+                    .await
                 {
                     Ok(b) => Answer::Granted(b.granted),
                     Err(CenterError::AlreadyExists(_)) => Answer::Refused,

@@ -81,6 +81,7 @@ async fn events_reach_watchers_on_every_replica() {
             low: 3,
             high: 30,
             batch: 9,
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -72,6 +72,7 @@ async fn missing_wrong_and_foreign_tokens_are_refused_and_change_nothing() {
         epoch,
         quantity: 10,
         request_id: rid.into(),
+        ..Default::default()
     };
     assert_eq!(center.borrow(borrow("b1")).await.unwrap_err().code(), Code::Unauthenticated);
     assert_eq!(

@@ -106,6 +106,7 @@ async fn center_with_a_stuck_borrow(db: &TestDatabase) -> (Child, sqlx::PgConnec
                 epoch,
                 quantity: 1,
                 request_id: "stuck".into(),
+                ..Default::default()
             })
             .await;
     });
@@ -195,6 +196,7 @@ async fn three_agents_sell_through_a_restarted_center_within_a_lease() {
             per_user_limit: 1,
             reservation_ttl_ms: 300_000,
             watermarks: Some(pb::Watermarks { low: 5, high: 40, batch: 20 }),
+            ..Default::default()
         })
         .await
         .unwrap();

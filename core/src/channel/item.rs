@@ -6,7 +6,9 @@ use std::collections::{BTreeSet, VecDeque};
 
 use super::ops::{Op, OpKind, Queued};
 use super::{Ctx, Note, Policy, PoolView, Report, Settings};
+use crate::rate::{SellRate, rate_report_changed};
 use crate::rebalance::{self, Action, Inputs};
+use crate::watermarks::Watermarks;
 
 /// Whether the item may be sold from its pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,8 +127,11 @@ pub struct ItemCore {
     pub(super) last_look_ms: Option<i64>,
     /// The pool as last read (metrics render from it).
     pub(super) last_view: Option<PoolView>,
-    /// The report the center last acknowledged.
+    /// The report the center last acknowledged, and the sell rate it carried.
     pub(super) last_reported: Option<Report>,
+    pub(super) last_reported_rate: u64,
+    /// Units reserved per second, recently.
+    pub(super) rate: SellRate,
     /// The stocking queue: the running operation and those waiting for it.
     pub(super) running: Option<Op>,
     pub(super) queue: VecDeque<Queued>,
@@ -156,6 +161,8 @@ impl ItemCore {
             last_look_ms: None,
             last_view: None,
             last_reported: None,
+            last_reported_rate: 0,
+            rate: SellRate::new(settings.rate_half_life_ms),
             running: None,
             queue: VecDeque::new(),
             borrows_done: 0,
@@ -170,6 +177,22 @@ impl ItemCore {
 
     pub fn set_policy(&mut self, policy: Policy) {
         self.policy = policy;
+    }
+
+    /// An Acquire reserved `units` (not a replay): the sell rate counts them.
+    pub fn on_reserved(&mut self, units: u64, ctx: Ctx) {
+        self.rate.record(units, ctx.now_ms);
+    }
+
+    /// The pool's recent sell rate, units per second × 1000.
+    pub fn sell_rate_milli(&self, now_ms: i64) -> u64 {
+        self.rate.milli(now_ms)
+    }
+
+    /// The watermarks in force at `now_ms`: derived from the sell rate when the item's
+    /// batches follow it and the pool has sold, else the fixed ones.
+    pub fn watermarks_at(&self, now_ms: i64) -> Watermarks {
+        crate::watermarks::effective(self.policy.watermarks, self.policy.rate_batching, self.rate.milli(now_ms))
     }
 
     pub fn mode(&self) -> Mode {
@@ -282,7 +305,15 @@ impl ItemCore {
                 MissPlan::Answer
             };
         }
-        let want = if self.supply.end_of_sale { quantity } else { self.policy.watermarks.batch.max(quantity) };
+        // At the end of a sale a miss asks only for what it needs, unless the pool's batch
+        // follows its rate: then it asks for its batch, and the center, short, grants its
+        // share by rate (a busy channel taking one unit per call would flood the center).
+        let following = self.policy.rate_batching.is_some() && self.rate.milli(ctx.now_ms) > 0;
+        let want = if self.supply.end_of_sale && !following {
+            quantity
+        } else {
+            self.watermarks_at(ctx.now_ms).batch.max(quantity)
+        };
         MissPlan::Borrow { want }
     }
 
@@ -407,7 +438,7 @@ impl ItemCore {
             // Units came back through another replica (a cancel, say): sell them here too.
             self.stock_returned();
         }
-        let w = self.policy.watermarks;
+        let w = self.watermarks_at(ctx.now_ms);
         self.above_high_since = rebalance::above_high_since(view.available, w.high, self.above_high_since, ctx.now_ms);
         let action = rebalance::decide(&Inputs {
             available: view.available,
@@ -456,14 +487,16 @@ impl ItemCore {
         self.mode != Mode::Lost
     }
 
-    /// Whether `report` differs from what the center last acknowledged.
-    pub fn report_changed(&self, report: &Report) -> bool {
-        self.last_reported.as_ref() != Some(report)
+    /// Whether `report` (with the sell rate `rate_milli`) differs from what the center
+    /// last acknowledged; a rate counts as changed when it moved by more than a fifth.
+    pub fn report_changed(&self, report: &Report, rate_milli: u64) -> bool {
+        self.last_reported.as_ref() != Some(report) || rate_report_changed(self.last_reported_rate, rate_milli)
     }
 
-    /// The center acknowledged `report`.
-    pub fn reported(&mut self, report: Report) {
+    /// The center acknowledged `report` with `rate_milli`.
+    pub fn reported(&mut self, report: Report, rate_milli: u64) {
         self.last_reported = Some(report);
+        self.last_reported_rate = rate_milli;
     }
 
     /// The center holds units of the item in doubt for the channel (a heartbeat's answer):

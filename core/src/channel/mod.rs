@@ -26,20 +26,25 @@ pub mod lease;
 pub mod ops;
 mod plan;
 #[cfg(test)]
+mod rate_tests;
+#[cfg(test)]
 mod tests;
 
 pub use item::{Admission, ItemCore, MissPlan, Mode, ReadToken, Refusal, Shelf, Supply};
 pub use ops::{CallFault, Effect, OpId, OpKind, OpResult, Reply, ResyncWhy, StoreFault, Work};
 pub use plan::{ResyncPlan, resync_plan};
 
-use crate::watermarks::Watermarks;
+use crate::watermarks::{RateBatching, Watermarks};
 
 /// The item's settings as the center describes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Policy {
     pub per_user_limit: u64,
     pub reservation_ttl_ms: u64,
+    /// Fixed watermarks: the operator's, and those of a pool that has not sold yet.
     pub watermarks: Watermarks,
+    /// Rate-following batches (`None`: the fixed watermarks always apply).
+    pub rate_batching: Option<RateBatching>,
     /// The item is closed: every Acquire is SOLD_OUT.
     pub closed: bool,
 }
@@ -106,6 +111,8 @@ pub struct Settings {
     /// Attempts of a grant's refill on a store error (the grant is the channel's at the
     /// center either way; a refill that never lands shows as drift until a resync).
     pub refill_attempts: u32,
+    /// Half-life of the pools' sell rate average.
+    pub rate_half_life_ms: u64,
 }
 
 impl Default for Settings {
@@ -116,6 +123,7 @@ impl Default for Settings {
             resync_after_unknown_ms: 5_000,
             lost_resync_after_ms: 1_000,
             refill_attempts: 5,
+            rate_half_life_ms: crate::rate::DEFAULT_HALF_LIFE_MS,
         }
     }
 }

@@ -60,7 +60,9 @@ pub enum Effect {
     /// Raise the pool's fence to `epoch` ([`Reply::Done`]).
     RaiseFence { epoch: u64 },
     /// Call the center's Borrow, every attempt with this id and epoch ([`Reply::Granted`]).
-    Borrow { request_id: String, quantity: u64, epoch: u64 },
+    /// `sell_rate_milli`: the pool's sell rate when the call was decided, for the center's
+    /// share of a short supply (not part of the request's identity).
+    Borrow { request_id: String, quantity: u64, epoch: u64, sell_rate_milli: u64 },
     /// Call the center's Return, every attempt with this id and epoch ([`Reply::Done`]).
     Return { request_id: String, quantity: u64, epoch: u64 },
     /// Ask the center what the channel holds of the item ([`Reply::Holding`]).
@@ -312,14 +314,14 @@ impl ItemCore {
                     let effect = Effect::OpenPool { grant_id: format!("open-{}", op.fresh), epoch };
                     return next(op, Stage::BorrowOpen { want }, effect);
                 }
-                self.borrow_call(op, want)
+                self.borrow_call(op, want, ctx.now_ms)
             }
             (Stage::BorrowOpen { want }, Reply::Done) => next(op, Stage::BorrowReadOpened { want }, Effect::ReadPool),
             (Stage::BorrowReadOpened { want }, Reply::Pool(view)) if view.generation != 0 => {
                 if self.generation == 0 {
                     self.set_generation(view.generation);
                 }
-                self.borrow_call(op, want)
+                self.borrow_call(op, want, ctx.now_ms)
             }
             (Stage::BorrowOpen { .. } | Stage::BorrowReadOpened { .. }, _) => {
                 notes.push(Note::StoreFailed { what: "open pool" });
@@ -332,7 +334,7 @@ impl ItemCore {
             (Stage::BorrowCall { want }, Reply::Granted { granted, center_available }) => {
                 self.set_center_available(center_available);
                 self.on_center_answered(ctx.now_ms);
-                if granted == want && center_available >= self.policy.watermarks.high {
+                if granted == want && center_available >= self.watermarks_at(ctx.now_ms).high {
                     // The center has plenty again: prefetch resumes.
                     self.supply.end_of_sale = false;
                 }
@@ -491,8 +493,13 @@ impl ItemCore {
         }
     }
 
-    fn borrow_call(&mut self, op: Op, want: u64) -> Progress {
-        let effect = Effect::Borrow { request_id: op.fresh.clone(), quantity: want, epoch: op.epoch };
+    fn borrow_call(&mut self, op: Op, want: u64, now_ms: i64) -> Progress {
+        let effect = Effect::Borrow {
+            request_id: op.fresh.clone(),
+            quantity: want,
+            epoch: op.epoch,
+            sell_rate_milli: self.sell_rate_milli(now_ms),
+        };
         let mut op = op;
         op.stage = Stage::BorrowCall { want };
         Progress::Next(op, effect)

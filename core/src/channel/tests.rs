@@ -9,6 +9,7 @@ fn policy() -> Policy {
         per_user_limit: 2,
         reservation_ttl_ms: 60_000,
         watermarks: Watermarks { low: 5, high: 30, batch: 10 },
+        rate_batching: None,
         closed: false,
     }
 }
@@ -41,7 +42,7 @@ fn a_borrow_reads_the_pool_calls_the_center_and_refills_under_one_epoch() {
     let (id, s) = core.submit(OpKind::Borrow { want: 10 }, "b1".into(), ctx(0, 7));
     assert_eq!(work(&s).effect, Effect::ReadPool);
     let s = feed(&mut core, &s, Reply::Pool(view(0, 42)), ctx(1, 7));
-    assert_eq!(work(&s).effect, Effect::Borrow { request_id: "b1".into(), quantity: 10, epoch: 7 });
+    assert_eq!(work(&s).effect, Effect::Borrow { request_id: "b1".into(), quantity: 10, epoch: 7, sell_rate_milli: 0 });
     // The channel re-registers meanwhile: the refill still carries the epoch read first.
     let s = feed(&mut core, &s, Reply::Granted { granted: 10, center_available: 90 }, ctx(2, 8));
     assert_eq!(work(&s).effect, Effect::ReadPool);
@@ -469,13 +470,13 @@ fn a_grant_for_a_pool_already_reported_lost_is_reported_again() {
     // While the Borrow is out, the store loses the pool; a heartbeat reports it lost, and
     // the center (holding nothing of the channel yet) acknowledges it.
     assert_eq!(core.report(Some(view(0, 0)), core.begin_read(), ctx(10, 1), &mut notes), Some(Report::Lost));
-    core.reported(Report::Lost);
-    assert!(!core.report_changed(&Report::Lost));
+    core.reported(Report::Lost, 0);
+    assert!(!core.report_changed(&Report::Lost, 0));
     // The grant lands: not refilled into the lost pool, so the center must hear again.
     let s = feed(&mut core, &s, Reply::Granted { granted: 10, center_available: 90 }, ctx(20, 1));
     let s = feed(&mut core, &s, Reply::Pool(view(0, 0)), ctx(20, 1));
     assert!(matches!(s.finished[..], [(_, OpResult::Borrowed { granted: 0 })]));
-    assert!(core.report_changed(&Report::Lost), "the lost pool is reported again");
+    assert!(core.report_changed(&Report::Lost, 0), "the lost pool is reported again");
 }
 
 /// A resync that finds the pool lost while the center holds units of it not in doubt
@@ -486,14 +487,14 @@ fn a_resync_finding_units_not_in_doubt_of_a_lost_pool_reports_it_again() {
     let mut notes = Vec::new();
     core.check_pool(&view(0, 3), ctx(0, 1), &mut notes);
     assert_eq!(core.report(Some(view(0, 0)), core.begin_read(), ctx(0, 1), &mut notes), Some(Report::Lost));
-    core.reported(Report::Lost);
+    core.reported(Report::Lost, 0);
     let (_, s) = core.submit(OpKind::Resync(ResyncWhy::Scheduled), "s".into(), ctx(5_000, 1));
     let s = feed(&mut core, &s, Reply::Holding(Holding { held: 10, generation: 3, in_doubt: 0 }), ctx(5_000, 1));
     feed(&mut core, &s, Reply::Pool(view(0, 0)), ctx(5_000, 1));
     assert_eq!(core.mode(), Mode::Lost);
-    assert!(core.report_changed(&Report::Lost), "the center must put those units in doubt");
+    assert!(core.report_changed(&Report::Lost, 0), "the center must put those units in doubt");
     // Once every unit is in doubt, nothing more to tell.
-    core.reported(Report::Lost);
+    core.reported(Report::Lost, 0);
     let (_, s) = core.submit(OpKind::Resync(ResyncWhy::Scheduled), "s2".into(), ctx(5_000, 1));
     assert!(s.next.is_none(), "not due: the resync ran");
     let mut core2 = core.clone();
@@ -501,7 +502,7 @@ fn a_resync_finding_units_not_in_doubt_of_a_lost_pool_reports_it_again() {
     let (_, s) = core2.submit(OpKind::Resync(ResyncWhy::Scheduled), "s3".into(), ctx(5_000, 1));
     let s = feed(&mut core2, &s, Reply::Holding(Holding { held: 10, generation: 3, in_doubt: 10 }), ctx(5_000, 1));
     feed(&mut core2, &s, Reply::Pool(view(0, 0)), ctx(5_000, 1));
-    assert!(!core2.report_changed(&Report::Lost));
+    assert!(!core2.report_changed(&Report::Lost, 0));
 }
 
 /// A pool read that began before an operation of this agent created the pool (so it saw

@@ -26,14 +26,14 @@ mod views;
 
 use async_trait::async_trait;
 use inventory_core::ledger::ChannelSession;
-use inventory_core::watermarks::Watermarks;
+use inventory_core::watermarks::{RateBatching, Watermarks};
 use inventory_core::{AgentId, Channel, ItemId, Quantity, RequestId};
 use sqlx::{Any, AnyPool, Executor, Transaction};
 
 pub use dialect::{Dialect, connect};
 
 use super::{
-    BorrowOutcome, ChannelView, HeartbeatOutcome, ItemLedger, ItemPolicy, ItemRecord, LedgerStore, NewItem,
+    BorrowOutcome, BorrowRate, ChannelView, HeartbeatOutcome, ItemLedger, ItemPolicy, ItemRecord, LedgerStore, NewItem,
     PoolReportIn, ReclaimOutcome, Reconciliation, Registration, RemovedChannel, Result, ReturnOutcome,
 };
 use dialect::Queries;
@@ -100,8 +100,9 @@ impl LedgerStore for SqlLedger {
         epoch: u64,
         quantity: Quantity,
         request_id: &RequestId,
+        rate: BorrowRate,
     ) -> Result<BorrowOutcome> {
-        SqlLedger::borrow(self, item, channel, epoch, quantity, request_id).await
+        SqlLedger::borrow(self, item, channel, epoch, quantity, request_id, rate).await
     }
 
     async fn give_back(
@@ -157,6 +158,15 @@ impl LedgerStore for SqlLedger {
 
     async fn set_watermarks(&self, item: &ItemId, channel: Option<&Channel>, watermarks: Watermarks) -> Result<()> {
         SqlLedger::set_watermarks(self, item, channel, watermarks).await
+    }
+
+    async fn set_rate_batching(
+        &self,
+        item: &ItemId,
+        rate_batching: Option<RateBatching>,
+        watermarks: Option<Watermarks>,
+    ) -> Result<()> {
+        SqlLedger::set_rate_batching(self, item, rate_batching, watermarks).await
     }
 
     async fn watermarks(&self, item: &ItemId) -> Result<(Watermarks, Vec<(String, Watermarks)>)> {

@@ -1,34 +1,42 @@
 //! Transactions that move units or change an item: Borrow, Return, AddStock, CreateItem,
 //! closing and watermarks.
 
-use inventory_core::ledger::{self, Allocation, ItemState, Mutation};
-use inventory_core::watermarks::Watermarks;
+use inventory_core::ledger::{self, Allocation, ItemState, Mutation, RateShare};
+use inventory_core::watermarks::{RateBatching, Watermarks};
 use inventory_core::{Channel, ItemId, Quantity, RequestId};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::SqlLedger;
-use super::rows::{stale_or_unknown, to_db};
+use super::Tx;
+use super::rows::{col, stale_or_unknown, to_db};
 use crate::error::CenterError;
-use crate::store::{BorrowOutcome, ItemRecord, NewItem, Result, ReturnOutcome};
+use crate::store::{BorrowOutcome, BorrowRate, ItemRecord, NewItem, Result, ReturnOutcome};
+
+/// What a movement's rule sees besides the item and the allocation: the rates of the other
+/// channels when a Borrow is short ([`RateShare`]; zero otherwise).
+type Rule<T> = dyn FnOnce(&mut ItemState, &mut Allocation, RateShare) -> Result<T> + Send;
 
 impl SqlLedger {
     /// The one transaction behind Borrow and Return: answer a replay with the stored first
     /// answer, lock the item row, check the epoch, apply `rule` to the item and the
     /// channel's allocation, write what changed, and record the answer under the request id.
     /// Returns the answer and whether it was a replay.
-    pub(super) async fn movement<T, F>(
+    /// `rate`: a Borrow's; its rate is stored as the channel's latest, and when the Borrow
+    /// is short the other channels' rates are read in the same transaction.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn movement<T>(
         &self,
         item: &ItemId,
         channel: &Channel,
         epoch: u64,
         m: &Mutation,
         request_id: &RequestId,
-        rule: F,
+        rate: Option<(BorrowRate, u64)>,
+        rule: Box<Rule<T>>,
     ) -> Result<(T, bool)>
     where
         T: Serialize + DeserializeOwned,
-        F: FnOnce(&mut ItemState, &mut Allocation) -> Result<T>,
     {
         let mut tx = self.begin().await?;
         // The replay lookup runs before the item's lock, so the lock is held one round
@@ -41,11 +49,32 @@ impl SqlLedger {
         let session = self.lock_session(&mut tx, channel, &self.q.lock_channel_share).await?;
         stale_or_unknown(channel, session.as_ref(), epoch)?;
         let mut alloc = Self::alloc(&mut tx, item.as_str(), channel.as_str()).await?;
+        let mut share = RateShare::default();
+        if let Some((r, quantity)) = rate
+            && quantity > before.available
+            && r.sell_rate_milli > 0
+        {
+            share = RateShare {
+                own_milli: r.sell_rate_milli,
+                others_milli: Self::others_rates(&mut tx, item, channel, r.now_ms).await?,
+            };
+        }
         let mut after = before.clone();
-        let outcome = rule(&mut after, &mut alloc)?;
+        let outcome = rule(&mut after, &mut alloc, share)?;
         if after != before {
             Self::write_item(&mut tx, item.as_str(), &before, &after).await?;
             Self::write_movements(&mut tx, item.as_str(), channel.as_str(), &alloc).await?;
+        }
+        if let Some((r, _)) = rate
+            && r.sell_rate_milli != alloc.sell_rate_milli
+        {
+            // The freshest word on the channel's rate (a row exists once anything moved).
+            sqlx::query("UPDATE allocations SET sell_rate_milli = $1 WHERE item_id = $2 AND channel = $3")
+                .bind(to_db("sell_rate_milli", r.sell_rate_milli)?)
+                .bind(item.as_str())
+                .bind(channel.as_str())
+                .execute(&mut *tx)
+                .await?;
         }
         if !Self::put_request(&mut tx, m, request_id, Some((channel, epoch)), &outcome).await? {
             tx.rollback().await?;
@@ -61,7 +90,8 @@ impl SqlLedger {
         // ON CONFLICT DO NOTHING makes concurrent creates safe; the loser compares.
         let inserted = sqlx::query(
             "INSERT INTO items (item_id, total, available, per_user_limit, reservation_ttl_ms, closed, \
-             wm_low, wm_high, wm_batch, created_at_ms) VALUES ($1, $2, $3, $4, $5, 0, $6, $7, $8, $9) \
+             wm_low, wm_high, wm_batch, created_at_ms, rate_batching, rate_min_batch, rate_max_batch, rate_target_ms) \
+             VALUES ($1, $2, $3, $4, $5, 0, $6, $7, $8, $9, $10, $11, $12, $13) \
              ON CONFLICT (item_id) DO NOTHING",
         )
         .bind(new.item_id.as_str())
@@ -73,6 +103,10 @@ impl SqlLedger {
         .bind(to_db("high", new.watermarks.high)?)
         .bind(to_db("batch", new.watermarks.batch)?)
         .bind(now_ms)
+        .bind(i64::from(new.rate_batching.is_some()))
+        .bind(to_db("min_batch", new.rate_batching.map_or(0, |r| r.min_batch))?)
+        .bind(to_db("max_batch", new.rate_batching.map_or(0, |r| r.max_batch))?)
+        .bind(to_db("target_ms", new.rate_batching.map_or(0, |r| r.target_ms))?)
         .execute(&mut *tx)
         .await?
         .rows_affected()
@@ -135,14 +169,15 @@ impl SqlLedger {
         epoch: u64,
         quantity: Quantity,
         request_id: &RequestId,
+        rate: BorrowRate,
     ) -> Result<BorrowOutcome> {
         let m = Mutation::Borrow { item: item.clone(), channel: channel.clone(), quantity };
-        let (out, replayed) = self
-            .movement(item, channel, epoch, &m, request_id, |after, alloc| {
-                let granted = ledger::borrow(after, alloc, quantity);
-                Ok(BorrowOutcome { granted, center_available: after.available, replayed: false })
-            })
-            .await?;
+        let rule = Box::new(move |after: &mut ItemState, alloc: &mut Allocation, share| {
+            let granted = ledger::borrow_shared(after, alloc, quantity, share);
+            Ok(BorrowOutcome { granted, center_available: after.available, replayed: false })
+        });
+        let (out, replayed) =
+            self.movement(item, channel, epoch, &m, request_id, Some((rate, quantity.get())), rule).await?;
         Ok(BorrowOutcome { replayed, ..out })
     }
 
@@ -155,12 +190,12 @@ impl SqlLedger {
         request_id: &RequestId,
     ) -> Result<ReturnOutcome> {
         let m = Mutation::Return { item: item.clone(), channel: channel.clone(), quantity };
-        let (out, replayed) = self
-            .movement(item, channel, epoch, &m, request_id, |after, alloc| {
-                ledger::give_back(after, alloc, channel, quantity)?;
-                Ok(ReturnOutcome { center_available: after.available, replayed: false })
-            })
-            .await?;
+        let c = channel.clone();
+        let rule = Box::new(move |after: &mut ItemState, alloc: &mut Allocation, _| {
+            ledger::give_back(after, alloc, &c, quantity)?;
+            Ok(ReturnOutcome { center_available: after.available, replayed: false })
+        });
+        let (out, replayed) = self.movement(item, channel, epoch, &m, request_id, None, rule).await?;
         Ok(ReturnOutcome { replayed, ..out })
     }
 
@@ -182,13 +217,16 @@ impl SqlLedger {
         self.lock_item(&mut tx, item).await?;
         match channel {
             None => {
-                sqlx::query("UPDATE items SET wm_low = $1, wm_high = $2, wm_batch = $3 WHERE item_id = $4")
-                    .bind(to_db("low", wm.low)?)
-                    .bind(to_db("high", wm.high)?)
-                    .bind(to_db("batch", wm.batch)?)
-                    .bind(item.as_str())
-                    .execute(&mut *tx)
-                    .await?;
+                // The operator's fixed watermarks override rate-following.
+                sqlx::query(
+                    "UPDATE items SET wm_low = $1, wm_high = $2, wm_batch = $3, rate_batching = 0 WHERE item_id = $4",
+                )
+                .bind(to_db("low", wm.low)?)
+                .bind(to_db("high", wm.high)?)
+                .bind(to_db("batch", wm.batch)?)
+                .bind(item.as_str())
+                .execute(&mut *tx)
+                .await?;
             }
             Some(c) => {
                 sqlx::query(
@@ -207,5 +245,51 @@ impl SqlLedger {
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    pub(super) async fn set_rate_batching(
+        &self,
+        item: &ItemId,
+        rate_batching: Option<RateBatching>,
+        watermarks: Option<Watermarks>,
+    ) -> Result<()> {
+        let mut tx = self.begin().await?;
+        let (_, current) = self.lock_item(&mut tx, item).await?;
+        let wm = watermarks.unwrap_or(current);
+        let r = rate_batching.unwrap_or(RateBatching { min_batch: 0, max_batch: 0, target_ms: 0 });
+        sqlx::query(
+            "UPDATE items SET wm_low = $1, wm_high = $2, wm_batch = $3, rate_batching = $4, rate_min_batch = $5, \
+             rate_max_batch = $6, rate_target_ms = $7 WHERE item_id = $8",
+        )
+        .bind(to_db("low", wm.low)?)
+        .bind(to_db("high", wm.high)?)
+        .bind(to_db("batch", wm.batch)?)
+        .bind(i64::from(rate_batching.is_some()))
+        .bind(to_db("min_batch", r.min_batch)?)
+        .bind(to_db("max_batch", r.max_batch)?)
+        .bind(to_db("target_ms", r.target_ms)?)
+        .bind(item.as_str())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The sum of the sell rates of the item's other channels whose lease is live.
+    async fn others_rates(tx: &mut Tx, item: &ItemId, channel: &Channel, now_ms: i64) -> Result<u64> {
+        let rows = sqlx::query(
+            "SELECT a.sell_rate_milli FROM allocations a JOIN channels c ON c.channel = a.channel \
+             WHERE a.item_id = $1 AND a.channel <> $2 AND a.sell_rate_milli > 0 AND c.lease_expires_at_ms > $3",
+        )
+        .bind(item.as_str())
+        .bind(channel.as_str())
+        .bind(now_ms)
+        .fetch_all(&mut **tx)
+        .await?;
+        let mut sum = 0u64;
+        for row in &rows {
+            sum = sum.saturating_add(col(row, "sell_rate_milli")?);
+        }
+        Ok(sum)
     }
 }

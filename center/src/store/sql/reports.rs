@@ -40,18 +40,19 @@ impl SqlLedger {
         }
         let rows = (0..chunk.len())
             .map(|k| {
-                let b = k * 7;
-                format!("(${}, ${}, ${}, ${}, ${}, ${}, ${})", b + 1, b + 2, b + 3, b + 4, b + 5, b + 6, b + 7)
+                let b = k * 8;
+                let n: Vec<String> = (1..=8).map(|i| format!("${}", b + i)).collect();
+                format!("({})", n.join(", "))
             })
             .collect::<Vec<_>>()
             .join(", ");
         let sql = format!(
             "INSERT INTO allocations (item_id, channel, reported_available, reported_reserved, reported_sold, \
-             reported_at_ms, pool_generation) VALUES {rows} \
+             reported_at_ms, pool_generation, sell_rate_milli) VALUES {rows} \
              ON CONFLICT (item_id, channel) DO UPDATE SET \
              reported_available = excluded.reported_available, reported_reserved = excluded.reported_reserved, \
              reported_sold = excluded.reported_sold, reported_at_ms = excluded.reported_at_ms, \
-             pool_generation = excluded.pool_generation"
+             pool_generation = excluded.pool_generation, sell_rate_milli = excluded.sell_rate_milli"
         );
         let mut query = sqlx::query(&sql);
         for PoolReportIn { item, report } in chunk {
@@ -62,7 +63,8 @@ impl SqlLedger {
                 .bind(to_db("reserved", report.counts.reserved)?)
                 .bind(to_db("sold", report.counts.sold)?)
                 .bind(now_ms)
-                .bind(to_db("generation", report.generation)?);
+                .bind(to_db("generation", report.generation)?)
+                .bind(to_db("sell_rate_milli", if report.lost { 0 } else { report.sell_rate_milli })?);
         }
         query.execute(&mut **tx).await?;
         Ok(())

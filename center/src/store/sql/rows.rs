@@ -2,7 +2,7 @@
 //! shared by the transactions.
 
 use inventory_core::ledger::{Allocation, ChannelSession, ItemState, PoolCounts};
-use inventory_core::watermarks::Watermarks;
+use inventory_core::watermarks::{RateBatching, Watermarks};
 use inventory_core::{Channel, ItemId, ValidationError};
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -12,11 +12,11 @@ use crate::error::CenterError;
 use crate::store::{ItemRecord, Result};
 
 pub(super) const ITEM_SELECT: &str = "SELECT item_id, total, available, per_user_limit, reservation_ttl_ms, closed, \
-     wm_low, wm_high, wm_batch, written_off FROM items";
+     wm_low, wm_high, wm_batch, written_off, rate_batching, rate_min_batch, rate_max_batch, rate_target_ms FROM items";
 pub(super) const SESSION_SELECT: &str =
     "SELECT channel, epoch, agent_id, lease_expires_at_ms, last_heartbeat_ms FROM channels";
 pub(super) const ALLOC_SELECT: &str = "SELECT item_id, channel, granted, returned, reclaimed, reported_available, \
-     reported_reserved, reported_sold, reported_at_ms, pool_generation, in_doubt FROM allocations";
+     reported_reserved, reported_sold, reported_at_ms, pool_generation, in_doubt, sell_rate_milli FROM allocations";
 
 /// A number read back from a BIGINT column. Columns hold what [`to_db`] let through, so a
 /// negative value is corruption: refused, never shown as another number.
@@ -25,7 +25,7 @@ pub(super) fn col(row: &AnyRow, column: &str) -> Result<u64> {
     u64::try_from(v).map_err(|_| CenterError::Internal(format!("column {column} holds {v}")))
 }
 
-/// Pool reports written per INSERT (7 parameters each; PostgreSQL allows 65,535).
+/// Pool reports written per INSERT (8 parameters each; PostgreSQL allows 65,535).
 pub(super) const REPORT_ROWS_PER_STATEMENT: usize = 500;
 
 /// `$first, $first+1, ...`: `count` bind placeholders for an `IN (...)` list.
@@ -39,7 +39,10 @@ pub(super) fn to_db(field: &str, v: u64) -> Result<i64> {
     i64::try_from(v).map_err(|_| ValidationError::new(field, v, format!("must be at most {}", i64::MAX)).into())
 }
 
-pub(super) fn item_from_row(row: &AnyRow) -> Result<(String, ItemState, Watermarks)> {
+/// An item row: its id, state, fixed watermarks and rate-following batches.
+pub(super) type ItemRow = (String, ItemState, Watermarks, Option<RateBatching>);
+
+pub(super) fn item_from_row(row: &AnyRow) -> Result<ItemRow> {
     Ok((
         row.try_get("item_id")?,
         ItemState {
@@ -51,6 +54,15 @@ pub(super) fn item_from_row(row: &AnyRow) -> Result<(String, ItemState, Watermar
             written_off: col(row, "written_off")?,
         },
         Watermarks { low: col(row, "wm_low")?, high: col(row, "wm_high")?, batch: col(row, "wm_batch")? },
+        (row.try_get::<i64, _>("rate_batching")? != 0)
+            .then(|| -> Result<RateBatching> {
+                Ok(RateBatching {
+                    min_batch: col(row, "rate_min_batch")?,
+                    max_batch: col(row, "rate_max_batch")?,
+                    target_ms: col(row, "rate_target_ms")?,
+                })
+            })
+            .transpose()?,
     ))
 }
 
@@ -79,6 +91,7 @@ pub(super) fn alloc_from_row(row: &AnyRow) -> Result<(String, String, Allocation
             reported_at_ms: row.try_get("reported_at_ms")?,
             generation: col(row, "pool_generation")?,
             in_doubt: col(row, "in_doubt")?,
+            sell_rate_milli: col(row, "sell_rate_milli")?,
         },
     ))
 }
@@ -96,7 +109,7 @@ impl SqlLedger {
     pub(super) async fn lock_item(&self, tx: &mut Tx, item: &ItemId) -> Result<(ItemState, Watermarks)> {
         let row = sqlx::query(&self.q.lock_item).bind(item.as_str()).fetch_optional(&mut **tx).await?;
         let row = row.ok_or_else(|| CenterError::item_not_found(item.as_str()))?;
-        let (_, state, wm) = item_from_row(&row)?;
+        let (_, state, wm, _) = item_from_row(&row)?;
         Ok((state, wm))
     }
 
@@ -193,9 +206,9 @@ impl SqlLedger {
             .fetch_optional(&mut **tx)
             .await?
             .ok_or_else(|| CenterError::item_not_found(item.as_str()))?;
-        let (item_id, state, watermarks) = item_from_row(&row)?;
+        let (item_id, state, watermarks, rate_batching) = item_from_row(&row)?;
         let held = self.sum_held(tx, &item_id).await?;
-        Ok(ItemRecord { item_id, state, watermarks, held })
+        Ok(ItemRecord { item_id, state, watermarks, rate_batching, held })
     }
 
     pub(super) async fn override_for(tx: &mut Tx, item: &str, channel: &str) -> Result<Option<Watermarks>> {

@@ -43,15 +43,17 @@ impl SqlLedger {
     pub(super) async fn policy(&self, item: &ItemId, channel: Option<&Channel>) -> Result<ItemPolicy> {
         let mut tx = self.begin_read().await?;
         let record = self.item_record(&mut tx, item).await?;
-        let (watermarks, allocation) = match channel {
+        let (own, allocation) = match channel {
             Some(c) => (
-                Self::override_for(&mut tx, item.as_str(), c.as_str()).await?.unwrap_or(record.watermarks),
+                Self::override_for(&mut tx, item.as_str(), c.as_str()).await?,
                 Some(Self::alloc(&mut tx, item.as_str(), c.as_str()).await?),
             ),
-            None => (record.watermarks, None),
+            None => (None, None),
         };
         tx.commit().await?;
-        Ok(ItemPolicy { item: record, watermarks, allocation })
+        // A channel's own fixed watermarks override the item's rate-following batches.
+        let rate_batching = if own.is_some() { None } else { record.rate_batching };
+        Ok(ItemPolicy { watermarks: own.unwrap_or(record.watermarks), rate_batching, item: record, allocation })
     }
 
     pub(super) async fn item_ledger(&self, item: &ItemId) -> Result<ItemLedger> {
@@ -96,13 +98,13 @@ impl SqlLedger {
         tx.commit().await?;
         rows.iter()
             .map(|row| {
-                let (item_id, state, watermarks) = item_from_row(row)?;
+                let (item_id, state, watermarks, rate_batching) = item_from_row(row)?;
                 // Saturating: a corrupted ledger shows in Reconcile, not as a panic here.
                 let held = allocations
                     .iter()
                     .filter(|(i, _, _)| *i == item_id)
                     .fold(0u64, |sum, (_, _, a)| sum.saturating_add(a.held()));
-                Ok(ItemRecord { item_id, state, watermarks, held })
+                Ok(ItemRecord { item_id, state, watermarks, rate_batching, held })
             })
             .collect()
     }
@@ -147,7 +149,7 @@ impl SqlLedger {
         };
         let mut result = Reconciliation { check: Default::default(), items_checked: 0 };
         for row in &items {
-            let (item_id, state, _) = item_from_row(row)?;
+            let (item_id, state, _, _) = item_from_row(row)?;
             let rows = sqlx::query(&format!("{ALLOC_SELECT} WHERE item_id = $1 ORDER BY channel"))
                 .bind(&item_id)
                 .fetch_all(&mut *tx)

@@ -5,7 +5,11 @@
 //! Invariant 1 (conservation at the center), per item, after every function here:
 //! `total = available + Σ held(channel)` where `held = granted - returned - reclaimed`.
 
+mod share;
+
 use serde::{Deserialize, Serialize};
+
+pub use share::{RateShare, borrow_shared, share_of};
 
 use crate::ids::{Channel, ItemId, MAX_QUANTITY, Quantity};
 
@@ -68,6 +72,8 @@ pub struct Allocation {
     pub generation: u64,
     /// Units in doubt because the channel's pool was lost; 0 normally.
     pub in_doubt: u64,
+    /// The channel's sell rate of the item as last reported (units/s × 1000).
+    pub sell_rate_milli: u64,
 }
 
 impl Allocation {
