@@ -55,6 +55,8 @@ pub struct Agent {
     pub reporting: Reporting,
     pub replicas: Arc<Replicas>,
     pub settings: AgentSettings,
+    /// The broker relay's progress (empty without `--nats-url`).
+    pub relay: Arc<crate::relay::RelayStatus>,
     /// Items to resync at the next registration even if the center does not list them
     /// (pools a store kept from an earlier run).
     also_resync: std::sync::Mutex<Vec<String>>,
@@ -99,6 +101,7 @@ impl Agent {
             reporting,
             replicas,
             settings,
+            relay: Default::default(),
             also_resync: Default::default(),
         }
     }

@@ -22,6 +22,7 @@ pub mod http;
 pub mod items;
 pub mod link;
 pub mod metrics;
+pub mod relay;
 pub mod replicas;
 pub mod reporting;
 pub mod role;
