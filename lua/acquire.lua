@@ -5,11 +5,12 @@
 -- comes from Redis TIME only.
 --
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
---   1 pool    hash  available, reserved, sold, generation
+--   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
 --   2 res     hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
 --   3 due     zset  reservation_id scored by expires_at_ms (RESERVED ones only)
 --   4 held    hash  user_id -> units held (reserved + confirmed)
 --   5 idem    hash  idempotency_key -> reservation_id
+--   6 outbox  stream the pool's events (see outbox.lua, prepended to this script)
 -- ARGV:
 --   1 user_id
 --   2 quantity
@@ -20,6 +21,8 @@
 --   7 expected pool generation (0: not checked); a pool of another generation (0 when it
 --     does not exist) lost the keys of that one, so the call is refused before the key
 --     lookup
+--   8 outbox_max: how many events the outbox keeps at most
+-- A new reservation writes its 'reserved' event; a replay writes none.
 -- Returns one of:
 --   {'reserved', reservation_id, quantity, expires_at_ms, replayed (0|1), generation}
 --   {'generation', expected, actual}   both as decimal strings
@@ -28,7 +31,8 @@
 --   {'conflict'}
 --   {'duplicate_id'}   new_reservation_id names an existing reservation (a caller bug)
 
-local K_POOL, K_RES, K_DUE, K_HELD, K_IDEM = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local K_POOL, K_RES, K_DUE, K_HELD, K_IDEM, K_OUTBOX = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local outbox_max = tonumber(ARGV[8])
 local user, key, new_id = ARGV[1], ARGV[3], ARGV[4]
 local qty = tonumber(ARGV[2])
 local limit = tonumber(ARGV[5])
@@ -75,8 +79,10 @@ local expires_at = now + ttl
 redis.call('HINCRBY', K_POOL, 'available', -qty)
 redis.call('HINCRBY', K_POOL, 'reserved', qty)
 redis.call('HINCRBY', K_HELD, user, qty)
-redis.call('HSET', K_RES, new_id, cjson.encode({s = 'reserved', q = qty, e = expires_at, u = user, k = key}))
+local rec = {s = 'reserved', q = qty, e = expires_at, u = user, k = key}
+redis.call('HSET', K_RES, new_id, cjson.encode(rec))
 redis.call('ZADD', K_DUE, expires_at, new_id)
 redis.call('HSET', K_IDEM, key, new_id)
+outbox_emit(K_POOL, K_OUTBOX, outbox_max, new_id, rec, nil, now)
 
 return {'reserved', new_id, qty, expires_at, 0, generation}

@@ -13,16 +13,19 @@
 -- acquire.lua writes it.
 --
 -- KEYS: as acquire.lua (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
---   1 pool    hash  available, reserved, sold, generation
+--   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
 --   2 res     hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
 --   3 due     zset  reservation_id scored by expires_at_ms (RESERVED ones only)
 --   4 held    hash  user_id -> units held (reserved + confirmed)
 --   5 idem    hash  idempotency_key -> reservation_id
+--   6 outbox  stream the pool's events (see outbox.lua, prepended to this script)
 -- ARGV:
 --   1 n, the number of requests
+--   2 outbox_max: how many events the outbox keeps at most
 --   then n groups of seven, acquire.lua's ARGV per request:
 --     user_id, quantity, idempotency_key, new_reservation_id, per_user_limit,
 --     reservation_ttl_ms, expected pool generation (0: not checked)
+-- Each new reservation writes its 'reserved' event, in request order; replays write none.
 -- Returns an array of n replies, the i-th answering the i-th request, each one of acquire.lua's:
 --   {'reserved', reservation_id, quantity, expires_at_ms, replayed (0|1), generation}
 --   {'generation', expected, actual}   both as decimal strings
@@ -31,8 +34,9 @@
 --   {'conflict'}
 --   {'duplicate_id'}
 
-local K_POOL, K_RES, K_DUE, K_HELD, K_IDEM = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local K_POOL, K_RES, K_DUE, K_HELD, K_IDEM, K_OUTBOX = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local n = tonumber(ARGV[1])
+local outbox_max = tonumber(ARGV[2])
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -74,15 +78,17 @@ local function acquire(user, qty, key, new_id, limit, ttl, expect)
   available = available - qty
   taken = taken + qty
   redis.call('HINCRBY', K_HELD, user, qty)
-  redis.call('HSET', K_RES, new_id, cjson.encode({s = 'reserved', q = qty, e = expires_at, u = user, k = key}))
+  local rec = {s = 'reserved', q = qty, e = expires_at, u = user, k = key}
+  redis.call('HSET', K_RES, new_id, cjson.encode(rec))
   redis.call('ZADD', K_DUE, expires_at, new_id)
   redis.call('HSET', K_IDEM, key, new_id)
+  outbox_emit(K_POOL, K_OUTBOX, outbox_max, new_id, rec, nil, now)
   return {'reserved', new_id, qty, expires_at, 0, generation}
 end
 
 local out = {}
 for i = 1, n do
-  local b = 1 + (i - 1) * 7
+  local b = 2 + (i - 1) * 7
   out[i] = acquire(ARGV[b + 1], tonumber(ARGV[b + 2]), ARGV[b + 3], ARGV[b + 4], tonumber(ARGV[b + 5]),
     tonumber(ARGV[b + 6]), ARGV[b + 7])
 end

@@ -4,18 +4,22 @@
 -- to available, the user's allowance is freed) and the confirm is refused.
 --
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
---   1 pool  hash  available, reserved, sold, generation
+--   1 pool  hash  available, reserved, sold, generation, event_seq, events_dropped
 --   2 res   hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
 --   3 due   zset  reservation_id scored by expires_at_ms (RESERVED ones only)
 --   4 held  hash  user_id -> units held (reserved + confirmed)
 --   5 gc    zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten
+--   6 outbox stream the pool's events (see outbox.lua, prepended to this script)
 -- ARGV:
 --   1 reservation_id
 --   2 retention_ms: how long a finished reservation (and its idempotency key) is remembered
+--   3 outbox_max: how many events the outbox keeps at most
+-- A transition writes its event (previous state 'reserved'); an answer that changes nothing writes none.
 -- Returns {verdict, state}: verdict 'done' | 'refused' | 'not_found', state
--- 'confirmed' | 'cancelled' | 'expired' ('' with not_found).
+-- 'confirmed' | 'cancelled' | 'expired' | 'refunded' ('' with not_found).
 
-local K_POOL, K_RES, K_DUE, K_HELD, K_GC = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local K_POOL, K_RES, K_DUE, K_HELD, K_GC, K_OUTBOX = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local outbox_max = tonumber(ARGV[3])
 local id = ARGV[1]
 local retention = tonumber(ARGV[2])
 
@@ -44,9 +48,11 @@ if tonumber(rec.e) <= now then
     redis.call('HDEL', K_HELD, rec.u)
   end
   redis.call('HSET', K_RES, id, cjson.encode(rec))
+  outbox_emit(K_POOL, K_OUTBOX, outbox_max, id, rec, 'reserved', now)
   return {'refused', 'expired'}
 end
 rec.s = 'confirmed'
 redis.call('HINCRBY', K_POOL, 'sold', qty)
 redis.call('HSET', K_RES, id, cjson.encode(rec))
+outbox_emit(K_POOL, K_OUTBOX, outbox_max, id, rec, 'reserved', now)
 return {'done', 'confirmed'}

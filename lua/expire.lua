@@ -3,7 +3,7 @@
 -- forgets up to gc_batch finished records whose retention ran out, so memory stays bounded.
 --
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
---   1 pool    hash  available, reserved, sold, generation
+--   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
 --   2 res     hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
 --   3 due     zset  reservation_id scored by expires_at_ms (RESERVED ones only)
 --   4 held    hash  user_id -> units held (reserved + confirmed)
@@ -11,14 +11,18 @@
 --   6 gc      zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten
 --   7 grants  hash  grant_id -> units applied
 --   8 takes   hash  take_id -> cjson {n = units, b = 0|1 (put back)}
+--   9 outbox  stream the pool's events (see outbox.lua, prepended to this script)
 -- ARGV:
 --   1 max_count: at most this many reservations are expired
 --   2 retention_ms: how long a finished reservation (and its idempotency key) is remembered
 --   3 gc_batch: at most this many old records are forgotten
+--   4 outbox_max: how many events the outbox keeps at most
+-- Each expiry writes its 'expired' event.
 -- Returns the number of units put back into available.
 
-local K_POOL, K_RES, K_DUE, K_HELD, K_IDEM, K_GC, K_GRANTS, K_TAKES =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local K_POOL, K_RES, K_DUE, K_HELD, K_IDEM, K_GC, K_GRANTS, K_TAKES, K_OUTBOX =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local outbox_max = tonumber(ARGV[4])
 -- Bounded so Redis always gets an integer LIMIT (one call never sweeps more anyway).
 local max_count = math.min(tonumber(ARGV[1]), 1000000000)
 local retention = tonumber(ARGV[2])
@@ -45,6 +49,7 @@ if max_count > 0 then
         end
         redis.call('HSET', K_RES, id, cjson.encode(rec))
         redis.call('ZADD', K_GC, now + retention, 'r:' .. id)
+        outbox_emit(K_POOL, K_OUTBOX, outbox_max, id, rec, 'reserved', now)
         freed = freed + qty
       end
     end

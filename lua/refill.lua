@@ -3,10 +3,12 @@
 -- (nonzero, below 2^53, and different after Redis lost the pool and it is created again).
 --
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
---   1 pool    hash  available, reserved, sold, generation
+--   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
 --   2 grants  hash  grant_id -> units applied
 --   3 gc      zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten
 --   4 fence   string  the highest center epoch that fenced the pool (see fence.lua)
+--   5 outbox  stream  the pool's events: dropped when the pool is created, so a new
+--                     generation numbers its events from 1 again
 -- ARGV:
 --   1 grant_id
 --   2 units
@@ -17,7 +19,7 @@
 -- Returns 1 if applied now, 0 if grant_id was applied before (a replay), -1 if must_exist
 -- and the pool does not exist, -2 if fenced (nothing is recorded for -1 and -2).
 
-local K_POOL, K_GRANTS, K_GC, K_FENCE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local K_POOL, K_GRANTS, K_GC, K_FENCE, K_OUTBOX = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local grant_id = ARGV[1]
 local units = tonumber(ARGV[2])
 local retention = tonumber(ARGV[3])
@@ -40,6 +42,8 @@ end
 redis.call('ZADD', K_GC, now + retention, 'g:' .. grant_id)
 if redis.call('HEXISTS', K_POOL, 'generation') == 0 then
   local generation = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  redis.call('DEL', K_OUTBOX)
+  redis.call('HDEL', K_POOL, 'event_seq', 'events_dropped')
   redis.call('HSET', K_POOL, 'available', 0, 'reserved', 0, 'sold', 0, 'generation', generation)
 end
 redis.call('HINCRBY', K_POOL, 'available', units)

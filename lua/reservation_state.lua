@@ -5,7 +5,7 @@
 --   1 res  hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
 -- ARGV:
 --   1 reservation_id
--- Returns 'reserved' | 'confirmed' | 'cancelled' | 'expired', or nil when unknown (never
+-- Returns 'reserved' | 'confirmed' | 'cancelled' | 'expired' | 'refunded', or nil when unknown (never
 -- existed, or forgotten after its retention).
 
 local raw = redis.call('HGET', KEYS[1], ARGV[1])

@@ -1,7 +1,7 @@
 -- snapshot.lua: the pool counters, its generation and the Redis clock. Read-only.
 --
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
---   1 pool  hash  available, reserved, sold, generation
+--   1 pool  hash  available, reserved, sold, generation, event_seq, events_dropped
 -- ARGV: none
 -- Returns {available, reserved, sold, generation, now_ms}; all counters and the generation
 -- are 0 when the pool does not exist (never refilled, or Redis lost it).

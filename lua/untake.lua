@@ -2,7 +2,7 @@
 -- applied by the center), once per take_id.
 --
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
---   1 pool   hash  available, reserved, sold, generation
+--   1 pool   hash  available, reserved, sold, generation, event_seq, events_dropped
 --   2 takes  hash  take_id -> cjson {n = units taken, b = 0|1 (put back by untake)}
 --   3 fence  string  the highest center epoch that fenced the pool (see fence.lua)
 -- ARGV:

@@ -278,6 +278,7 @@ pub fn reservation_state_pb(s: ReservationState) -> i32 {
         ReservationState::Confirmed => pb::ReservationState::Confirmed,
         ReservationState::Cancelled => pb::ReservationState::Cancelled,
         ReservationState::Expired => pb::ReservationState::Expired,
+        ReservationState::Refunded => pb::ReservationState::Refunded,
     };
     s as i32
 }

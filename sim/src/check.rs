@@ -177,7 +177,7 @@ fn check_pools(w: &World, item: &str, limit: u64) -> Res {
             match r.state {
                 ReservationState::Reserved => reserved += u128::from(r.quantity),
                 ReservationState::Confirmed => sold += u128::from(r.quantity),
-                ReservationState::Cancelled | ReservationState::Expired => continue,
+                ReservationState::Cancelled | ReservationState::Expired | ReservationState::Refunded => continue,
             }
             *per_user.entry(&r.user_id).or_default() += u128::from(r.quantity);
         }

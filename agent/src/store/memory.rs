@@ -20,6 +20,8 @@ use dashmap::DashMap;
 pub use inventory_core::pool::GC_BATCH;
 use inventory_core::pool::{Pool, PoolError};
 
+use super::{DEFAULT_OUTBOX_MAX, EventPage, ExtendResult, OutboxStats, Reservation, ReservationRef};
+
 use super::{
     AcquireArgs, AcquireResult, ChannelOp, ChannelReply, PoolKey, PoolSnapshot, PoolStore, ReservationState,
     StoreError, Transition,
@@ -61,6 +63,7 @@ pub struct MemoryPoolStore {
     pools: DashMap<PoolKey, Arc<Mutex<Pool>>>,
     channels: DashMap<String, Arc<Mutex<ChannelState>>>,
     retention_ms: i64,
+    outbox_max: u64,
 }
 
 impl Default for MemoryPoolStore {
@@ -71,7 +74,22 @@ impl Default for MemoryPoolStore {
 
 impl MemoryPoolStore {
     pub fn new() -> Self {
-        Self { pools: DashMap::new(), channels: DashMap::new(), retention_ms: duration_ms(DEFAULT_RECORD_RETENTION) }
+        Self {
+            pools: DashMap::new(),
+            channels: DashMap::new(),
+            retention_ms: duration_ms(DEFAULT_RECORD_RETENTION),
+            outbox_max: DEFAULT_OUTBOX_MAX,
+        }
+    }
+
+    /// Keep at most `max` events per pool (default [`DEFAULT_OUTBOX_MAX`]); past it the
+    /// oldest are dropped and counted.
+    pub fn with_outbox_max(mut self, max: u64) -> Self {
+        self.outbox_max = max.max(1);
+        for p in &self.pools {
+            lock(p.value()).set_outbox_max(self.outbox_max);
+        }
+        self
     }
 
     /// How long finished reservations, grant ids and take ids are remembered (default
@@ -141,7 +159,12 @@ impl MemoryPoolStore {
         if let Some(p) = self.existing(pool) {
             return p;
         }
-        Arc::clone(self.pools.entry(pool.clone()).or_default().value())
+        let new = || {
+            let mut p = Pool::new();
+            p.set_outbox_max(self.outbox_max);
+            Arc::new(Mutex::new(p))
+        };
+        Arc::clone(self.pools.entry(pool.clone()).or_insert_with(new).value())
     }
 }
 
@@ -174,6 +197,47 @@ impl PoolStore for MemoryPoolStore {
     async fn cancel(&self, pool: &PoolKey, reservation_id: &str) -> Result<Transition, StoreError> {
         let Some(p) = self.existing(pool) else { return Ok(Transition::NotFound) };
         lock(&p).cancel(reservation_id, now_ms(), self.retention_ms).map_err(|e| store_error(pool, e))
+    }
+
+    async fn refund(&self, pool: &PoolKey, reservation_id: &str) -> Result<Transition, StoreError> {
+        let Some(p) = self.existing(pool) else { return Ok(Transition::NotFound) };
+        lock(&p).refund(reservation_id, now_ms()).map_err(|e| store_error(pool, e))
+    }
+
+    async fn extend(
+        &self,
+        pool: &PoolKey,
+        reservation_id: &str,
+        extend_ms: u64,
+        ttl_ms: u64,
+    ) -> Result<ExtendResult, StoreError> {
+        let Some(p) = self.existing(pool) else { return Ok(ExtendResult::NotFound) };
+        let result = lock(&p).extend(reservation_id, extend_ms, ttl_ms, now_ms(), self.retention_ms);
+        result.map_err(|e| store_error(pool, e))
+    }
+
+    async fn reservation(
+        &self,
+        pool: &PoolKey,
+        by: &ReservationRef,
+    ) -> Result<Option<(String, Reservation)>, StoreError> {
+        let Some(p) = self.existing(pool) else { return Ok(None) };
+        Ok(lock(&p).find(by).map(|(id, r)| (id.to_owned(), r.clone())))
+    }
+
+    async fn events(&self, pool: &PoolKey, from_sequence: u64, max: u64) -> Result<EventPage, StoreError> {
+        let Some(p) = self.existing(pool) else { return Ok(Pool::new().events(from_sequence, max)) };
+        Ok(lock(&p).events(from_sequence, max))
+    }
+
+    async fn trim_events(&self, pool: &PoolKey, through_sequence: u64) -> Result<u64, StoreError> {
+        let Some(p) = self.existing(pool) else { return Ok(0) };
+        Ok(lock(&p).trim_events(through_sequence))
+    }
+
+    async fn outbox_stats(&self, pool: &PoolKey) -> Result<OutboxStats, StoreError> {
+        let Some(p) = self.existing(pool) else { return Ok(OutboxStats::default()) };
+        Ok(lock(&p).outbox_stats())
     }
 
     async fn expire_due(&self, pool: &PoolKey, max: u64) -> Result<u64, StoreError> {
@@ -351,7 +415,19 @@ mod keep_tests {
         let store = MemoryPoolStore::new();
         let pool = PoolKey::new("app", "skin");
         store.refill(&pool, "g1", 5, 1).await.unwrap();
+        let args = AcquireArgs {
+            user_id: "u".into(),
+            quantity: 1,
+            idempotency_key: "k".into(),
+            new_reservation_id: "r".into(),
+            per_user_limit: 5,
+            reservation_ttl_ms: 60_000,
+            expect_generation: None,
+        };
+        store.acquire(&pool, &args).await.unwrap();
         let before = store.snapshot(&pool).await.unwrap();
+        let events = store.events(&pool, 0, 10).await.unwrap();
+        assert_eq!(events.events.len(), 1);
         assert_eq!(store.save(&path, "http://a:1").unwrap(), 1);
 
         let other = MemoryPoolStore::load(&path, "http://b:1").expect_err("pools of another center");
@@ -362,6 +438,7 @@ mod keep_tests {
         assert_eq!(items, vec!["skin".to_owned()]);
         let after = again.snapshot(&pool).await.unwrap();
         assert_eq!((after.available, after.generation), (before.available, before.generation));
+        assert_eq!(again.events(&pool, 0, 10).await.unwrap(), events, "the outbox is kept with the pool");
         assert!(!path.exists(), "read once");
         let (empty, items) = MemoryPoolStore::load(&path, "http://a:1").unwrap();
         assert!(items.is_empty() && empty.snapshot(&pool).await.unwrap().generation == 0);

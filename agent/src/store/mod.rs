@@ -7,6 +7,11 @@
 //! - [`memory::MemoryPoolStore`]: the embedded default, over the reference model
 //!   [`inventory_core::pool::Pool`].
 //!
+//! Every reservation transition writes its [`PoolEvent`] into the pool's outbox in the same
+//! atomic step (the same Lua call, the same critical section); [`PoolStore::events`] reads
+//! it and [`PoolStore::trim_events`] forgets what a relay delivered. The outbox keeps at
+//! most the store's outbox bound per pool, dropping the oldest.
+//!
 //! **Architecture invariant:** the pool counters change only inside these operations;
 //! nothing else writes them. `available + reserved + sold` changes only through
 //! `refill` (up) and `take_for_return` (down).
@@ -37,7 +42,10 @@ impl PoolKey {
 
 // The pool model and the data it speaks live in `inventory_core::pool`; the stores wrap it
 // (memory) or mirror it (Lua).
-pub use inventory_core::pool::{AcquireArgs, AcquireResult, PoolSnapshot, ReservationState, Transition};
+pub use inventory_core::pool::{
+    AcquireArgs, AcquireResult, DEFAULT_OUTBOX_MAX, EventPage, ExtendResult, OutboxStats, PoolEvent, PoolSnapshot,
+    Reservation, ReservationRef, ReservationState, Transition,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -81,6 +89,39 @@ pub trait PoolStore: Send + Sync + 'static {
     /// RESERVED -> CANCELLED (reserved -> available, frees the user's allowance).
     /// Idempotent; refused after confirm; a no-op returning EXPIRED after expiry.
     async fn cancel(&self, pool: &PoolKey, reservation_id: &str) -> Result<Transition, StoreError>;
+
+    /// CONFIRMED -> REFUNDED (sold -> available, frees the user's allowance). Idempotent;
+    /// refused unless confirmed.
+    async fn refund(&self, pool: &PoolKey, reservation_id: &str) -> Result<Transition, StoreError>;
+
+    /// Pushes a RESERVED reservation's expiry to `max(current, now + min(extend_ms,
+    /// ttl_ms))` by the store's clock. One already past its expiry is expired on the spot
+    /// and refused, as confirm does.
+    async fn extend(
+        &self,
+        pool: &PoolKey,
+        reservation_id: &str,
+        extend_ms: u64,
+        ttl_ms: u64,
+    ) -> Result<ExtendResult, StoreError>;
+
+    /// One reservation by id or by idempotency key, with its id, while the store knows it.
+    async fn reservation(
+        &self,
+        pool: &PoolKey,
+        by: &ReservationRef,
+    ) -> Result<Option<(String, Reservation)>, StoreError>;
+
+    /// Events with sequence >= from_sequence, oldest first, at most max; plus the pool's
+    /// generation, last written sequence and oldest kept sequence.
+    async fn events(&self, pool: &PoolKey, from_sequence: u64, max: u64) -> Result<EventPage, StoreError>;
+
+    /// Forgets events with sequence <= through_sequence (the relay calls this after the
+    /// broker acknowledged them). Returns how many were removed.
+    async fn trim_events(&self, pool: &PoolKey, through_sequence: u64) -> Result<u64, StoreError>;
+
+    /// How many events the outbox keeps and has dropped (for metrics).
+    async fn outbox_stats(&self, pool: &PoolKey) -> Result<OutboxStats, StoreError>;
 
     /// Expires up to `max` reservations whose expiry is due by the store's clock.
     /// Returns the number of units put back into available.

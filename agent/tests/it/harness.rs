@@ -10,8 +10,8 @@ use dashmap::DashMap;
 use inventory_agent::agent::Agent;
 use inventory_agent::config::StoreKind;
 use inventory_agent::store::{
-    AcquireArgs, AcquireResult, ChannelOp, ChannelReply, PoolKey, PoolSnapshot, PoolStore, ReservationState,
-    StoreError, Transition,
+    AcquireArgs, AcquireResult, ChannelOp, ChannelReply, EventPage, ExtendResult, OutboxStats, PoolKey, PoolSnapshot,
+    PoolStore, Reservation, ReservationRef, ReservationState, StoreError, Transition,
 };
 use inventory_agent::{AgentConfig, Application as AgentApp};
 use inventory_center::{Application as CenterApp, CenterConfig};
@@ -465,6 +465,34 @@ impl PoolStore for ObservedStore {
     async fn channel_op(&self, channel: &str, op: ChannelOp<'_>) -> Result<ChannelReply, StoreError> {
         self.count("channel_op");
         self.inner.channel_op(channel, op).await
+    }
+    async fn refund(&self, pool: &PoolKey, id: &str) -> Result<Transition, StoreError> {
+        self.count("refund");
+        self.inner.refund(pool, id).await
+    }
+    async fn extend(&self, pool: &PoolKey, id: &str, extend_ms: u64, ttl_ms: u64) -> Result<ExtendResult, StoreError> {
+        self.count("extend");
+        self.inner.extend(pool, id, extend_ms, ttl_ms).await
+    }
+    async fn reservation(
+        &self,
+        pool: &PoolKey,
+        by: &ReservationRef,
+    ) -> Result<Option<(String, Reservation)>, StoreError> {
+        self.count("reservation");
+        self.inner.reservation(pool, by).await
+    }
+    async fn events(&self, pool: &PoolKey, from: u64, max: u64) -> Result<EventPage, StoreError> {
+        self.count("events");
+        self.inner.events(pool, from, max).await
+    }
+    async fn trim_events(&self, pool: &PoolKey, through: u64) -> Result<u64, StoreError> {
+        self.count("trim_events");
+        self.inner.trim_events(pool, through).await
+    }
+    async fn outbox_stats(&self, pool: &PoolKey) -> Result<OutboxStats, StoreError> {
+        self.count("outbox_stats");
+        self.inner.outbox_stats(pool).await
     }
 }
 

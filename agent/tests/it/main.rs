@@ -10,4 +10,6 @@ mod paths;
 mod replicas;
 mod sale;
 mod security;
+#[macro_use]
 mod store_contract;
+mod store_events;

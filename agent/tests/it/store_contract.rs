@@ -22,32 +22,32 @@ use rand::Rng;
 
 use ReservationState::{Cancelled, Confirmed, Expired, Reserved};
 
-const LONG_TTL_MS: u64 = 60_000;
-const SHORT_TTL_MS: u64 = 30;
-const WAIT: Duration = Duration::from_secs(10);
+pub(crate) const LONG_TTL_MS: u64 = 60_000;
+pub(crate) const SHORT_TTL_MS: u64 = 30;
+pub(crate) const WAIT: Duration = Duration::from_secs(10);
 
 /// Where the stores under test live.
-enum Backend {
+pub(crate) enum Backend {
     Memory,
     Redis(TestRedis),
 }
 
 impl Backend {
-    async fn memory() -> Self {
+    pub(crate) async fn memory() -> Self {
         Backend::Memory
     }
 
-    async fn redis() -> Self {
+    pub(crate) async fn redis() -> Self {
         Backend::Redis(TestRedis::create().await)
     }
 
-    async fn store(&self) -> Arc<dyn PoolStore> {
+    pub(crate) async fn store(&self) -> Arc<dyn PoolStore> {
         self.store_with_retention(DEFAULT_RECORD_RETENTION).await
     }
 
     /// With Redis, every store of one backend shares the data (like agent replicas sharing
     /// one Redis); with memory each store is separate. Tests use distinct pools either way.
-    async fn store_with_retention(&self, retention: Duration) -> Arc<dyn PoolStore> {
+    pub(crate) async fn store_with_retention(&self, retention: Duration) -> Arc<dyn PoolStore> {
         match self {
             Backend::Memory => Arc::new(MemoryPoolStore::new().with_record_retention(retention)),
             Backend::Redis(redis) => Arc::new(
@@ -62,7 +62,7 @@ impl Backend {
 
 impl Backend {
     /// A store, and with Redis the same store's concrete type (to read its batch counters).
-    async fn grouping_store(&self) -> (Arc<dyn PoolStore>, Option<Arc<RedisPoolStore>>) {
+    pub(crate) async fn grouping_store(&self) -> (Arc<dyn PoolStore>, Option<Arc<RedisPoolStore>>) {
         match self {
             Backend::Memory => (self.store().await, None),
             Backend::Redis(redis) => {
@@ -95,6 +95,7 @@ impl Backend {
     }
 }
 
+/// Also used by the other contract files (`store_events`): `super::Backend` must be in scope there.
 macro_rules! contract_suite {
     ($($test:ident),* $(,)?) => {
         mod memory {
@@ -147,11 +148,11 @@ contract_suite!(
 // ---------------------------------------------------------------------------------------
 // helpers
 
-fn pool(item: &str) -> PoolKey {
+pub(crate) fn pool(item: &str) -> PoolKey {
     PoolKey::new("app", item)
 }
 
-fn acquire_args(user: &str, quantity: u64, key: &str, limit: u64, ttl_ms: u64) -> AcquireArgs {
+pub(crate) fn acquire_args(user: &str, quantity: u64, key: &str, limit: u64, ttl_ms: u64) -> AcquireArgs {
     AcquireArgs {
         user_id: user.to_owned(),
         quantity,
@@ -165,13 +166,13 @@ fn acquire_args(user: &str, quantity: u64, key: &str, limit: u64, ttl_ms: u64) -
 
 /// Acquires `quantity` for `user` with a fresh key, a limit of 100 and a long TTL, and
 /// returns the reservation id.
-async fn reserve(store: &dyn PoolStore, pool: &PoolKey, user: &str, quantity: u64) -> String {
+pub(crate) async fn reserve(store: &dyn PoolStore, pool: &PoolKey, user: &str, quantity: u64) -> String {
     let key = uuid::Uuid::new_v4().to_string();
     reserve_with(store, pool, &acquire_args(user, quantity, &key, 100, LONG_TTL_MS)).await.0
 }
 
 /// Runs an acquire that must reserve without replay; returns (reservation id, expires_at_ms).
-async fn reserve_with(store: &dyn PoolStore, pool: &PoolKey, args: &AcquireArgs) -> (String, i64) {
+pub(crate) async fn reserve_with(store: &dyn PoolStore, pool: &PoolKey, args: &AcquireArgs) -> (String, i64) {
     match store.acquire(pool, args).await.expect("acquire") {
         AcquireResult::Reserved { reservation_id, quantity, expires_at_ms, replayed: false, .. } => {
             assert_eq!(reservation_id, args.new_reservation_id);
@@ -182,12 +183,12 @@ async fn reserve_with(store: &dyn PoolStore, pool: &PoolKey, args: &AcquireArgs)
     }
 }
 
-async fn snap(store: &dyn PoolStore, pool: &PoolKey) -> PoolSnapshot {
+pub(crate) async fn snap(store: &dyn PoolStore, pool: &PoolKey) -> PoolSnapshot {
     store.snapshot(pool).await.expect("snapshot")
 }
 
 /// (available, reserved, sold)
-async fn counters(store: &dyn PoolStore, pool: &PoolKey) -> (u64, u64, u64) {
+pub(crate) async fn counters(store: &dyn PoolStore, pool: &PoolKey) -> (u64, u64, u64) {
     let s = snap(store, pool).await;
     (s.available, s.reserved, s.sold)
 }
@@ -197,7 +198,7 @@ async fn state(store: &dyn PoolStore, pool: &PoolKey, id: &str) -> Option<Reserv
 }
 
 /// Waits, by the store's own clock, until `expires_at_ms` has passed.
-async fn wait_past(store: &Arc<dyn PoolStore>, pool: &PoolKey, expires_at_ms: i64) {
+pub(crate) async fn wait_past(store: &Arc<dyn PoolStore>, pool: &PoolKey, expires_at_ms: i64) {
     let passed = wait_until(WAIT, || {
         let (store, pool) = (Arc::clone(store), pool.clone());
         async move { snap(&*store, &pool).await.now_ms >= expires_at_ms }
@@ -207,7 +208,7 @@ async fn wait_past(store: &Arc<dyn PoolStore>, pool: &PoolKey, expires_at_ms: i6
 }
 
 /// Calls `expire_due` until it has freed `units` in total; returns the total freed.
-async fn sweep_until_freed(store: &Arc<dyn PoolStore>, pool: &PoolKey, units: u64) -> u64 {
+pub(crate) async fn sweep_until_freed(store: &Arc<dyn PoolStore>, pool: &PoolKey, units: u64) -> u64 {
     let freed = Arc::new(AtomicU64::new(0));
     let done = wait_until(WAIT, || {
         let (store, pool, freed) = (Arc::clone(store), pool.clone(), Arc::clone(&freed));
@@ -756,7 +757,7 @@ async fn short_ttl_reservations_expire_through_the_sweeper(backend: &Backend) {
 }
 
 /// Strings that would break a script built by interpolation, or a naive encoding.
-fn hostile_strings() -> Vec<String> {
+pub(crate) fn hostile_strings() -> Vec<String> {
     let printable: String = (0x21u8..=0x7e).map(char::from).cycle().take(128).collect();
     vec![
         r#"quote'"double"#.to_owned(),
@@ -1045,11 +1046,14 @@ async fn redis_keys_carry_the_prefix_and_the_pool_hash_tag() {
         ::redis::cmd("KEYS").arg(format!("{}*", redis.prefix)).query_async(&mut conn).await.unwrap();
     keys.sort();
     let base = format!("{}{{app:sku-keys}}:", redis.prefix);
-    let expected: Vec<String> =
-        ["gc", "grants", "held", "idem", "pool", "res", "takes"].iter().map(|n| format!("{base}{n}")).collect();
+    let expected: Vec<String> = ["gc", "grants", "held", "idem", "outbox", "pool", "res", "takes"]
+        .iter()
+        .map(|n| format!("{base}{n}"))
+        .collect();
     assert_eq!(keys, expected);
 
-    // After the sweeper forgot the finished records, only the counters and holdings remain.
+    // After the sweeper forgot the finished records, only the counters, the holdings and
+    // the outbox (trimmed by the relay or its bound, not by the retention) remain.
     let forgot = wait_until(WAIT, || {
         let (store, p, id) = (&store, p.clone(), id.clone());
         async move {
@@ -1062,7 +1066,7 @@ async fn redis_keys_carry_the_prefix_and_the_pool_hash_tag() {
     let mut keys: Vec<String> =
         ::redis::cmd("KEYS").arg(format!("{}*", redis.prefix)).query_async(&mut conn).await.unwrap();
     keys.sort();
-    assert_eq!(keys, vec![format!("{base}held"), format!("{base}pool")]);
+    assert_eq!(keys, vec![format!("{base}held"), format!("{base}outbox"), format!("{base}pool")]);
 }
 
 /// Asked to wait for a replica that does not exist, a write answers UNAVAILABLE; the
@@ -1147,6 +1151,12 @@ async fn redis_data_loss_shows_as_generation_zero_and_the_store_reconnects() {
         other => panic!("expected the replay refused, got {other:?}"),
     }
     assert_eq!(counters(&*store, &p).await, (3, 0, 0));
+
+    // The outbox was lost with the pool; the new generation numbers its events from 1.
+    reserve(&*store, &p, "ann", 1).await;
+    let page = store.events(&p, 0, 10).await.unwrap();
+    assert_eq!(page.generation, recreated.generation);
+    assert_eq!(page.events.iter().map(|e| e.sequence).collect::<Vec<_>>(), [1]);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -6,6 +6,9 @@
 //! the Unix epoch), how long finished records are remembered (`retention_ms`) and the
 //! generation of a pool created by a refill, and makes each call atomic.
 //!
+//! Every reservation transition appends a [`PoolEvent`] to the pool's outbox within the same
+//! call (numbered per pool without gaps, bounded by dropping the oldest).
+//!
 //! **Invariant:** `available + reserved + sold` changes only through [`Pool::refill`] /
 //! [`Pool::refill_existing`] (up, once per grant id), [`Pool::take_for_return`] (down, once
 //! per take id) and [`Pool::untake`] (up again, once per take id).
@@ -14,7 +17,7 @@ mod model;
 #[cfg(test)]
 mod tests;
 
-pub use model::{GC_BATCH, Pool, Reservation};
+pub use model::{DEFAULT_OUTBOX_MAX, GC_BATCH, Pool, Reservation};
 
 /// One purchase attempt, already validated at the edge.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,6 +61,8 @@ pub enum ReservationState {
     Confirmed,
     Cancelled,
     Expired,
+    /// A confirmed reservation paid back: its units are on sale again.
+    Refunded,
 }
 
 impl ReservationState {
@@ -67,8 +72,84 @@ impl ReservationState {
             ReservationState::Confirmed => "confirmed",
             ReservationState::Cancelled => "cancelled",
             ReservationState::Expired => "expired",
+            ReservationState::Refunded => "refunded",
         }
     }
+
+    /// The inverse of [`ReservationState::as_str`].
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "reserved" => ReservationState::Reserved,
+            "confirmed" => ReservationState::Confirmed,
+            "cancelled" => ReservationState::Cancelled,
+            "expired" => ReservationState::Expired,
+            "refunded" => ReservationState::Refunded,
+            _ => return None,
+        })
+    }
+}
+
+/// One reservation transition as the pool's outbox keeps it. Written in the same atomic
+/// step as the change it tells of (the same critical section, the same Lua call).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PoolEvent {
+    /// Per pool, from 1, without gaps; starts again at 1 when the pool is created anew
+    /// (a new generation).
+    pub sequence: u64,
+    pub reservation_id: String,
+    pub idempotency_key: String,
+    pub user_id: String,
+    pub quantity: u64,
+    /// The state the reservation entered.
+    pub state: ReservationState,
+    /// The state it left; `None` for the event that created the reservation.
+    pub previous: Option<ReservationState>,
+    /// The store's clock, in ms since the Unix epoch.
+    pub at_ms: i64,
+}
+
+/// A read of a pool's outbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EventPage {
+    /// The pool's generation (0: the pool does not exist); sequences are per generation.
+    pub generation: u64,
+    /// Kept events from the asked sequence on, oldest first.
+    pub events: Vec<PoolEvent>,
+    /// The sequence of the last event written (0: none yet).
+    pub last_sequence: u64,
+    /// The sequence of the oldest kept event; `last_sequence + 1` when none is kept.
+    pub first_kept: u64,
+}
+
+/// The size of a pool's outbox, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutboxStats {
+    /// Events kept.
+    pub kept: u64,
+    /// Events the outbox bound dropped (oldest first) since the pool was created.
+    pub dropped: u64,
+    /// The sequence of the last event written (0: none yet).
+    pub last_sequence: u64,
+}
+
+/// Which reservation to look up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReservationRef {
+    Id(String),
+    IdempotencyKey(String),
+}
+
+/// Outcome of extend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExtendResult {
+    /// The reservation is RESERVED until this time (ms since the Unix epoch).
+    Extended {
+        expires_at_ms: i64,
+    },
+    /// Not RESERVED (any more): the state it is in. A reservation found past its expiry is
+    /// expired on the spot, as a confirm would.
+    Refused(ReservationState),
+    NotFound,
 }
 
 /// Outcome of confirm or cancel.
@@ -77,7 +158,7 @@ pub enum Transition {
     /// The reservation is now (or already was) in this state.
     Done(ReservationState),
     /// Not allowed from the reservation's current state (confirm after cancel/expiry,
-    /// cancel after confirm).
+    /// cancel after confirm, refund before confirm).
     Refused(ReservationState),
     NotFound,
 }

@@ -1,14 +1,20 @@
 //! [`Pool`] and its operations. Every branch has its twin in a `lua/` script.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use super::{AcquireArgs, AcquireResult, PoolError, PoolSnapshot, ReservationState, Transition};
+use super::{
+    AcquireArgs, AcquireResult, EventPage, ExtendResult, OutboxStats, PoolError, PoolEvent, PoolSnapshot,
+    ReservationRef, ReservationState, Transition,
+};
 use crate::ledger::PoolCounts;
 
 /// At most this many forgettable records are dropped per [`Pool::expire_due`] call.
 pub const GC_BATCH: u64 = 100;
+
+/// How many events a pool's outbox keeps by default before it drops the oldest.
+pub const DEFAULT_OUTBOX_MAX: u64 = 100_000;
 
 /// One reservation as the pool records it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,6 +66,18 @@ pub struct Pool {
     takes: BTreeMap<String, Take>,
     /// Records by the time after which they may be forgotten.
     gc: BTreeSet<(i64, Forgettable)>,
+    /// The outbox: the reservation transitions not yet trimmed, oldest first.
+    #[serde(default)]
+    events: VecDeque<PoolEvent>,
+    /// The sequence of the last event written.
+    #[serde(default)]
+    event_sequence: u64,
+    /// Events dropped by the outbox bound.
+    #[serde(default)]
+    events_dropped: u64,
+    /// The outbox bound; `None` is [`DEFAULT_OUTBOX_MAX`]. Set by the store, not saved.
+    #[serde(skip)]
+    outbox_max: Option<u64>,
 }
 
 fn add(x: u64, by: u64, what: &'static str) -> Result<u64, PoolError> {
@@ -73,6 +91,31 @@ fn sub(x: u64, by: u64, what: &'static str) -> Result<u64, PoolError> {
 impl Pool {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Keep at most `max` events in the outbox (at least 1); the oldest are dropped first.
+    pub fn set_outbox_max(&mut self, max: u64) {
+        self.outbox_max = Some(max.max(1));
+    }
+
+    /// Appends the event of a transition, dropping the oldest kept events past the bound.
+    fn emit(&mut self, id: &str, r: &Reservation, previous: Option<ReservationState>, now_ms: i64) {
+        self.event_sequence = self.event_sequence.saturating_add(1);
+        self.events.push_back(PoolEvent {
+            sequence: self.event_sequence,
+            reservation_id: id.to_owned(),
+            idempotency_key: r.idempotency_key.clone(),
+            user_id: r.user_id.clone(),
+            quantity: r.quantity,
+            state: r.state,
+            previous,
+            at_ms: now_ms,
+        });
+        let max = usize::try_from(self.outbox_max.unwrap_or(DEFAULT_OUTBOX_MAX)).unwrap_or(usize::MAX);
+        while self.events.len() > max {
+            self.events.pop_front();
+            self.events_dropped = self.events_dropped.saturating_add(1);
+        }
     }
 
     /// The expected generation (if given), replay check on the idempotency key, per-user
@@ -133,6 +176,9 @@ impl Pool {
         );
         self.due.insert((expires_at_ms, args.new_reservation_id.clone()));
         self.keys.insert(args.idempotency_key.clone(), args.new_reservation_id.clone());
+        if let Some(r) = self.reservations.get(&args.new_reservation_id).cloned() {
+            self.emit(&args.new_reservation_id, &r, None, now_ms);
+        }
         Ok(AcquireResult::Reserved {
             reservation_id: args.new_reservation_id.clone(),
             quantity: args.quantity,
@@ -168,6 +214,8 @@ impl Pool {
         (self.available, self.reserved, self.sold) = (available, reserved, sold);
         if let Some(r) = self.reservations.get_mut(id) {
             r.state = to;
+            let r = r.clone();
+            self.emit(id, &r, Some(ReservationState::Reserved), now_ms);
         }
         self.due.remove(&(expires_at_ms, id.to_owned()));
         self.gc.insert((now_ms.saturating_add(retention_ms), Forgettable::Reservation(id.to_owned())));
@@ -180,7 +228,9 @@ impl Pool {
         let Some(r) = self.reservations.get(reservation_id) else { return Ok(Transition::NotFound) };
         Ok(match r.state {
             ReservationState::Confirmed => Transition::Done(ReservationState::Confirmed),
-            ReservationState::Cancelled | ReservationState::Expired => Transition::Refused(r.state),
+            ReservationState::Cancelled | ReservationState::Expired | ReservationState::Refunded => {
+                Transition::Refused(r.state)
+            }
             ReservationState::Reserved if r.expires_at_ms <= now_ms => {
                 self.finish(reservation_id, ReservationState::Expired, now_ms, retention_ms)?;
                 Transition::Refused(ReservationState::Expired)
@@ -197,7 +247,7 @@ impl Pool {
     pub fn cancel(&mut self, reservation_id: &str, now_ms: i64, retention_ms: i64) -> Result<Transition, PoolError> {
         let Some(r) = self.reservations.get(reservation_id) else { return Ok(Transition::NotFound) };
         Ok(match r.state {
-            ReservationState::Confirmed => Transition::Refused(ReservationState::Confirmed),
+            ReservationState::Confirmed | ReservationState::Refunded => Transition::Refused(r.state),
             ReservationState::Cancelled | ReservationState::Expired => Transition::Done(r.state),
             ReservationState::Reserved => {
                 let to =
@@ -206,6 +256,104 @@ impl Pool {
                 Transition::Done(to)
             }
         })
+    }
+
+    /// CONFIRMED -> REFUNDED (sold -> available, frees the user's allowance). Idempotent;
+    /// refused unless confirmed. The record keeps the retention it got at its confirm.
+    pub fn refund(&mut self, reservation_id: &str, now_ms: i64) -> Result<Transition, PoolError> {
+        let Some(r) = self.reservations.get(reservation_id) else { return Ok(Transition::NotFound) };
+        match r.state {
+            ReservationState::Refunded => return Ok(Transition::Done(ReservationState::Refunded)),
+            ReservationState::Confirmed => {}
+            other => return Ok(Transition::Refused(other)),
+        }
+        let quantity = r.quantity;
+        let sold = sub(self.sold, quantity, "pool sold")?;
+        let available = add(self.available, quantity, "pool available")?;
+        if let Some(held) = self.held.get_mut(&r.user_id) {
+            *held = held.saturating_sub(quantity);
+            if *held == 0 {
+                self.held.remove(&r.user_id);
+            }
+        }
+        (self.available, self.sold) = (available, sold);
+        if let Some(r) = self.reservations.get_mut(reservation_id) {
+            r.state = ReservationState::Refunded;
+            let r = r.clone();
+            self.emit(reservation_id, &r, Some(ReservationState::Confirmed), now_ms);
+        }
+        Ok(Transition::Done(ReservationState::Refunded))
+    }
+
+    /// Pushes a RESERVED reservation's expiry to `max(current, now + min(extend_ms,
+    /// ttl_ms))`. Not a transition, so no event. One found past its expiry is expired on
+    /// the spot (an event) and refused, as [`Pool::confirm`] does.
+    pub fn extend(
+        &mut self,
+        reservation_id: &str,
+        extend_ms: u64,
+        ttl_ms: u64,
+        now_ms: i64,
+        retention_ms: i64,
+    ) -> Result<ExtendResult, PoolError> {
+        let Some(r) = self.reservations.get_mut(reservation_id) else { return Ok(ExtendResult::NotFound) };
+        if r.state != ReservationState::Reserved {
+            return Ok(ExtendResult::Refused(r.state));
+        }
+        if r.expires_at_ms <= now_ms {
+            self.finish(reservation_id, ReservationState::Expired, now_ms, retention_ms)?;
+            return Ok(ExtendResult::Refused(ReservationState::Expired));
+        }
+        let by = i64::try_from(extend_ms.min(ttl_ms)).unwrap_or(i64::MAX);
+        let old = r.expires_at_ms;
+        let new = old.max(now_ms.saturating_add(by));
+        if new != old {
+            r.expires_at_ms = new;
+            self.due.remove(&(old, reservation_id.to_owned()));
+            self.due.insert((new, reservation_id.to_owned()));
+        }
+        Ok(ExtendResult::Extended { expires_at_ms: new })
+    }
+
+    /// One reservation by id or by idempotency key, with its id.
+    pub fn find(&self, by: &ReservationRef) -> Option<(&str, &Reservation)> {
+        let id = match by {
+            ReservationRef::Id(id) => id,
+            ReservationRef::IdempotencyKey(key) => self.keys.get(key)?,
+        };
+        self.reservations.get_key_value(id).map(|(id, r)| (id.as_str(), r))
+    }
+
+    /// Kept events with `sequence >= from_sequence`, at most `max`, oldest first.
+    pub fn events(&self, from_sequence: u64, max: u64) -> EventPage {
+        let first_kept = self.events.front().map_or(self.event_sequence.saturating_add(1), |e| e.sequence);
+        // Sequences are contiguous in the deque, so the start is an index.
+        let skip = usize::try_from(from_sequence.saturating_sub(first_kept)).unwrap_or(usize::MAX);
+        let take = usize::try_from(max).unwrap_or(usize::MAX);
+        EventPage {
+            generation: self.generation,
+            events: self.events.iter().skip(skip).take(take).cloned().collect(),
+            last_sequence: self.event_sequence,
+            first_kept,
+        }
+    }
+
+    /// Forgets kept events with `sequence <= through_sequence`; returns how many.
+    pub fn trim_events(&mut self, through_sequence: u64) -> u64 {
+        let mut n: u64 = 0;
+        while self.events.front().is_some_and(|e| e.sequence <= through_sequence) {
+            self.events.pop_front();
+            n += 1;
+        }
+        n
+    }
+
+    pub fn outbox_stats(&self) -> OutboxStats {
+        OutboxStats {
+            kept: u64::try_from(self.events.len()).unwrap_or(u64::MAX),
+            dropped: self.events_dropped,
+            last_sequence: self.event_sequence,
+        }
     }
 
     /// Expires up to `max` reservations due by `now_ms`, earliest first, then forgets up to
@@ -280,7 +428,11 @@ impl Pool {
         self.grants.insert(grant_id.to_owned(), units);
         self.gc.insert((now_ms.saturating_add(retention_ms), Forgettable::Grant(grant_id.to_owned())));
         if self.generation == 0 {
+            // A new generation numbers its events from 1 again.
             self.generation = new_generation.max(1);
+            self.events.clear();
+            self.event_sequence = 0;
+            self.events_dropped = 0;
         }
         self.available = available;
         Ok(true)

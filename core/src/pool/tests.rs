@@ -296,3 +296,131 @@ fn counts_and_reservations_agree() {
     assert_eq!(p.reservation("r2").map(|r| (r.user_id.as_str(), r.quantity)), Some(("u2", 3)));
     assert_eq!(Pool::new().counts(), crate::ledger::PoolCounts::default());
 }
+
+/// (sequence, reservation id, state, previous) of every kept event.
+fn event_log(p: &Pool) -> Vec<(u64, String, ReservationState, Option<ReservationState>)> {
+    p.events(0, u64::MAX).events.into_iter().map(|e| (e.sequence, e.reservation_id, e.state, e.previous)).collect()
+}
+
+#[test]
+fn every_transition_writes_one_event_numbered_without_gaps_and_replays_write_none() {
+    use ReservationState::{Cancelled, Confirmed, Expired, Refunded, Reserved};
+    let mut p = stocked(10);
+    for (i, id) in ["r1", "r2", "r3", "r4"].into_iter().enumerate() {
+        reserve(&mut p, &format!("u{i}"), 1, &format!("k{i}"), id, 100);
+    }
+    reserve(&mut p, "u0", 1, "k0", "r9", 100); // replay: no event
+    assert_eq!(p.confirm("r1", 200, RETAIN), Ok(Transition::Done(Confirmed)));
+    assert_eq!(p.confirm("r1", 200, RETAIN), Ok(Transition::Done(Confirmed)));
+    assert_eq!(p.cancel("r2", 200, RETAIN), Ok(Transition::Done(Cancelled)));
+    assert_eq!(p.cancel("r2", 200, RETAIN), Ok(Transition::Done(Cancelled)));
+    // Past its expiry: the confirm expires it on the spot, one event.
+    assert_eq!(p.confirm("r3", 1_100, RETAIN), Ok(Transition::Refused(Expired)));
+    assert_eq!(p.confirm("r3", 1_100, RETAIN), Ok(Transition::Refused(Expired)));
+    assert_eq!(p.expire_due(10, 1_100, RETAIN), Ok(1));
+    assert_eq!(p.refund("r1", 1_200), Ok(Transition::Done(Refunded)));
+    assert_eq!(p.refund("r1", 1_200), Ok(Transition::Done(Refunded)));
+    let log = event_log(&p);
+    let expected = [
+        ("r1", Reserved, None),
+        ("r2", Reserved, None),
+        ("r3", Reserved, None),
+        ("r4", Reserved, None),
+        ("r1", Confirmed, Some(Reserved)),
+        ("r2", Cancelled, Some(Reserved)),
+        ("r3", Expired, Some(Reserved)),
+        ("r4", Expired, Some(Reserved)),
+        ("r1", Refunded, Some(Confirmed)),
+    ];
+    assert_eq!(log.len(), expected.len(), "{log:?}");
+    for (i, ((seq, id, state, previous), (eid, estate, eprev))) in log.iter().zip(expected).enumerate() {
+        assert_eq!((*seq, id.as_str(), *state, *previous), (i as u64 + 1, eid, estate, eprev));
+    }
+    let e = &p.events(9, 1).events[0];
+    assert_eq!((e.user_id.as_str(), e.idempotency_key.as_str(), e.quantity, e.at_ms), ("u0", "k0", 1, 1_200));
+}
+
+#[test]
+fn refund_gives_sold_units_and_allowance_back_once_and_only_after_confirm() {
+    use ReservationState::{Cancelled, Confirmed, Refunded, Reserved};
+    let mut p = stocked(10);
+    reserve(&mut p, "u1", 3, "k1", "r1", 0);
+    assert_eq!(p.refund("r1", 0), Ok(Transition::Refused(Reserved)));
+    assert_eq!(p.confirm("r1", 0, RETAIN), Ok(Transition::Done(Confirmed)));
+    assert_eq!((totals(&p), p.held_by("u1")), ((7, 0, 3), 3));
+    assert_eq!(p.refund("r1", 0), Ok(Transition::Done(Refunded)));
+    assert_eq!((totals(&p), p.held_by("u1")), ((10, 0, 0), 0));
+    assert_eq!(p.refund("r1", 0), Ok(Transition::Done(Refunded)));
+    assert_eq!(totals(&p), (10, 0, 0));
+    assert_eq!(p.cancel("r1", 0, RETAIN), Ok(Transition::Refused(Refunded)));
+    assert_eq!(p.confirm("r1", 0, RETAIN), Ok(Transition::Refused(Refunded)));
+    reserve(&mut p, "u2", 1, "k2", "r2", 0);
+    assert_eq!(p.cancel("r2", 0, RETAIN), Ok(Transition::Done(Cancelled)));
+    assert_eq!(p.refund("r2", 0), Ok(Transition::Refused(Cancelled)));
+    assert_eq!(p.refund("nope", 0), Ok(Transition::NotFound));
+    // The refunded record goes when the confirm's retention runs out.
+    p.expire_due(0, RETAIN + 1, RETAIN).unwrap();
+    assert_eq!(p.reservation_state("r1"), None);
+}
+
+#[test]
+fn extend_pushes_the_expiry_within_the_ttl_and_expires_a_late_one_on_the_spot() {
+    use ReservationState::{Confirmed, Expired};
+    let mut p = stocked(10);
+    reserve(&mut p, "u1", 1, "k1", "r1", 0); // expires at 1_000
+    assert_eq!(p.extend("r1", 5_000, TTL, 500, RETAIN), Ok(ExtendResult::Extended { expires_at_ms: 1_500 }));
+    // Never earlier than it already is.
+    assert_eq!(p.extend("r1", 10, TTL, 600, RETAIN), Ok(ExtendResult::Extended { expires_at_ms: 1_500 }));
+    assert_eq!(p.expire_due(10, 1_499, RETAIN), Ok(0), "the sweeper follows the new expiry");
+    let events = p.outbox_stats().last_sequence;
+    assert_eq!(p.extend("r1", 100, TTL, 1_500, RETAIN), Ok(ExtendResult::Refused(Expired)));
+    assert_eq!((totals(&p), p.held_by("u1")), ((10, 0, 0), 0));
+    assert_eq!(p.outbox_stats().last_sequence, events + 1, "one 'expired' event");
+    assert_eq!(p.extend("r1", 100, TTL, 1_500, RETAIN), Ok(ExtendResult::Refused(Expired)));
+    reserve(&mut p, "u2", 1, "k2", "r2", 0);
+    p.confirm("r2", 0, RETAIN).unwrap();
+    assert_eq!(p.extend("r2", 100, TTL, 0, RETAIN), Ok(ExtendResult::Refused(Confirmed)));
+    assert_eq!(p.extend("nope", 100, TTL, 0, RETAIN), Ok(ExtendResult::NotFound));
+}
+
+#[test]
+fn find_looks_up_by_id_or_idempotency_key() {
+    let mut p = stocked(10);
+    reserve(&mut p, "u1", 2, "k1", "r1", 0);
+    let by_id = p.find(&ReservationRef::Id("r1".into())).map(|(id, r)| (id.to_owned(), r.clone()));
+    let by_key = p.find(&ReservationRef::IdempotencyKey("k1".into())).map(|(id, r)| (id.to_owned(), r.clone()));
+    assert_eq!(by_id, by_key);
+    let (id, r) = by_id.expect("found");
+    assert_eq!((id.as_str(), r.user_id.as_str(), r.quantity, r.expires_at_ms), ("r1", "u1", 2, 1_000));
+    assert!(p.find(&ReservationRef::Id("k1".into())).is_none());
+    assert!(p.find(&ReservationRef::IdempotencyKey("r1".into())).is_none());
+}
+
+#[test]
+fn the_outbox_bound_drops_the_oldest_and_trim_forgets_what_was_delivered() {
+    let mut p = stocked(100);
+    p.set_outbox_max(3);
+    for i in 0..5 {
+        reserve(&mut p, &format!("u{i}"), 1, &format!("k{i}"), &format!("r{i}"), 0);
+    }
+    let page = p.events(0, 100);
+    assert_eq!((page.first_kept, page.last_sequence, page.generation), (3, 5, 7));
+    assert_eq!(page.events.iter().map(|e| e.sequence).collect::<Vec<_>>(), [3, 4, 5]);
+    assert_eq!(p.outbox_stats(), OutboxStats { kept: 3, dropped: 2, last_sequence: 5 });
+    assert_eq!(p.events(4, 1).events.iter().map(|e| e.sequence).collect::<Vec<_>>(), [4]);
+    assert!(p.events(6, 10).events.is_empty());
+    assert_eq!(p.trim_events(4), 2);
+    assert_eq!(p.trim_events(4), 0);
+    let page = p.events(0, 100);
+    assert_eq!((page.first_kept, page.events.len()), (5, 1));
+    assert_eq!(p.trim_events(u64::MAX), 1);
+    assert_eq!((p.events(0, 10).first_kept, p.events(0, 10).last_sequence), (6, 5));
+    // Sequences go on after a trim; a pool created anew starts at 1.
+    reserve(&mut p, "u9", 1, "k9", "r9", 0);
+    assert_eq!(p.events(0, 10).events[0].sequence, 6);
+    let mut fresh = Pool::new();
+    assert_eq!(fresh.events(0, 10), EventPage { generation: 0, events: vec![], last_sequence: 0, first_kept: 1 });
+    fresh.refill("g", 1, 1, 9, 0, RETAIN).unwrap();
+    reserve(&mut fresh, "u", 1, "k", "r", 0);
+    assert_eq!(fresh.events(0, 10).events[0].sequence, 1);
+}

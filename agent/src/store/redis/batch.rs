@@ -47,6 +47,7 @@ pub(super) struct Waiter {
 pub(super) struct BatchConfig {
     pub(super) durability: Option<Durability>,
     pub(super) max: usize,
+    pub(super) outbox_max: u64,
 }
 
 /// Hands a pool's lane on when the call in flight ends: to a task that sends the waiting
@@ -125,7 +126,7 @@ pub(super) async fn send_batch(
     batch: &[Waiter],
 ) -> Result<Vec<Result<AcquireResult, StoreError>>, StoreError> {
     let mut call = shared.scripts.acquire_batch.key(&k.pool);
-    call.key(&k.res).key(&k.due).key(&k.held).key(&k.idem).arg(batch.len());
+    call.key(&k.res).key(&k.due).key(&k.held).key(&k.idem).key(&k.outbox).arg(batch.len()).arg(config.outbox_max);
     for w in batch {
         let a = &w.args;
         call.arg(&a.user_id).arg(a.quantity).arg(&a.idempotency_key).arg(&a.new_reservation_id);

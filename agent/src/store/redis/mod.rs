@@ -3,7 +3,8 @@
 //! only clock is Redis `TIME`.
 //!
 //! Keys of one pool: `<prefix>{channel:item}:<name>` for the names `pool`, `res`, `due`,
-//! `held`, `idem`, `gc`, `grants`, `takes`, `fence`; of one channel (replica coordination):
+//! `held`, `idem`, `gc`, `grants`, `takes`, `fence`, `outbox` (a stream of the pool's
+//! events, written by the same script call as the change, see `lua/outbox.lua`); of one channel (replica coordination):
 //! `<prefix>{channel}:<name>` for `leader`, `lease`, `wants`. The scripts' header comments
 //! say what each holds. All keys of a script carry one hash tag, so each call lives on one
 //! Redis Cluster slot, and every key a script touches is passed in KEYS. Request data goes
@@ -34,6 +35,7 @@ use redis::{ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, Ser
 use tokio::sync::oneshot;
 
 mod batch;
+mod orders;
 mod reply;
 
 pub use batch::BatchStats;
@@ -42,8 +44,9 @@ use reply::{acquire_result, array, int, state, string, transition, uint};
 
 use super::memory::{DEFAULT_RECORD_RETENTION, GC_BATCH};
 use super::{
-    AcquireArgs, AcquireResult, ChannelOp, ChannelReply, PoolKey, PoolSnapshot, PoolStore, ReservationState,
-    StoreError, Transition, channel_tag,
+    AcquireArgs, AcquireResult, ChannelOp, ChannelReply, DEFAULT_OUTBOX_MAX, EventPage, ExtendResult, OutboxStats,
+    PoolKey, PoolSnapshot, PoolStore, Reservation, ReservationRef, ReservationState, StoreError, Transition,
+    channel_tag,
 };
 
 struct Scripts {
@@ -60,16 +63,32 @@ struct Scripts {
     idempotency_keys: Script,
     fence: Script,
     channel: Script,
+    refund: Script,
+    extend: Script,
+    reservation: Script,
+    events: Script,
+    trim_events: Script,
+}
+
+/// A script that changes reservation states: `lua/outbox.lua` (which writes the events)
+/// joined with the script's own text.
+macro_rules! with_outbox {
+    ($name:literal) => {
+        Script::new(concat!(
+            include_str!("../../../../lua/outbox.lua"),
+            include_str!(concat!("../../../../lua/", $name))
+        ))
+    };
 }
 
 impl Scripts {
     fn load() -> Self {
         Self {
-            acquire: Script::new(include_str!("../../../../lua/acquire.lua")),
-            acquire_batch: Script::new(include_str!("../../../../lua/acquire_batch.lua")),
-            confirm: Script::new(include_str!("../../../../lua/confirm.lua")),
-            cancel: Script::new(include_str!("../../../../lua/cancel.lua")),
-            expire: Script::new(include_str!("../../../../lua/expire.lua")),
+            acquire: with_outbox!("acquire.lua"),
+            acquire_batch: with_outbox!("acquire_batch.lua"),
+            confirm: with_outbox!("confirm.lua"),
+            cancel: with_outbox!("cancel.lua"),
+            expire: with_outbox!("expire.lua"),
             refill: Script::new(include_str!("../../../../lua/refill.lua")),
             take_for_return: Script::new(include_str!("../../../../lua/take_for_return.lua")),
             untake: Script::new(include_str!("../../../../lua/untake.lua")),
@@ -78,6 +97,11 @@ impl Scripts {
             idempotency_keys: Script::new(include_str!("../../../../lua/idempotency_keys.lua")),
             fence: Script::new(include_str!("../../../../lua/fence.lua")),
             channel: Script::new(include_str!("../../../../lua/channel.lua")),
+            refund: with_outbox!("refund.lua"),
+            extend: with_outbox!("extend.lua"),
+            reservation: Script::new(include_str!("../../../../lua/reservation.lua")),
+            events: Script::new(include_str!("../../../../lua/events.lua")),
+            trim_events: Script::new(include_str!("../../../../lua/trim_events.lua")),
         }
     }
 }
@@ -93,6 +117,7 @@ struct Keys {
     grants: String,
     takes: String,
     fence: String,
+    outbox: String,
 }
 
 /// How many requests one `acquire_batch.lua` call carries at most: bounds how long one
@@ -140,6 +165,7 @@ pub struct RedisPoolStore {
     shared: Arc<Shared>,
     key_prefix: String,
     retention_ms: u64,
+    outbox_max: u64,
     durability: Option<Durability>,
     batch_max: usize,
     /// Every pool this store was asked about. Grows with the channel's items (a few hundred
@@ -207,6 +233,7 @@ impl RedisPoolStore {
             }),
             key_prefix: key_prefix.to_owned(),
             retention_ms: duration_ms(DEFAULT_RECORD_RETENTION),
+            outbox_max: DEFAULT_OUTBOX_MAX,
             durability: None,
             batch_max: DEFAULT_ACQUIRE_BATCH_MAX,
             pools: Mutex::new(HashMap::new()),
@@ -247,6 +274,13 @@ impl RedisPoolStore {
         self
     }
 
+    /// Keep at most `max` events per pool (default [`DEFAULT_OUTBOX_MAX`]); past it the
+    /// oldest are dropped and counted.
+    pub fn with_outbox_max(mut self, max: u64) -> Self {
+        self.outbox_max = max.max(1);
+        self
+    }
+
     /// The pool's entry: its key names and its lane, made on first use.
     fn entry(&self, pool: &PoolKey) -> Arc<PoolEntry> {
         let mut pools = self.pools.lock().unwrap_or_else(PoisonError::into_inner);
@@ -272,6 +306,7 @@ impl RedisPoolStore {
             grants: key("grants"),
             takes: key("takes"),
             fence: key("fence"),
+            outbox: key("outbox"),
         }
     }
 
@@ -311,16 +346,17 @@ impl RedisPoolStore {
         let _handoff = Handoff { entry: Arc::clone(&entry), shared: Arc::clone(&self.shared), batch: self.batch() };
         let k = &entry.keys;
         let mut call = self.shared.scripts.acquire.key(&k.pool);
-        call.key(&k.res).key(&k.due).key(&k.held).key(&k.idem);
+        call.key(&k.res).key(&k.due).key(&k.held).key(&k.idem).key(&k.outbox);
         call.arg(&args.user_id).arg(args.quantity).arg(&args.idempotency_key).arg(&args.new_reservation_id);
         // 0 expects nothing: no pool has generation 0 and answered a reservation.
         call.arg(args.per_user_limit).arg(args.reservation_ttl_ms).arg(args.expect_generation.unwrap_or(0));
+        call.arg(self.outbox_max);
         let reply: Value = self.write(&k.pool, &call).await?;
         acquire_result(reply, pool, &args.new_reservation_id)
     }
 
     fn batch(&self) -> BatchConfig {
-        BatchConfig { durability: self.durability, max: self.batch_max }
+        BatchConfig { durability: self.durability, max: self.batch_max, outbox_max: self.outbox_max }
     }
 }
 
@@ -391,7 +427,8 @@ impl RedisPoolStore {
         let entry = self.entry(pool);
         let k = &entry.keys;
         let mut call = script.key(&k.pool);
-        call.key(&k.res).key(&k.due).key(&k.held).key(&k.gc).arg(reservation_id).arg(self.retention_ms);
+        call.key(&k.res).key(&k.due).key(&k.held).key(&k.gc).key(&k.outbox);
+        call.arg(reservation_id).arg(self.retention_ms).arg(self.outbox_max);
         let reply: Value = self.write(&k.pool, &call).await?;
         transition(what, reply)
     }
@@ -407,7 +444,7 @@ impl RedisPoolStore {
         let entry = self.entry(pool);
         let k = &entry.keys;
         let mut call = self.shared.scripts.refill.key(&k.pool);
-        call.key(&k.grants).key(&k.gc).key(&k.fence);
+        call.key(&k.grants).key(&k.gc).key(&k.fence).key(&k.outbox);
         call.arg(grant_id).arg(units).arg(self.retention_ms).arg(if must_exist { "1" } else { "0" }).arg(epoch);
         let reply: Value = self.write(&k.pool, &call).await?;
         match int("refill", &reply)? {
@@ -462,13 +499,48 @@ impl PoolStore for RedisPoolStore {
         self.transition_script(&self.shared.scripts.cancel, "cancel", pool, reservation_id).await
     }
 
+    async fn refund(&self, pool: &PoolKey, reservation_id: &str) -> Result<Transition, StoreError> {
+        self.refund_script(pool, reservation_id).await
+    }
+
+    async fn extend(
+        &self,
+        pool: &PoolKey,
+        reservation_id: &str,
+        extend_ms: u64,
+        ttl_ms: u64,
+    ) -> Result<ExtendResult, StoreError> {
+        self.extend_script(pool, reservation_id, extend_ms, ttl_ms).await
+    }
+
+    async fn reservation(
+        &self,
+        pool: &PoolKey,
+        by: &ReservationRef,
+    ) -> Result<Option<(String, Reservation)>, StoreError> {
+        self.reservation_script(pool, by).await
+    }
+
+    async fn events(&self, pool: &PoolKey, from_sequence: u64, max: u64) -> Result<EventPage, StoreError> {
+        Ok(self.events_script(pool, from_sequence, max).await?.0)
+    }
+
+    async fn trim_events(&self, pool: &PoolKey, through_sequence: u64) -> Result<u64, StoreError> {
+        self.trim_events_script(pool, through_sequence).await
+    }
+
+    async fn outbox_stats(&self, pool: &PoolKey) -> Result<OutboxStats, StoreError> {
+        Ok(self.events_script(pool, 0, 0).await?.1)
+    }
+
     async fn expire_due(&self, pool: &PoolKey, max: u64) -> Result<u64, StoreError> {
         let entry = self.entry(pool);
         let k = &entry.keys;
         let mut call = self.shared.scripts.expire.key(&k.pool);
-        call.key(&k.res).key(&k.due).key(&k.held).key(&k.idem).key(&k.gc).key(&k.grants).key(&k.takes);
-        call.arg(max).arg(self.retention_ms).arg(GC_BATCH);
-        // An expiry lost in a failover is found due again: no need to wait for replicas.
+        call.key(&k.res).key(&k.due).key(&k.held).key(&k.idem).key(&k.gc).key(&k.grants).key(&k.takes).key(&k.outbox);
+        call.arg(max).arg(self.retention_ms).arg(GC_BATCH).arg(self.outbox_max);
+        // An expiry lost in a failover is found due again (with its event, as the outbox
+        // is lost with it): no need to wait for replicas.
         let reply: Value = self.read(&call).await?;
         uint("expire_due", &reply)
     }

@@ -32,13 +32,7 @@ pub(super) fn uint(what: &str, v: &Value) -> Result<u64, StoreError> {
 }
 
 pub(super) fn state(what: &str, s: &str) -> Result<ReservationState, StoreError> {
-    match s {
-        "reserved" => Ok(ReservationState::Reserved),
-        "confirmed" => Ok(ReservationState::Confirmed),
-        "cancelled" => Ok(ReservationState::Cancelled),
-        "expired" => Ok(ReservationState::Expired),
-        other => Err(StoreError::Protocol(format!("{what}: unknown reservation state {other:?}"))),
-    }
+    ReservationState::parse(s).ok_or_else(|| StoreError::Protocol(format!("{what}: unknown reservation state {s:?}")))
 }
 
 /// Parses `{verdict, state}` from confirm.lua and cancel.lua.

@@ -1,0 +1,62 @@
+-- extend.lua: pushes a RESERVED reservation's expiry out, for a payment still in flight.
+--
+-- New expiry: max(current, now + min(extend_ms, ttl_ms)) by Redis TIME. Not a state
+-- transition, so no event. A reservation already past its expiry is expired on the spot
+-- (units back to available, the allowance freed, an 'expired' event) and refused, as
+-- confirm.lua does.
+--
+-- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
+--   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
+--   2 res     hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
+--   3 due     zset  reservation_id scored by expires_at_ms (RESERVED ones only)
+--   4 held    hash  user_id -> units held (reserved + confirmed)
+--   5 gc      zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten
+--   6 outbox  stream the pool's events (see outbox.lua, prepended to this script)
+-- ARGV:
+--   1 reservation_id
+--   2 extend_ms
+--   3 ttl_ms: the item's reservation TTL, the most one extend grants from now
+--   4 retention_ms: how long a finished reservation (and its idempotency key) is remembered
+--   5 outbox_max: how many events the outbox keeps at most
+-- Returns {'extended', expires_at_ms} | {'refused', state} | {'not_found'}.
+
+local K_POOL, K_RES, K_DUE, K_HELD, K_GC, K_OUTBOX = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local id = ARGV[1]
+local extend_ms = math.min(tonumber(ARGV[2]), tonumber(ARGV[3]))
+local retention = tonumber(ARGV[4])
+local outbox_max = tonumber(ARGV[5])
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local raw = redis.call('HGET', K_RES, id)
+if not raw then
+  return {'not_found'}
+end
+local rec = cjson.decode(raw)
+if rec.s ~= 'reserved' then
+  return {'refused', rec.s}
+end
+
+local qty = tonumber(rec.q)
+if tonumber(rec.e) <= now then
+  rec.s = 'expired'
+  redis.call('ZREM', K_DUE, id)
+  redis.call('ZADD', K_GC, now + retention, 'r:' .. id)
+  redis.call('HINCRBY', K_POOL, 'reserved', -qty)
+  redis.call('HINCRBY', K_POOL, 'available', qty)
+  if redis.call('HINCRBY', K_HELD, rec.u, -qty) <= 0 then
+    redis.call('HDEL', K_HELD, rec.u)
+  end
+  redis.call('HSET', K_RES, id, cjson.encode(rec))
+  outbox_emit(K_POOL, K_OUTBOX, outbox_max, id, rec, 'reserved', now)
+  return {'refused', 'expired'}
+end
+
+local expires_at = math.max(tonumber(rec.e), now + extend_ms)
+if expires_at ~= tonumber(rec.e) then
+  rec.e = expires_at
+  redis.call('HSET', K_RES, id, cjson.encode(rec))
+  redis.call('ZADD', K_DUE, expires_at, id)
+end
+return {'extended', expires_at}

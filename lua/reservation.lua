@@ -1,0 +1,25 @@
+-- reservation.lua: one reservation by id or by idempotency key. Read-only: a reservation
+-- past its expiry stays 'reserved' until the sweeper, a confirm or a cancel expires it.
+--
+-- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
+--   1 res   hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
+--   2 idem  hash  idempotency_key -> reservation_id
+-- ARGV:
+--   1 'id' | 'key'
+--   2 the reservation id or the idempotency key
+-- Returns {reservation_id, state, quantity, expires_at_ms, user_id, idempotency_key}, or
+-- nil when unknown (never existed, or forgotten after its retention).
+
+local id = ARGV[2]
+if ARGV[1] == 'key' then
+  id = redis.call('HGET', KEYS[2], ARGV[2])
+  if not id then
+    return false
+  end
+end
+local raw = redis.call('HGET', KEYS[1], id)
+if not raw then
+  return false
+end
+local rec = cjson.decode(raw)
+return {id, rec.s, string.format('%d', rec.q), string.format('%d', rec.e), rec.u, rec.k}
