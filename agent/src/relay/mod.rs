@@ -10,6 +10,7 @@
 //!   `/metrics`, and the thin loop that drives them.
 
 pub mod jetstream;
+pub mod outbox;
 pub mod state;
 
 use std::sync::Arc;

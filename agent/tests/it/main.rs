@@ -7,6 +7,7 @@ mod harness;
 mod many_items;
 mod metrics;
 mod paths;
+mod relay;
 mod replicas;
 mod sale;
 mod security;
