@@ -133,3 +133,262 @@ async fn a_broker_down_for_the_whole_sale_costs_no_sale_and_every_event_arrives_
     assert_eq!(sample(&m, "inventory_agent_relay_lag_seconds{channel=\"web\"}"), Some(0.0));
     agent.stop().await;
 }
+
+/// `invctl`, built next to this test binary (brought up to date here: a `-p` run does not
+/// build other packages' binaries).
+fn invctl_path() -> std::path::PathBuf {
+    static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().expect("test binary path");
+            let dir = exe.parent().and_then(|d| d.parent()).expect("target dir").to_path_buf();
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+            let ok =
+                std::process::Command::new(cargo).args(["build", "-q", "-p", "invctl", "--bin", "invctl"]).status();
+            assert!(ok.is_ok_and(|s| s.success()), "cannot build invctl");
+            dir.join("invctl")
+        })
+        .clone()
+}
+
+/// Calls until answered, retrying (same request) what a backend retries; bounded.
+async fn retry<T, F, Fut>(what: &str, mut call: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    for _ in 0..300 {
+        match call().await {
+            Ok(v) => return v,
+            Err(s) if retryable(s.code()) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(s) => panic!("{what}: {s:?}"),
+        }
+    }
+    panic!("{what}: still failing after 300 tries");
+}
+
+/// What a buyer does with the unit it reserved, by its number.
+fn plan(i: usize) -> &'static str {
+    ["confirmed", "cancelled", "expired", "refunded"][i % 4]
+}
+
+/// One buyer: reserve one unit (retried with the same key across agent restarts), then
+/// confirm, cancel, let it expire, or confirm and refund. Returns (reservation, final state).
+async fn buyer(
+    url: String,
+    channel: &'static str,
+    i: usize,
+    store: std::sync::Arc<inventory_agent::store::redis::RedisPoolStore>,
+) -> (String, &'static str) {
+    use inventory_agent::store::PoolStore;
+    let endpoint = tonic::transport::Endpoint::from_shared(url).unwrap().connect_lazy();
+    let client = pb::agent_client::AgentClient::new(endpoint);
+    let (user, key) = (format!("{channel}-u{i}"), format!("{channel}-k{i}"));
+    let r = retry(&format!("{user} acquire"), || {
+        let mut c = client.clone();
+        let req = acquire_req(SALE_ITEM, &user, 1, &key);
+        async move { c.acquire(req).await }
+    })
+    .await
+    .into_inner();
+    assert_eq!(r.outcome(), pb::AcquireOutcome::Reserved, "{user}");
+    let id = r.reservation_id;
+    let state = plan(i);
+    let confirm = || {
+        let mut c = client.clone();
+        let req = pb::ConfirmRequest { item_id: SALE_ITEM.into(), reservation_id: id.clone() };
+        async move { c.confirm(req).await }
+    };
+    match state {
+        "confirmed" => {
+            retry(&format!("{user} confirm"), confirm).await;
+        }
+        "cancelled" => {
+            retry(&format!("{user} cancel"), || {
+                let mut c = client.clone();
+                let req = pb::CancelRequest { item_id: SALE_ITEM.into(), reservation_id: id.clone() };
+                async move { c.cancel(req).await }
+            })
+            .await;
+        }
+        "refunded" => {
+            retry(&format!("{user} confirm"), confirm).await;
+            // The store's refund: one atomic step that writes its event like the others.
+            let pool = inventory_agent::store::PoolKey::new(channel, SALE_ITEM);
+            let t = store.refund(&pool, &id).await.expect("refund");
+            assert_eq!(t, inventory_agent::store::Transition::Done(inventory_agent::store::ReservationState::Refunded));
+        }
+        _ => {}
+    }
+    (id, state)
+}
+
+const SALE_ITEM: &str = "drop";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn orders_match_the_sale_after_two_agent_crashes_and_a_broker_restart() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const PER_CHANNEL: usize = 300;
+
+    let mut nats = NatsServer::start().await;
+    let (stream, prefix) = (unique_name("RELAY_SALE"), unique_name("relaysale"));
+    let orders = inventory_test_support::TestDatabase::create().await;
+    let (sink_stop, sink_stopped) = tokio::sync::oneshot::channel::<()>();
+    let sink = tokio::spawn(order_sink::run(
+        order_sink::SinkConfig {
+            nats_url: nats.url.clone(),
+            stream: stream.clone(),
+            subject_prefix: prefix.clone(),
+            durable: "orders".into(),
+            database_url: orders.url.clone(),
+            batch: 64,
+        },
+        async move {
+            let _ = sink_stopped.await;
+        },
+    ));
+
+    let center = Center::start_postgres().await;
+    center
+        .admin()
+        .await
+        .create_item(pb::CreateItemRequest {
+            item_id: SALE_ITEM.into(),
+            total: 1_000,
+            per_user_limit: 1,
+            reservation_ttl_ms: 1_500,
+            watermarks: Some(pb::Watermarks { low: 20, high: 80, batch: 50 }),
+            ..Default::default()
+        })
+        .await
+        .expect("create item");
+    let nats_url = nats.url.clone();
+    let nats_flags =
+        ["--nats-url", nats_url.as_str(), "--nats-stream", stream.as_str(), "--nats-subject-prefix", prefix.as_str()];
+    let mut agents = Vec::new();
+    let mut stores = Vec::new();
+    let mut redis = Vec::new();
+    for channel in ["app", "web"] {
+        let r = inventory_test_support::TestRedis::create().await;
+        let spec = StoreSpec::Redis { url: r.url.clone(), prefix: r.prefix.clone() };
+        let agent =
+            AgentProcess::spawn_with(&center.url, channel, &spec, None, &format!("{channel}-1"), &nats_flags).await;
+        stores.push(Arc::new(
+            inventory_agent::store::redis::RedisPoolStore::new(&r.url, &r.prefix).await.expect("redis store"),
+        ));
+        agents.push((channel, spec, agent));
+        redis.push(r);
+    }
+
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut buyers = Vec::new();
+    for (n, (channel, _, agent)) in agents.iter().enumerate() {
+        let (url, store, done, channel) =
+            (format!("http://{}", agent.addr), Arc::clone(&stores[n]), Arc::clone(&done), *channel);
+        buyers.push(tokio::spawn(async move {
+            futures::stream::iter(0..PER_CHANNEL)
+                .map(|i| {
+                    let (url, store, done) = (url.clone(), Arc::clone(&store), Arc::clone(&done));
+                    async move {
+                        let got = buyer(url, channel, i, store).await;
+                        done.fetch_add(1, Ordering::Relaxed);
+                        got
+                    }
+                })
+                .buffer_unordered(8)
+                .collect::<Vec<_>>()
+                .await
+        }));
+    }
+
+    // Faults while the sale runs and the relay publishes: the app agent killed -9 twice
+    // (restarted on the same port over the same Redis), the broker once.
+    let reached = |n: usize| {
+        let done = Arc::clone(&done);
+        async move { wait_until(Duration::from_secs(60), || async { done.load(Ordering::Relaxed) >= n }).await }
+    };
+    for (at, fault) in [(120, "kill app"), (260, "restart broker"), (400, "kill app")] {
+        assert!(reached(at).await, "the sale stalled before {at} buyers ({fault})");
+        if fault == "restart broker" {
+            nats.restart().await;
+            continue;
+        }
+        let (channel, spec, agent) = &mut agents[0];
+        let port = agent.addr.port();
+        agent.kill9().await;
+        *agent = AgentProcess::spawn_with(&center.url, channel, spec, Some(port), "app-1", &nats_flags).await;
+    }
+    let mut expected: BTreeMap<String, &'static str> = BTreeMap::new();
+    for b in buyers {
+        for (id, state) in b.await.expect("buyers") {
+            assert!(expected.insert(id.clone(), state).is_none(), "reservation {id} handed out twice");
+        }
+    }
+    assert_eq!(expected.len(), 2 * PER_CHANNEL);
+
+    // Every reservation reaches its final state in the orders (the unpaid ones expire).
+    let db = sqlx::PgPool::connect(&orders.url).await.expect("orders db");
+    let rows = || async {
+        sqlx::query_as::<_, (String, String)>("SELECT reservation_id, state FROM orders")
+            .fetch_all(&db)
+            .await
+            .expect("read orders")
+            .into_iter()
+            .collect::<BTreeMap<String, String>>()
+    };
+    let settled = wait_until(Duration::from_secs(60), || async {
+        let got = rows().await;
+        got.len() == expected.len() && expected.iter().all(|(id, s)| got.get(id).is_some_and(|g| g == s))
+    })
+    .await;
+    let got = rows().await;
+    let wrong: Vec<_> =
+        expected.iter().filter(|(id, s)| got.get(*id).map(String::as_str) != Some(**s)).take(10).collect();
+    assert!(settled, "{} orders for {} reservations; first wrong: {wrong:?}", got.len(), expected.len());
+
+    // Every pool's events arrived without a gap, each once.
+    let seen: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+        "SELECT channel, pool_generation, COUNT(*), MAX(sequence) FROM order_events_seen GROUP BY 1, 2 ORDER BY 1",
+    )
+    .fetch_all(&db)
+    .await
+    .unwrap();
+    assert_eq!(seen.iter().map(|s| s.0.as_str()).collect::<Vec<_>>(), ["app", "web"], "{seen:?}");
+    for (channel, generation, count, max) in &seen {
+        assert_eq!(count, max, "{channel} generation {generation}: {count} events seen of 1..={max}");
+    }
+    let events: i64 = seen.iter().map(|s| s.2).sum();
+    let expected_events: usize = expected.values().map(|s| if *s == "refunded" { 3 } else { 2 }).sum();
+    assert_eq!(events, i64::try_from(expected_events).unwrap(), "one event per transition");
+
+    // invctl agrees: pools, relay and orders match.
+    let agent_for: Vec<String> = agents.iter().map(|(c, _, a)| format!("{c}=http://{}", a.addr)).collect();
+    let reconciled = wait_until(Duration::from_secs(20), || async {
+        let out = tokio::process::Command::new(invctl_path())
+            .args(["--center", &center.url, "reconcile", "--orders-db", &orders.url])
+            .args(["--agent-for", &agent_for[0], "--agent-for", &agent_for[1]])
+            .output()
+            .await
+            .expect("invctl runs");
+        out.status.success()
+    })
+    .await;
+    let out = tokio::process::Command::new(invctl_path())
+        .args(["--center", &center.url, "reconcile", "--orders-db", &orders.url])
+        .args(["--agent-for", &agent_for[0], "--agent-for", &agent_for[1]])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        reconciled && out.status.success(),
+        "invctl reconcile --orders-db: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = sink_stop.send(());
+    sink.await.expect("sink task").expect("sink stops cleanly");
+    for (_, _, mut a) in agents {
+        a.kill9().await;
+    }
+}
