@@ -5,10 +5,12 @@ use std::sync::Mutex;
 
 use super::*;
 
+/// A pool's generation, its events kept (by sequence), and its last sequence.
+type FakePool = (u64, BTreeMap<u64, pb::ReservationEvent>, u64);
+
 #[derive(Default)]
 struct FakeOutbox {
-    /// Per pool: generation, events kept (by sequence), last sequence.
-    pools: Mutex<BTreeMap<String, (u64, BTreeMap<u64, pb::ReservationEvent>, u64)>>,
+    pools: Mutex<BTreeMap<String, FakePool>>,
 }
 
 impl FakeOutbox {
@@ -217,7 +219,7 @@ async fn the_loop_publishes_only_while_leading_and_stops_on_shutdown() {
     leading.store(true, Ordering::Relaxed);
     status.wake();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while outbox.kept(&pools()[0]).len() > 0 {
+    while !outbox.kept(&pools()[0]).is_empty() {
         assert!(tokio::time::Instant::now() < deadline, "the leader did not publish the outbox");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

@@ -259,7 +259,6 @@ async fn orders_match_the_sale_after_two_agent_crashes_and_a_broker_restart() {
             per_user_limit: 1,
             reservation_ttl_ms: 1_500,
             watermarks: Some(pb::Watermarks { low: 20, high: 80, batch: 50 }),
-            ..Default::default()
         })
         .await
         .expect("create item");
