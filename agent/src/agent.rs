@@ -12,6 +12,7 @@ use crate::error::{AgentError, from_center};
 use crate::items::{Item, Items};
 use crate::link::CenterLink;
 use crate::metrics::Metrics;
+use crate::outbox::EventFeed;
 use crate::replicas::Replicas;
 use crate::reporting::Reporting;
 use crate::role::Role;
@@ -31,6 +32,8 @@ pub struct AgentSettings {
     pub leader_ttl_ms: u64,
     /// Lookups (DescribeItem) of items not loaded yet, per second, at most.
     pub item_lookups_per_sec: u32,
+    /// The pool store's outbox bound per pool (for the metrics; the store applies it).
+    pub outbox_max_events: u64,
 }
 
 impl Default for AgentSettings {
@@ -40,6 +43,7 @@ impl Default for AgentSettings {
             return_sustain_ms: 2_000,
             leader_ttl_ms: 3_000,
             item_lookups_per_sec: crate::items::DEFAULT_LOOKUPS_PER_SEC,
+            outbox_max_events: crate::store::DEFAULT_OUTBOX_MAX,
         }
     }
 }
@@ -54,6 +58,8 @@ pub struct Agent {
     pub stocking: Arc<Stocking>,
     pub reporting: Reporting,
     pub replicas: Arc<Replicas>,
+    /// The pools' reservation events, streamed to clients.
+    pub events: Arc<EventFeed>,
     pub settings: AgentSettings,
     /// The broker relay's progress (empty without `--nats-url`).
     pub relay: Arc<crate::relay::RelayStatus>,
@@ -77,7 +83,9 @@ impl Agent {
             settings.leader_ttl_ms,
             settings.miss_wait,
         ));
+        let events = Arc::new(EventFeed::new(Arc::clone(&store), Arc::clone(&items)));
         let selling = Selling {
+            events: Arc::clone(&events),
             store: Arc::clone(&store),
             link: Arc::clone(&link),
             items: Arc::clone(&items),
@@ -100,6 +108,7 @@ impl Agent {
             stocking,
             reporting,
             replicas,
+            events,
             settings,
             relay: Default::default(),
             also_resync: Default::default(),

@@ -70,6 +70,11 @@ pub struct AgentConfig {
     /// flight go to Redis together, in one script call (group commit); 1 turns it off.
     #[arg(long, env = "INVENTORY_REDIS_ACQUIRE_BATCH_MAX", default_value_t = 64)]
     pub redis_acquire_batch_max: usize,
+    /// Events each pool's outbox keeps at most (per pool). Past it the oldest are dropped
+    /// (counted, and alerted on): a sale never fails or waits on the outbox.
+    #[arg(long, env = "INVENTORY_OUTBOX_MAX_EVENTS", default_value_t = crate::store::DEFAULT_OUTBOX_MAX,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub outbox_max_events: u64,
     /// Replicas of one channel sharing a pool store elect a leader through it; a leader's
     /// claim lasts this long unless renewed (a dead leader is replaced after it).
     #[arg(long, env = "INVENTORY_LEADER_TTL_MS", default_value_t = 3_000)]
@@ -198,6 +203,7 @@ impl AgentConfig {
             redis_replica_ack_timeout_ms: 500,
             redis_connections: 4,
             redis_acquire_batch_max: 64,
+            outbox_max_events: crate::store::DEFAULT_OUTBOX_MAX,
             leader_ttl_ms: 1_000,
             rebalance_interval_ms: 20,
             heartbeat_interval_ms: 200,

@@ -103,6 +103,30 @@ impl Collector for AgentState {
         }
         {
             let mut family = encoder.encode_descriptor(
+                "inventory_agent_outbox_events",
+                "Reservation events kept in the pool's outbox (at most inventory_agent_outbox_max_events).",
+                None,
+                MetricType::Gauge,
+            )?;
+            for item in items.iter().filter(|_| leading) {
+                let Some(s) = item.outbox_stats() else { continue };
+                ConstGauge::new(s.kept).encode(family.encode_family(&[("item", item.item_id.as_str())])?)?;
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "inventory_agent_outbox_events_dropped",
+                "Reservation events the outbox bound dropped before anyone read them, since the pool was created.",
+                None,
+                MetricType::Counter,
+            )?;
+            for item in items.iter().filter(|_| leading) {
+                let Some(s) = item.outbox_stats() else { continue };
+                ConstCounter::new(s.dropped).encode(family.encode_family(&[("item", item.item_id.as_str())])?)?;
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
                 "inventory_agent_pool_frozen",
                 "1 while selling is frozen because the pool store lost the pool.",
                 None,
@@ -140,6 +164,11 @@ impl Collector for AgentState {
         }
         for (name, help, v) in [
             ("inventory_agent_epoch", "The channel epoch this agent registered with.", agent.link.epoch()),
+            (
+                "inventory_agent_outbox_max_events",
+                "The outbox bound per pool: past it the oldest events are dropped.",
+                agent.settings.outbox_max_events,
+            ),
             ("inventory_agent_leading", "1 while this replica leads its channel.", u64::from(leading)),
             ("inventory_agent_draining", "1 while the agent drains (no new acquires).", u64::from(agent.is_draining())),
             (

@@ -67,6 +67,8 @@ pub struct Item {
     pub item_id: String,
     pub pool: PoolKey,
     state: Mutex<ItemState>,
+    /// The pool's outbox as last read (metrics render from it).
+    outbox: Mutex<Option<crate::store::OutboxStats>>,
 }
 
 impl Item {
@@ -78,7 +80,17 @@ impl Item {
                 core: ItemCore::new(policy, center_available, settings),
                 waiters: HashMap::new(),
             }),
+            outbox: Mutex::new(None),
         }
+    }
+
+    pub fn set_outbox_stats(&self, stats: crate::store::OutboxStats) {
+        *self.outbox.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats);
+    }
+
+    /// The pool's outbox as last read, if read yet.
+    pub fn outbox_stats(&self) -> Option<crate::store::OutboxStats> {
+        *self.outbox.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, ItemState> {

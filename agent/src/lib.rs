@@ -7,6 +7,7 @@
 //! - [`stocking`]: carries out each item's Borrows, Returns and resyncs, one at a time;
 //! - [`reporting`]: the pools as heartbeats report them;
 //! - [`events`]: the center's channel events;
+//! - [`outbox`]: the pools' reservation events on the wire, and `StreamEvents`;
 //! - [`replicas`]: one leader per channel among replicas sharing a pool store;
 //! - [`link`]: the center client (request ids, retries, epoch, lease);
 //! - [`agent`]: the parts put together, registration and drain;
@@ -22,6 +23,7 @@ pub mod http;
 pub mod items;
 pub mod link;
 pub mod metrics;
+pub mod outbox;
 pub mod relay;
 pub mod replicas;
 pub mod reporting;

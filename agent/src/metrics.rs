@@ -45,6 +45,10 @@ pub enum Method {
     Confirm,
     Cancel,
     GetStock,
+    Refund,
+    GetReservation,
+    Extend,
+    StreamEvents,
 }
 
 impl Method {
@@ -54,6 +58,10 @@ impl Method {
             Method::Confirm => "confirm",
             Method::Cancel => "cancel",
             Method::GetStock => "get_stock",
+            Method::Refund => "refund",
+            Method::GetReservation => "get_reservation",
+            Method::Extend => "extend",
+            Method::StreamEvents => "stream_events",
         }
     }
 }

@@ -15,11 +15,14 @@ use crate::error::AgentError;
 use crate::items::{Item, Items};
 use crate::link::CenterLink;
 use crate::metrics::{Metrics, Outcome};
+use crate::outbox::EventFeed;
 use crate::replicas::Replicas;
 use crate::role::Role;
 use crate::security::UserLimits;
 use crate::stocking::Stocking;
-use crate::store::{AcquireArgs, AcquireResult, PoolStore, ReservationState, Transition};
+use crate::store::{
+    AcquireArgs, AcquireResult, ExtendResult, PoolStore, Reservation, ReservationRef, ReservationState, Transition,
+};
 
 /// A validated Acquire.
 pub struct AcquireRequest {
@@ -39,6 +42,8 @@ pub struct Selling {
     pub(crate) replicas: Arc<Replicas>,
     pub(crate) role: Arc<Role>,
     pub(crate) metrics: Arc<Metrics>,
+    /// Told of every transition this agent wrote, so event streams wake.
+    pub(crate) events: Arc<EventFeed>,
     pub limits: UserLimits,
     /// Acquires refused by the per-user rate limit.
     pub rate_limited: AtomicU64,
@@ -126,6 +131,9 @@ impl Selling {
         let response = match result {
             AcquireResult::Reserved { reservation_id, quantity, expires_at_ms, replayed, generation } => {
                 self.metrics.acquire(Outcome::Reserved);
+                if !replayed {
+                    self.events.written();
+                }
                 pb::AcquireResponse {
                     outcome: pb::AcquireOutcome::Reserved as i32,
                     reservation_id,
@@ -222,6 +230,7 @@ impl Selling {
     pub async fn confirm(&self, item: &ItemId, reservation_id: &str) -> Result<ReservationState, AgentError> {
         let it = self.item(item).await?;
         let t = self.store.confirm(&it.pool, reservation_id).await?;
+        self.events.written();
         it.with(|c| {
             if let Transition::Refused(ReservationState::Expired) = t {
                 // The expiry just put units back.
@@ -236,21 +245,78 @@ impl Selling {
     pub async fn cancel(&self, item: &ItemId, reservation_id: &str) -> Result<ReservationState, AgentError> {
         let it = self.item(item).await?;
         let t = self.store.cancel(&it.pool, reservation_id).await?;
+        self.events.written();
         it.with(|c| if matches!(t, Transition::Done(_)) { c.stock_returned() } else { c.touch() });
         transition_result(t, reservation_id, "cancel")
+    }
+
+    /// CONFIRMED -> REFUNDED: the units are on sale again in the pool. After the item's
+    /// sale ended they go back to the center with the pool's other unsold units.
+    pub async fn refund(&self, item: &ItemId, reservation_id: &str) -> Result<ReservationState, AgentError> {
+        let it = self.item(item).await?;
+        let t = self.store.refund(&it.pool, reservation_id).await?;
+        self.events.written();
+        it.with(|c| if t == Transition::Done(ReservationState::Refunded) { c.stock_returned() } else { c.touch() });
+        transition_result(t, reservation_id, "refund")
+    }
+
+    /// Pushes a RESERVED reservation's expiry out by up to `extend_ms`, bounded by the
+    /// item's reservation TTL from now.
+    pub async fn extend(
+        &self,
+        item: &ItemId,
+        reservation_id: &str,
+        extend_ms: u64,
+    ) -> Result<pb::ExtendResponse, AgentError> {
+        let it = self.item(item).await?;
+        let ttl_ms = it.policy().reservation_ttl_ms;
+        match self.store.extend(&it.pool, reservation_id, extend_ms, ttl_ms).await? {
+            ExtendResult::Extended { expires_at_ms } => Ok(pb::ExtendResponse {
+                state: pb::ReservationState::Reserved as i32,
+                expires_at_unix_ms: expires_at_ms,
+            }),
+            ExtendResult::Refused(s) => {
+                if s == ReservationState::Expired {
+                    // It may have expired just now, putting units back.
+                    self.events.written();
+                    it.with(|c| c.stock_returned());
+                }
+                Err(AgentError::Precondition(format!(
+                    "cannot extend reservation {reservation_id:?}: it is {}",
+                    s.as_str()
+                )))
+            }
+            ExtendResult::NotFound => Err(AgentError::NotFound(format!("reservation {reservation_id:?} not found"))),
+        }
+    }
+
+    /// One reservation by id or idempotency key, with the pool's generation.
+    pub async fn reservation(&self, item: &ItemId, by: &ReservationRef) -> Result<pb::Reservation, AgentError> {
+        let it = self.item(item).await?;
+        let Some((id, r)) = self.store.reservation(&it.pool, by).await? else {
+            let what = match by {
+                ReservationRef::Id(id) => format!("reservation {id:?}"),
+                ReservationRef::IdempotencyKey(key) => format!("reservation with idempotency_key {key:?}"),
+            };
+            return Err(AgentError::NotFound(format!("{what} not found in the pool of item {}", it.item_id)));
+        };
+        let generation = self.store.snapshot(&it.pool).await?.generation;
+        Ok(reservation_pb(id, r, generation))
     }
 
     pub async fn get_stock(&self, item: &ItemId) -> Result<pb::GetStockResponse, AgentError> {
         let it = self.item(item).await?;
         let s = self.store.snapshot(&it.pool).await?;
+        let outbox = self.store.outbox_stats(&it.pool).await?;
+        it.set_outbox_stats(outbox);
         Ok(pb::GetStockResponse {
             available: s.available,
             reserved: s.reserved,
             sold: s.sold,
             sold_out: s.available == 0 && it.with(|c| c.supply().center_dry),
             pool_generation: s.generation,
-            // Filled once pools keep an outbox of events.
-            last_event_sequence: 0,
+            last_event_sequence: outbox.last_sequence,
+            // The broker relay fills it.
             published_event_sequence: 0,
         })
     }
@@ -281,6 +347,18 @@ pub fn reservation_state_pb(s: ReservationState) -> i32 {
         ReservationState::Refunded => pb::ReservationState::Refunded,
     };
     s as i32
+}
+
+fn reservation_pb(id: String, r: Reservation, pool_generation: u64) -> pb::Reservation {
+    pb::Reservation {
+        reservation_id: id,
+        idempotency_key: r.idempotency_key,
+        user_id: r.user_id,
+        quantity: r.quantity,
+        state: reservation_state_pb(r.state),
+        expires_at_unix_ms: r.expires_at_ms,
+        pool_generation,
+    }
 }
 
 fn transition_result(t: Transition, id: &str, verb: &str) -> Result<ReservationState, AgentError> {

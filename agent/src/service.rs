@@ -2,10 +2,12 @@
 //! also counted here (Acquire latency, rejected calls, pool store errors): the one place
 //! every answer passes through.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
-use inventory_core::{ItemId, RequestId, UserId};
+use futures::{Stream, StreamExt};
+use inventory_core::{ItemId, RequestId, UserId, ValidationError};
 use inventory_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
@@ -13,6 +15,10 @@ use crate::agent::Agent;
 use crate::error::AgentError;
 use crate::metrics::Method;
 use crate::selling::{AcquireRequest, reservation_state_pb};
+use crate::store::ReservationRef;
+
+/// The longest Extend asks for: 1e9 ms (about 11.6 days), far beyond any reservation TTL.
+const MAX_EXTEND_MS: u64 = 1_000_000_000;
 
 pub struct AgentService {
     agent: Arc<Agent>,
@@ -51,7 +57,71 @@ impl AgentService {
         let state = self.agent.selling.cancel(&item, id.as_str()).await?;
         Ok(pb::CancelResponse { state: reservation_state_pb(state) })
     }
+
+    async fn refund_inner(&self, r: &pb::RefundRequest) -> Result<pb::RefundResponse, AgentError> {
+        let item = ItemId::parse("item_id", &r.item_id)?;
+        let id = RequestId::parse("reservation_id", &r.reservation_id)?;
+        let state = self.agent.selling.refund(&item, id.as_str()).await?;
+        Ok(pb::RefundResponse { state: reservation_state_pb(state) })
+    }
+
+    async fn get_reservation_inner(
+        &self,
+        r: &pb::GetReservationRequest,
+    ) -> Result<pb::GetReservationResponse, AgentError> {
+        let item = ItemId::parse("item_id", &r.item_id)?;
+        let by = parse_reservation_ref(&r.reservation_id, &r.idempotency_key)?;
+        let reservation = self.agent.selling.reservation(&item, &by).await?;
+        Ok(pb::GetReservationResponse { reservation: Some(reservation) })
+    }
+
+    async fn extend_inner(&self, r: &pb::ExtendRequest) -> Result<pb::ExtendResponse, AgentError> {
+        let item = ItemId::parse("item_id", &r.item_id)?;
+        let id = RequestId::parse("reservation_id", &r.reservation_id)?;
+        if r.extend_ms == 0 || r.extend_ms > MAX_EXTEND_MS {
+            return Err(ValidationError::new("extend_ms", r.extend_ms, format!("must be 1..={MAX_EXTEND_MS}")).into());
+        }
+        self.agent.selling.extend(&item, id.as_str(), r.extend_ms).await
+    }
+
+    async fn stream_events_inner(&self, r: &pb::StreamEventsRequest) -> Result<EventStream, AgentError> {
+        let item = match r.item_id.as_str() {
+            "" => None,
+            id => Some(self.agent.item(&ItemId::parse("item_id", id)?).await?),
+        };
+        if self.agent.is_draining() {
+            return Err(AgentError::Unavailable("agent is shutting down; stream from another agent".into()));
+        }
+        let rx = self.agent.events.stream(item, r.from_sequence);
+        Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok)))
+    }
 }
+
+/// Exactly one of `reservation_id` and `idempotency_key`, each validated like everywhere else.
+pub fn parse_reservation_ref(reservation_id: &str, idempotency_key: &str) -> Result<ReservationRef, AgentError> {
+    match (reservation_id.is_empty(), idempotency_key.is_empty()) {
+        (false, true) => Ok(ReservationRef::Id(RequestId::parse("reservation_id", reservation_id)?.to_string())),
+        (true, false) => {
+            Ok(ReservationRef::IdempotencyKey(RequestId::parse("idempotency_key", idempotency_key)?.to_string()))
+        }
+        (true, true) => Err(ValidationError::new(
+            "reservation_id",
+            reservation_id,
+            "give exactly one of reservation_id and idempotency_key (both are empty)",
+        )
+        .into()),
+        (false, false) => Err(ValidationError::new(
+            "idempotency_key",
+            idempotency_key,
+            format!(
+                "give exactly one of reservation_id and idempotency_key (reservation_id is {reservation_id:?} too)"
+            ),
+        )
+        .into()),
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::ReservationEvent, Status>> + Send + 'static>>;
 
 /// Parses an Acquire. Quantity 0 means 1; the per-user limit is checked against the item.
 pub fn parse_acquire(r: &pb::AcquireRequest) -> Result<AcquireRequest, AgentError> {
@@ -101,5 +171,27 @@ impl pb::agent_server::Agent for AgentService {
             Err(e) => Err(e.into()),
         };
         self.answer(Method::GetStock, result)
+    }
+
+    async fn refund(&self, request: Request<pb::RefundRequest>) -> Res<pb::RefundResponse> {
+        let result = self.refund_inner(request.get_ref()).await;
+        self.answer(Method::Refund, result)
+    }
+
+    async fn get_reservation(&self, request: Request<pb::GetReservationRequest>) -> Res<pb::GetReservationResponse> {
+        let result = self.get_reservation_inner(request.get_ref()).await;
+        self.answer(Method::GetReservation, result)
+    }
+
+    async fn extend(&self, request: Request<pb::ExtendRequest>) -> Res<pb::ExtendResponse> {
+        let result = self.extend_inner(request.get_ref()).await;
+        self.answer(Method::Extend, result)
+    }
+
+    type StreamEventsStream = EventStream;
+
+    async fn stream_events(&self, request: Request<pb::StreamEventsRequest>) -> Res<EventStream> {
+        let result = self.stream_events_inner(request.get_ref()).await;
+        self.answer(Method::StreamEvents, result)
     }
 }

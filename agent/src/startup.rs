@@ -58,7 +58,8 @@ impl Application {
                 RedisPoolStore::new_cluster(&config.redis_cluster, &config.redis_prefix)
                     .await?
                     .with_replica_acks(config.redis_replica_acks, acks_timeout)
-                    .with_acquire_batch_max(config.redis_acquire_batch_max),
+                    .with_acquire_batch_max(config.redis_acquire_batch_max)
+                    .with_outbox_max(config.outbox_max_events),
             ),
             StoreKind::Memory => match config.memory_state_path() {
                 Some(path) => {
@@ -68,17 +69,18 @@ impl Application {
                         tracing::info!(pools = items.len(), file = %path.display(), "pools kept from the last graceful stop");
                     }
                     kept_items = items;
-                    let mem = Arc::new(mem);
+                    let mem = Arc::new(mem.with_outbox_max(config.outbox_max_events));
                     memory_state = Some((Arc::clone(&mem), path));
                     mem
                 }
-                None => Arc::new(MemoryPoolStore::new()),
+                None => Arc::new(MemoryPoolStore::new().with_outbox_max(config.outbox_max_events)),
             },
             StoreKind::Redis => Arc::new(
                 RedisPoolStore::with_connections(&config.redis_url, &config.redis_prefix, config.redis_connections)
                     .await?
                     .with_replica_acks(config.redis_replica_acks, acks_timeout)
-                    .with_acquire_batch_max(config.redis_acquire_batch_max),
+                    .with_acquire_batch_max(config.redis_acquire_batch_max)
+                    .with_outbox_max(config.outbox_max_events),
             ),
         };
         let mut app = Self::build_with_store_keeping(config, store, kept_items).await?;
@@ -120,6 +122,7 @@ impl Application {
             return_sustain_ms: config.return_sustain_ms,
             leader_ttl_ms: config.leader_ttl_ms.max(30),
             item_lookups_per_sec: config.item_lookups_per_sec,
+            outbox_max_events: config.outbox_max_events,
         };
         let limits = UserLimits::new(config.user_rate_per_sec, config.user_burst);
         // Bind before registering: an agent that cannot serve must not leave a registered
@@ -204,6 +207,7 @@ impl Application {
             tokio::spawn(workers::watcher(Arc::clone(&self.agent), stop_rx.clone())),
             tokio::spawn(workers::limiter_gc(Arc::clone(&self.agent), stop_rx.clone())),
             tokio::spawn(workers::leadership(Arc::clone(&self.agent), stop_rx.clone())),
+            tokio::spawn(workers::outbox_sizes(Arc::clone(&self.agent), stop_rx.clone())),
         ];
         if let Some(relay) = self.relay.take() {
             let (agent, leader) = (Arc::clone(&self.agent), Arc::clone(&self.agent));
@@ -243,6 +247,8 @@ impl Application {
             shutdown.await;
             tracing::info!("agent draining: no new acquires");
             agent.role.start_draining();
+            // Event streams never end by themselves: end them, or the server waits for them.
+            agent.events.stop();
             let _ = drain_tx.send(true);
         });
 
@@ -295,6 +301,7 @@ impl Application {
 
         // In-flight calls are done. Stop the workers, then give back what is unreserved.
         let _ = stop_tx.send(true);
+        self.agent.events.stopped().await;
         for t in tasks {
             let _ = t.await;
         }

@@ -172,6 +172,26 @@ pub async fn leadership(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
 }
 
 /// Keeps the per-user rate limiter's memory to the recently active users.
+/// Reads each pool's outbox size for the metrics (on the leading replica, which exports
+/// the pool gauges). Slow on purpose: it feeds an alert on a bound, not a dashboard.
+pub async fn outbox_sizes(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
+    while tick(&mut stop, Duration::from_secs(5)).await {
+        if !agent.is_leading() {
+            continue;
+        }
+        futures::stream::iter(agent.items())
+            .for_each_concurrent(LOOKS_IN_FLIGHT, |item| {
+                let agent = Arc::clone(&agent);
+                async move {
+                    if let Ok(stats) = agent.store.outbox_stats(&item.pool).await {
+                        item.set_outbox_stats(stats);
+                    }
+                }
+            })
+            .await;
+    }
+}
+
 pub async fn limiter_gc(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
     while tick(&mut stop, Duration::from_secs(1)).await {
         let tracked = agent.selling.limits.forget_idle();

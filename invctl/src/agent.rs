@@ -91,7 +91,7 @@ fn outcome_text(o: pb::AcquireOutcome) -> &'static str {
     }
 }
 
-fn state_text(s: pb::ReservationState) -> &'static str {
+pub(crate) fn state_text(s: pb::ReservationState) -> &'static str {
     match s {
         pb::ReservationState::Reserved => "reserved",
         pb::ReservationState::Confirmed => "confirmed",
@@ -192,7 +192,7 @@ pub async fn run(ctx: &Ctx, cmd: AgentCmd) -> Result<(), Failure> {
     Ok(())
 }
 
-fn state_reply(ctx: &Ctx, reservation_id: String, state: &'static str) {
+pub(crate) fn state_reply(ctx: &Ctx, reservation_id: String, state: &'static str) {
     let text = format!("reservation {}: {state}\n", q(&reservation_id));
     print(ctx.output, &StateView { reservation_id, state }, || text);
 }

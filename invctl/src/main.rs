@@ -11,6 +11,7 @@ mod args;
 mod channel;
 mod conn;
 mod item;
+mod order_check;
 mod orders;
 mod output;
 mod reconcile;
@@ -64,6 +65,14 @@ enum Command {
     /// Talk to an agent as a channel backend would: stock, acquire, confirm, cancel.
     #[command(subcommand)]
     Agent(agent::AgentCmd),
+    /// An agent's reservation events (its pools' outboxes): `events tail`.
+    #[command(subcommand)]
+    Events(orders::EventsCmd),
+    /// One reservation as the agent's pool knows it: `reservation show`.
+    #[command(subcommand)]
+    Reservation(orders::ReservationCmd),
+    /// Refund a confirmed reservation: its units go back on sale.
+    Refund(orders::RefundArgs),
     /// Print shell completions.
     Completions { shell: clap_complete::Shell },
 }
@@ -122,6 +131,9 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Channel(cmd) => channel::run(&ctx, cmd).await?,
         Command::Reclaim(args) => channel::reclaim(&ctx, args).await?,
         Command::Agent(cmd) => agent::run(&ctx, cmd).await?,
+        Command::Events(cmd) => orders::events(&ctx, cmd).await?,
+        Command::Reservation(cmd) => orders::reservation(&ctx, cmd).await?,
+        Command::Refund(args) => orders::refund(&ctx, args).await?,
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "invctl", &mut std::io::stdout());
         }

@@ -1,234 +1,212 @@
-//! `invctl reconcile --orders-db URL`: the pools against the order consumer's tables
-//! (those `order-sink` keeps). Per channel and item, in the pool's current generation:
-//! confirmed orders' units equal the pool's `sold`, reserved orders' units its
-//! `reserved` (cancelled, expired and refunded orders hold nothing); each pool's event
-//! numbers reached the orders without a gap; each order's state is the state of its
-//! reservation's latest event; and, for the agents given with `--agent-for`, the relay's
-//! published sequence equals the last event the orders saw.
-//!
-//! The pools are the center's view (each channel's last heartbeat report), so run this
-//! on a settled sale: with sales in flight a report is up to a heartbeat behind.
+//! `invctl events tail`, `invctl reservation show`, `invctl refund`: what an agent knows of
+//! its channel's orders (its pools' reservation events and reservations).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
+use clap::{ArgGroup, Args, Subcommand};
+use inventory_proto::v1 as pb;
 use serde::Serialize;
-use sqlx::Row;
 
-/// One pool as the center (and, when asked, its agent) sees it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PoolFacts {
-    pub channel: String,
-    pub item_id: String,
-    pub generation: u64,
-    pub reserved: u64,
-    pub sold: u64,
-    /// GetStock's `published_event_sequence`, when the channel's agent was asked.
-    pub published: Option<u64>,
+use crate::Ctx;
+use crate::agent::{state_reply, state_text};
+use crate::conn::Failure;
+use crate::output::{Output, fields, print, q, table};
+
+#[derive(Subcommand)]
+pub enum EventsCmd {
+    /// The reservation events an agent's pools keep, oldest first, then (with --follow)
+    /// new ones as they happen. Without --follow it stops once no event came for
+    /// --idle-ms.
+    Tail(TailArgs),
 }
 
-/// What the orders tables hold for one pool generation.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct OrderFacts {
-    pub reserved_units: u64,
-    pub confirmed_units: u64,
-    /// Events seen: how many, and the highest sequence.
-    pub events_seen: u64,
-    pub max_sequence: u64,
-    /// Orders whose state is not their reservation's latest event's.
-    pub stale_orders: Vec<String>,
+#[derive(Args)]
+pub struct TailArgs {
+    /// Only this item's pool (default: every item the agent sells).
+    #[arg(long)]
+    item: Option<String>,
+    /// The first sequence to show of each pool (resume with the last seen + 1).
+    #[arg(long, default_value_t = 0)]
+    from: u64,
+    /// Keep following new events (until --limit, or interrupted).
+    #[arg(long)]
+    follow: bool,
+    /// Stop after this many events.
+    #[arg(long)]
+    limit: Option<u64>,
+    /// Without --follow: stop once no event came for this long.
+    #[arg(long, default_value_t = 1_000)]
+    idle_ms: u64,
 }
 
-pub type Key = (String, String, u64);
-
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct Difference {
-    pub item_id: String,
-    pub channel: String,
-    pub check: String,
-    pub detail: String,
+#[derive(Subcommand)]
+pub enum ReservationCmd {
+    /// One reservation, by id or by idempotency key.
+    Show(ShowArgs),
 }
 
-fn diff(channel: &str, item_id: &str, check: &str, detail: String) -> Difference {
-    Difference { item_id: item_id.to_owned(), channel: channel.to_owned(), check: check.to_owned(), detail }
+#[derive(Args)]
+#[command(group(ArgGroup::new("which").required(true).args(["id", "key"])))]
+pub struct ShowArgs {
+    #[arg(long)]
+    item: String,
+    /// The reservation id.
+    #[arg(long)]
+    id: Option<String>,
+    /// The idempotency key that reserved it.
+    #[arg(long)]
+    key: Option<String>,
 }
 
-/// Compares the pools with the orders: every difference found, none when they agree.
-pub fn compare(pools: &[PoolFacts], orders: &BTreeMap<Key, OrderFacts>) -> Vec<Difference> {
-    let mut out = Vec::new();
-    let mut current = BTreeSet::new();
-    for p in pools {
-        let key = (p.channel.clone(), p.item_id.clone(), p.generation);
-        current.insert((p.channel.clone(), p.item_id.clone()));
-        let o = orders.get(&key).cloned().unwrap_or_default();
-        let (c, i) = (p.channel.as_str(), p.item_id.as_str());
-        if o.confirmed_units != p.sold {
-            out.push(diff(
-                c,
-                i,
-                "sold",
-                format!("pool sold {} but confirmed orders hold {}", p.sold, o.confirmed_units),
-            ));
-        }
-        if o.reserved_units != p.reserved {
-            out.push(diff(
-                c,
-                i,
-                "reserved",
-                format!("pool reserved {} but reserved orders hold {}", p.reserved, o.reserved_units),
-            ));
-        }
-        if let Some(published) = p.published
-            && published != o.max_sequence
-        {
-            out.push(diff(
-                c,
-                i,
-                "published",
-                format!(
-                    "the relay published through sequence {published} of generation {} but the orders saw through {}",
-                    p.generation, o.max_sequence
-                ),
-            ));
-        }
-    }
-    for ((c, i, generation), o) in orders {
-        if o.events_seen != o.max_sequence {
-            out.push(diff(
-                c,
-                i,
-                "gap",
-                format!(
-                    "generation {generation}: {} of events 1..={} never reached the orders",
-                    o.max_sequence.saturating_sub(o.events_seen),
-                    o.max_sequence
-                ),
-            ));
-        }
-        if !o.stale_orders.is_empty() {
-            out.push(diff(
-                c,
-                i,
-                "state",
-                format!(
-                    "{} orders not in their reservation's latest state: {}",
-                    o.stale_orders.len(),
-                    o.stale_orders.iter().take(5).cloned().collect::<Vec<_>>().join(", ")
-                ),
-            ));
-        }
-        if !current.contains(&(c.clone(), i.clone())) && (o.reserved_units > 0 || o.confirmed_units > 0) {
-            out.push(diff(c, i, "unknown pool", "orders of a pool the center does not know".to_owned()));
+#[derive(Args)]
+pub struct RefundArgs {
+    #[arg(long)]
+    item: String,
+    /// The confirmed reservation to refund.
+    #[arg(long)]
+    id: String,
+}
+
+#[derive(Serialize)]
+struct EventView<'a> {
+    event_id: &'a str,
+    channel: &'a str,
+    item_id: &'a str,
+    segment: u32,
+    sequence: u64,
+    pool_generation: u64,
+    reservation_id: &'a str,
+    idempotency_key: &'a str,
+    user_id: &'a str,
+    quantity: u64,
+    state: &'static str,
+    previous_state: &'static str,
+    at_unix_ms: i64,
+}
+
+impl<'a> EventView<'a> {
+    fn of(e: &'a pb::ReservationEvent) -> Self {
+        Self {
+            event_id: &e.event_id,
+            channel: &e.channel,
+            item_id: &e.item_id,
+            segment: e.segment,
+            sequence: e.sequence,
+            pool_generation: e.pool_generation,
+            reservation_id: &e.reservation_id,
+            idempotency_key: &e.idempotency_key,
+            user_id: &e.user_id,
+            quantity: e.quantity,
+            state: state_text(e.state()),
+            previous_state: match e.previous_state() {
+                pb::ReservationState::Unspecified => "",
+                s => state_text(s),
+            },
+            at_unix_ms: e.at_unix_ms,
         }
     }
-    out
 }
 
-fn unsigned(v: i64) -> u64 {
-    u64::try_from(v).unwrap_or(0)
+#[derive(Serialize)]
+struct ReservationView {
+    item_id: String,
+    reservation_id: String,
+    idempotency_key: String,
+    user_id: String,
+    quantity: u64,
+    state: &'static str,
+    expires_at_unix_ms: i64,
+    pool_generation: u64,
 }
 
-/// Reads the order consumer's tables.
-pub async fn read(url: &str) -> Result<BTreeMap<Key, OrderFacts>, String> {
-    use sqlx::Connection;
-    let mut db = sqlx::PgConnection::connect(url).await.map_err(|e| format!("--orders-db: cannot connect: {e}"))?;
-    let mut out: BTreeMap<Key, OrderFacts> = BTreeMap::new();
-    let q = |e: sqlx::Error| format!("--orders-db: {e} (are these order-sink's tables?)");
-    for r in sqlx::query(
-        "SELECT channel, item_id, pool_generation,
-                COALESCE(SUM(quantity) FILTER (WHERE state = 'reserved'), 0)::BIGINT,
-                COALESCE(SUM(quantity) FILTER (WHERE state = 'confirmed'), 0)::BIGINT
-         FROM orders GROUP BY 1, 2, 3",
-    )
-    .fetch_all(&mut db)
-    .await
-    .map_err(q)?
-    {
-        let o = out.entry((r.get(0), r.get(1), unsigned(r.get(2)))).or_default();
-        o.reserved_units = unsigned(r.get(3));
-        o.confirmed_units = unsigned(r.get(4));
+pub async fn events(ctx: &Ctx, cmd: EventsCmd) -> Result<(), Failure> {
+    let EventsCmd::Tail(args) = cmd;
+    let mut client = ctx.conn.agent(&ctx.agent).await?;
+    let req = pb::StreamEventsRequest { from_sequence: args.from, item_id: args.item.unwrap_or_default() };
+    let mut stream = client.stream_events(req).await?.into_inner();
+    let idle = Duration::from_millis(args.idle_ms.max(1));
+    let header = ["ITEM", "SEQ", "RESERVATION", "USER", "QTY", "STATE", "PREVIOUS", "AT_MS"];
+    let mut shown: u64 = 0;
+    while args.limit.is_none_or(|n| shown < n) {
+        let next = if args.follow {
+            stream.message().await?
+        } else {
+            match tokio::time::timeout(idle, stream.message()).await {
+                Ok(m) => m?,
+                Err(_) => break,
+            }
+        };
+        let Some(e) = next else { break };
+        let view = EventView::of(&e);
+        match ctx.output {
+            // One object per line, so a stream can be piped line by line.
+            Output::Json => println!("{}", serde_json::to_string(&view).expect("views serialize")),
+            Output::Table => {
+                let row = vec![
+                    e.item_id.clone(),
+                    e.sequence.to_string(),
+                    e.reservation_id.clone(),
+                    e.user_id.clone(),
+                    e.quantity.to_string(),
+                    view.state.to_owned(),
+                    view.previous_state.to_owned(),
+                    e.at_unix_ms.to_string(),
+                ];
+                // The header once; columns are not aligned across lines of a live stream.
+                let text = table(&header, vec![row]);
+                let mut lines = text.lines();
+                let head = lines.next().unwrap_or_default();
+                if shown == 0 {
+                    println!("{head}");
+                }
+                for l in lines {
+                    println!("{l}");
+                }
+            }
+        }
+        shown += 1;
     }
-    for r in sqlx::query(
-        "SELECT channel, item_id, pool_generation, COUNT(*), MAX(sequence) FROM order_events_seen GROUP BY 1, 2, 3",
-    )
-    .fetch_all(&mut db)
-    .await
-    .map_err(q)?
-    {
-        let o = out.entry((r.get(0), r.get(1), unsigned(r.get(2)))).or_default();
-        o.events_seen = unsigned(r.get(3));
-        o.max_sequence = unsigned(r.get(4));
-    }
-    for r in sqlx::query(
-        "SELECT o.channel, o.item_id, o.pool_generation, o.reservation_id
-         FROM orders o
-         JOIN LATERAL (SELECT s.state FROM order_events_seen s
-                       WHERE s.reservation_id = o.reservation_id
-                       ORDER BY s.pool_generation DESC, s.sequence DESC LIMIT 1) latest ON true
-         WHERE latest.state <> o.state
-         ORDER BY 4",
-    )
-    .fetch_all(&mut db)
-    .await
-    .map_err(q)?
-    {
-        out.entry((r.get(0), r.get(1), unsigned(r.get(2)))).or_default().stale_orders.push(r.get(3));
-    }
-    Ok(out)
+    Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+pub async fn reservation(ctx: &Ctx, cmd: ReservationCmd) -> Result<(), Failure> {
+    let ReservationCmd::Show(args) = cmd;
+    let mut client = ctx.conn.agent(&ctx.agent).await?;
+    let req = pb::GetReservationRequest {
+        item_id: args.item.clone(),
+        reservation_id: args.id.unwrap_or_default(),
+        idempotency_key: args.key.unwrap_or_default(),
+    };
+    let r = client.get_reservation(req).await?.into_inner().reservation.unwrap_or_default();
+    let view = ReservationView {
+        item_id: args.item,
+        state: state_text(r.state()),
+        reservation_id: r.reservation_id,
+        idempotency_key: r.idempotency_key,
+        user_id: r.user_id,
+        quantity: r.quantity,
+        expires_at_unix_ms: r.expires_at_unix_ms,
+        pool_generation: r.pool_generation,
+    };
+    print(ctx.output, &view, || {
+        fields(&[
+            ("reservation", q(&view.reservation_id)),
+            ("item", q(&view.item_id)),
+            ("state", view.state.to_owned()),
+            ("user", q(&view.user_id)),
+            ("key", q(&view.idempotency_key)),
+            ("quantity", view.quantity.to_string()),
+            ("expires_at_ms", view.expires_at_unix_ms.to_string()),
+            ("pool_generation", view.pool_generation.to_string()),
+        ])
+    });
+    Ok(())
+}
 
-    fn pool(sold: u64, reserved: u64, published: Option<u64>) -> PoolFacts {
-        PoolFacts { channel: "web".into(), item_id: "sku".into(), generation: 1, reserved, sold, published }
-    }
-
-    fn orders(facts: OrderFacts) -> BTreeMap<Key, OrderFacts> {
-        BTreeMap::from([(("web".to_owned(), "sku".to_owned(), 1), facts)])
-    }
-
-    fn checks(d: &[Difference]) -> Vec<&str> {
-        d.iter().map(|d| d.check.as_str()).collect()
-    }
-
-    #[test]
-    fn agreeing_pools_and_orders_show_nothing() {
-        let o = orders(OrderFacts {
-            reserved_units: 2,
-            confirmed_units: 5,
-            events_seen: 9,
-            max_sequence: 9,
-            ..Default::default()
-        });
-        assert_eq!(compare(&[pool(5, 2, Some(9))], &o), []);
-        assert_eq!(compare(&[pool(5, 2, None)], &o), []);
-    }
-
-    #[test]
-    fn each_disagreement_is_listed() {
-        let o = orders(OrderFacts {
-            reserved_units: 1,
-            confirmed_units: 4,
-            events_seen: 7,
-            max_sequence: 9,
-            stale_orders: vec!["r7".into()],
-        });
-        let d = compare(&[pool(5, 2, Some(10))], &o);
-        assert_eq!(checks(&d), ["sold", "reserved", "published", "gap", "state"]);
-        assert_eq!(d[3].detail, "generation 1: 2 of events 1..=9 never reached the orders");
-        assert_eq!(d[0].detail, "pool sold 5 but confirmed orders hold 4");
-    }
-
-    #[test]
-    fn a_pool_without_orders_and_orders_without_a_pool_are_differences() {
-        assert_eq!(checks(&compare(&[pool(3, 0, None)], &BTreeMap::new())), ["sold"]);
-        let o = orders(OrderFacts { confirmed_units: 1, events_seen: 2, max_sequence: 2, ..Default::default() });
-        assert_eq!(checks(&compare(&[], &o)), ["unknown pool"]);
-        // Orders of an older generation of a known pool are history, not a difference.
-        let mut older = o.clone();
-        older.insert(("web".into(), "sku".into(), 2), OrderFacts::default());
-        let current = PoolFacts { generation: 2, ..pool(0, 0, None) };
-        assert_eq!(compare(&[current], &older), []);
-    }
+pub async fn refund(ctx: &Ctx, args: RefundArgs) -> Result<(), Failure> {
+    let mut client = ctx.conn.agent(&ctx.agent).await?;
+    let r =
+        client.refund(pb::RefundRequest { item_id: args.item, reservation_id: args.id.clone() }).await?.into_inner();
+    state_reply(ctx, args.id, state_text(r.state()));
+    Ok(())
 }

@@ -82,7 +82,7 @@ struct ReconcileView {
     in_doubt: Vec<Finding>,
     /// With --orders-db: where the pools and the orders disagree.
     #[serde(skip_serializing_if = "Option::is_none")]
-    order_differences: Option<Vec<crate::orders::Difference>>,
+    order_differences: Option<Vec<crate::order_check::Difference>>,
 }
 
 #[derive(Serialize)]
@@ -166,7 +166,7 @@ async fn order_differences(
     ctx: &Ctx,
     args: &ReconcileArgs,
     url: &str,
-) -> Result<Vec<crate::orders::Difference>, Failure> {
+) -> Result<Vec<crate::order_check::Difference>, Failure> {
     let mut admin = ctx.conn.admin(&ctx.center).await?;
     let items: Vec<String> = match &args.item {
         Some(item) => vec![item.clone()],
@@ -182,7 +182,7 @@ async fn order_differences(
     for item in items {
         let r = admin.get_item(pb::GetItemRequest { item_id: item.clone() }).await?.into_inner();
         for c in r.channels {
-            let mut facts = crate::orders::PoolFacts {
+            let mut facts = crate::order_check::PoolFacts {
                 channel: c.channel.clone(),
                 item_id: item.clone(),
                 generation: c.generation,
@@ -200,8 +200,8 @@ async fn order_differences(
             pools.push(facts);
         }
     }
-    let orders = crate::orders::read(url).await.map_err(Failure)?;
-    Ok(crate::orders::compare(&pools, &orders))
+    let orders = crate::order_check::read(url).await.map_err(Failure)?;
+    Ok(crate::order_check::compare(&pools, &orders))
 }
 
 pub async fn resolve(ctx: &Ctx, args: ResolveArgs) -> Result<(), Failure> {

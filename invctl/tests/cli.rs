@@ -334,6 +334,80 @@ impl inventory_proto::v1::agent_server::Agent for EchoAgent {
     ) -> Result<tonic::Response<inventory_proto::v1::GetStockResponse>, tonic::Status> {
         Err(tonic::Status::unimplemented("not in this test"))
     }
+
+    async fn refund(
+        &self,
+        r: tonic::Request<inventory_proto::v1::RefundRequest>,
+    ) -> Result<tonic::Response<inventory_proto::v1::RefundResponse>, tonic::Status> {
+        let r = r.into_inner();
+        self.seen.lock().unwrap().push(("refund".into(), format!("{}/{}", r.item_id, r.reservation_id)));
+        if r.reservation_id == "open" {
+            return Err(tonic::Status::failed_precondition("cannot refund reservation \"open\": it is reserved"));
+        }
+        let state = inventory_proto::v1::ReservationState::Refunded as i32;
+        Ok(tonic::Response::new(inventory_proto::v1::RefundResponse { state }))
+    }
+
+    /// Found by id or by key, echoing which one was asked.
+    async fn get_reservation(
+        &self,
+        r: tonic::Request<inventory_proto::v1::GetReservationRequest>,
+    ) -> Result<tonic::Response<inventory_proto::v1::GetReservationResponse>, tonic::Status> {
+        let r = r.into_inner();
+        self.seen
+            .lock()
+            .unwrap()
+            .push(("get_reservation".into(), format!("{}|{}", r.reservation_id, r.idempotency_key)));
+        let reservation = inventory_proto::v1::Reservation {
+            reservation_id: if r.reservation_id.is_empty() { "r-by-key".into() } else { r.reservation_id },
+            idempotency_key: if r.idempotency_key.is_empty() { "k-by-id".into() } else { r.idempotency_key },
+            user_id: "u".into(),
+            quantity: 2,
+            state: inventory_proto::v1::ReservationState::Confirmed as i32,
+            expires_at_unix_ms: 1_000,
+            pool_generation: 7,
+        };
+        Ok(tonic::Response::new(inventory_proto::v1::GetReservationResponse { reservation: Some(reservation) }))
+    }
+
+    async fn extend(
+        &self,
+        _: tonic::Request<inventory_proto::v1::ExtendRequest>,
+    ) -> Result<tonic::Response<inventory_proto::v1::ExtendResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not in this test"))
+    }
+
+    type StreamEventsStream = std::pin::Pin<
+        Box<dyn tokio_stream::Stream<Item = Result<inventory_proto::v1::ReservationEvent, tonic::Status>> + Send>,
+    >;
+
+    /// Three events from the asked sequence, then the stream stays open (like an agent's).
+    async fn stream_events(
+        &self,
+        r: tonic::Request<inventory_proto::v1::StreamEventsRequest>,
+    ) -> Result<tonic::Response<Self::StreamEventsStream>, tonic::Status> {
+        let r = r.into_inner();
+        self.seen.lock().unwrap().push(("stream_events".into(), format!("{}|{}", r.item_id, r.from_sequence)));
+        let from = r.from_sequence.max(1);
+        let events: Vec<_> = (from..from + 3)
+            .map(|sequence| {
+                Ok(inventory_proto::v1::ReservationEvent {
+                    event_id: format!("app:i:0:7:{sequence}"),
+                    channel: "app".into(),
+                    item_id: "i".into(),
+                    sequence,
+                    reservation_id: format!("r{sequence}"),
+                    user_id: "u".into(),
+                    quantity: 1,
+                    state: inventory_proto::v1::ReservationState::Reserved as i32,
+                    pool_generation: 7,
+                    ..Default::default()
+                })
+            })
+            .collect();
+        let open = tokio_stream::StreamExt::chain(tokio_stream::iter(events), tokio_stream::pending());
+        Ok(tonic::Response::new(Box::pin(open)))
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -372,6 +446,69 @@ async fn confirm_and_cancel_take_the_reservation_either_way() {
     assert_eq!((v["reservation_id"].as_str(), v["pool_generation"].as_u64()), (Some("r-a"), Some(42)), "{v}");
     let seen = agent.seen.lock().unwrap().clone();
     let expected = [("confirm", "r-flag"), ("confirm", "r-positional"), ("cancel", "r-3"), ("acquire", "42")];
+    assert_eq!(seen, expected.map(|(a, b)| (a.to_owned(), b.to_owned())).to_vec());
+    server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_tail_reservation_show_and_refund() {
+    let agent = std::sync::Arc::new(EchoAgent::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let service = inventory_proto::v1::agent_server::AgentServer::from_arc(std::sync::Arc::clone(&agent));
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let run = |args: Vec<&str>| {
+        let mut full = vec!["--agent", url.as_str()];
+        full.extend(args);
+        let full: Vec<String> = full.into_iter().map(str::to_owned).collect();
+        async move { invctl("http://127.0.0.1:1", &full.iter().map(String::as_str).collect::<Vec<_>>()).await }
+    };
+    // The kept events, then it stops once the stream is idle (it never ends by itself).
+    let o = run(vec!["-o", "json", "events", "tail", "--item", "i", "--from", "5", "--idle-ms", "300"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines: Vec<serde_json::Value> =
+        stdout(&o).lines().map(|l| serde_json::from_str(l).expect("one json object per line")).collect();
+    let seqs: Vec<u64> = lines.iter().map(|v| v["sequence"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, [5, 6, 7]);
+    assert_eq!((lines[0]["event_id"].as_str(), lines[0]["state"].as_str()), (Some("app:i:0:7:5"), Some("reserved")));
+    assert_eq!(lines[0]["previous_state"].as_str(), Some(""));
+    // --limit bounds a --follow.
+    let o = run(vec!["events", "tail", "--follow", "--limit", "2"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert_eq!(text.lines().count(), 3, "a header and two events: {text}");
+    assert!(text.starts_with("ITEM") && text.contains("r1") && text.contains("r2") && !text.contains("r3"), "{text}");
+
+    let o = run(vec!["-o", "json", "reservation", "show", "--item", "i", "--key", "k9"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!((v["reservation_id"].as_str(), v["state"].as_str()), (Some("r-by-key"), Some("confirmed")), "{v}");
+    assert_eq!((v["idempotency_key"].as_str(), v["pool_generation"].as_u64()), (Some("k9"), Some(7)));
+    let o = run(vec!["reservation", "show", "--item", "i", "--id", "r9"]).await;
+    assert!(stdout(&o).contains("reservation      \"r9\"") && stdout(&o).contains("confirmed"), "{}", stdout(&o));
+    let o = run(vec!["reservation", "show", "--item", "i"]).await;
+    assert_eq!(o.status.code(), Some(2), "--id or --key is required");
+    let o = run(vec!["reservation", "show", "--item", "i", "--id", "a", "--key", "b"]).await;
+    assert_eq!(o.status.code(), Some(2), "not both");
+
+    let o = run(vec!["refund", "--item", "i", "--id", "r-paid"]).await;
+    assert_eq!(stdout(&o), "reservation \"r-paid\": refunded\n", "{}", stderr(&o));
+    let o = run(vec!["refund", "--item", "i", "--id", "open"]).await;
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(stderr(&o), "invctl: failed precondition: cannot refund reservation \"open\": it is reserved\n");
+
+    let seen = agent.seen.lock().unwrap().clone();
+    let expected = [
+        ("stream_events", "i|5"),
+        ("stream_events", "|0"),
+        ("get_reservation", "|k9"),
+        ("get_reservation", "r9|"),
+        ("refund", "i/r-paid"),
+        ("refund", "i/open"),
+    ];
     assert_eq!(seen, expected.map(|(a, b)| (a.to_owned(), b.to_owned())).to_vec());
     server.abort();
 }

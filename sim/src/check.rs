@@ -192,6 +192,20 @@ fn check_pools(w: &World, item: &str, limit: u64) -> Res {
                 ),
             ));
         }
+        // Invariant 9, cheaply: the kept events run without a gap up to the last written.
+        let page = pool.events(0, 1);
+        let kept = pool.outbox_stats().kept;
+        if kept > 0 && page.first_kept.saturating_add(kept - 1) != page.last_sequence {
+            return Err(Violation::new(
+                "9",
+                format!(
+                    "{}/{item}: {kept} events kept from sequence {} but the last written is {}",
+                    agent.name(),
+                    page.first_kept,
+                    page.last_sequence
+                ),
+            ));
+        }
         for (user, held) in per_user {
             if held > u128::from(limit) {
                 return Err(Violation::new(

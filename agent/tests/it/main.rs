@@ -2,6 +2,7 @@
 
 mod cluster;
 mod crash;
+mod event_stream;
 mod faults;
 mod harness;
 mod many_items;

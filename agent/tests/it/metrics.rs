@@ -499,3 +499,24 @@ fn version_names_the_git_commit() {
         assert_ne!(inventory_net::metrics::GIT_HASH, "unknown", "a build from a git checkout knows its commit");
     }
 }
+
+/// The outbox gauges: events kept against the bound, and those the bound dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_size_and_drops_are_exported_against_the_bound() {
+    let center = Center::start_sqlite().await;
+    center.create_item("o", 100, 1, (10, 40, 20)).await;
+    let mut cfg = agent_config(&center.url, "app", &StoreSpec::Memory);
+    cfg.outbox_max_events = 3;
+    let agent = LocalAgent::start_with(cfg, None).await;
+    let mut client = agent.client().await;
+    for i in 0..5 {
+        let r = client.acquire(acquire_req("o", &format!("u{i}"), 1, &format!("k{i}"))).await.unwrap().into_inner();
+        assert_eq!(r.outcome(), pb::AcquireOutcome::Reserved, "the bound never fails a sale");
+    }
+    let s = client.get_stock(pb::GetStockRequest { item_id: "o".into() }).await.unwrap().into_inner();
+    assert_eq!((s.last_event_sequence, s.published_event_sequence), (5, 0));
+    let text = http_get(agent.http_addr, "/metrics").await;
+    assert_eq!(sample(&text, r#"inventory_agent_outbox_events{channel="app",item="o"}"#), Some(3.0));
+    assert_eq!(sample(&text, r#"inventory_agent_outbox_events_dropped_total{channel="app",item="o"}"#), Some(2.0));
+    assert_eq!(sample(&text, r#"inventory_agent_outbox_max_events{channel="app"}"#), Some(3.0));
+}

@@ -215,7 +215,42 @@ async fn hostile_values_in_every_agent_rpc_are_refused_before_the_store() {
             assert_eq!(s.code(), Code::InvalidArgument, "acquire {field} {v:?}");
             assert!(s.message().contains(field), "{s:?}");
         }
+        let invalid = |what: &str, field: &str, s: tonic::Status| {
+            assert_eq!(s.code(), Code::InvalidArgument, "{what} {field} {v:?}: {s:?}");
+            assert!(s.message().contains(field), "{what}: {s:?}");
+        };
+        let r = pb::RefundRequest { item_id: v.into(), reservation_id: "r".into() };
+        invalid("refund", "item_id", client.refund(r).await.unwrap_err());
+        let r = pb::RefundRequest { item_id: "h".into(), reservation_id: v.into() };
+        invalid("refund", "reservation_id", client.refund(r).await.unwrap_err());
+        let e = pb::ExtendRequest { item_id: v.into(), reservation_id: "r".into(), extend_ms: 1_000 };
+        invalid("extend", "item_id", client.extend(e).await.unwrap_err());
+        let e = pb::ExtendRequest { item_id: "h".into(), reservation_id: v.into(), extend_ms: 1_000 };
+        invalid("extend", "reservation_id", client.extend(e).await.unwrap_err());
+        let g = pb::GetReservationRequest { item_id: v.into(), reservation_id: "r".into(), idempotency_key: "".into() };
+        invalid("get_reservation", "item_id", client.get_reservation(g).await.unwrap_err());
+        let g = pb::GetReservationRequest { item_id: "h".into(), reservation_id: v.into(), idempotency_key: "".into() };
+        invalid("get_reservation", "reservation_id", client.get_reservation(g).await.unwrap_err());
+        let g = pb::GetReservationRequest { item_id: "h".into(), reservation_id: "".into(), idempotency_key: v.into() };
+        let field = if v.is_empty() { "reservation_id" } else { "idempotency_key" };
+        invalid("get_reservation", field, client.get_reservation(g).await.unwrap_err());
+        if !v.is_empty() {
+            let s = pb::StreamEventsRequest { item_id: v.into(), from_sequence: 0 };
+            invalid("stream_events", "item_id", client.stream_events(s).await.unwrap_err());
+        }
     }
+    // Out-of-range numbers and field combinations name what is wrong.
+    for extend_ms in [0, 1_000_000_001, u64::MAX] {
+        let e = pb::ExtendRequest { item_id: "h".into(), reservation_id: "r".into(), extend_ms };
+        let s = client.extend(e).await.unwrap_err();
+        assert_eq!(s.code(), Code::InvalidArgument);
+        assert!(s.message().contains("extend_ms") && s.message().contains(&extend_ms.to_string()), "{s:?}");
+    }
+    let both =
+        pb::GetReservationRequest { item_id: "h".into(), reservation_id: "r".into(), idempotency_key: "k".into() };
+    let s = client.get_reservation(both).await.unwrap_err();
+    assert_eq!(s.code(), Code::InvalidArgument);
+    assert!(s.message().contains("reservation_id") && s.message().contains("idempotency_key"), "{s:?}");
     // Invalid UTF-8 at the byte level, in the first string field of every Agent RPC.
     let channel =
         tonic::transport::Endpoint::from_shared(format!("http://{}", agent.addr)).unwrap().connect().await.unwrap();
@@ -225,6 +260,9 @@ async fn hostile_values_in_every_agent_rpc_are_refused_before_the_store() {
         "/inventory.v1.Agent/Confirm",
         "/inventory.v1.Agent/Cancel",
         "/inventory.v1.Agent/GetStock",
+        "/inventory.v1.Agent/Refund",
+        "/inventory.v1.Agent/GetReservation",
+        "/inventory.v1.Agent/Extend",
     ] {
         grpc.ready().await.unwrap();
         let codec = tonic_prost::ProstCodec::<RawFirstField, RawFirstField>::default();
@@ -236,6 +274,10 @@ async fn hostile_values_in_every_agent_rpc_are_refused_before_the_store() {
         assert_eq!(s.code(), Code::InvalidArgument, "{path}: {s:?}");
     }
     assert_eq!(store.acquire_calls(), 0, "no hostile request reached the store");
+    let calls = store.calls();
+    for op in ["refund", "extend", "reservation", "events"] {
+        assert_eq!(calls.get(op), None, "no hostile {op} reached the store");
+    }
     assert!(agent.agent.items.is_empty());
 }
 

@@ -78,7 +78,7 @@ impl Backend {
 
     /// `n` handles on one shared store, as `n` agent replicas of a channel see it: one
     /// memory store shared in-process, or `n` connections to one Redis.
-    async fn shared_stores(&self, n: usize) -> Vec<Arc<dyn PoolStore>> {
+    pub(crate) async fn shared_stores(&self, n: usize) -> Vec<Arc<dyn PoolStore>> {
         match self {
             Backend::Memory => {
                 let store: Arc<dyn PoolStore> = Arc::new(MemoryPoolStore::new());

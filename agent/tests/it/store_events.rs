@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
+
 use inventory_agent::store::memory::MemoryPoolStore;
 use inventory_agent::store::redis::RedisPoolStore;
 use inventory_agent::store::{
@@ -30,6 +32,7 @@ contract_suite!(
     reservation_lookup_by_id_or_key,
     hostile_values_round_trip_through_events_refund_extend_and_lookup,
     concurrent_transitions_keep_event_numbering_without_gaps,
+    replicas_selling_and_sweeping_one_pool_number_every_event_once,
 );
 
 impl Backend {
@@ -374,6 +377,96 @@ async fn concurrent_transitions_keep_event_numbering_without_gaps(backend: &Back
     for (id, s) in &finals {
         assert_eq!(last.get(id.as_str()), Some(s), "the last event of {id} is its final state");
     }
+}
+
+/// Four replicas' handles on one store (with Redis: four connections, each with its own
+/// group commit) selling one pool while sweepers expire short reservations: the outbox
+/// still numbers every transition once, without a gap.
+async fn replicas_selling_and_sweeping_one_pool_number_every_event_once(backend: &Backend) {
+    const BUYERS: usize = 400;
+    let stores = backend.shared_stores(4).await;
+    let p = pool("sku-replicas-gapless");
+    stores[0].refill(&p, "g1", BUYERS as u64, 0).await.unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sweepers: Vec<_> = stores
+        .iter()
+        .map(|store| {
+            let (store, p, stop) = (Arc::clone(store), p.clone(), Arc::clone(&stop));
+            tokio::spawn(async move {
+                // Bounded: at most 10,000 sweeps, each a store call.
+                for _ in 0..10_000 {
+                    if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        break;
+                    }
+                    store.expire_due(&p, 5).await.unwrap();
+                    tokio::task::yield_now().await;
+                }
+            })
+        })
+        .collect();
+    let buyers = futures::stream::iter(0..BUYERS)
+        .map(|i| {
+            let (store, p) = (Arc::clone(&stores[i % stores.len()]), p.clone());
+            async move {
+                let ttl = if i % 4 == 3 { SHORT_TTL_MS } else { LONG_TTL_MS };
+                let args = acquire_args(&format!("u{i}"), 1, &format!("k{i}"), 1, ttl);
+                let AcquireResult::Reserved { reservation_id: id, expires_at_ms, .. } =
+                    store.acquire(&p, &args).await.unwrap()
+                else {
+                    panic!("buyer {i} got no reservation")
+                };
+                match i % 4 {
+                    0 => {
+                        store.confirm(&p, &id).await.unwrap();
+                    }
+                    1 => {
+                        store.cancel(&p, &id).await.unwrap();
+                    }
+                    2 => {
+                        store.confirm(&p, &id).await.unwrap();
+                        store.refund(&p, &id).await.unwrap();
+                    }
+                    // Past its expiry: a sweeper or this confirm expires it, whichever comes first.
+                    _ => {
+                        wait_past(&store, &p, expires_at_ms).await;
+                        assert_eq!(store.confirm(&p, &id).await.unwrap(), Transition::Refused(Expired));
+                    }
+                }
+                id
+            }
+        })
+        .buffer_unordered(64)
+        .collect::<Vec<_>>();
+    let ids = tokio::time::timeout(Duration::from_secs(60), buyers).await.expect("bounded");
+    // The short ones: wait until every one is finished, by the sweepers or the confirms.
+    let store = Arc::clone(&stores[0]);
+    let settled = inventory_test_support::wait_until(Duration::from_secs(20), || {
+        let (store, p) = (Arc::clone(&store), p.clone());
+        async move { store.snapshot(&p).await.unwrap().reserved == 0 }
+    })
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for s in sweepers {
+        s.await.unwrap();
+    }
+    assert!(settled, "reservations left open");
+    let events = all_events(&*store, &p).await;
+    transitions(&events);
+    let mut per_reservation: HashMap<&str, Vec<ReservationState>> = HashMap::new();
+    for e in &events {
+        per_reservation.entry(&e.reservation_id).or_default().push(e.state);
+    }
+    assert_eq!(per_reservation.len(), BUYERS);
+    for id in &ids {
+        let states = &per_reservation[id.as_str()];
+        let final_state = store.reservation_state(&p, id).await.unwrap().unwrap();
+        assert_eq!(states.last(), Some(&final_state), "{id}: {states:?}");
+        assert_eq!(states[0], Reserved, "{id}: {states:?}");
+        let expected_len = if final_state == Refunded { 3 } else { 2 };
+        assert_eq!(states.len(), expected_len, "{id}: one event per transition, {states:?}");
+    }
+    let (available, reserved, sold) = counters(&*store, &p).await;
+    assert_eq!((available + reserved + sold, reserved), (BUYERS as u64, 0), "units conserved");
 }
 
 /// Only the Redis store can lose part of a pool: a stale outbox left behind when the pool

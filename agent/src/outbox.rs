@@ -1,0 +1,185 @@
+//! The pools' outboxes as the wire sees them: [`event_pb`] turns a pool's
+//! [`PoolEvent`] into a [`pb::ReservationEvent`] (the broker relay sends the same
+//! message), and [`EventFeed`] serves `StreamEvents`: each pool's kept events from a
+//! sequence on, then new ones as they are written.
+//!
+//! A stream reads only (it works on followers too). It wakes when this agent's selling path
+//! changed a reservation ([`EventFeed::written`]) and polls as a backstop (transitions by
+//! other replicas sharing the store, or by the sweeper). Each stream is one task feeding
+//! a bounded channel: a slow client holds its task, never the store. Streams end when
+//! the client goes away or the agent stops ([`EventFeed::stop`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use inventory_proto::v1 as pb;
+use tokio::sync::{Notify, mpsc, watch};
+use tokio_util::task::TaskTracker;
+
+use crate::items::{Item, Items};
+use crate::selling::reservation_state_pb;
+use crate::store::{PoolEvent, PoolKey, PoolStore};
+
+/// Items have one pool per channel for now: segment 0.
+pub const SEGMENT: u32 = 0;
+
+/// Events read from one pool per store call.
+const PAGE: u64 = 256;
+
+/// How often a stream looks for events nobody told it about.
+const POLL: Duration = Duration::from_millis(200);
+
+/// Events buffered per stream before the reader waits for the client.
+const STREAM_BUFFER: usize = 512;
+
+/// `<channel>:<item_id>:<segment>:<pool generation>:<sequence>`: unique over the pool's
+/// lifetime and its re-creations; the broker's deduplication id.
+pub fn event_id(pool: &PoolKey, segment: u32, generation: u64, sequence: u64) -> String {
+    format!("{}:{}:{segment}:{generation}:{sequence}", pool.channel, pool.item_id)
+}
+
+/// One outbox event of `pool` (of generation `generation`) as the wire carries it.
+pub fn event_pb(pool: &PoolKey, generation: u64, e: &PoolEvent) -> pb::ReservationEvent {
+    pb::ReservationEvent {
+        event_id: event_id(pool, SEGMENT, generation, e.sequence),
+        channel: pool.channel.clone(),
+        item_id: pool.item_id.clone(),
+        segment: SEGMENT,
+        sequence: e.sequence,
+        reservation_id: e.reservation_id.clone(),
+        idempotency_key: e.idempotency_key.clone(),
+        user_id: e.user_id.clone(),
+        quantity: e.quantity,
+        state: reservation_state_pb(e.state),
+        previous_state: e.previous.map_or(pb::ReservationState::Unspecified as i32, reservation_state_pb),
+        at_unix_ms: e.at_ms,
+        pool_generation: generation,
+    }
+}
+
+/// Serves the event streams of one agent.
+pub struct EventFeed {
+    store: Arc<dyn PoolStore>,
+    items: Arc<Items>,
+    written: Notify,
+    stop: watch::Sender<bool>,
+    tasks: TaskTracker,
+}
+
+/// Where one stream stands in one pool.
+struct Cursor {
+    generation: u64,
+    next: u64,
+}
+
+impl EventFeed {
+    pub fn new(store: Arc<dyn PoolStore>, items: Arc<Items>) -> Self {
+        Self { store, items, written: Notify::new(), stop: watch::channel(false).0, tasks: TaskTracker::new() }
+    }
+
+    /// A reservation changed in this agent: wake the streams.
+    pub fn written(&self) {
+        self.written.notify_waiters();
+    }
+
+    /// Ends every stream (their clients see the stream end) and refuses new ones.
+    pub fn stop(&self) {
+        self.stop.send_replace(true);
+        self.tasks.close();
+    }
+
+    /// Waits until every stream task has ended (after [`EventFeed::stop`]).
+    pub async fn stopped(&self) {
+        self.tasks.wait().await;
+    }
+
+    /// A stream of the events of `item` (None: every item the agent knows, including
+    /// items loaded later) from `from_sequence` of each pool on.
+    pub fn stream(
+        self: &Arc<Self>,
+        item: Option<Arc<Item>>,
+        from_sequence: u64,
+    ) -> mpsc::Receiver<pb::ReservationEvent> {
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        if *self.stop.borrow() {
+            return rx;
+        }
+        let feed = Arc::clone(self);
+        self.tasks.spawn(async move { feed.follow(item, from_sequence.max(1), tx).await });
+        rx
+    }
+
+    async fn follow(&self, item: Option<Arc<Item>>, from: u64, tx: mpsc::Sender<pb::ReservationEvent>) {
+        let mut stop = self.stop.subscribe();
+        let mut cursors: HashMap<String, Cursor> = HashMap::new();
+        loop {
+            // Armed before reading, so a write during the read is not missed.
+            let written = self.written.notified();
+            tokio::pin!(written);
+            written.as_mut().enable();
+            let pools: Vec<PoolKey> = match &item {
+                Some(it) => vec![it.pool.clone()],
+                None => self.items.all().iter().map(|it| it.pool.clone()).collect(),
+            };
+            let mut more = false;
+            for pool in &pools {
+                match self.send_page(pool, from, &mut cursors, &tx).await {
+                    Ok(full) => more |= full,
+                    Err(Closed) => return,
+                }
+            }
+            if more {
+                continue;
+            }
+            tokio::select! {
+                _ = &mut written => {}
+                _ = tokio::time::sleep(POLL) => {}
+                _ = stopped(&mut stop) => return,
+                _ = tx.closed() => return,
+            }
+        }
+    }
+
+    /// Sends one page of `pool`'s events past its cursor; whether the page was full.
+    async fn send_page(
+        &self,
+        pool: &PoolKey,
+        from: u64,
+        cursors: &mut HashMap<String, Cursor>,
+        tx: &mpsc::Sender<pb::ReservationEvent>,
+    ) -> Result<bool, Closed> {
+        let cursor = cursors.entry(pool.item_id.clone()).or_insert(Cursor { generation: 0, next: from });
+        let page = match self.store.events(pool, cursor.next, PAGE).await {
+            Ok(page) => page,
+            Err(e) => {
+                tracing::debug!(item = %pool.item_id, error = %e, "event stream: cannot read the outbox");
+                return Ok(false);
+            }
+        };
+        if page.generation != cursor.generation {
+            if cursor.generation != 0 {
+                // The pool was created anew: its numbering started again at 1.
+                cursor.next = 1;
+                cursor.generation = page.generation;
+                return Ok(true);
+            }
+            cursor.generation = page.generation;
+        }
+        let full = page.events.len() as u64 >= PAGE;
+        for e in &page.events {
+            tx.send(event_pb(pool, page.generation, e)).await.map_err(|_| Closed)?;
+            cursor.next = e.sequence.saturating_add(1);
+        }
+        Ok(full)
+    }
+}
+
+/// The client went away.
+struct Closed;
+
+/// Resolves once the feed is stopped (the guard `wait_for` returns is not Send, so it is
+/// dropped here).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
