@@ -174,13 +174,7 @@ fn plan(i: usize) -> &'static str {
 
 /// One buyer: reserve one unit (retried with the same key across agent restarts), then
 /// confirm, cancel, let it expire, or confirm and refund. Returns (reservation, final state).
-async fn buyer(
-    url: String,
-    channel: &'static str,
-    i: usize,
-    store: std::sync::Arc<inventory_agent::store::redis::RedisPoolStore>,
-) -> (String, &'static str) {
-    use inventory_agent::store::PoolStore;
+async fn buyer(url: String, channel: &'static str, i: usize) -> (String, &'static str) {
     let endpoint = tonic::transport::Endpoint::from_shared(url).unwrap().connect_lazy();
     let client = pb::agent_client::AgentClient::new(endpoint);
     let (user, key) = (format!("{channel}-u{i}"), format!("{channel}-k{i}"));
@@ -213,10 +207,13 @@ async fn buyer(
         }
         "refunded" => {
             retry(&format!("{user} confirm"), confirm).await;
-            // The store's refund: one atomic step that writes its event like the others.
-            let pool = inventory_agent::store::PoolKey::new(channel, SALE_ITEM);
-            let t = store.refund(&pool, &id).await.expect("refund");
-            assert_eq!(t, inventory_agent::store::Transition::Done(inventory_agent::store::ReservationState::Refunded));
+            let r = retry(&format!("{user} refund"), || {
+                let mut c = client.clone();
+                let req = pb::RefundRequest { item_id: SALE_ITEM.into(), reservation_id: id.clone() };
+                async move { c.refund(req).await }
+            })
+            .await;
+            assert_eq!(r.into_inner().state(), pb::ReservationState::Refunded, "{user}");
         }
         _ => {}
     }
@@ -266,31 +263,26 @@ async fn orders_match_the_sale_after_two_agent_crashes_and_a_broker_restart() {
     let nats_flags =
         ["--nats-url", nats_url.as_str(), "--nats-stream", stream.as_str(), "--nats-subject-prefix", prefix.as_str()];
     let mut agents = Vec::new();
-    let mut stores = Vec::new();
     let mut redis = Vec::new();
     for channel in ["app", "web"] {
         let r = inventory_test_support::TestRedis::create().await;
         let spec = StoreSpec::Redis { url: r.url.clone(), prefix: r.prefix.clone() };
         let agent =
             AgentProcess::spawn_with(&center.url, channel, &spec, None, &format!("{channel}-1"), &nats_flags).await;
-        stores.push(Arc::new(
-            inventory_agent::store::redis::RedisPoolStore::new(&r.url, &r.prefix).await.expect("redis store"),
-        ));
         agents.push((channel, spec, agent));
         redis.push(r);
     }
 
     let done = Arc::new(AtomicUsize::new(0));
     let mut buyers = Vec::new();
-    for (n, (channel, _, agent)) in agents.iter().enumerate() {
-        let (url, store, done, channel) =
-            (format!("http://{}", agent.addr), Arc::clone(&stores[n]), Arc::clone(&done), *channel);
+    for (channel, _, agent) in &agents {
+        let (url, done, channel) = (format!("http://{}", agent.addr), Arc::clone(&done), *channel);
         buyers.push(tokio::spawn(async move {
             futures::stream::iter(0..PER_CHANNEL)
                 .map(|i| {
-                    let (url, store, done) = (url.clone(), Arc::clone(&store), Arc::clone(&done));
+                    let (url, done) = (url.clone(), Arc::clone(&done));
                     async move {
-                        let got = buyer(url, channel, i, store).await;
+                        let got = buyer(url, channel, i).await;
                         done.fetch_add(1, Ordering::Relaxed);
                         got
                     }
