@@ -43,6 +43,15 @@ pub async fn read_stream(url: &str, stream: &str, expect: usize) -> Vec<(String,
     out
 }
 
+/// Messages in `stream` now (0 while the broker does not answer).
+async fn stream_messages(url: &str, stream: &str) -> u64 {
+    let Ok(client) = async_nats::connect(url).await else { return 0 };
+    match jetstream::new(client).get_stream(stream).await {
+        Ok(mut s) => s.info().await.map_or(0, |i| i.state.messages),
+        Err(_) => 0,
+    }
+}
+
 /// Per pool generation: the sequences seen, sorted (duplicates kept, so they show).
 fn sequences(events: &[(String, pb::ReservationEvent)]) -> BTreeMap<(String, String, u64), Vec<u64>> {
     let mut out: BTreeMap<_, Vec<u64>> = BTreeMap::new();
@@ -301,6 +310,12 @@ async fn orders_match_the_sale_after_two_agent_crashes_and_a_broker_restart() {
     };
     for (at, fault) in [(120, "kill app"), (260, "restart broker"), (400, "kill app")] {
         assert!(reached(at).await, "the sale stalled before {at} buyers ({fault})");
+        // Each fault strikes while the relay publishes: the stream keeps growing.
+        let before = stream_messages(&nats.url, &stream).await;
+        assert!(
+            wait_until(Duration::from_secs(10), || async { stream_messages(&nats.url, &stream).await > before }).await,
+            "the relay published nothing before '{fault}' ({before} messages)"
+        );
         if fault == "restart broker" {
             nats.restart().await;
             continue;
