@@ -140,6 +140,7 @@ async fn a_broker_down_for_the_whole_sale_costs_no_sale_and_every_event_arrives_
     let m = http_get(agent.http_addr, "/metrics").await;
     assert_eq!(sample(&m, "inventory_agent_relay_events_published_total{channel=\"web\"}"), Some(events as f64));
     assert_eq!(sample(&m, "inventory_agent_relay_lag_seconds{channel=\"web\"}"), Some(0.0));
+    crate::metrics::promtool_check(&m).expect("the relay's metrics pass promtool check metrics");
     agent.stop().await;
 }
 
