@@ -22,7 +22,9 @@
 
 local K_POOL, K_RES, K_DUE, K_HELD, K_GC, K_OUTBOX = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id = ARGV[1]
-local extend_ms = math.min(tonumber(ARGV[2]), tonumber(ARGV[3]))
+-- At most 1e13 ms, as the pool model (MAX_EXTEND_MS): the expiry stays an exact integer
+-- (cjson keeps 14 significant digits).
+local extend_ms = math.min(tonumber(ARGV[2]), tonumber(ARGV[3]), 1e13)
 local retention = tonumber(ARGV[4])
 local outbox_max = tonumber(ARGV[5])
 

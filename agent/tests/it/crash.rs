@@ -92,6 +92,20 @@ async fn redis_agent_killed_mid_sale_resumes_without_selling_twice() {
     let r = center.await_quiescence().await;
     assert!(r.ok && r.violations.is_empty());
     assert_eq!(center.ledger(ITEM).await.item.unwrap().available, 0);
+
+    // The kill -9 lost no event and wrote none twice: one 'reserved' per reservation,
+    // numbered 1..=TOTAL without a gap, read through the restarted agent.
+    assert_eq!(s.last_event_sequence, TOTAL);
+    let from = pb::StreamEventsRequest { from_sequence: 0, item_id: ITEM.into() };
+    let mut events = agent.client().await.stream_events(from).await.unwrap().into_inner();
+    let mut seen = std::collections::HashSet::new();
+    for expected in 1..=TOTAL {
+        let e =
+            tokio::time::timeout(Duration::from_secs(10), events.message()).await.expect("bounded").unwrap().unwrap();
+        assert_eq!((e.sequence, e.state()), (expected, pb::ReservationState::Reserved));
+        assert!(seen.insert(e.reservation_id), "one event per reservation");
+    }
+    assert_eq!(seen, ids.into_iter().cloned().collect(), "the events name exactly the reservations sold");
     agent.kill9().await;
 }
 

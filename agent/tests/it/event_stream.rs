@@ -1,4 +1,4 @@
-//! A small sale on the memory store, consumed through the Agent's `StreamEvents`: every
+//! A small sale (on the memory store, and on Redis), consumed through the Agent's `StreamEvents`: every
 //! transition (reserved, confirmed, cancelled, expired, refunded) arrives once, numbered
 //! without gaps, each reservation's last event is its final state, and a stream resumed
 //! from the middle carries on where asked. Also Refund, GetReservation and Extend at the
@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use inventory_proto::v1 as pb;
 use inventory_proto::v1::agent_client::AgentClient;
-use inventory_test_support::wait_until;
+use inventory_test_support::{TestRedis, wait_until};
 use tonic::transport::Channel;
 use tonic::{Code, Streaming};
 
@@ -36,6 +36,16 @@ async fn get(client: &mut AgentClient<Channel>, id: &str) -> pb::Reservation {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sale_on_the_memory_store_through_the_event_stream() {
+    sale_through_the_event_stream(&StoreSpec::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sale_on_redis_through_the_event_stream() {
+    let redis = TestRedis::create().await;
+    sale_through_the_event_stream(&StoreSpec::Redis { url: redis.url.clone(), prefix: redis.prefix.clone() }).await;
+}
+
+async fn sale_through_the_event_stream(store: &StoreSpec) {
     use pb::ReservationState::{Cancelled, Confirmed, Expired, Refunded, Reserved, Unspecified};
     let center = Center::start_sqlite().await;
     let admin_item = pb::CreateItemRequest {
@@ -46,7 +56,7 @@ async fn a_sale_on_the_memory_store_through_the_event_stream() {
         watermarks: Some(pb::Watermarks { low: 2, high: 15, batch: 10 }),
     };
     center.admin().await.create_item(admin_item).await.unwrap();
-    let agent = LocalAgent::start(&center.url, "app", &StoreSpec::Memory).await;
+    let agent = LocalAgent::start(&center.url, "app", store).await;
     let mut client = agent.client().await;
     // Every item, before the agent knows any: the stream picks the item up once loaded.
     let mut all = client.stream_events(pb::StreamEventsRequest::default()).await.unwrap().into_inner();
@@ -160,4 +170,57 @@ async fn a_sale_on_the_memory_store_through_the_event_stream() {
     tokio::time::timeout(Duration::from_secs(30), agent.stop()).await.expect("the agent stops with streams open");
     let ended = tokio::time::timeout(NEXT, all.message()).await.expect("the stream ends");
     assert!(!matches!(ended, Ok(Some(_))), "{ended:?}");
+}
+
+/// A follower replica (sharing the leader's Redis) streams the events the leader's sales
+/// write: streams only read the shared outbox, and a poll picks up what another replica wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_replica_streams_what_the_leader_sells() {
+    let center = Center::start_sqlite().await;
+    center.create_item("skin", 20, 1, (2, 15, 10)).await;
+    let redis = TestRedis::create().await;
+    let spec = StoreSpec::Redis { url: redis.url.clone(), prefix: redis.prefix.clone() };
+    let mut leader_cfg = crate::harness::agent_config(&center.url, "app", &spec);
+    leader_cfg.agent_id = Some("app-1".into());
+    let leader = LocalAgent::start_with(leader_cfg, None).await;
+    let mut follower_cfg = crate::harness::agent_config(&center.url, "app", &spec);
+    follower_cfg.agent_id = Some("app-2".into());
+    let follower = LocalAgent::start_with(follower_cfg, None).await;
+    assert!(leader.agent.is_leading() && !follower.agent.is_leading());
+
+    let mut from_follower = follower.client().await;
+    let req = pb::StreamEventsRequest { from_sequence: 0, item_id: "skin".into() };
+    let mut stream = from_follower.stream_events(req).await.unwrap().into_inner();
+    let mut client = leader.client().await;
+    let id = reserve(&mut client, "ann").await;
+    let c = pb::ConfirmRequest { item_id: "skin".into(), reservation_id: id.clone() };
+    client.confirm(c).await.unwrap();
+    let first = next(&mut stream).await;
+    let second = next(&mut stream).await;
+    assert_eq!(
+        (first.sequence, first.state(), first.reservation_id.as_str()),
+        (1, pb::ReservationState::Reserved, id.as_str())
+    );
+    assert_eq!((second.sequence, second.state()), (2, pb::ReservationState::Confirmed));
+    // The follower answers lookups from the shared pool too.
+    assert_eq!(get(&mut from_follower, &id).await.state(), pb::ReservationState::Confirmed);
+    follower.stop().await;
+    leader.stop().await;
+}
+
+/// The server cuts unary calls off after 10 s; an event stream is no call in progress and
+/// outlives that deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_stream_outlives_the_servers_call_timeout() {
+    let center = Center::start_sqlite().await;
+    center.create_item("skin", 20, 1, (2, 15, 10)).await;
+    let agent = LocalAgent::start(&center.url, "app", &StoreSpec::Memory).await;
+    let mut client = agent.client().await;
+    let req = pb::StreamEventsRequest { from_sequence: 0, item_id: "skin".into() };
+    let mut stream = client.stream_events(req).await.unwrap().into_inner();
+    // Nothing to wait for but time itself: the deadline is the server's clock.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let id = reserve(&mut client, "ann").await;
+    let e = next(&mut stream).await;
+    assert_eq!((e.sequence, e.reservation_id.as_str()), (1, id.as_str()));
 }

@@ -328,6 +328,15 @@ async fn hostile_values_round_trip_through_events_refund_extend_and_lookup(backe
     assert_eq!(store.trim_events(&p, 0).await.unwrap(), 0);
     assert_eq!(store.extend(&p, &hostile[1], u64::MAX, u64::MAX).await.unwrap(), ExtendResult::Refused(Refunded));
     assert_eq!(store.extend(&p, "not-a-reservation", u64::MAX, u64::MAX).await.unwrap(), ExtendResult::NotFound);
+    // The largest extend is bounded the same way in both stores, and reads back exactly.
+    let (open, _) = reserve_with(&*store, &p, &acquire_args("big", 1, "k-big", 1, LONG_TTL_MS)).await;
+    let ExtendResult::Extended { expires_at_ms } = store.extend(&p, &open, u64::MAX, u64::MAX).await.unwrap() else {
+        panic!("not extended")
+    };
+    let now = snap(&*store, &p).await.now_ms;
+    assert!((now + 9_999_999_000_000..=now + 10_000_000_000_000).contains(&expires_at_ms), "{expires_at_ms}");
+    let r = store.reservation(&p, &ReservationRef::Id(open)).await.unwrap().unwrap().1;
+    assert_eq!(r.expires_at_ms, expires_at_ms);
 }
 
 /// Many buyers acquiring (in batches with Redis), confirming and cancelling on one pool at

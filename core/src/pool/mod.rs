@@ -17,7 +17,7 @@ mod model;
 #[cfg(test)]
 mod tests;
 
-pub use model::{DEFAULT_OUTBOX_MAX, GC_BATCH, Pool, Reservation};
+pub use model::{DEFAULT_OUTBOX_MAX, GC_BATCH, MAX_EXTEND_MS, Pool, Reservation};
 
 /// One purchase attempt, already validated at the edge.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -13,6 +13,11 @@ use crate::ledger::PoolCounts;
 /// At most this many forgettable records are dropped per [`Pool::expire_due`] call.
 pub const GC_BATCH: u64 = 100;
 
+/// The most one extend pushes an expiry out, whatever the caller asks: keeps every expiry
+/// an exact integer in the Lua twin (its records keep 14 significant digits) and far
+/// beyond any reservation TTL (about 317 years).
+pub const MAX_EXTEND_MS: u64 = 10_000_000_000_000;
+
 /// How many events a pool's outbox keeps by default before it drops the oldest.
 pub const DEFAULT_OUTBOX_MAX: u64 = 100_000;
 
@@ -286,7 +291,7 @@ impl Pool {
     }
 
     /// Pushes a RESERVED reservation's expiry to `max(current, now + min(extend_ms,
-    /// ttl_ms))`. Not a transition, so no event. One found past its expiry is expired on
+    /// ttl_ms, MAX_EXTEND_MS))`. Not a transition, so no event. One found past its expiry is expired on
     /// the spot (an event) and refused, as [`Pool::confirm`] does.
     pub fn extend(
         &mut self,
@@ -304,7 +309,7 @@ impl Pool {
             self.finish(reservation_id, ReservationState::Expired, now_ms, retention_ms)?;
             return Ok(ExtendResult::Refused(ReservationState::Expired));
         }
-        let by = i64::try_from(extend_ms.min(ttl_ms)).unwrap_or(i64::MAX);
+        let by = i64::try_from(extend_ms.min(ttl_ms).min(MAX_EXTEND_MS)).unwrap_or(i64::MAX);
         let old = r.expires_at_ms;
         let new = old.max(now_ms.saturating_add(by));
         if new != old {

@@ -37,10 +37,12 @@ use tokio::sync::oneshot;
 mod batch;
 mod orders;
 mod reply;
+mod scripts;
 
 pub use batch::BatchStats;
 use batch::{BatchConfig, BatchCounters, Handoff, Lane, PoolEntry, Waiter};
 use reply::{acquire_result, array, int, state, string, transition, uint};
+use scripts::{Keys, Scripts};
 
 use super::memory::{DEFAULT_RECORD_RETENTION, GC_BATCH};
 use super::{
@@ -48,77 +50,6 @@ use super::{
     PoolKey, PoolSnapshot, PoolStore, Reservation, ReservationRef, ReservationState, StoreError, Transition,
     channel_tag,
 };
-
-struct Scripts {
-    acquire: Script,
-    acquire_batch: Script,
-    confirm: Script,
-    cancel: Script,
-    expire: Script,
-    refill: Script,
-    take_for_return: Script,
-    untake: Script,
-    snapshot: Script,
-    reservation_state: Script,
-    idempotency_keys: Script,
-    fence: Script,
-    channel: Script,
-    refund: Script,
-    extend: Script,
-    reservation: Script,
-    events: Script,
-    trim_events: Script,
-}
-
-/// A script that changes reservation states: `lua/outbox.lua` (which writes the events)
-/// joined with the script's own text.
-macro_rules! with_outbox {
-    ($name:literal) => {
-        Script::new(concat!(
-            include_str!("../../../../lua/outbox.lua"),
-            include_str!(concat!("../../../../lua/", $name))
-        ))
-    };
-}
-
-impl Scripts {
-    fn load() -> Self {
-        Self {
-            acquire: with_outbox!("acquire.lua"),
-            acquire_batch: with_outbox!("acquire_batch.lua"),
-            confirm: with_outbox!("confirm.lua"),
-            cancel: with_outbox!("cancel.lua"),
-            expire: with_outbox!("expire.lua"),
-            refill: Script::new(include_str!("../../../../lua/refill.lua")),
-            take_for_return: Script::new(include_str!("../../../../lua/take_for_return.lua")),
-            untake: Script::new(include_str!("../../../../lua/untake.lua")),
-            snapshot: Script::new(include_str!("../../../../lua/snapshot.lua")),
-            reservation_state: Script::new(include_str!("../../../../lua/reservation_state.lua")),
-            idempotency_keys: Script::new(include_str!("../../../../lua/idempotency_keys.lua")),
-            fence: Script::new(include_str!("../../../../lua/fence.lua")),
-            channel: Script::new(include_str!("../../../../lua/channel.lua")),
-            refund: with_outbox!("refund.lua"),
-            extend: with_outbox!("extend.lua"),
-            reservation: Script::new(include_str!("../../../../lua/reservation.lua")),
-            events: Script::new(include_str!("../../../../lua/events.lua")),
-            trim_events: Script::new(include_str!("../../../../lua/trim_events.lua")),
-        }
-    }
-}
-
-/// The key names of one pool.
-struct Keys {
-    pool: String,
-    res: String,
-    due: String,
-    held: String,
-    idem: String,
-    gc: String,
-    grants: String,
-    takes: String,
-    fence: String,
-    outbox: String,
-}
 
 /// How many requests one `acquire_batch.lua` call carries at most: bounds how long one
 /// script call holds the (single-threaded) Redis server.

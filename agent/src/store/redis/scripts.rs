@@ -1,0 +1,74 @@
+//! The scripts the store runs, loaded once, and the key names of one pool.
+
+use redis::Script;
+
+pub(super) struct Scripts {
+    pub(super) acquire: Script,
+    pub(super) acquire_batch: Script,
+    pub(super) confirm: Script,
+    pub(super) cancel: Script,
+    pub(super) expire: Script,
+    pub(super) refill: Script,
+    pub(super) take_for_return: Script,
+    pub(super) untake: Script,
+    pub(super) snapshot: Script,
+    pub(super) reservation_state: Script,
+    pub(super) idempotency_keys: Script,
+    pub(super) fence: Script,
+    pub(super) channel: Script,
+    pub(super) refund: Script,
+    pub(super) extend: Script,
+    pub(super) reservation: Script,
+    pub(super) events: Script,
+    pub(super) trim_events: Script,
+}
+
+/// A script that changes reservation states: `lua/outbox.lua` (which writes the events)
+/// joined with the script's own text.
+macro_rules! with_outbox {
+    ($name:literal) => {
+        Script::new(concat!(
+            include_str!("../../../../lua/outbox.lua"),
+            include_str!(concat!("../../../../lua/", $name))
+        ))
+    };
+}
+
+impl Scripts {
+    pub(super) fn load() -> Self {
+        Self {
+            acquire: with_outbox!("acquire.lua"),
+            acquire_batch: with_outbox!("acquire_batch.lua"),
+            confirm: with_outbox!("confirm.lua"),
+            cancel: with_outbox!("cancel.lua"),
+            expire: with_outbox!("expire.lua"),
+            refill: Script::new(include_str!("../../../../lua/refill.lua")),
+            take_for_return: Script::new(include_str!("../../../../lua/take_for_return.lua")),
+            untake: Script::new(include_str!("../../../../lua/untake.lua")),
+            snapshot: Script::new(include_str!("../../../../lua/snapshot.lua")),
+            reservation_state: Script::new(include_str!("../../../../lua/reservation_state.lua")),
+            idempotency_keys: Script::new(include_str!("../../../../lua/idempotency_keys.lua")),
+            fence: Script::new(include_str!("../../../../lua/fence.lua")),
+            channel: Script::new(include_str!("../../../../lua/channel.lua")),
+            refund: with_outbox!("refund.lua"),
+            extend: with_outbox!("extend.lua"),
+            reservation: Script::new(include_str!("../../../../lua/reservation.lua")),
+            events: Script::new(include_str!("../../../../lua/events.lua")),
+            trim_events: Script::new(include_str!("../../../../lua/trim_events.lua")),
+        }
+    }
+}
+
+/// The key names of one pool.
+pub(super) struct Keys {
+    pub(super) pool: String,
+    pub(super) res: String,
+    pub(super) due: String,
+    pub(super) held: String,
+    pub(super) idem: String,
+    pub(super) gc: String,
+    pub(super) grants: String,
+    pub(super) takes: String,
+    pub(super) fence: String,
+    pub(super) outbox: String,
+}
