@@ -395,6 +395,31 @@ async fn orders_match_the_sale_after_two_agent_crashes_and_a_broker_restart() {
     );
     let _ = sink_stop.send(());
     sink.await.expect("sink task").expect("sink stops cleanly");
+
+    // And it notices a lost order: one confirmed order and its events gone.
+    let lost: String =
+        sqlx::query_scalar("SELECT reservation_id FROM orders WHERE channel = 'web' AND state = 'confirmed' LIMIT 1")
+            .fetch_one(&db)
+            .await
+            .unwrap();
+    sqlx::query("DELETE FROM order_events_seen WHERE reservation_id = $1").bind(&lost).execute(&db).await.unwrap();
+    sqlx::query("DELETE FROM orders WHERE reservation_id = $1").bind(&lost).execute(&db).await.unwrap();
+    let out = tokio::process::Command::new(invctl_path())
+        .args(["--center", &center.url, "--output", "json", "reconcile", "--orders-db", &orders.url])
+        .args(["--agent-for", &agent_for[0], "--agent-for", &agent_for[1]])
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "a lost order must fail reconcile: {text}");
+    let view: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let checks: Vec<&str> = view["order_differences"]
+        .as_array()
+        .expect("differences listed")
+        .iter()
+        .map(|d| d["check"].as_str().unwrap())
+        .collect();
+    assert!(checks.contains(&"sold") && checks.contains(&"gap"), "{text}");
     for (_, _, mut a) in agents {
         a.kill9().await;
     }
