@@ -288,7 +288,21 @@ impl Relay {
                 Err(e) => return Err(RelayError::Store(e)),
             };
             let sequences: Vec<u64> = page.events.iter().map(|e| e.sequence).collect();
-            let n = match self.cursors.plan(pool, from, page.generation, page.first_kept, &sequences) {
+            let known = self.cursors.get(pool);
+            let plan = self.cursors.plan(pool, from, page.generation, page.first_kept, &sequences);
+            if let (Some(was), Some(now)) = (known, self.cursors.get(pool))
+                && was.generation == now.generation
+                && now.next > was.next
+            {
+                // Only the outbox's bound removes events nobody acknowledged.
+                tracing::error!(
+                    item = %pool.item_id,
+                    lost = now.next - was.next,
+                    from = was.next,
+                    "relay: events were dropped from the outbox before the broker had them"
+                );
+            }
+            let n = match plan {
                 Plan::Reread => continue,
                 Plan::Publish(n) => n,
             };
