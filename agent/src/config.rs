@@ -157,7 +157,7 @@ pub struct AgentConfig {
     /// How often the relay looks at each pool's outbox when no sale wakes it.
     #[arg(long, env = "INVENTORY_RELAY_INTERVAL_MS", default_value_t = 50)]
     pub relay_interval_ms: u64,
-    /// Events per published batch (all sent, then the acknowledgements awaited).
+    /// Events per published batch (all sent, then the acknowledgements awaited); 1..=10,000.
     #[arg(long, env = "INVENTORY_RELAY_BATCH_MAX", default_value_t = 256)]
     pub relay_batch_max: u64,
     /// Per-user Acquire rate (requests per second, GCRA) before RESOURCE_EXHAUSTED.

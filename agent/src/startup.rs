@@ -340,7 +340,7 @@ async fn relay(config: &AgentConfig, url: &str, agent: &Arc<Agent>) -> anyhow::R
     let sink = JetStreamSink::connect(js).await?;
     let settings = crate::relay::RelaySettings {
         interval: Duration::from_millis(config.relay_interval_ms.max(1)),
-        batch_max: config.relay_batch_max.max(1),
+        batch_max: config.relay_batch_max.clamp(1, 10_000),
         ..Default::default()
     };
     tracing::info!(
