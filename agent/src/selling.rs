@@ -132,7 +132,7 @@ impl Selling {
             AcquireResult::Reserved { reservation_id, quantity, expires_at_ms, replayed, generation } => {
                 self.metrics.acquire(Outcome::Reserved);
                 if !replayed {
-                    self.events.written();
+                    self.events.written(&item.pool);
                 }
                 pb::AcquireResponse {
                     outcome: pb::AcquireOutcome::Reserved as i32,
@@ -230,7 +230,7 @@ impl Selling {
     pub async fn confirm(&self, item: &ItemId, reservation_id: &str) -> Result<ReservationState, AgentError> {
         let it = self.item(item).await?;
         let t = self.store.confirm(&it.pool, reservation_id).await?;
-        self.events.written();
+        self.events.written(&it.pool);
         it.with(|c| {
             if let Transition::Refused(ReservationState::Expired) = t {
                 // The expiry just put units back.
@@ -245,7 +245,7 @@ impl Selling {
     pub async fn cancel(&self, item: &ItemId, reservation_id: &str) -> Result<ReservationState, AgentError> {
         let it = self.item(item).await?;
         let t = self.store.cancel(&it.pool, reservation_id).await?;
-        self.events.written();
+        self.events.written(&it.pool);
         it.with(|c| if matches!(t, Transition::Done(_)) { c.stock_returned() } else { c.touch() });
         transition_result(t, reservation_id, "cancel")
     }
@@ -255,7 +255,7 @@ impl Selling {
     pub async fn refund(&self, item: &ItemId, reservation_id: &str) -> Result<ReservationState, AgentError> {
         let it = self.item(item).await?;
         let t = self.store.refund(&it.pool, reservation_id).await?;
-        self.events.written();
+        self.events.written(&it.pool);
         it.with(|c| if t == Transition::Done(ReservationState::Refunded) { c.stock_returned() } else { c.touch() });
         transition_result(t, reservation_id, "refund")
     }
@@ -278,7 +278,7 @@ impl Selling {
             ExtendResult::Refused(s) => {
                 if s == ReservationState::Expired {
                     // It may have expired just now, putting units back.
-                    self.events.written();
+                    self.events.written(&it.pool);
                     it.with(|c| c.stock_returned());
                 }
                 Err(AgentError::Precondition(format!(
