@@ -47,7 +47,8 @@ pub struct OutboxPage {
 pub trait Outbox: Send + Sync + 'static {
     async fn read(&self, pool: &PoolKey, from_sequence: u64, max: u64) -> Result<OutboxPage, StoreError>;
     /// Drops the events through `through_sequence`; returns how many were dropped.
-    async fn trim(&self, pool: &PoolKey, through_sequence: u64) -> Result<u64, StoreError>;
+    /// Only while the pool still has `generation` (a pool created anew keeps its new events).
+    async fn trim(&self, pool: &PoolKey, generation: u64, through_sequence: u64) -> Result<u64, StoreError>;
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -322,7 +323,7 @@ impl Relay {
                     self.status.saw(pool, &page, trim);
                     // A failed trim only keeps events a little longer: the next trim
                     // covers them (trimming is through a sequence, not of one event).
-                    if let Err(e) = self.outbox.trim(pool, trim).await {
+                    if let Err(e) = self.outbox.trim(pool, page.generation, trim).await {
                         tracing::warn!(item = %pool.item_id, error = %e, "relay: outbox not trimmed yet");
                     }
                 }

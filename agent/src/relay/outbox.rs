@@ -23,7 +23,7 @@ impl Outbox for StoreOutbox {
         })
     }
 
-    async fn trim(&self, pool: &PoolKey, through_sequence: u64) -> Result<u64, StoreError> {
-        self.0.trim_events(pool, through_sequence).await
+    async fn trim(&self, pool: &PoolKey, generation: u64, through_sequence: u64) -> Result<u64, StoreError> {
+        self.0.trim_events(pool, generation, through_sequence).await
     }
 }

@@ -57,9 +57,12 @@ impl Outbox for FakeOutbox {
         Ok(OutboxPage { generation: *generation, events, last_sequence: *last, first_kept })
     }
 
-    async fn trim(&self, pool: &PoolKey, through_sequence: u64) -> Result<u64, StoreError> {
+    async fn trim(&self, pool: &PoolKey, generation: u64, through_sequence: u64) -> Result<u64, StoreError> {
         let mut pools = self.pools.lock().unwrap();
-        let Some((_, events, _)) = pools.get_mut(&pool.item_id) else { return Ok(0) };
+        let Some((kept, events, _)) = pools.get_mut(&pool.item_id) else { return Ok(0) };
+        if *kept != generation {
+            return Ok(0);
+        }
         let keep = events.split_off(&(through_sequence + 1));
         let dropped = events.len() as u64;
         *events = keep;
