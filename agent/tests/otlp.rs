@@ -29,11 +29,24 @@ async fn a_borrows_spans_on_agent_and_center_join_one_trace() {
     let reply = agent.client().await.acquire(acquire_req("tea", "u1", 1, "k1")).await.expect("acquire").into_inner();
     assert!(!reply.reservation_id.is_empty(), "{reply:?}");
 
-    // Shutdown sends what is batched; the Borrow's spans ended before the Acquire answered.
+    // The agent's span carries the amount it asks for; the center's the request id. The
+    // center's span closes when its handler's future is dropped, which may come just after
+    // the agent has its answer: flush until both arrived (bounded), then shut down.
+    let both = |spans: &[collector::Received]| {
+        let borrows = || spans.iter().filter(|s| s.span.name == "borrow");
+        borrows().any(|s| s.attribute("want").is_some()) && borrows().any(|s| s.attribute("request_id").is_some())
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        telemetry.flush().await;
+        if both(&collector.spans()) || std::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     telemetry.shutdown().await;
     let spans = collector.spans();
     let borrows: Vec<_> = spans.iter().filter(|s| s.span.name == "borrow").collect();
-    // The agent's span carries the amount it asks for; the center's the request id.
     let on_agent: Vec<_> = borrows.iter().filter(|s| s.attribute("want").is_some()).collect();
     let on_center: Vec<_> = borrows.iter().filter(|s| s.attribute("request_id").is_some()).collect();
     assert!(!on_agent.is_empty() && !on_center.is_empty(), "no borrow spans on both sides: {spans:#?}");

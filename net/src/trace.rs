@@ -64,6 +64,16 @@ impl TracingGuard {
         self.provider.is_some()
     }
 
+    /// Sends what is batched now, and keeps exporting.
+    pub async fn flush(&self) {
+        let Some(provider) = self.provider.clone() else { return };
+        match tokio::task::spawn_blocking(move || provider.force_flush()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "trace export did not flush"),
+            Err(e) => tracing::warn!(error = %e, "trace export did not flush"),
+        }
+    }
+
     /// Flushes and stops the exporter. The SDK waits on a thread of its own for the
     /// export, so the wait is moved off the async workers that drive the gRPC call.
     pub async fn shutdown(self) {
