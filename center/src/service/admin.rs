@@ -69,7 +69,8 @@ pub fn parse_new_item(r: &pb::CreateItemRequest) -> Result<NewItem, CenterError>
         None if r.watermarks.is_some() => None,
         None => Some(RateBatching::default_for_total(total.get())),
     };
-    Ok(NewItem { item_id, total, per_user_limit, reservation_ttl_ms, watermarks, rate_batching })
+    let segments = inventory_core::segments::parse("segments", r.segments)?;
+    Ok(NewItem { item_id, total, per_user_limit, reservation_ttl_ms, watermarks, rate_batching, segments })
 }
 
 /// Validates rate-following bounds; `prefix` names the message in errors.
