@@ -466,6 +466,7 @@ impl<'a> Runner<'a> {
                 let target = Target::Store {
                     store: Arc::clone(&stores[i % stores.len()]),
                     pool: pool.clone(),
+                    segments: 1,
                     per_user_limit: PER_USER_LIMIT,
                     reservation_ttl_ms: RESERVATION_TTL_MS,
                 };

@@ -144,6 +144,33 @@ mod tests {
         assert_eq!(split_reservation_id("s.y", 8), Some((0, "s.y")));
     }
 
+    /// A move is the donor's take and the target's refill under one move id. A crash
+    /// between the two is finished by replaying both: the take's replay answers the first
+    /// amount and takes nothing more, the refill counts once per id. So the channel's units
+    /// (the sum of its segments) are whole again, never doubled. This holds while the
+    /// donor still remembers the take (the record retention): an intent left unsettled past
+    /// it must not be replayed.
+    #[test]
+    fn a_move_interrupted_between_take_and_refill_finishes_once() {
+        use crate::pool::Pool;
+        const RETAIN: i64 = 60_000;
+        let (mut donor, mut target) = (Pool::new(), Pool::new());
+        donor.refill("grant-1", 9, 1, 1, 0, RETAIN).unwrap();
+        target.refill("open-1", 0, 1, 1, 0, RETAIN).unwrap();
+        let m = plan_move(1, 1, &[(0, donor.available()), (1, 0)]).unwrap();
+        assert_eq!(m, Move { from: 0, to: 1, quantity: 5 });
+        let taken = donor.take_for_return("move-1", m.quantity, 1, 10, RETAIN).unwrap();
+        assert_eq!(taken, 5);
+        // The agent dies here: 5 units are in neither segment. On restart both steps are
+        // replayed with the same id.
+        assert_eq!(donor.available() + target.available(), 4);
+        let again = donor.take_for_return("move-1", m.quantity, 1, 20, RETAIN).unwrap();
+        assert_eq!(again, taken, "a replayed take answers the first amount");
+        assert!(target.refill_existing("move-1", again, 1, 20, RETAIN).unwrap());
+        assert!(!target.refill_existing("move-1", again, 1, 30, RETAIN).unwrap(), "a replayed refill counts once");
+        assert_eq!((donor.available(), target.available()), (4, 5));
+    }
+
     #[test]
     fn moves_take_from_the_richest_sibling() {
         assert_eq!(plan_move(0, 1, &[(0, 0), (1, 0), (2, 0)]), None);
