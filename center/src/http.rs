@@ -553,7 +553,7 @@ mod tests {
         assert!(text.lines().any(|l| l == "inventory_center_database_up 0"), "{text}");
         assert!(text.lines().any(|l| l == "inventory_center_database_errors_total 3"), "{text}");
         let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
-        assert_eq!(families, 15, "every family is announced even without samples:\n{text}");
+        assert_eq!(families, 17, "every family is announced even without samples:\n{text}");
         let empty = LedgerView { items: Vec::new(), channels: Vec::new(), overrides: HashMap::new() };
         assert_eq!(render(Some(empty), 0, 0).lines().filter(|l| l.starts_with("# TYPE ")).count(), families);
     }
