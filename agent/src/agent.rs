@@ -61,6 +61,8 @@ pub struct Agent {
     /// The pools' reservation events, streamed to clients.
     pub events: Arc<EventFeed>,
     pub settings: AgentSettings,
+    /// The broker relay's progress (empty without `--nats-url`).
+    pub relay: Arc<crate::relay::RelayStatus>,
     /// Items to resync at the next registration even if the center does not list them
     /// (pools a store kept from an earlier run).
     also_resync: std::sync::Mutex<Vec<String>>,
@@ -108,6 +110,7 @@ impl Agent {
             replicas,
             events,
             settings,
+            relay: Default::default(),
             also_resync: Default::default(),
         }
     }

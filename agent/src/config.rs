@@ -139,6 +139,27 @@ pub struct AgentConfig {
     pub center_client_cert: Option<PathBuf>,
     #[arg(long, env = "INVENTORY_CENTER_CLIENT_KEY")]
     pub center_client_key: Option<PathBuf>,
+    /// NATS server (e.g. nats://127.0.0.1:4222) to relay reservation events to, through
+    /// JetStream; without it no relay runs and the events stay in the outbox. No
+    /// credentials or TLS to the broker yet.
+    #[arg(long, env = "INVENTORY_NATS_URL")]
+    pub nats_url: Option<String>,
+    /// The JetStream stream events go to, created if missing.
+    #[arg(long, env = "INVENTORY_NATS_STREAM", default_value = "INVENTORY_EVENTS")]
+    pub nats_stream: String,
+    /// Events go to `<prefix>.<channel>.<item>`; the stream takes `<prefix>.>`.
+    #[arg(long, env = "INVENTORY_NATS_SUBJECT_PREFIX", default_value = "inventory.events")]
+    pub nats_subject_prefix: String,
+    /// The stream's duplicate window (set when the relay creates it): a re-publish of an
+    /// event id within it is dropped by the broker.
+    #[arg(long, env = "INVENTORY_NATS_DUPLICATE_WINDOW_MS", default_value_t = 120_000)]
+    pub nats_duplicate_window_ms: u64,
+    /// How often the relay looks at each pool's outbox when no sale wakes it.
+    #[arg(long, env = "INVENTORY_RELAY_INTERVAL_MS", default_value_t = 50)]
+    pub relay_interval_ms: u64,
+    /// Events per published batch (all sent, then the acknowledgements awaited); 1..=10,000.
+    #[arg(long, env = "INVENTORY_RELAY_BATCH_MAX", default_value_t = 256)]
+    pub relay_batch_max: u64,
     /// Per-user Acquire rate (requests per second, GCRA) before RESOURCE_EXHAUSTED.
     #[arg(long, env = "INVENTORY_USER_RATE_PER_SEC", default_value_t = 5)]
     pub user_rate_per_sec: u32,
@@ -207,6 +228,12 @@ impl AgentConfig {
             user_rate_per_sec: 100_000,
             user_burst: 100_000,
             max_concurrent_requests: 4_096,
+            nats_url: None,
+            nats_stream: "INVENTORY_EVENTS".to_owned(),
+            nats_subject_prefix: "inventory.events".to_owned(),
+            nats_duplicate_window_ms: 120_000,
+            relay_interval_ms: 20,
+            relay_batch_max: 256,
         }
     }
 }

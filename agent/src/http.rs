@@ -39,6 +39,7 @@ pub fn router(agent: Arc<Agent>) -> Router {
     let channel = registry.sub_registry_with_label(("channel".into(), agent.link.channel.to_string().into()));
     agent.metrics.register(channel);
     channel.register_collector(Box::new(AgentState(Arc::clone(&agent))));
+    channel.register_collector(Box::new(crate::relay::RelayCollector(Arc::clone(&agent.relay))));
     let state = HttpState { agent, registry: Arc::new(registry) };
     Router::new().route("/healthz", get(healthz)).route("/metrics", get(metrics)).with_state(state)
 }

@@ -24,6 +24,7 @@ pub mod items;
 pub mod link;
 pub mod metrics;
 pub mod outbox;
+pub mod relay;
 pub mod replicas;
 pub mod reporting;
 pub mod role;

@@ -4,15 +4,19 @@
 //! sequence on, then new ones as they are written.
 //!
 //! A stream reads only (it works on followers too). It wakes when this agent's selling path
-//! changed a reservation ([`EventFeed::written`]) and polls as a backstop (transitions by
-//! other replicas sharing the store, or by the sweeper). Each stream is one task feeding
-//! a bounded channel: a slow client holds its task, never the store. Streams end when
-//! the client goes away or the agent stops ([`EventFeed::stop`]).
+//! changed a reservation ([`EventFeed::written`]) and then reads only the pools written
+//! since it last looked; it polls every pool as a backstop (transitions by other replicas
+//! sharing the store, or by the sweeper), at most [`BACKSTOP_READS_PER_SEC`] pool reads a
+//! second, so a stream of every item costs the store a bounded rate however many items
+//! there are. Each stream is one task feeding a bounded channel: a slow client holds its
+//! task, never the store. Streams end when the client goes away or the agent stops
+//! ([`EventFeed::stop`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use dashmap::DashMap;
 use inventory_proto::v1 as pb;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::task::TaskTracker;
@@ -24,8 +28,12 @@ use crate::store::{PoolEvent, PoolKey, PoolStore};
 /// Events read from one pool per store call.
 const PAGE: u64 = 256;
 
-/// How often a stream looks for events nobody told it about.
+/// How often a stream looks for events nobody told it about...
 const POLL: Duration = Duration::from_millis(200);
+
+/// ...but with many pools, at most this many backstop reads a second per stream (10,000
+/// items: each pool every 5 s).
+pub const BACKSTOP_READS_PER_SEC: u64 = 2_000;
 
 /// Events buffered per stream before the reader waits for the client.
 const STREAM_BUFFER: usize = 512;
@@ -60,6 +68,8 @@ pub struct EventFeed {
     store: Arc<dyn PoolStore>,
     items: Arc<Items>,
     written: Notify,
+    /// Transitions this agent wrote, per item: a woken stream reads the pools whose count moved.
+    writes: DashMap<String, u64>,
     stop: watch::Sender<bool>,
     tasks: TaskTracker,
 }
@@ -68,16 +78,30 @@ pub struct EventFeed {
 struct Cursor {
     generation: u64,
     next: u64,
+    /// [`EventFeed::written`]'s count of the pool when it was last read.
+    writes: u64,
 }
 
 impl EventFeed {
     pub fn new(store: Arc<dyn PoolStore>, items: Arc<Items>) -> Self {
-        Self { store, items, written: Notify::new(), stop: watch::channel(false).0, tasks: TaskTracker::new() }
+        Self {
+            store,
+            items,
+            written: Notify::new(),
+            writes: DashMap::new(),
+            stop: watch::channel(false).0,
+            tasks: TaskTracker::new(),
+        }
     }
 
-    /// A reservation changed in this agent: wake the streams.
-    pub fn written(&self) {
+    /// A reservation of `pool` changed in this agent: wake the streams.
+    pub fn written(&self, pool: &PoolKey) {
+        *self.writes.entry(pool.item_id.clone()).or_default() += 1;
         self.written.notify_waiters();
+    }
+
+    fn writes(&self, item_id: &str) -> u64 {
+        self.writes.get(item_id).map_or(0, |n| *n)
     }
 
     /// Ends every stream (their clients see the stream end) and refuses new ones.
@@ -110,6 +134,9 @@ impl EventFeed {
     async fn follow(&self, item: Option<Arc<Item>>, from: u64, tx: mpsc::Sender<pb::ReservationEvent>) {
         let mut stop = self.stop.subscribe();
         let mut cursors: HashMap<String, Cursor> = HashMap::new();
+        // Pools whose last page was full: read again at once.
+        let mut behind: HashSet<String> = HashSet::new();
+        let mut read_all = true;
         loop {
             // Armed before reading, so a write during the read is not missed.
             let written = self.written.notified();
@@ -119,19 +146,27 @@ impl EventFeed {
                 Some(it) => vec![it.pool.clone()],
                 None => self.items.all().iter().map(|it| it.pool.clone()).collect(),
             };
-            let mut more = false;
             for pool in &pools {
-                match self.send_page(pool, from, &mut cursors, &tx).await {
-                    Ok(full) => more |= full,
-                    Err(Closed) => return,
+                let writes = self.writes(&pool.item_id);
+                let known = cursors.get(&pool.item_id).map(|c| c.writes);
+                if !read_all && known == Some(writes) && !behind.contains(&pool.item_id) {
+                    continue;
                 }
+                match self.send_page(pool, from, writes, &mut cursors, &tx).await {
+                    Ok(true) => behind.insert(pool.item_id.clone()),
+                    Ok(false) => behind.remove(&pool.item_id),
+                    Err(Closed) => return,
+                };
             }
-            if more {
+            read_all = false;
+            if !behind.is_empty() {
                 continue;
             }
+            let pools = u64::try_from(pools.len()).unwrap_or(u64::MAX);
+            let backstop = POLL.max(Duration::from_millis(pools.saturating_mul(1_000) / BACKSTOP_READS_PER_SEC));
             tokio::select! {
                 _ = &mut written => {}
-                _ = tokio::time::sleep(POLL) => {}
+                _ = tokio::time::sleep(backstop) => read_all = true,
                 _ = stopped(&mut stop) => return,
                 _ = tx.closed() => return,
             }
@@ -139,14 +174,17 @@ impl EventFeed {
     }
 
     /// Sends one page of `pool`'s events past its cursor; whether the page was full.
+    /// `writes`: this agent's write count of the pool, read before the page.
     async fn send_page(
         &self,
         pool: &PoolKey,
         from: u64,
+        writes: u64,
         cursors: &mut HashMap<String, Cursor>,
         tx: &mpsc::Sender<pb::ReservationEvent>,
     ) -> Result<bool, Closed> {
-        let cursor = cursors.entry(pool.item_id.clone()).or_insert(Cursor { generation: 0, next: from });
+        let cursor = cursors.entry(pool.item_id.clone()).or_insert(Cursor { generation: 0, next: from, writes });
+        cursor.writes = writes;
         let page = match self.store.events(pool, cursor.next, PAGE).await {
             Ok(page) => page,
             Err(e) => {

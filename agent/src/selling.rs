@@ -132,7 +132,7 @@ impl Selling {
             AcquireResult::Reserved { reservation_id, quantity, expires_at_ms, replayed, generation } => {
                 self.metrics.acquire(Outcome::Reserved);
                 if !replayed {
-                    self.events.written();
+                    self.events.written(&item.pool);
                     item.with(|c| c.on_reserved(quantity, self.stocking.ctx()));
                 }
                 pb::AcquireResponse {
@@ -231,7 +231,7 @@ impl Selling {
     pub async fn confirm(&self, item: &ItemId, reservation_id: &str) -> Result<ReservationState, AgentError> {
         let it = self.item(item).await?;
         let t = self.store.confirm(&it.pool, reservation_id).await?;
-        self.events.written();
+        self.events.written(&it.pool);
         it.with(|c| {
             if let Transition::Refused(ReservationState::Expired) = t {
                 // The expiry just put units back.
@@ -246,7 +246,7 @@ impl Selling {
     pub async fn cancel(&self, item: &ItemId, reservation_id: &str) -> Result<ReservationState, AgentError> {
         let it = self.item(item).await?;
         let t = self.store.cancel(&it.pool, reservation_id).await?;
-        self.events.written();
+        self.events.written(&it.pool);
         it.with(|c| if matches!(t, Transition::Done(_)) { c.stock_returned() } else { c.touch() });
         transition_result(t, reservation_id, "cancel")
     }
@@ -256,7 +256,7 @@ impl Selling {
     pub async fn refund(&self, item: &ItemId, reservation_id: &str) -> Result<ReservationState, AgentError> {
         let it = self.item(item).await?;
         let t = self.store.refund(&it.pool, reservation_id).await?;
-        self.events.written();
+        self.events.written(&it.pool);
         it.with(|c| if t == Transition::Done(ReservationState::Refunded) { c.stock_returned() } else { c.touch() });
         transition_result(t, reservation_id, "refund")
     }
@@ -279,7 +279,7 @@ impl Selling {
             ExtendResult::Refused(s) => {
                 if s == ReservationState::Expired {
                     // It may have expired just now, putting units back.
-                    self.events.written();
+                    self.events.written(&it.pool);
                     it.with(|c| c.stock_returned());
                 }
                 Err(AgentError::Precondition(format!(

@@ -44,6 +44,8 @@ pub struct Application {
     store_kind: String,
     /// The memory store and where it keeps its pools across a graceful stop.
     memory_state: Option<(Arc<MemoryPoolStore>, PathBuf)>,
+    /// The broker relay, with `--nats-url`.
+    relay: Option<crate::relay::Relay>,
 }
 
 impl Application {
@@ -156,6 +158,10 @@ impl Application {
             tracing::info!(channel = %agent.link.channel, "another replica leads the channel; following it");
             agent.replicas.step().await;
         }
+        let relay = match &config.nats_url {
+            Some(url) => Some(relay(&config, url, &agent).await?),
+            None => None,
+        };
         let http_tls = match (&config.tls_cert, &config.tls_key) {
             (Some(cert), Some(key)) => Some(inventory_net::server_config(cert, key)?),
             _ => None,
@@ -172,6 +178,7 @@ impl Application {
             max_concurrent: config.max_concurrent_requests.max(1),
             rebalance_interval: Duration::from_millis(config.rebalance_interval_ms.max(1)),
             memory_state: None,
+            relay,
             store_kind: store_description(&config),
             heartbeat_interval: (config.heartbeat_interval_ms > 0)
                 .then(|| Duration::from_millis(config.heartbeat_interval_ms)),
@@ -192,9 +199,9 @@ impl Application {
 
     /// Serves until `shutdown`; then stops taking Acquire, lets in-flight calls finish,
     /// gives unreserved units back to the center, sends a last report, and returns.
-    pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    pub async fn run_until(mut self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let tasks = vec![
+        let mut tasks = vec![
             tokio::spawn(workers::rebalancer(Arc::clone(&self.agent), self.rebalance_interval, stop_rx.clone())),
             tokio::spawn(workers::heartbeat(Arc::clone(&self.agent), self.heartbeat_interval, stop_rx.clone())),
             tokio::spawn(workers::watcher(Arc::clone(&self.agent), stop_rx.clone())),
@@ -202,6 +209,14 @@ impl Application {
             tokio::spawn(workers::leadership(Arc::clone(&self.agent), stop_rx.clone())),
             tokio::spawn(workers::outbox_sizes(Arc::clone(&self.agent), stop_rx.clone())),
         ];
+        if let Some(relay) = self.relay.take() {
+            let (agent, leader) = (Arc::clone(&self.agent), Arc::clone(&self.agent));
+            let channel = self.agent.link.channel.to_string();
+            let pools = move || {
+                agent.items().iter().map(|i| crate::store::PoolKey::new(channel.as_str(), i.item_id.as_str())).collect()
+            };
+            tasks.push(tokio::spawn(crate::relay::run(relay, pools, move || leader.is_leading(), stop_rx.clone())));
+        }
 
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<AgentServer<AgentService>>().await;
@@ -314,6 +329,32 @@ impl Application {
         tracing::info!("agent stopped");
         Ok(())
     }
+}
+
+/// The JetStream relay of the pools' outboxes (`--nats-url`). A broker that is down at
+/// start is no reason not to sell: the client connects in the background.
+async fn relay(config: &AgentConfig, url: &str, agent: &Arc<Agent>) -> anyhow::Result<crate::relay::Relay> {
+    use crate::relay::jetstream::{JetStreamSettings, JetStreamSink};
+    let mut js = JetStreamSettings::new(url, &config.nats_stream, &config.nats_subject_prefix);
+    js.duplicate_window = Duration::from_millis(config.nats_duplicate_window_ms.max(1));
+    let sink = JetStreamSink::connect(js).await?;
+    let settings = crate::relay::RelaySettings {
+        interval: Duration::from_millis(config.relay_interval_ms.max(1)),
+        batch_max: config.relay_batch_max.clamp(1, 10_000),
+        ..Default::default()
+    };
+    tracing::info!(
+        nats = %inventory_net::without_credentials(url),
+        stream = %config.nats_stream,
+        subjects = %format!("{}.>", config.nats_subject_prefix),
+        "relaying reservation events to JetStream"
+    );
+    Ok(crate::relay::Relay::new(
+        Arc::new(crate::relay::outbox::StoreOutbox(Arc::clone(&agent.store))),
+        Arc::new(sink),
+        Arc::clone(&agent.relay),
+        settings,
+    ))
 }
 
 /// The pool store in use, for the start-up line (no credentials: Redis URLs may carry them).

@@ -223,6 +223,18 @@ impl AgentHandle {
     /// every call, but generous, so the hot users of a skewed population are measured
     /// rather than refused. No tokens or TLS (loopback only).
     pub async fn start(rt: &Handle, center_url: &str, channel: &str, store: &Store) -> anyhow::Result<Self> {
+        Self::start_relaying(rt, center_url, channel, store, None).await
+    }
+
+    /// Like [`AgentHandle::start`], relaying its events to JetStream when `nats` is
+    /// (server URL, stream; the subjects are `<stream in lower case>.>`).
+    pub async fn start_relaying(
+        rt: &Handle,
+        center_url: &str,
+        channel: &str,
+        store: &Store,
+        nats: Option<(&str, &str)>,
+    ) -> anyhow::Result<Self> {
         let mut config = match store {
             Store::Memory => {
                 AgentConfig::for_tests(channel, center_url, StoreKind::Memory, "redis://unused", "unused:")
@@ -240,6 +252,12 @@ impl AgentHandle {
         config.return_sustain_ms = 2_000;
         config.user_rate_per_sec = 1_000_000;
         config.user_burst = 1_000_000;
+        if let Some((url, stream)) = nats {
+            config.nats_url = Some(url.to_owned());
+            config.nats_stream = stream.to_owned();
+            config.nats_subject_prefix = stream.to_lowercase();
+            config.relay_interval_ms = 50;
+        }
         let app = rt.spawn(AgentApp::build(config)).await?.with_context(|| format!("start agent {channel}"))?;
         let (addr, agent) = (app.grpc_addr(), app.agent());
         let running = Running::spawn(rt, move |rx| {

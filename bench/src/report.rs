@@ -20,10 +20,12 @@ pub enum Phase {
     F,
     G,
     H,
+    I,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 8] = [Phase::A, Phase::B, Phase::C, Phase::D, Phase::E, Phase::F, Phase::G, Phase::H];
+    pub const ALL: [Phase; 9] =
+        [Phase::A, Phase::B, Phase::C, Phase::D, Phase::E, Phase::F, Phase::G, Phase::H, Phase::I];
 
     pub fn id(self) -> &'static str {
         match self {
@@ -35,6 +37,7 @@ impl Phase {
             Phase::F => "f",
             Phase::G => "g",
             Phase::H => "h",
+            Phase::I => "i",
         }
     }
 
@@ -48,6 +51,7 @@ impl Phase {
             Phase::F => "center Borrow on PostgreSQL",
             Phase::G => "Acquire, Redis store, open loop at 70% of c",
             Phase::H => "Acquire, Redis store, sold out everywhere",
+            Phase::I => "Acquire, Redis store, relay to JetStream on",
         }
     }
 
@@ -195,6 +199,8 @@ pub struct Ratios {
     pub c_over_d: Option<f64>,
     pub f_over_e: Option<f64>,
     pub sold_out_over_in_stock: Option<f64>,
+    /// Acquire with the JetStream relay on vs off (Redis store): the events' cost.
+    pub relay_on_over_off: Option<f64>,
     pub p99_ms_at_70pct: Option<f64>,
     pub center_calls_per_1000_acquires: Option<f64>,
     /// The same ratios from CPU cost per call (x/y = cpu(y) / cpu(x)): what the rate
@@ -222,6 +228,7 @@ pub fn ratios(phases: &[PhaseResult]) -> Ratios {
         c_over_d: over(Phase::C, Phase::D),
         f_over_e: over(Phase::F, Phase::E),
         sold_out_over_in_stock: over(Phase::H, Phase::C),
+        relay_on_over_off: over(Phase::I, Phase::C),
         p99_ms_at_70pct: g.filter(|r| r.latency_us.count > 0).map(|r| r.latency_us.p99_us / 1_000.0),
         center_calls_per_1000_acquires: g.and_then(|r| r.center_calls_per_1000_acquires),
     }
@@ -387,6 +394,7 @@ pub fn render(report: &Report) -> String {
     let q = &report.ratios;
     goals.push(vec!["c/d (Acquire Redis vs Lua straight)".into(), opt(q.c_over_d, 2), "info".into(), String::new()]);
     goals.push(vec!["f/e (center Borrow vs naive)".into(), opt(q.f_over_e, 2), "info".into(), String::new()]);
+    goals.push(vec!["i/c (relay on vs off)".into(), opt(q.relay_on_over_off, 2), "info".into(), String::new()]);
     for (name, v) in [
         ("b/a by CPU per call", q.b_over_a_by_cpu),
         ("c/a by CPU per call", q.c_over_a_by_cpu),

@@ -13,6 +13,10 @@
 //! - h: Acquire (Redis store) once the item is sold out everywhere;
 //! - (ii), after the rounds: center Borrow calls per 1,000 acquires with fixed and with
 //!   rate-following batches at two sell rates ([`crate::batching`]).
+//! - i: c with the JetStream relay on (`--nats-url`; the NATS server at
+//!   `INVENTORY_TEST_NATS_URL`, default 127.0.0.1:4222, in a stream of its own that is
+//!   deleted afterwards): the cost of publishing each reservation's events. Skipped, and
+//!   said so, when no NATS server answers.
 //!
 //! The phases run in rounds (a..h, a..h, ...) and each figure is its median round, so a
 //! burst of other work on a shared machine skews one round, not the result.
@@ -55,8 +59,13 @@ const RESERVATION_TTL_MS: u64 = 300_000;
 const NAIVE_STOCK: i64 = 1_000_000_000_000;
 /// Connections of the naive baseline's pool at most (PostgreSQL allows 100 in all).
 const NAIVE_MAX_CONNECTIONS: usize = 50;
-/// The shortest measuring time of each cell of figure (ii) (the cold start is one batch).
+/// The shortest measuring time of each cell of figure (ii) in a full run (the cold start is
+/// one fixed batch); `--quick` keeps its own.
 const BATCHING_AT_LEAST: Duration = Duration::from_secs(2);
+
+fn batching_time(opts: &SuiteOptions) -> Duration {
+    if opts.quick { opts.duration } else { opts.duration.max(BATCHING_AT_LEAST) }
+}
 /// The longest the sold-out phase waits for the item to sell out.
 const DRAIN_LIMIT: Duration = Duration::from_secs(30);
 
@@ -114,7 +123,7 @@ pub async fn run(opts: SuiteOptions, servers_rt: Handle) -> anyhow::Result<bool>
         // (ii) after the rounds, on an idle agent: its Borrow count is the cells' own.
         let batching = match &outcome {
             Ok(()) if opts.only.is_empty() => {
-                crate::batching::measure(&world.center, &world.memory_agent, opts.duration.max(BATCHING_AT_LEAST))
+                crate::batching::measure(&world.center, &world.memory_agent, batching_time(&opts))
                     .await
                     .map_err(|e| format!("(ii) batching: {e:#}"))
             }
@@ -166,11 +175,28 @@ fn naive_connections(concurrency: usize) -> u32 {
     u32::try_from(concurrency.clamp(1, NAIVE_MAX_CONNECTIONS)).unwrap_or(1)
 }
 
-/// The center and the two agents, on the servers' runtime.
+/// The center and the agents, on the servers' runtime.
 struct World {
     center: CenterHandle,
     memory_agent: AgentHandle,
     redis_agent: AgentHandle,
+    /// The Redis agent of phase i, relaying to JetStream (None: no NATS server).
+    relay_agent: Option<AgentHandle>,
+    /// Its NATS server and stream.
+    nats: Option<(String, String)>,
+}
+
+/// The NATS server for phase i, if one answers.
+async fn nats_server() -> Option<String> {
+    let url = std::env::var("INVENTORY_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
+    let addr = url.trim_start_matches("nats://").to_owned();
+    match tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr)).await {
+        Ok(Ok(_)) => Some(url),
+        _ => {
+            eprintln!("bench: no NATS server at {url}: phase i (relay on) is skipped");
+            None
+        }
+    }
 }
 
 impl World {
@@ -191,6 +217,7 @@ impl World {
             for (item, total, watermarks) in [
                 ("bench-mem", BIG_STOCK, wide),
                 ("bench-redis", BIG_STOCK, wide),
+                ("bench-relay", BIG_STOCK, wide),
                 // g: a steady sale with the default watermarks (derived from the total),
                 // unless --steady-watermarks says otherwise.
                 ("bench-steady", BIG_STOCK, steady),
@@ -234,13 +261,37 @@ impl World {
                 return Err(e);
             }
         };
-        Ok(Self { center, memory_agent, redis_agent })
+        let nats = nats_server().await.map(|url| (url, format!("BENCH_{:x}", rand::random::<u32>())));
+        let relay_agent = match &nats {
+            Some((url, stream)) => {
+                match AgentHandle::start_relaying(rt, &center.url, "relay", &store, Some((url, stream))).await {
+                    Ok(a) => Some(a),
+                    Err(e) => {
+                        memory_agent.stop("memory agent").await;
+                        redis_agent.stop("redis agent").await;
+                        center.stop().await;
+                        return Err(e);
+                    }
+                }
+            }
+            None => None,
+        };
+        Ok(Self { center, memory_agent, redis_agent, relay_agent, nats })
     }
 
     async fn stop(self) {
         self.memory_agent.stop("memory agent").await;
         self.redis_agent.stop("redis agent").await;
+        if let Some(a) = self.relay_agent {
+            a.stop("relay agent").await;
+        }
         self.center.stop().await;
+        if let Some((url, stream)) = self.nats {
+            // The run's events are of no use after it.
+            if let Ok(client) = async_nats::connect(url.as_str()).await {
+                let _ = async_nats::jetstream::new(client).delete_stream(&stream).await;
+            }
+        }
     }
 }
 
@@ -257,6 +308,7 @@ struct Fixtures {
     borrow: Option<Vec<BorrowCaller>>,
     steady: Option<Vec<AcquireCaller>>,
     sold_out: Option<Vec<AcquireCaller>>,
+    relay: Option<Vec<AcquireCaller>>,
 }
 
 struct Runner<'a> {
@@ -377,6 +429,15 @@ impl<'a> Runner<'a> {
                 };
                 let (_, callers) = self.measure(phase, round, &spec, callers, Some(&world.redis_agent)).await?;
                 self.fx.sold_out = Some(callers);
+            }
+            Phase::I => {
+                let Some(agent) = &world.relay_agent else { return Ok(()) };
+                let callers = match self.fx.relay.take() {
+                    Some(c) => c,
+                    None => self.agent_callers(agent, "bench-relay", "i").await?,
+                };
+                let (_, callers) = self.measure(phase, round, &spec, callers, Some(agent)).await?;
+                self.fx.relay = Some(callers);
             }
         }
         Ok(())
@@ -545,6 +606,7 @@ impl<'a> Runner<'a> {
             (Phase::D, self.fx.lua.take(), BIG_STOCK),
             (Phase::G, self.fx.steady.take(), BIG_STOCK),
             (Phase::H, self.fx.sold_out.take(), SOLD_OUT_STOCK),
+            (Phase::I, self.fx.relay.take(), BIG_STOCK),
         ];
         for (phase, callers, stock) in checks {
             let Some(callers) = callers else { continue };

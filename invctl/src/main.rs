@@ -11,6 +11,7 @@ mod args;
 mod channel;
 mod conn;
 mod item;
+mod order_check;
 mod orders;
 mod output;
 mod reconcile;

@@ -230,9 +230,9 @@ impl PoolStore for MemoryPoolStore {
         Ok(lock(&p).events(from_sequence, max))
     }
 
-    async fn trim_events(&self, pool: &PoolKey, through_sequence: u64) -> Result<u64, StoreError> {
+    async fn trim_events(&self, pool: &PoolKey, generation: u64, through_sequence: u64) -> Result<u64, StoreError> {
         let Some(p) = self.existing(pool) else { return Ok(0) };
-        Ok(lock(&p).trim_events(through_sequence))
+        Ok(lock(&p).trim_events(generation, through_sequence))
     }
 
     async fn outbox_stats(&self, pool: &PoolKey) -> Result<OutboxStats, StoreError> {

@@ -125,8 +125,10 @@ pub trait PoolStore: Send + Sync + 'static {
     async fn events(&self, pool: &PoolKey, from_sequence: u64, max: u64) -> Result<EventPage, StoreError>;
 
     /// Forgets events with sequence <= through_sequence (the relay calls this after the
-    /// broker acknowledged them). Returns how many were removed.
-    async fn trim_events(&self, pool: &PoolKey, through_sequence: u64) -> Result<u64, StoreError>;
+    /// broker acknowledged them), only while the pool still has `generation` (a pool lost
+    /// and created anew numbers its events from 1 again; those are not the acknowledged
+    /// ones). Returns how many were removed.
+    async fn trim_events(&self, pool: &PoolKey, generation: u64, through_sequence: u64) -> Result<u64, StoreError>;
 
     /// How many events the outbox keeps and has dropped (for metrics).
     async fn outbox_stats(&self, pool: &PoolKey) -> Result<OutboxStats, StoreError>;

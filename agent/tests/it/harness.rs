@@ -487,9 +487,9 @@ impl PoolStore for ObservedStore {
         self.count("events");
         self.inner.events(pool, from, max).await
     }
-    async fn trim_events(&self, pool: &PoolKey, through: u64) -> Result<u64, StoreError> {
+    async fn trim_events(&self, pool: &PoolKey, generation: u64, through: u64) -> Result<u64, StoreError> {
         self.count("trim_events");
-        self.inner.trim_events(pool, through).await
+        self.inner.trim_events(pool, generation, through).await
     }
     async fn outbox_stats(&self, pool: &PoolKey) -> Result<OutboxStats, StoreError> {
         self.count("outbox_stats");

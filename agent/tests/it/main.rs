@@ -9,6 +9,7 @@ mod many_items;
 mod metrics;
 mod paths;
 mod rate;
+mod relay;
 mod replicas;
 mod sale;
 mod security;

@@ -342,7 +342,10 @@ async fn grafana_dashboard_and_prometheus_rules_name_only_exported_metrics() {
     // What the code exports: scrape a running center and agent after a little selling.
     let center = Center::start_sqlite().await;
     center.create_item("g", 20, 1, (2, 8, 4)).await;
-    let agent = LocalAgent::start(&center.url, "app", &StoreSpec::Memory).await;
+    // With a relay (to a broker nobody runs: its metrics are exported all the same).
+    let mut config = agent_config(&center.url, "app", &StoreSpec::Memory);
+    config.nats_url = Some(format!("nats://127.0.0.1:{}", inventory_test_support::free_port()));
+    let agent = LocalAgent::start_with(config, None).await;
     let mut client = agent.client().await;
     let r = client.acquire(acquire_req("g", "u1", 1, "k1")).await.unwrap().into_inner();
     assert_eq!(r.outcome(), pb::AcquireOutcome::Reserved);
@@ -438,7 +441,7 @@ async fn grafana_dashboard_and_prometheus_rules_name_only_exported_metrics() {
 }
 
 /// Runs `promtool check metrics` on `text`; `Err` with promtool's complaint when it has one.
-fn promtool_check(text: &str) -> Result<(), String> {
+pub fn promtool_check(text: &str) -> Result<(), String> {
     let mut child = match std::process::Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(std::process::Stdio::piped())

@@ -172,6 +172,9 @@ async fn rate_following_batches_share_a_scarce_center_ten_to_one_with_fewer_call
     // few tens of percent, and the first and last units of a sale go to whoever asks.
     let ratio = rate.held[0] as f64 / rate.held[1].max(1) as f64;
     assert!((7.0..=14.0).contains(&ratio), "grants fast:slow = {ratio:.1}: {rate:?}");
+    // And they follow what the buyers really asked (their timers' drift moves both alike).
+    let asked = rate.calls[0] as f64 / rate.calls[1].max(1) as f64;
+    assert!((ratio / asked - 1.0).abs() < 0.25, "grants {ratio:.1} vs asked {asked:.1}: {rate:?}");
     // A batch following 250 sales a second is several times the fixed 30; the cold start
     // and the shares of the tail cost some calls back, so at most 60% of the fixed count.
     assert!(

@@ -165,13 +165,20 @@ async fn events_page_from_a_sequence_and_trim_forgets_delivered_ones(backend: &B
     assert!(store.events(&p, u64::MAX, 100).await.unwrap().events.is_empty());
     assert!(store.events(&p, 1, 0).await.unwrap().events.is_empty());
 
-    assert_eq!(store.trim_events(&p, 4).await.unwrap(), 4);
-    assert_eq!(store.trim_events(&p, 4).await.unwrap(), 0, "a replayed trim removes nothing");
+    let generation = store.events(&p, 0, 0).await.unwrap().generation;
+    assert_eq!(
+        store.trim_events(&p, generation + 1, 4).await.unwrap(),
+        0,
+        "a trim acknowledged for another generation of the pool removes nothing"
+    );
+    assert_eq!(store.events(&p, 0, 100).await.unwrap().first_kept, 1);
+    assert_eq!(store.trim_events(&p, generation, 4).await.unwrap(), 4);
+    assert_eq!(store.trim_events(&p, generation, 4).await.unwrap(), 0, "a replayed trim removes nothing");
     let page = store.events(&p, 0, 100).await.unwrap();
     assert_eq!((page.first_kept, page.last_sequence), (5, 6));
     assert_eq!(seqs(page.events), [5, 6], "a read below the oldest kept starts there");
     assert_eq!(store.outbox_stats(&p).await.unwrap(), OutboxStats { kept: 2, dropped: 0, last_sequence: 6 });
-    assert_eq!(store.trim_events(&p, u64::MAX).await.unwrap(), 2);
+    assert_eq!(store.trim_events(&p, generation, u64::MAX).await.unwrap(), 2);
     let page = store.events(&p, 0, 100).await.unwrap();
     assert_eq!((page.first_kept, page.last_sequence, page.events.len()), (7, 6, 0));
     // Numbering goes on after the outbox was emptied.
@@ -325,7 +332,7 @@ async fn hostile_values_round_trip_through_events_refund_extend_and_lookup(backe
     assert_eq!(counters(&*store, &p).await, (100, 0, 0));
     // Hostile sequences and lookups are data too.
     assert!(store.events(&p, u64::MAX - 1, u64::MAX).await.unwrap().events.is_empty());
-    assert_eq!(store.trim_events(&p, 0).await.unwrap(), 0);
+    assert_eq!(store.trim_events(&p, u64::MAX, 0).await.unwrap(), 0);
     assert_eq!(store.extend(&p, &hostile[1], u64::MAX, u64::MAX).await.unwrap(), ExtendResult::Refused(Refunded));
     assert_eq!(store.extend(&p, "not-a-reservation", u64::MAX, u64::MAX).await.unwrap(), ExtendResult::NotFound);
     // The largest extend is bounded the same way in both stores, and reads back exactly.

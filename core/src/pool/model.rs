@@ -343,8 +343,13 @@ impl Pool {
         }
     }
 
-    /// Forgets kept events with `sequence <= through_sequence`; returns how many.
-    pub fn trim_events(&mut self, through_sequence: u64) -> u64 {
+    /// Forgets kept events with `sequence <= through_sequence`; returns how many. Only
+    /// while the pool has `generation`: events acknowledged for a pool since lost and
+    /// created anew are not the events it keeps now.
+    pub fn trim_events(&mut self, generation: u64, through_sequence: u64) -> u64 {
+        if generation != self.generation {
+            return 0;
+        }
         let mut n: u64 = 0;
         while self.events.front().is_some_and(|e| e.sequence <= through_sequence) {
             self.events.pop_front();

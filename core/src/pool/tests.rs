@@ -409,11 +409,12 @@ fn the_outbox_bound_drops_the_oldest_and_trim_forgets_what_was_delivered() {
     assert_eq!(p.outbox_stats(), OutboxStats { kept: 3, dropped: 2, last_sequence: 5 });
     assert_eq!(p.events(4, 1).events.iter().map(|e| e.sequence).collect::<Vec<_>>(), [4]);
     assert!(p.events(6, 10).events.is_empty());
-    assert_eq!(p.trim_events(4), 2);
-    assert_eq!(p.trim_events(4), 0);
+    assert_eq!(p.trim_events(8, 4), 0, "acknowledged for another generation");
+    assert_eq!(p.trim_events(7, 4), 2);
+    assert_eq!(p.trim_events(7, 4), 0);
     let page = p.events(0, 100);
     assert_eq!((page.first_kept, page.events.len()), (5, 1));
-    assert_eq!(p.trim_events(u64::MAX), 1);
+    assert_eq!(p.trim_events(7, u64::MAX), 1);
     assert_eq!((p.events(0, 10).first_kept, p.events(0, 10).last_sequence), (6, 5));
     // Sequences go on after a trim; a pool created anew starts at 1.
     reserve(&mut p, "u9", 1, "k9", "r9", 0);

@@ -456,8 +456,8 @@ impl PoolStore for RedisPoolStore {
         Ok(self.events_script(pool, from_sequence, max).await?.0)
     }
 
-    async fn trim_events(&self, pool: &PoolKey, through_sequence: u64) -> Result<u64, StoreError> {
-        self.trim_events_script(pool, through_sequence).await
+    async fn trim_events(&self, pool: &PoolKey, generation: u64, through_sequence: u64) -> Result<u64, StoreError> {
+        self.trim_events_script(pool, generation, through_sequence).await
     }
 
     async fn outbox_stats(&self, pool: &PoolKey) -> Result<OutboxStats, StoreError> {

@@ -103,11 +103,16 @@ impl RedisPoolStore {
         Ok((page, stats))
     }
 
-    pub(super) async fn trim_events_script(&self, pool: &PoolKey, through_sequence: u64) -> Result<u64, StoreError> {
+    pub(super) async fn trim_events_script(
+        &self,
+        pool: &PoolKey,
+        generation: u64,
+        through_sequence: u64,
+    ) -> Result<u64, StoreError> {
         let entry = self.entry(pool);
         let k = &entry.keys;
-        let mut call = self.shared.scripts.trim_events.key(&k.outbox);
-        call.arg(through_sequence);
+        let mut call = self.shared.scripts.trim_events.key(&k.pool);
+        call.key(&k.outbox).arg(through_sequence).arg(generation);
         // A trim lost in a failover only leaves events the relay sends again (deduplicated
         // by their ids downstream): no need to wait for replicas.
         let reply: Value = self.read(&call).await?;
