@@ -30,8 +30,9 @@ pub enum ItemCmd {
         high: Option<u64>,
         #[arg(long, requires_all = ["low", "high"], value_parser = count, allow_negative_numbers = true)]
         batch: Option<u64>,
-        /// Pool segments per channel (1..=64): a hot item's pool split over as many Redis
-        /// hash tags, the user id picking one.
+        /// Pool segments per channel: a hot item's pool split over as many Redis hash tags,
+        /// the user id picking one. The center accepts only 1 until agents sell from
+        /// segmented pools.
         #[arg(long, default_value_t = 1)]
         segments: u32,
     },
