@@ -4,20 +4,27 @@
 # and Redis (INVENTORY_TEST_DATABASE_URL, INVENTORY_TEST_REDIS_URL; loopback only).
 # It starts its own center and agents in-process, in a fresh database and under a private
 # Redis key prefix, and removes both afterwards. The table goes to stdout, the JSON to
-# bench-results/latest.json (--output FILE to change).
+# bench-results/latest.json (--output FILE to change). Then figure (i) of segmented stock:
+# acquire.lua straight from Rust for one hot item in 1 and in 8 segments on a private
+# 3-master Redis Cluster it starts (redis-server and redis-cli needed), with the Redis CPU
+# per call; table to stdout, JSON to bench-results/segments.json.
 #
 #   scripts/bench.sh            # the full run, about 2 minutes
 #   scripts/bench.sh --quick    # about a second per measurement (what CI runs)
 #   scripts/bench.sh --debug --quick   # skip the release build
-#   scripts/bench.sh --only c,d --duration 30s   # some phases, longer (for profiling)
+#   scripts/bench.sh --only c,d --duration 30s   # some phases, longer (for profiling; no figure (i) of segments)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 profile=release
 args=()
+segment_secs=5s
+segments=yes
 for a in "$@"; do
     case "$a" in
         --debug) profile=debug ;;
+        --quick) segment_secs=1s; args+=("$a") ;;
+        --only|--only=*) segments=no; args+=("$a") ;;
         *) args+=("$a") ;;
     esac
 done
@@ -27,4 +34,7 @@ if [[ $profile == release ]]; then
 else
     cargo build -p inventory-bench
 fi
-exec "target/$profile/inventory-bench" suite "${args[@]}"
+"target/$profile/inventory-bench" suite "${args[@]}"
+[[ $segments == yes ]] || exit 0
+mkdir -p bench-results
+exec "target/$profile/inventory-bench" segments --duration "$segment_secs" --output bench-results/segments.json

@@ -25,9 +25,6 @@ use crate::items::{Item, Items};
 use crate::selling::reservation_state_pb;
 use crate::store::{PoolEvent, PoolKey, PoolStore};
 
-/// Items have one pool per channel for now: segment 0.
-pub const SEGMENT: u32 = 0;
-
 /// Events read from one pool per store call.
 const PAGE: u64 = 256;
 
@@ -43,17 +40,17 @@ const STREAM_BUFFER: usize = 512;
 
 /// `<channel>:<item_id>:<segment>:<pool generation>:<sequence>`: unique over the pool's
 /// lifetime and its re-creations; the broker's deduplication id.
-pub fn event_id(pool: &PoolKey, segment: u32, generation: u64, sequence: u64) -> String {
-    format!("{}:{}:{segment}:{generation}:{sequence}", pool.channel, pool.item_id)
+pub fn event_id(pool: &PoolKey, generation: u64, sequence: u64) -> String {
+    format!("{}:{}:{}:{generation}:{sequence}", pool.channel, pool.item_id, pool.segment)
 }
 
 /// One outbox event of `pool` (of generation `generation`) as the wire carries it.
 pub fn event_pb(pool: &PoolKey, generation: u64, e: &PoolEvent) -> pb::ReservationEvent {
     pb::ReservationEvent {
-        event_id: event_id(pool, SEGMENT, generation, e.sequence),
+        event_id: event_id(pool, generation, e.sequence),
         channel: pool.channel.clone(),
         item_id: pool.item_id.clone(),
-        segment: SEGMENT,
+        segment: pool.segment,
         sequence: e.sequence,
         reservation_id: e.reservation_id.clone(),
         idempotency_key: e.idempotency_key.clone(),

@@ -43,7 +43,15 @@ pub struct Workload {
 #[derive(Clone)]
 pub enum Target {
     Agent(AgentClient<Channel>),
-    Store { store: Arc<RedisPoolStore>, pool: PoolKey, per_user_limit: u64, reservation_ttl_ms: u64 },
+    /// `pool` names the item's segment 0; with `segments` > 1 the user id picks the
+    /// segment, as the agent routes.
+    Store {
+        store: Arc<RedisPoolStore>,
+        pool: PoolKey,
+        segments: u32,
+        per_user_limit: u64,
+        reservation_ttl_ms: u64,
+    },
 }
 
 /// One caller's bookkeeping.
@@ -163,7 +171,8 @@ impl Caller for AcquireCaller {
                     _ => self.record_error(format!("unknown outcome {}", answer.outcome)),
                 }
             }
-            Target::Store { store, pool, per_user_limit, reservation_ttl_ms } => {
+            Target::Store { store, mut pool, segments, per_user_limit, reservation_ttl_ms } => {
+                pool.segment = inventory_core::segments::route(&user_id, segments);
                 let args = AcquireArgs {
                     user_id,
                     quantity,

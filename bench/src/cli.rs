@@ -38,6 +38,9 @@ pub enum Command {
     Acquire(AcquireArgs),
     /// Run every measurement in one go (starts its own center and agents in-process).
     Suite(SuiteArgs),
+    /// The Redis limit of one hot item, one segment against several, on a private
+    /// 3-master Redis Cluster it starts (acquire.lua straight from Rust, no agent).
+    Segments(crate::segments::SegmentsArgs),
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -160,7 +163,7 @@ impl SuiteArgs {
     }
 }
 
-fn check_load(l: &LoadArgs) -> anyhow::Result<()> {
+pub fn check_load(l: &LoadArgs) -> anyhow::Result<()> {
     anyhow::ensure!((1..=10_000).contains(&l.concurrency), "--concurrency must be 1..=10000");
     anyhow::ensure!((1..=256).contains(&l.connections), "--connections must be 1..=256");
     UserSampler::new(l.users, l.skew).map_err(anyhow::Error::msg)?;

@@ -5,6 +5,7 @@
 //! - [`acquire`]: the Acquire workload and its outcome check; [`callers`]: the others;
 //!   [`batching`]: figure (ii), Borrow calls per 1,000 acquires by batching;
 //! - [`skew`], [`stats`], [`args`], [`report`]: pure helpers; [`auth`]: token and TLS of `acquire`; [`sysinfo`]: machine and CPU use;
+//! - [`segments`]: figure (i) of segmented stock, one segment against eight on a Redis Cluster;
 //! - [`env`]: fresh database, Redis prefix, in-process center and agents; [`suite`]: the run.
 //!
 //! **Invariant:** traffic goes only to this machine (loopback addresses; anything else is
@@ -19,6 +20,7 @@ mod cli;
 mod env;
 mod load;
 mod report;
+mod segments;
 mod skew;
 mod stats;
 mod suite;
@@ -33,6 +35,7 @@ fn main() -> anyhow::Result<()> {
     let client = runtime("bench-client", cli.client_threads)?;
     let ok = match cli.command {
         cli::Command::Acquire(args) => client.block_on(cli::acquire(args))?,
+        cli::Command::Segments(args) => client.block_on(segments::run(args))?,
         cli::Command::Suite(args) => {
             let options = args.options()?;
             // Servers get their own worker threads, as separate processes would.

@@ -233,6 +233,7 @@ impl World {
                         watermarks,
                         // Fixed batches: these figures measure the paths, not the batching.
                         rate_batching: Some(pb::RateBatching { enabled: false, ..Default::default() }),
+                        segments: 1,
                     })
                     .await
                     .with_context(|| format!("create item {item}"))?;
@@ -526,6 +527,7 @@ impl<'a> Runner<'a> {
                 let target = Target::Store {
                     store: Arc::clone(&stores[i % stores.len()]),
                     pool: pool.clone(),
+                    segments: 1,
                     per_user_limit: PER_USER_LIMIT,
                     reservation_ttl_ms: RESERVATION_TTL_MS,
                 };

@@ -13,6 +13,7 @@ pub mod loss;
 pub mod pool;
 pub mod rate;
 pub mod rebalance;
+pub mod segments;
 pub mod watermarks;
 
 pub use ids::{AgentId, Channel, ItemId, Quantity, RequestId, UserId, ValidationError};

@@ -30,6 +30,11 @@ pub enum ItemCmd {
         high: Option<u64>,
         #[arg(long, requires_all = ["low", "high"], value_parser = count, allow_negative_numbers = true)]
         batch: Option<u64>,
+        /// Pool segments per channel: a hot item's pool split over as many Redis hash tags,
+        /// the user id picking one. The center accepts only 1 until agents sell from
+        /// segmented pools.
+        #[arg(long, default_value_t = 1)]
+        segments: u32,
     },
     /// The ledger view of one item, per channel.
     Show { item: String },
@@ -62,6 +67,7 @@ pub struct ItemView {
     reservation_ttl_ms: u64,
     closed: bool,
     watermarks: Option<WatermarksView>,
+    segments: u32,
 }
 
 impl From<&pb::Item> for ItemView {
@@ -75,6 +81,7 @@ impl From<&pb::Item> for ItemView {
             reservation_ttl_ms: i.reservation_ttl_ms,
             closed: i.closed,
             watermarks: i.watermarks.as_ref().map(WatermarksView::from),
+            segments: i.segments.max(1),
         }
     }
 }
@@ -188,6 +195,7 @@ fn detail_text(i: &pb::Item, channels: &[pb::ChannelAllocation]) -> String {
         ("per-user limit", i.per_user_limit.to_string()),
         ("reservation ttl", format!("{} ms", i.reservation_ttl_ms)),
         ("watermarks", wm_text(&i.watermarks)),
+        ("segments", i.segments.max(1).to_string()),
         ("state", if i.closed { "closed".into() } else { "open".into() }),
     ]);
     if !channels.is_empty() {
@@ -239,7 +247,7 @@ fn detail_text(i: &pb::Item, channels: &[pb::ChannelAllocation]) -> String {
 pub async fn run(ctx: &Ctx, cmd: ItemCmd) -> Result<(), Failure> {
     let mut admin = ctx.conn.admin(&ctx.center).await?;
     match cmd {
-        ItemCmd::Create { item, total, per_user_limit, reservation_ttl_ms, low, high, batch } => {
+        ItemCmd::Create { item, total, per_user_limit, reservation_ttl_ms, low, high, batch, segments } => {
             let watermarks = match (low, high, batch) {
                 (Some(low), Some(high), Some(batch)) => Some(pb::Watermarks { low, high, batch }),
                 _ => None,
@@ -253,6 +261,7 @@ pub async fn run(ctx: &Ctx, cmd: ItemCmd) -> Result<(), Failure> {
                     watermarks,
                     // Absent: rate-following, unless fixed watermarks were given.
                     rate_batching: None,
+                    segments,
                 })
                 .await?
                 .into_inner();

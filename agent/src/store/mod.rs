@@ -21,22 +21,30 @@ pub mod redis;
 
 use async_trait::async_trait;
 
-/// Identifies one pool: a channel's stock of one item. Every key of a pool carries the
-/// hash tag `{channel:item}` so a pool lives on one Redis Cluster slot.
+/// Identifies one pool: a channel's stock of one item, or one segment of it. Every key of
+/// a pool carries the pool's hash tag (`{channel:item}`, `{channel:item#s}` for segment
+/// s > 0) so a pool lives on one Redis Cluster slot and the segments of a hot item spread
+/// over the cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PoolKey {
     pub channel: String,
     pub item_id: String,
+    pub segment: u32,
 }
 
 impl PoolKey {
+    /// Segment 0: the pool of a one-segment item.
     pub fn new(channel: impl Into<String>, item_id: impl Into<String>) -> Self {
-        Self { channel: channel.into(), item_id: item_id.into() }
+        Self::segment(channel, item_id, 0)
     }
 
-    /// `{channel:item}`: the hash tag shared by all keys of the pool.
+    pub fn segment(channel: impl Into<String>, item_id: impl Into<String>, segment: u32) -> Self {
+        Self { channel: channel.into(), item_id: item_id.into(), segment }
+    }
+
+    /// The hash tag shared by all keys of the pool (`inventory_core::segments::hash_tag`).
     pub fn hash_tag(&self) -> String {
-        format!("{{{}:{}}}", self.channel, self.item_id)
+        inventory_core::segments::hash_tag(&self.channel, &self.item_id, self.segment)
     }
 }
 

@@ -113,6 +113,7 @@ async fn sale(rate_following: bool) -> Run {
             reservation_ttl_ms: 300_000,
             watermarks: Some(pb::Watermarks { low: FIXED.0, high: FIXED.1, batch: FIXED.2 }),
             rate_batching: Some(rate_batching),
+            segments: 1,
         })
         .await
         .expect("create item");
@@ -158,6 +159,7 @@ async fn rate_following_batches_share_a_scarce_center_ten_to_one_with_fewer_call
         assert_eq!(run.held[0] + run.held[1], TOTAL, "the center kept nothing back: {run:?}");
         assert_eq!(run.held, run.reserved, "each channel holds what it sold: {run:?}");
         assert!(run.longest_starved <= STARVED_AT_MOST, "a channel starved beside idle units: {run:?}");
+        assert!(run.calls[0] >= run.reserved[0] && run.calls[1] >= run.reserved[1], "one unit per call: {run:?}");
     }
     // Both ends show the fast pool's rate (it sold ~250 a second until just now); its batch
     // follows the rate only when the item says so.

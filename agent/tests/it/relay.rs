@@ -267,6 +267,7 @@ async fn orders_match_the_sale_after_two_agent_crashes_and_a_broker_restart() {
             reservation_ttl_ms: 1_500,
             watermarks: Some(pb::Watermarks { low: 20, high: 80, batch: 50 }),
             rate_batching: None,
+            segments: 0,
         })
         .await
         .expect("create item");

@@ -143,6 +143,7 @@ contract_suite!(
     a_batch_selling_out_midway_answers_as_a_sequential_run,
     many_concurrent_callers_batched_never_oversell,
     a_batch_refuses_a_stale_expected_generation_and_answers_the_rest,
+    segments_of_one_item_are_separate_pools,
 );
 
 // ---------------------------------------------------------------------------------------
@@ -225,6 +226,29 @@ pub(crate) async fn sweep_until_freed(store: &Arc<dyn PoolStore>, pool: &PoolKey
 
 // ---------------------------------------------------------------------------------------
 // the contract
+
+/// The segments of one item in one channel are pools of their own: their own counters,
+/// holdings (so a per-user limit), grant and take records, and outbox numbering.
+async fn segments_of_one_item_are_separate_pools(backend: &Backend) {
+    let store = backend.store().await;
+    let (s0, s3) = (PoolKey::segment("app", "sku-seg", 0), PoolKey::segment("app", "sku-seg", 3));
+    assert_eq!(s0, pool("sku-seg"));
+    assert!(store.refill(&s0, "grant-1", 2, 0).await.unwrap());
+    // The same grant id in another segment is another grant.
+    assert!(store.refill(&s3, "grant-1", 5, 0).await.unwrap());
+    let limit = |key: &str| acquire_args("ann", 1, key, 1, LONG_TTL_MS);
+    reserve_with(&*store, &s0, &limit("k0")).await;
+    reserve_with(&*store, &s3, &limit("k3")).await;
+    assert_eq!(counters(&*store, &s0).await, (1, 1, 0));
+    assert_eq!(counters(&*store, &s3).await, (4, 1, 0));
+    assert_eq!(store.take_for_return(&s3, "take-1", 4, 0).await.unwrap(), 4);
+    assert_eq!(counters(&*store, &s3).await, (0, 1, 0));
+    assert_eq!(counters(&*store, &s0).await, (1, 1, 0));
+    for p in [&s0, &s3] {
+        let page = store.events(p, 1, 10).await.unwrap();
+        assert_eq!(page.events.iter().map(|e| e.sequence).collect::<Vec<_>>(), vec![1], "{p:?}");
+    }
+}
 
 async fn state_machine_with_every_refusal(backend: &Backend) {
     let store = backend.store().await;
@@ -1067,6 +1091,24 @@ async fn redis_keys_carry_the_prefix_and_the_pool_hash_tag() {
         ::redis::cmd("KEYS").arg(format!("{}*", redis.prefix)).query_async(&mut conn).await.unwrap();
     keys.sort();
     assert_eq!(keys, vec![format!("{base}held"), format!("{base}outbox"), format!("{base}pool")]);
+}
+
+/// A segment s > 0 of an item keeps every key under its own hash tag `{channel:item#s}`,
+/// so the segments of a hot item land on different cluster slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_keys_of_a_segment_carry_the_segments_hash_tag() {
+    let redis = TestRedis::create().await;
+    let store = RedisPoolStore::new(&redis.url, &redis.prefix).await.unwrap();
+    let p = PoolKey::segment("app", "sku-keys", 7);
+    store.refill(&p, "grant-1", 5, 0).await.unwrap();
+    reserve(&store, &p, "sam", 1).await;
+    let client = ::redis::Client::open(redis.url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> =
+        ::redis::cmd("KEYS").arg(format!("{}*", redis.prefix)).query_async(&mut conn).await.unwrap();
+    assert!(!keys.is_empty());
+    let base = format!("{}{{app:sku-keys#7}}:", redis.prefix);
+    assert!(keys.iter().all(|k| k.starts_with(&base)), "{keys:?}");
 }
 
 /// Asked to wait for a replica that does not exist, a write answers UNAVAILABLE; the

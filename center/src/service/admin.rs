@@ -69,7 +69,17 @@ pub fn parse_new_item(r: &pb::CreateItemRequest) -> Result<NewItem, CenterError>
         None if r.watermarks.is_some() => None,
         None => Some(RateBatching::default_for_total(total.get())),
     };
-    Ok(NewItem { item_id, total, per_user_limit, reservation_ttl_ms, watermarks, rate_batching })
+    let segments = inventory_core::segments::parse("segments", r.segments)?;
+    // The ledger, the pool stores and the routing rules know segments, but agents still
+    // sell every item from one pool: a larger count would be recorded and not honoured.
+    if segments > 1 {
+        Err(ValidationError::new(
+            "segments",
+            u64::from(segments),
+            "must be 0 or 1: agents do not sell from segmented pools yet",
+        ))?;
+    }
+    Ok(NewItem { item_id, total, per_user_limit, reservation_ttl_ms, watermarks, rate_batching, segments })
 }
 
 /// Validates rate-following bounds; `prefix` names the message in errors.

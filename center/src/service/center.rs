@@ -184,6 +184,7 @@ impl pb::center_server::Center for CenterService {
             held: policy.allocation.map_or(0, |a| a.held()),
             generation: policy.allocation.map_or(0, |a| a.generation),
             in_doubt: policy.allocation.map_or(0, |a| a.in_doubt),
+            segments: policy.item.segments,
         }))
     }
 

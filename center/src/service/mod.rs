@@ -43,6 +43,7 @@ pub(crate) fn pb_item(r: &ItemRecord) -> pb::Item {
         held: r.held,
         written_off: r.state.written_off,
         rate_batching: Some(pb_rate_batching(r.rate_batching)),
+        segments: r.segments,
     }
 }
 

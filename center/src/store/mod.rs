@@ -28,6 +28,8 @@ pub struct ItemRecord {
     pub watermarks: Watermarks,
     /// Whether the pools' batches follow their sell rates (`None`: fixed watermarks).
     pub rate_batching: Option<RateBatching>,
+    /// Pool segments per channel (1: one pool).
+    pub segments: u32,
     pub held: u64,
 }
 
@@ -152,6 +154,8 @@ pub struct NewItem {
     pub reservation_ttl_ms: u64,
     pub watermarks: Watermarks,
     pub rate_batching: Option<RateBatching>,
+    /// Pool segments per channel, 1..=[`inventory_core::segments::MAX_SEGMENTS`].
+    pub segments: u32,
 }
 
 #[async_trait]

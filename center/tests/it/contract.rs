@@ -12,6 +12,7 @@ use crate::support::TestCenter;
 
 crate::for_each_backend!(
     create_is_idempotent_on_the_definition,
+    segments_are_part_of_the_definition_and_reach_the_agents,
     borrow_and_return_move_units_and_keep_conservation,
     borrow_grants_at_most_what_is_available,
     return_more_than_held_is_failed_precondition,
@@ -133,6 +134,32 @@ async fn create_is_idempotent_on_the_definition(c: TestCenter) {
     let list = admin.list_items(pb::ListItemsRequest {}).await.unwrap().into_inner();
     assert_eq!(list.items.len(), 1);
     assert_eq!(list.items[0].total, 100);
+}
+
+async fn segments_are_part_of_the_definition_and_reach_the_agents(c: TestCenter) {
+    let (mut admin, mut center) = (c.admin().await, c.center().await);
+    let req = |segments| pb::CreateItemRequest { item_id: "hot".into(), total: 3000, segments, ..Default::default() };
+    // Agents sell from one pool per item until segmented selling is built: a larger count
+    // is refused (not recorded and ignored), naming field and value.
+    assert_status(admin.create_item(req(8)).await, Code::InvalidArgument, "segments 8");
+    assert_status(admin.create_item(req(8)).await, Code::InvalidArgument, "not sell from segmented pools yet");
+    assert_status(admin.get_item(pb::GetItemRequest { item_id: "hot".into() }).await, Code::NotFound, "hot");
+    let first = admin.create_item(req(1)).await.unwrap().into_inner();
+    assert!(first.created);
+    assert_eq!(first.item.unwrap().segments, 1);
+    // 0 and 1 both mean one pool: the same definition, a replay.
+    assert!(!admin.create_item(req(0)).await.unwrap().into_inner().created);
+    assert_eq!(ledger(&mut admin, "hot").await.item.unwrap().segments, 1);
+    let d = pb::DescribeItemRequest { item_id: "hot".into(), channel: "app".into() };
+    assert_eq!(center.describe_item(d).await.unwrap().into_inner().segments, 1);
+    // Above the bound is refused, naming field and value.
+    let one = pb::CreateItemRequest { item_id: "cold".into(), total: 5, ..Default::default() };
+    assert_eq!(admin.create_item(one).await.unwrap().into_inner().item.unwrap().segments, 1);
+    let many = pb::CreateItemRequest { item_id: "many".into(), total: 5, segments: 65, ..Default::default() };
+    assert_status(admin.create_item(many).await, Code::InvalidArgument, "segments");
+    let many = pb::CreateItemRequest { item_id: "many".into(), total: 5, segments: 65, ..Default::default() };
+    assert_status(admin.create_item(many).await, Code::InvalidArgument, "65");
+    assert_status(admin.get_item(pb::GetItemRequest { item_id: "many".into() }).await, Code::NotFound, "many");
 }
 
 async fn borrow_and_return_move_units_and_keep_conservation(c: TestCenter) {

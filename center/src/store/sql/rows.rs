@@ -12,7 +12,7 @@ use crate::error::CenterError;
 use crate::store::{ItemRecord, Result};
 
 pub(super) const ITEM_SELECT: &str = "SELECT item_id, total, available, per_user_limit, reservation_ttl_ms, closed, \
-     wm_low, wm_high, wm_batch, written_off, rate_batching, rate_min_batch, rate_max_batch, rate_target_ms FROM items";
+     wm_low, wm_high, wm_batch, written_off, rate_batching, rate_min_batch, rate_max_batch, rate_target_ms, segments FROM items";
 pub(super) const SESSION_SELECT: &str =
     "SELECT channel, epoch, agent_id, lease_expires_at_ms, last_heartbeat_ms FROM channels";
 pub(super) const ALLOC_SELECT: &str = "SELECT item_id, channel, granted, returned, reclaimed, reported_available, \
@@ -39,8 +39,8 @@ pub(super) fn to_db(field: &str, v: u64) -> Result<i64> {
     i64::try_from(v).map_err(|_| ValidationError::new(field, v, format!("must be at most {}", i64::MAX)).into())
 }
 
-/// An item row: its id, state, fixed watermarks and rate-following batches.
-pub(super) type ItemRow = (String, ItemState, Watermarks, Option<RateBatching>);
+/// An item row: its id, state, fixed watermarks, rate-following batches and segments.
+pub(super) type ItemRow = (String, ItemState, Watermarks, Option<RateBatching>, u32);
 
 pub(super) fn item_from_row(row: &AnyRow) -> Result<ItemRow> {
     Ok((
@@ -63,6 +63,10 @@ pub(super) fn item_from_row(row: &AnyRow) -> Result<ItemRow> {
                 })
             })
             .transpose()?,
+        {
+            let n = col(row, "segments")?;
+            u32::try_from(n).map_err(|_| CenterError::Internal(format!("column segments holds {n}")))?
+        },
     ))
 }
 
@@ -109,7 +113,7 @@ impl SqlLedger {
     pub(super) async fn lock_item(&self, tx: &mut Tx, item: &ItemId) -> Result<(ItemState, Watermarks)> {
         let row = sqlx::query(&self.q.lock_item).bind(item.as_str()).fetch_optional(&mut **tx).await?;
         let row = row.ok_or_else(|| CenterError::item_not_found(item.as_str()))?;
-        let (_, state, wm, _) = item_from_row(&row)?;
+        let (_, state, wm, _, _) = item_from_row(&row)?;
         Ok((state, wm))
     }
 
@@ -206,9 +210,9 @@ impl SqlLedger {
             .fetch_optional(&mut **tx)
             .await?
             .ok_or_else(|| CenterError::item_not_found(item.as_str()))?;
-        let (item_id, state, watermarks, rate_batching) = item_from_row(&row)?;
+        let (item_id, state, watermarks, rate_batching, segments) = item_from_row(&row)?;
         let held = self.sum_held(tx, &item_id).await?;
-        Ok(ItemRecord { item_id, state, watermarks, rate_batching, held })
+        Ok(ItemRecord { item_id, state, watermarks, rate_batching, segments, held })
     }
 
     pub(super) async fn override_for(tx: &mut Tx, item: &str, channel: &str) -> Result<Option<Watermarks>> {
