@@ -422,11 +422,11 @@ cmd_reconcile() {
     if alive "${PROM_PID:-}"; then
         # Every target scraped, the drift series there, and (once a scrape has come after
         # the ledger settled: Prometheus only knows what it last scraped) drift 0 in them.
-        local targets=$((1 + ${#channels[@]})) deadline=$((SECONDS + 30)) up="" drifting=""
+        local targets=$((1 + ${#channels[@]})) deadline=$((SECONDS + 60)) up="" drifting=""
         until up=$(http_get "$PROM_PORT" '/api/v1/query?query=sum(up)') && [[ "$up" == *"\"$targets\"]"* ]] &&
             drifting=$(http_get "$PROM_PORT" '/api/v1/query?query=inventory:channel_drift_units:abs') &&
             [[ "$drifting" == *'"result":[{'* ]] && [[ "$drifting" != *'"value":[1'*',"'[1-9]* ]]; do
-            ((SECONDS < deadline)) || die "Prometheus: not all $targets targets up with drift 0 after 30s: $up $drifting"
+            ((SECONDS < deadline)) || die "Prometheus: not all $targets targets up with drift 0 after 60s: $up $drifting"
             sleep 0.5
         done
         local alerts
