@@ -76,6 +76,8 @@ pub struct Metrics {
     sold_out: Counter,
     limit_exceeded: Counter,
     sold_out_fast: Counter,
+    /// Acquires with allow_partial that reserved fewer units than asked.
+    partial_acquires: Counter,
     acquire_latency: Histogram,
     borrow_latency: Histogram,
     borrows: Counter,
@@ -108,6 +110,7 @@ impl Default for Metrics {
             sold_out,
             limit_exceeded,
             sold_out_fast: Counter::default(),
+            partial_acquires: Counter::default(),
             acquire_latency: Histogram::new(ACQUIRE_BUCKETS_SECONDS),
             borrow_latency: Histogram::new(BORROW_BUCKETS_SECONDS),
             borrows: Counter::default(),
@@ -127,6 +130,11 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// An allow_partial Acquire reserved what was left (also counted as reserved).
+    pub fn partial_acquire(&self) {
+        self.partial_acquires.inc();
+    }
+
     pub fn acquire(&self, o: Outcome) {
         match o {
             Outcome::Reserved => self.reserved.inc(),
@@ -203,6 +211,11 @@ impl Metrics {
             "inventory_agent_sold_out_fast_path",
             "SOLD_OUT answers given from memory",
             self.sold_out_fast.clone(),
+        );
+        registry.register(
+            "inventory_agent_partial_acquires",
+            "Acquires with allow_partial that reserved fewer units than asked",
+            self.partial_acquires.clone(),
         );
         registry.register(
             "inventory_agent_acquire_duration_seconds",

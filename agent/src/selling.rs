@@ -32,6 +32,8 @@ pub struct AcquireRequest {
     pub idempotency_key: String,
     /// The pool generation an earlier answer for this key carried, when the backend passed it.
     pub expect_pool_generation: Option<u64>,
+    /// Reserve up to `quantity` when fewer remain (or the user's allowance has less room).
+    pub allow_partial: bool,
 }
 
 pub struct Selling {
@@ -121,12 +123,24 @@ impl Selling {
             per_user_limit: policy.per_user_limit,
             reservation_ttl_ms: policy.reservation_ttl_ms,
             expect_generation: req.expect_pool_generation,
+            // The whole quantity first, so a short pool still borrows from the center
+            // before settling for less (below).
+            allow_partial: false,
         };
         let mut result = self.store.acquire(&item.pool, &args).await?;
         if let AcquireResult::SoldOut { .. } = result {
             result = self.after_miss(&item, &args, result).await?;
         } else {
             item.with(|c| c.touch());
+        }
+        if req.allow_partial && partial_fits(&result, policy.per_user_limit) {
+            // One more store call, on the short path only: the pool reserves what is left
+            // of stock and allowance, atomically (a replay of this key matches either way).
+            let args = AcquireArgs { allow_partial: true, ..args.clone() };
+            result = self.store.acquire(&item.pool, &args).await?;
+            if matches!(result, AcquireResult::Reserved { replayed: false, quantity, .. } if quantity < args.quantity) {
+                self.metrics.partial_acquire();
+            }
         }
         let response = match result {
             AcquireResult::Reserved { reservation_id, quantity, expires_at_ms, replayed, generation } => {
@@ -369,5 +383,15 @@ fn transition_result(t: Transition, id: &str, verb: &str) -> Result<ReservationS
             Err(AgentError::Precondition(format!("cannot {verb} reservation {id:?}: it is {}", s.as_str())))
         }
         Transition::NotFound => Err(AgentError::NotFound(format!("reservation {id:?} not found"))),
+    }
+}
+
+/// A whole-quantity answer that a partial acquire could turn into a reservation: some
+/// stock left, or some room left in the user's allowance.
+fn partial_fits(result: &AcquireResult, per_user_limit: u64) -> bool {
+    match result {
+        AcquireResult::SoldOut { available } => *available > 0,
+        AcquireResult::LimitExceeded { held } => *held < per_user_limit,
+        AcquireResult::Reserved { .. } | AcquireResult::KeyConflict => false,
     }
 }

@@ -7,6 +7,7 @@ mod faults;
 mod harness;
 mod many_items;
 mod metrics;
+mod partial;
 mod paths;
 mod rate;
 mod replicas;
@@ -15,3 +16,4 @@ mod security;
 #[macro_use]
 mod store_contract;
 mod store_events;
+mod store_partial;
