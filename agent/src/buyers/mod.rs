@@ -1,0 +1,154 @@
+//! The buyer registry client: the Redis twin of `inventory_core::buyers::Buyer`
+//! (`lua/buyer.lua`), one hash per (item, user) under `<prefix>{<item>:<user>}:claims`, so
+//! a Redis Cluster spreads buyers over its slots. Every call is one script call on the
+//! buyer's slot: the extra round trip a global-limit Acquire pays before its pool call.
+//!
+//! Not wired into Acquire yet: the agent does not take `--buyer-registry-url` and items have
+//! no limit scope. The client and its script are tested against the model's rules.
+
+use inventory_core::buyers::{ClaimResult, Found, Settled};
+use redis::aio::ConnectionManager;
+use redis::{Script, Value};
+
+/// The registry cannot be asked (connection, timeout) or answered out of contract.
+#[derive(Debug, thiserror::Error)]
+#[error("buyer registry: {0}")]
+pub struct RegistryError(String);
+
+fn err(e: impl std::fmt::Display) -> RegistryError {
+    RegistryError(e.to_string())
+}
+
+/// A connection to the buyer registry (a single Redis).
+#[derive(Clone)]
+pub struct BuyerRegistry {
+    conn: ConnectionManager,
+    prefix: String,
+    script: std::sync::Arc<Script>,
+}
+
+impl BuyerRegistry {
+    pub async fn connect(url: &str, prefix: &str) -> Result<Self, RegistryError> {
+        let client = redis::Client::open(url).map_err(err)?;
+        let conn = ConnectionManager::new(client).await.map_err(err)?;
+        let script = std::sync::Arc::new(Script::new(include_str!("../../../lua/buyer.lua")));
+        Ok(Self { conn, prefix: prefix.to_owned(), script })
+    }
+
+    /// The buyer's hash: the hash tag keeps one buyer's claims on one slot.
+    pub fn key(&self, item: &str, user: &str) -> String {
+        format!("{}{{{item}:{user}}}:claims", self.prefix)
+    }
+
+    async fn call(&self, item: &str, user: &str, args: &[&str]) -> Result<Value, RegistryError> {
+        let key = self.key(item, user);
+        let mut call = self.script.key(&key);
+        for a in args {
+            call.arg(*a);
+        }
+        let mut conn = self.conn.clone();
+        call.invoke_async(&mut conn).await.map_err(err)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub async fn claim(
+        &self,
+        item: &str,
+        user: &str,
+        key: &str,
+        channel: &str,
+        quantity: u64,
+        limit: u64,
+        pending_ms: u64,
+    ) -> Result<ClaimResult, RegistryError> {
+        let (q, l, p) = (quantity.to_string(), limit.to_string(), pending_ms.to_string());
+        let reply = self.call(item, user, &["claim", key, channel, &q, &l, &p]).await?;
+        let parts = strings(reply)?;
+        match parts.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+            ["claimed", replayed] => Ok(ClaimResult::Claimed { replayed: *replayed == "1" }),
+            ["limit", held] => Ok(ClaimResult::LimitExceeded { held: held.parse().map_err(err)? }),
+            ["conflict"] => Ok(ClaimResult::KeyConflict),
+            other => Err(RegistryError(format!("claim: unexpected reply {other:?}"))),
+        }
+    }
+
+    pub async fn bind(
+        &self,
+        item: &str,
+        user: &str,
+        key: &str,
+        reservation_id: &str,
+        quantity: u64,
+        expires_at_ms: i64,
+    ) -> Result<bool, RegistryError> {
+        let (q, e) = (quantity.to_string(), expires_at_ms.to_string());
+        int(self.call(item, user, &["bind", key, reservation_id, &q, &e]).await?).map(|n| n == 1)
+    }
+
+    pub async fn confirm(
+        &self,
+        item: &str,
+        user: &str,
+        key: &str,
+        reservation_id: &str,
+    ) -> Result<bool, RegistryError> {
+        int(self.call(item, user, &["confirm", key, reservation_id]).await?).map(|n| n == 1)
+    }
+
+    /// Frees the claim; returns the units freed (0: none, e.g. released before).
+    pub async fn release(&self, item: &str, user: &str, key: &str) -> Result<u64, RegistryError> {
+        int(self.call(item, user, &["release", key]).await?)
+    }
+
+    /// The keys of the buyer's claims due for the sweeper now (by the registry's clock).
+    pub async fn due(&self, item: &str, user: &str) -> Result<Vec<String>, RegistryError> {
+        strings(self.call(item, user, &["due"]).await?)
+    }
+
+    /// Settles a due claim from what the pool says of its reservation.
+    pub async fn settle(
+        &self,
+        item: &str,
+        user: &str,
+        key: &str,
+        found: Option<&Found>,
+    ) -> Result<Settled, RegistryError> {
+        let reply = match found {
+            None => self.call(item, user, &["settle", key, "0"]).await?,
+            Some(f) => {
+                let (q, e) = (f.quantity.to_string(), f.expires_at_ms.to_string());
+                self.call(item, user, &["settle", key, "1", &f.reservation_id, f.state.as_str(), &q, &e]).await?
+            }
+        };
+        let parts = strings(reply)?;
+        match parts.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+            ["untouched"] => Ok(Settled::Untouched),
+            ["held"] => Ok(Settled::Held),
+            ["confirmed"] => Ok(Settled::Confirmed),
+            ["waiting"] => Ok(Settled::Waiting),
+            ["released", q] => Ok(Settled::Released { quantity: q.parse().map_err(err)? }),
+            other => Err(RegistryError(format!("settle: unexpected reply {other:?}"))),
+        }
+    }
+}
+
+fn int(v: Value) -> Result<u64, RegistryError> {
+    match v {
+        Value::Int(n) => u64::try_from(n).map_err(err),
+        other => Err(RegistryError(format!("unexpected reply {other:?}"))),
+    }
+}
+
+/// An array of strings or integers, as text.
+fn strings(v: Value) -> Result<Vec<String>, RegistryError> {
+    let Value::Array(items) = v else { return Err(RegistryError(format!("unexpected reply {v:?}"))) };
+    items
+        .into_iter()
+        .map(|i| match i {
+            Value::BulkString(b) => String::from_utf8(b).map_err(err),
+            Value::SimpleString(s) => Ok(s),
+            Value::Int(n) => Ok(n.to_string()),
+            other => Err(RegistryError(format!("unexpected reply item {other:?}"))),
+        })
+        .collect()
+}
