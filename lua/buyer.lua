@@ -13,7 +13,8 @@
 --   release key -> units freed
 --   settle  key, found (0|1), reservation_id, state, quantity, expires_at_ms ->
 --           {'untouched'} | {'held'} | {'confirmed'} | {'released', units} | {'waiting'}
---   due     -> the keys due for the sweeper now
+--   due     channel ('' for all) -> the keys of the channel's claims due for the sweeper now
+--   count   channel -> how many claims the buyer has in the channel
 -- Time comes from Redis TIME only.
 
 local K = KEYS[1]
@@ -106,14 +107,20 @@ elseif op == 'settle' then
     return {'confirmed'}
   end
   return {'released', release(key)}
-elseif op == 'due' then
-  local out = {}
+elseif op == 'due' or op == 'count' then
+  local channel = ARGV[2] or ''
+  local out, n = {}, 0
   local all = redis.call('HGETALL', K)
   for i = 1, #all, 2 do
-    if is_due(cjson.decode(all[i + 1])) then
-      out[#out + 1] = all[i]
+    local c = cjson.decode(all[i + 1])
+    if channel == '' or c.c == channel then
+      n = n + 1
+      if is_due(c) then
+        out[#out + 1] = all[i]
+      end
     end
   end
+  if op == 'count' then return n end
   return out
 end
 return redis.error_reply('buyer.lua: unknown operation ' .. tostring(op))

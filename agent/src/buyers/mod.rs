@@ -10,6 +10,9 @@ use inventory_core::buyers::{ClaimResult, Found, Settled};
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
 
+mod sweeper;
+pub use sweeper::{SweepStats, sweep};
+
 /// The registry cannot be asked (connection, timeout) or answered out of contract.
 #[derive(Debug, thiserror::Error)]
 #[error("buyer registry: {0}")]
@@ -100,9 +103,63 @@ impl BuyerRegistry {
         int(self.call(item, user, &["release", key]).await?)
     }
 
-    /// The keys of the buyer's claims due for the sweeper now (by the registry's clock).
-    pub async fn due(&self, item: &str, user: &str) -> Result<Vec<String>, RegistryError> {
-        strings(self.call(item, user, &["due"]).await?)
+    /// The keys of the buyer's claims in `channel` ("": any) due for the sweeper now (by
+    /// the registry's clock).
+    pub async fn due(&self, item: &str, user: &str, channel: &str) -> Result<Vec<String>, RegistryError> {
+        strings(self.call(item, user, &["due", channel]).await?)
+    }
+
+    /// How many claims the buyer has in `channel`.
+    pub async fn count(&self, item: &str, user: &str, channel: &str) -> Result<u64, RegistryError> {
+        int(self.call(item, user, &["count", channel]).await?)
+    }
+
+    /// The sweeper's index of one channel's buyers of an item: a zset of users scored by
+    /// when to look at them next (the agent's clock). On its own slot, so written apart
+    /// from the claims, best-effort: an extra entry costs one look, a missing one is why
+    /// the index is written before the claim (see [`BuyerRegistry::note`]).
+    fn index_key(&self, item: &str, channel: &str) -> String {
+        format!("{}buyers:{{{item}:{channel}}}:index", self.prefix)
+    }
+
+    /// Puts the buyer in the channel's index, to be looked at from `at_ms` on. Called
+    /// before the claim, so a crash right after the claim leaves it findable.
+    pub async fn note(&self, item: &str, channel: &str, user: &str, at_ms: i64) -> Result<(), RegistryError> {
+        let mut conn = self.conn.clone();
+        redis::cmd("ZADD")
+            .arg(self.index_key(item, channel))
+            .arg(at_ms)
+            .arg(user)
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(err)
+    }
+
+    /// Up to `max` buyers of the channel's index due at `now_ms`.
+    pub async fn noted(
+        &self,
+        item: &str,
+        channel: &str,
+        now_ms: i64,
+        max: usize,
+    ) -> Result<Vec<String>, RegistryError> {
+        let mut conn = self.conn.clone();
+        redis::cmd("ZRANGEBYSCORE")
+            .arg(self.index_key(item, channel))
+            .arg("-inf")
+            .arg(now_ms)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(max)
+            .query_async(&mut conn)
+            .await
+            .map_err(err)
+    }
+
+    /// Drops the buyer from the channel's index.
+    pub async fn forget(&self, item: &str, channel: &str, user: &str) -> Result<(), RegistryError> {
+        let mut conn = self.conn.clone();
+        redis::cmd("ZREM").arg(self.index_key(item, channel)).arg(user).query_async::<()>(&mut conn).await.map_err(err)
     }
 
     /// Settles a due claim from what the pool says of its reservation.

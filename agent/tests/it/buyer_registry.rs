@@ -39,7 +39,7 @@ async fn the_script_answers_as_the_model() {
     assert_eq!(reg.bind("i", "u", "k1", "r9", 1, 1).await.unwrap(), model.bind("k1", "r9", 1, 1));
     assert_eq!(reg.bind("i", "u", "gone", "r9", 1, 1).await.unwrap(), model.bind("gone", "r9", 1, 1));
     assert_eq!(reg.confirm("i", "u", "k1", "r1").await.unwrap(), model.confirm("k1", "r1"));
-    assert!(reg.due("i", "u").await.unwrap().is_empty());
+    assert!(reg.due("i", "u", "").await.unwrap().is_empty());
     assert_eq!(reg.release("i", "u", "k2").await.unwrap(), model.release("k2"));
     assert_eq!(reg.release("i", "u", "k2").await.unwrap(), 0);
     // The freed unit is claimable again, on any channel.
@@ -60,7 +60,7 @@ async fn claims_left_by_a_crash_are_settled_from_the_pool() {
     for key in ["none", "open", "paid", "gone"] {
         assert_eq!(reg.claim("i", "u", key, "app", 1, 5, 0).await.unwrap(), ClaimResult::Claimed { replayed: false });
     }
-    let mut due = reg.due("i", "u").await.unwrap();
+    let mut due = reg.due("i", "u", "").await.unwrap();
     due.sort();
     assert_eq!(due, ["gone", "none", "open", "paid"]);
     let found = |state, expires_at_ms| Found { reservation_id: "r1".into(), state, quantity: 1, expires_at_ms };
@@ -76,7 +76,7 @@ async fn claims_left_by_a_crash_are_settled_from_the_pool() {
     assert_eq!(reg.settle("i", "u", "gone", Some(&late)).await.unwrap(), Settled::Waiting);
     let expired = found(ReservationState::Expired, 1);
     assert_eq!(reg.settle("i", "u", "gone", Some(&expired)).await.unwrap(), Settled::Released { quantity: 1 });
-    assert!(reg.due("i", "u").await.unwrap().is_empty(), "held until a future expiry, confirmed: none due");
+    assert!(reg.due("i", "u", "").await.unwrap().is_empty(), "held until a future expiry, confirmed: none due");
     // 2 units still held of 5.
     assert_eq!(reg.claim("i", "u", "more", "web", 4, 5, 0).await.unwrap(), ClaimResult::LimitExceeded { held: 2 });
 }
@@ -120,4 +120,68 @@ async fn users_racing_on_three_channels_with_replays_get_the_limit_once() {
     let again = reg.claim("drop", "user-0", "order-0-again", "web", 1, 1, 60_000).await.unwrap();
     assert_eq!(again, ClaimResult::Claimed { replayed: false });
     assert!(began.elapsed() < Duration::from_secs(30), "took {:?}", began.elapsed());
+}
+
+/// The agent died between claiming and deducting (k2), or the reservation ended without
+/// the claim being released (k3 cancelled, k4 expired): after the pending bound the
+/// sweeper, asking the Redis pool by each claim's key, releases exactly those and keeps
+/// the claim whose reservation is open (k1); the freed allowance is claimable again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweeper_settles_claims_from_the_pool_after_a_crash() {
+    use inventory_agent::buyers::{SweepStats, sweep};
+    use inventory_agent::store::redis::RedisPoolStore;
+    use inventory_agent::store::{AcquireArgs, AcquireResult, PoolKey, PoolStore};
+
+    let redis = TestRedis::create().await;
+    let reg = registry(&redis).await;
+    let store = RedisPoolStore::new(&redis.url, &redis.prefix).await.expect("redis store");
+    let pool = PoolKey::new("app", "drop");
+    assert!(store.refill(&pool, "grant", 10, 0).await.unwrap());
+    let acquire = |key: &str, ttl: u64| AcquireArgs {
+        user_id: "u".into(),
+        quantity: 1,
+        idempotency_key: key.into(),
+        new_reservation_id: format!("r-{key}"),
+        per_user_limit: 5,
+        reservation_ttl_ms: ttl,
+        expect_generation: None,
+        allow_partial: false,
+    };
+    // Pending bound 0: every claim is due at once, as after a crash past the bound.
+    for (key, reserve) in [("k1", true), ("k2", false), ("k3", true), ("k4", true)] {
+        reg.note("drop", "app", "u", 0).await.unwrap();
+        assert_eq!(
+            reg.claim("drop", "u", key, "app", 1, 4, 0).await.unwrap(),
+            ClaimResult::Claimed { replayed: false }
+        );
+        if reserve {
+            let ttl = if key == "k4" { 1 } else { 3_600_000 };
+            let got = store.acquire(&pool, &acquire(key, ttl)).await.unwrap();
+            assert!(matches!(got, AcquireResult::Reserved { .. }), "{got:?}");
+        }
+    }
+    assert!(matches!(store.cancel(&pool, "r-k3").await.unwrap(), inventory_agent::store::Transition::Done(_)));
+    // k4's reservation expires in the pool (its sweeper), then the registry's settles it.
+    let shared: std::sync::Arc<dyn PoolStore> = std::sync::Arc::new(store);
+    assert_eq!(super::store_contract::sweep_until_freed(&shared, &pool, 1).await, 1);
+    // The user holds the limit (4) until the sweep.
+    assert_eq!(
+        reg.claim("drop", "u", "k5", "app", 1, 4, 60_000).await.unwrap(),
+        ClaimResult::LimitExceeded { held: 4 }
+    );
+
+    let stats = sweep(&reg, &*shared, &pool, 1, 60_000, 100).await.unwrap();
+    assert_eq!(stats, SweepStats { buyers: 1, released: 3, held: 1, confirmed: 0, waiting: 0 });
+    // A second sweep finds nothing due (k1 held until its expiry; the buyer re-noted later).
+    let again = sweep(&reg, &*shared, &pool, 2, 60_000, 100).await.unwrap();
+    assert_eq!(again, SweepStats::default());
+    // Three units of the allowance are free again; k1's replay is still the same claim.
+    assert_eq!(
+        reg.claim("drop", "u", "k5", "app", 3, 4, 60_000).await.unwrap(),
+        ClaimResult::Claimed { replayed: false }
+    );
+    assert_eq!(
+        reg.claim("drop", "u", "k1", "app", 1, 4, 60_000).await.unwrap(),
+        ClaimResult::Claimed { replayed: true }
+    );
 }
