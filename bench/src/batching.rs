@@ -59,6 +59,7 @@ pub async fn measure(
                     reservation_ttl_ms: 300_000,
                     watermarks: None,
                     rate_batching: Some(pb::RateBatching { enabled: following, ..Default::default() }),
+                    ..Default::default()
                 })
                 .await
                 .with_context(|| format!("create {item}"))?;

@@ -206,6 +206,7 @@ impl World {
                         watermarks,
                         // Fixed batches: these figures measure the paths, not the batching.
                         rate_batching: Some(pb::RateBatching { enabled: false, ..Default::default() }),
+                        ..Default::default()
                     })
                     .await
                     .with_context(|| format!("create item {item}"))?;

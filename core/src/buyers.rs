@@ -19,6 +19,76 @@ use serde::{Deserialize, Serialize};
 
 use crate::pool::ReservationState;
 
+/// Where an item's per-user limit applies.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LimitScope {
+    /// In each channel's pool on its own (the pool's Lua checks it).
+    #[default]
+    Channel,
+    /// Over every channel: claimed in the buyer registry before the pool is touched.
+    Global,
+}
+
+/// What an agent does with an Acquire of a global item when the registry is unreachable.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RegistryFallback {
+    /// UNAVAILABLE: the limit is never broken, sales stop while the registry is down.
+    #[default]
+    Refuse,
+    /// Sell under the per-channel limit only: sales go on, the global limit may be exceeded.
+    Channel,
+}
+
+impl LimitScope {
+    /// The stored (and wire) number: 0 channel, 1 global; anything else is unknown.
+    pub fn from_number(n: i64) -> Option<Self> {
+        match n {
+            0 => Some(Self::Channel),
+            1 => Some(Self::Global),
+            _ => None,
+        }
+    }
+
+    pub fn number(self) -> i64 {
+        match self {
+            Self::Channel => 0,
+            Self::Global => 1,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Channel => "channel",
+            Self::Global => "global",
+        }
+    }
+}
+
+impl RegistryFallback {
+    /// The stored (and wire) number: 0 refuse, 1 channel; anything else is unknown.
+    pub fn from_number(n: i64) -> Option<Self> {
+        match n {
+            0 => Some(Self::Refuse),
+            1 => Some(Self::Channel),
+            _ => None,
+        }
+    }
+
+    pub fn number(self) -> i64 {
+        match self {
+            Self::Refuse => 0,
+            Self::Channel => 1,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Refuse => "refuse",
+            Self::Channel => "channel",
+        }
+    }
+}
+
 /// Where a claim stands.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ClaimState {

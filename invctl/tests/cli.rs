@@ -40,6 +40,28 @@ fn stderr(o: &Output) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_limit_is_created_and_shown() {
+    let c = start_center().await;
+    let args =
+        ["item", "create", "drop-1", "--total", "10", "--limit-scope", "global", "--registry-fallback", "channel"];
+    let o = invctl(&c.url, &args).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = invctl(&c.url, &["item", "show", "drop-1"]).await;
+    assert!(stdout(&o).contains("1 over all channels (registry down: channel)"), "{}", stdout(&o));
+    let o = invctl(&c.url, &["--output", "json", "item", "show", "drop-1"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json output");
+    assert_eq!((v["limit_scope"].as_str(), v["registry_fallback"].as_str()), (Some("global"), Some("channel")));
+    // A fallback means nothing for a per-channel limit: the center refuses it, by name.
+    let args = ["item", "create", "drop-2", "--total", "10", "--registry-fallback", "channel"];
+    let o = invctl(&c.url, &args).await;
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("registry_fallback"), "{}", stderr(&o));
+    let o = invctl(&c.url, &["item", "create", "drop-3", "--total", "10", "--limit-scope", "everywhere"]).await;
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--limit-scope"), "{}", stderr(&o));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn item_lifecycle_in_table_and_json() {
     let c = start_center().await;
     let o = invctl(&c.url, &["item", "create", "skin-9", "--total", "500", "--per-user-limit", "2"]).await;

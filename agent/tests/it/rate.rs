@@ -115,6 +115,7 @@ async fn sale(rate_following: bool) -> Run {
             reservation_ttl_ms: 300_000,
             watermarks: Some(pb::Watermarks { low: FIXED.0, high: FIXED.1, batch: FIXED.2 }),
             rate_batching: Some(rate_batching),
+            ..Default::default()
         })
         .await
         .expect("create item");

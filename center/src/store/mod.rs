@@ -8,6 +8,7 @@
 mod sql;
 
 use async_trait::async_trait;
+use inventory_core::buyers::{LimitScope, RegistryFallback};
 use inventory_core::ledger::{Allocation, ChannelSession, Check, ItemState};
 use inventory_core::loss::PoolReport;
 use inventory_core::watermarks::{RateBatching, Watermarks};
@@ -28,7 +29,15 @@ pub struct ItemRecord {
     pub watermarks: Watermarks,
     /// Whether the pools' batches follow their sell rates (`None`: fixed watermarks).
     pub rate_batching: Option<RateBatching>,
+    pub limit: LimitSettings,
     pub held: u64,
+}
+
+/// Where the item's per-user limit applies, and what agents do without the registry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LimitSettings {
+    pub scope: LimitScope,
+    pub fallback: RegistryFallback,
 }
 
 /// One channel's line in an item's ledger view.
@@ -152,6 +161,7 @@ pub struct NewItem {
     pub reservation_ttl_ms: u64,
     pub watermarks: Watermarks,
     pub rate_batching: Option<RateBatching>,
+    pub limit: LimitSettings,
 }
 
 #[async_trait]

@@ -98,6 +98,7 @@ async fn run(store: &dyn LedgerStore, ops: &[Op]) {
         reservation_ttl_ms: 1000,
         watermarks: Watermarks::default_for_total(TOTAL),
         rate_batching: None,
+        limit: Default::default(),
     };
     store.create_item(&new, 0).await.unwrap();
     let channels: Vec<Channel> = CHANNELS.iter().map(|c| Channel::parse("channel", c).unwrap()).collect();

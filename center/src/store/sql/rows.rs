@@ -9,10 +9,12 @@ use sqlx::any::AnyRow;
 
 use super::{SqlLedger, Tx};
 use crate::error::CenterError;
-use crate::store::{ItemRecord, Result};
+use crate::store::{ItemRecord, LimitSettings, Result};
+use inventory_core::buyers::{LimitScope, RegistryFallback};
 
 pub(super) const ITEM_SELECT: &str = "SELECT item_id, total, available, per_user_limit, reservation_ttl_ms, closed, \
-     wm_low, wm_high, wm_batch, written_off, rate_batching, rate_min_batch, rate_max_batch, rate_target_ms FROM items";
+     wm_low, wm_high, wm_batch, written_off, rate_batching, rate_min_batch, rate_max_batch, rate_target_ms, \
+     limit_scope, registry_fallback FROM items";
 pub(super) const SESSION_SELECT: &str =
     "SELECT channel, epoch, agent_id, lease_expires_at_ms, last_heartbeat_ms FROM channels";
 pub(super) const ALLOC_SELECT: &str = "SELECT item_id, channel, granted, returned, reclaimed, reported_available, \
@@ -40,7 +42,7 @@ pub(super) fn to_db(field: &str, v: u64) -> Result<i64> {
 }
 
 /// An item row: its id, state, fixed watermarks and rate-following batches.
-pub(super) type ItemRow = (String, ItemState, Watermarks, Option<RateBatching>);
+pub(super) type ItemRow = (String, ItemState, Watermarks, Option<RateBatching>, LimitSettings);
 
 pub(super) fn item_from_row(row: &AnyRow) -> Result<ItemRow> {
     Ok((
@@ -63,7 +65,19 @@ pub(super) fn item_from_row(row: &AnyRow) -> Result<ItemRow> {
                 })
             })
             .transpose()?,
+        limit_from_row(row)?,
     ))
+}
+
+fn limit_from_row(row: &AnyRow) -> Result<LimitSettings> {
+    let scope: i64 = row.try_get("limit_scope")?;
+    let fallback: i64 = row.try_get("registry_fallback")?;
+    Ok(LimitSettings {
+        scope: LimitScope::from_number(scope)
+            .ok_or_else(|| CenterError::Internal(format!("column limit_scope holds {scope}")))?,
+        fallback: RegistryFallback::from_number(fallback)
+            .ok_or_else(|| CenterError::Internal(format!("column registry_fallback holds {fallback}")))?,
+    })
 }
 
 pub(super) fn session_from_row(row: &AnyRow) -> Result<ChannelSession> {
@@ -109,7 +123,7 @@ impl SqlLedger {
     pub(super) async fn lock_item(&self, tx: &mut Tx, item: &ItemId) -> Result<(ItemState, Watermarks)> {
         let row = sqlx::query(&self.q.lock_item).bind(item.as_str()).fetch_optional(&mut **tx).await?;
         let row = row.ok_or_else(|| CenterError::item_not_found(item.as_str()))?;
-        let (_, state, wm, _) = item_from_row(&row)?;
+        let (_, state, wm, _, _) = item_from_row(&row)?;
         Ok((state, wm))
     }
 
@@ -206,9 +220,9 @@ impl SqlLedger {
             .fetch_optional(&mut **tx)
             .await?
             .ok_or_else(|| CenterError::item_not_found(item.as_str()))?;
-        let (item_id, state, watermarks, rate_batching) = item_from_row(&row)?;
+        let (item_id, state, watermarks, rate_batching, limit) = item_from_row(&row)?;
         let held = self.sum_held(tx, &item_id).await?;
-        Ok(ItemRecord { item_id, state, watermarks, rate_batching, held })
+        Ok(ItemRecord { item_id, state, watermarks, rate_batching, limit, held })
     }
 
     pub(super) async fn override_for(tx: &mut Tx, item: &str, channel: &str) -> Result<Option<Watermarks>> {
