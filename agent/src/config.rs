@@ -139,6 +139,18 @@ pub struct AgentConfig {
     pub center_client_cert: Option<PathBuf>,
     #[arg(long, env = "INVENTORY_CENTER_CLIENT_KEY")]
     pub center_client_key: Option<PathBuf>,
+    /// Redis URL of the buyer registry, where the allowances of items with a global
+    /// per-user limit are kept (shared by every channel's agents). Without it, such items
+    /// are refused with UNAVAILABLE. A single Redis; Redis Cluster is not supported yet.
+    #[arg(long, env = "INVENTORY_BUYER_REGISTRY_URL")]
+    pub buyer_registry_url: Option<String>,
+    /// Key prefix in the buyer registry (the same for every agent sharing it).
+    #[arg(long, env = "INVENTORY_BUYER_REGISTRY_PREFIX", default_value = "inv:")]
+    pub buyer_registry_prefix: String,
+    /// How long a claim may stay unbound to a reservation before the sweeper settles it
+    /// from the pool (an agent died between the claim and the pool call).
+    #[arg(long, env = "INVENTORY_BUYER_CLAIM_PENDING_MS", default_value_t = crate::buyers::limit::DEFAULT_PENDING_MS)]
+    pub buyer_claim_pending_ms: u64,
     /// Per-user Acquire rate (requests per second, GCRA) before RESOURCE_EXHAUSTED.
     #[arg(long, env = "INVENTORY_USER_RATE_PER_SEC", default_value_t = 5)]
     pub user_rate_per_sec: u32,
@@ -203,6 +215,9 @@ impl AgentConfig {
             center_ca: None,
             center_client_cert: None,
             center_client_key: None,
+            buyer_registry_url: None,
+            buyer_registry_prefix: redis_prefix.to_owned(),
+            buyer_claim_pending_ms: crate::buyers::limit::DEFAULT_PENDING_MS,
             // Generous: end-to-end tests send many requests per user.
             user_rate_per_sec: 100_000,
             user_burst: 100_000,

@@ -86,6 +86,12 @@ pub struct Metrics {
     returned_units: Counter,
     center_errors: Counter,
     pool_store_errors: Counter,
+    /// The buyer registry (global per-user limits): claims made, released, settled by the
+    /// sweeper, and calls that failed.
+    pub buyer_claims: Counter,
+    pub buyer_releases: Counter,
+    pub buyer_swept: Counter,
+    pub buyer_registry_errors: Counter,
     /// By method and gRPC code: calls answered with an error status.
     rejected: Family<Labels<2>, Counter>,
     /// Every call of the agent's gRPC server, measured by the layer in `startup.rs`.
@@ -119,6 +125,10 @@ impl Default for Metrics {
             returned_units: Counter::default(),
             center_errors: Counter::default(),
             pool_store_errors: Counter::default(),
+            buyer_claims: Counter::default(),
+            buyer_releases: Counter::default(),
+            buyer_swept: Counter::default(),
+            buyer_registry_errors: Counter::default(),
             rejected,
             rpc: inventory_net::metrics::RpcMetrics::new(&[
                 inventory_proto::FILE_DESCRIPTOR_SET,
@@ -234,6 +244,18 @@ impl Metrics {
             ("inventory_agent_returned_units", "Units given back to the center", &self.returned_units),
             ("inventory_agent_center_errors", "Failed calls to the center", &self.center_errors),
             ("inventory_agent_pool_store_errors", "Failed calls to the pool store (Redis)", &self.pool_store_errors),
+            ("inventory_agent_buyer_claims", "Claims made on users' global allowances", &self.buyer_claims),
+            (
+                "inventory_agent_buyer_releases",
+                "Claims released by cancel, refund or a failed Acquire",
+                &self.buyer_releases,
+            ),
+            ("inventory_agent_buyer_swept", "Claims the buyer registry's sweeper released", &self.buyer_swept),
+            (
+                "inventory_agent_buyer_registry_errors",
+                "Failed calls to the buyer registry",
+                &self.buyer_registry_errors,
+            ),
         ] {
             registry.register(name, help, counter.clone());
         }

@@ -11,6 +11,7 @@ use inventory_core::channel::{Admission, MissPlan, OpKind, Refusal};
 use inventory_core::{ItemId, UserId};
 use inventory_proto::v1 as pb;
 
+use crate::buyers::limit::{Claimed, GlobalLimits};
 use crate::error::AgentError;
 use crate::items::{Item, Items};
 use crate::link::CenterLink;
@@ -51,6 +52,8 @@ pub struct Selling {
     pub rate_limited: AtomicU64,
     /// How long an Acquire that found the pool empty waits for the shared Borrow.
     pub(crate) miss_wait: Duration,
+    /// Items with a global per-user limit: the buyer registry.
+    pub global: GlobalLimits,
 }
 
 impl Selling {
@@ -115,8 +118,20 @@ impl Selling {
             }
             Admission::Store { shelf } => shelf,
         };
+        let user = req.user.to_string();
+        match self.global.claim(&item, &user, &req.idempotency_key, req.quantity, policy.per_user_limit).await? {
+            Claimed::OverLimit { remaining } => {
+                self.metrics.acquire(Outcome::LimitExceeded);
+                return Ok(pb::AcquireResponse {
+                    outcome: pb::AcquireOutcome::LimitExceeded as i32,
+                    limit_remaining: remaining,
+                    ..Default::default()
+                });
+            }
+            Claimed::Held | Claimed::NoClaim => {}
+        }
         let args = AcquireArgs {
-            user_id: req.user.to_string(),
+            user_id: user,
             quantity: req.quantity,
             idempotency_key: req.idempotency_key,
             new_reservation_id: uuid::Uuid::new_v4().simple().to_string(),
@@ -142,6 +157,7 @@ impl Selling {
                 self.metrics.partial_acquire();
             }
         }
+        self.global.after_acquire(&item, &args.user_id, &args.idempotency_key, &result).await;
         let response = match result {
             AcquireResult::Reserved { reservation_id, quantity, expires_at_ms, replayed, generation } => {
                 self.metrics.acquire(Outcome::Reserved);
@@ -246,6 +262,11 @@ impl Selling {
         let it = self.item(item).await?;
         let t = self.store.confirm(&it.pool, reservation_id).await?;
         self.events.written();
+        if t == Transition::Done(ReservationState::Confirmed)
+            && let Some(r) = self.global_reservation(&it, reservation_id).await
+        {
+            self.global.confirmed(&it, reservation_id, &r).await;
+        }
         it.with(|c| {
             if let Transition::Refused(ReservationState::Expired) = t {
                 // The expiry just put units back.
@@ -261,6 +282,11 @@ impl Selling {
         let it = self.item(item).await?;
         let t = self.store.cancel(&it.pool, reservation_id).await?;
         self.events.written();
+        if matches!(t, Transition::Done(_))
+            && let Some(r) = self.global_reservation(&it, reservation_id).await
+        {
+            self.global.released(&it, &r).await;
+        }
         it.with(|c| if matches!(t, Transition::Done(_)) { c.stock_returned() } else { c.touch() });
         transition_result(t, reservation_id, "cancel")
     }
@@ -271,8 +297,28 @@ impl Selling {
         let it = self.item(item).await?;
         let t = self.store.refund(&it.pool, reservation_id).await?;
         self.events.written();
+        if t == Transition::Done(ReservationState::Refunded)
+            && let Some(r) = self.global_reservation(&it, reservation_id).await
+        {
+            self.global.released(&it, &r).await;
+        }
         it.with(|c| if t == Transition::Done(ReservationState::Refunded) { c.stock_returned() } else { c.touch() });
         transition_result(t, reservation_id, "refund")
+    }
+
+    /// The reservation's user and key, for the registry, when the item's limit is global.
+    /// A failed read leaves the claim to the sweeper.
+    async fn global_reservation(&self, it: &Item, reservation_id: &str) -> Option<Reservation> {
+        if it.limit.scope != inventory_core::buyers::LimitScope::Global {
+            return None;
+        }
+        match self.store.reservation(&it.pool, &ReservationRef::Id(reservation_id.to_owned())).await {
+            Ok(found) => found.map(|(_, r)| r),
+            Err(e) => {
+                tracing::warn!(item = %it.item_id, error = %e, "reservation unread: its claim is left for the sweeper");
+                None
+            }
+        }
     }
 
     /// Pushes a RESERVED reservation's expiry out by up to `extend_ms`, bounded by the

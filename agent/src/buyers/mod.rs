@@ -3,13 +3,14 @@
 //! a Redis Cluster spreads buyers over its slots. Every call is one script call on the
 //! buyer's slot: the extra round trip a global-limit Acquire pays before its pool call.
 //!
-//! Not wired into Acquire yet: the agent does not take `--buyer-registry-url` and items have
-//! no limit scope. The client and its script are tested against the model's rules.
+//! Used by Acquire, Confirm, Cancel and Refund of items with a global limit
+//! ([`limit::GlobalLimits`]) when the agent runs with `--buyer-registry-url`.
 
 use inventory_core::buyers::{ClaimResult, Found, Settled};
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
 
+pub mod limit;
 mod sweeper;
 pub use sweeper::{SweepStats, sweep};
 
@@ -123,8 +124,23 @@ impl BuyerRegistry {
     }
 
     /// Puts the buyer in the channel's index, to be looked at from `at_ms` on. Called
-    /// before the claim, so a crash right after the claim leaves it findable.
+    /// before the claim, so a crash right after the claim leaves it findable. Never
+    /// later than an earlier note said (`LT`): a user's retries cannot keep their buyer
+    /// from the sweeper.
     pub async fn note(&self, item: &str, channel: &str, user: &str, at_ms: i64) -> Result<(), RegistryError> {
+        let mut conn = self.conn.clone();
+        redis::cmd("ZADD")
+            .arg(self.index_key(item, channel))
+            .arg("LT")
+            .arg(at_ms)
+            .arg(user)
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(err)
+    }
+
+    /// Looks at the buyer again from `at_ms` on (the sweeper, after looking).
+    pub async fn recheck(&self, item: &str, channel: &str, user: &str, at_ms: i64) -> Result<(), RegistryError> {
         let mut conn = self.conn.clone();
         redis::cmd("ZADD")
             .arg(self.index_key(item, channel))

@@ -54,7 +54,7 @@ pub async fn sweep(
         if registry.count(item, &user, channel).await? == 0 {
             registry.forget(item, channel, &user).await?;
         } else {
-            registry.note(item, channel, &user, now_ms.saturating_add(recheck_ms)).await?;
+            registry.recheck(item, channel, &user, now_ms.saturating_add(recheck_ms)).await?;
         }
     }
     Ok(stats)

@@ -5,6 +5,7 @@ mod cluster;
 mod crash;
 mod event_stream;
 mod faults;
+mod global_limit;
 mod harness;
 mod many_items;
 mod metrics;

@@ -1,0 +1,190 @@
+//! A global per-user limit end to end: a center, three agent processes on one Redis (their
+//! pools and the buyer registry), an item with limit 1 over all channels.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use inventory_proto::v1 as pb;
+use inventory_proto::v1::agent_client::AgentClient;
+use inventory_test_support::{TestRedis, wait_until};
+use tonic::transport::Channel;
+
+use crate::harness::{AgentProcess, Center, StoreSpec, acquire_req, stock};
+
+const CHANNELS: [&str; 3] = ["app", "web", "partner"];
+const USERS: usize = 2_000;
+const TOTAL: u64 = 1_500;
+const IN_FLIGHT: usize = 256;
+
+async fn create_global(center: &Center, item: &str, total: u64, ttl_ms: u64) {
+    center
+        .admin()
+        .await
+        .create_item(pb::CreateItemRequest {
+            item_id: item.into(),
+            total,
+            per_user_limit: 1,
+            reservation_ttl_ms: ttl_ms,
+            watermarks: Some(pb::Watermarks { low: 20, high: 200, batch: 100 }),
+            limit_scope: pb::LimitScope::Global.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("create item");
+}
+
+async fn agents(center: &Center, redis: &TestRedis) -> Vec<AgentProcess> {
+    let store = StoreSpec::Redis { url: redis.url.clone(), prefix: redis.prefix.clone() };
+    let flags = ["--buyer-registry-url", &redis.url, "--buyer-registry-prefix", &redis.prefix];
+    let more = ["--buyer-claim-pending-ms", "300", "--user-rate-per-sec", "10000", "--user-burst", "10000"];
+    let flags = [&flags[..], &more[..]].concat();
+    let mut out = Vec::new();
+    for c in CHANNELS {
+        out.push(AgentProcess::spawn_with(&center.url, c, &store, None, &format!("{c}-g"), &flags).await);
+    }
+    out
+}
+
+/// What one Acquire answered: a reservation id, another outcome, or a gRPC code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Answer {
+    Reserved(String),
+    Outcome(i32),
+    Code(tonic::Code),
+}
+
+async fn acquire(client: &mut AgentClient<Channel>, item: &str, user: &str, key: &str) -> Answer {
+    match client.acquire(acquire_req(item, user, 1, key)).await {
+        Ok(r) => {
+            let r = r.into_inner();
+            if r.outcome == pb::AcquireOutcome::Reserved as i32 {
+                Answer::Reserved(r.reservation_id)
+            } else {
+                Answer::Outcome(r.outcome)
+            }
+        }
+        Err(s) => Answer::Code(s.code()),
+    }
+}
+
+/// Acquire, retried (bounded) while the answer says to retry with the same key.
+async fn acquire_settled(client: &mut AgentClient<Channel>, item: &str, user: &str, key: &str) -> Answer {
+    let mut answer = acquire(client, item, user, key).await;
+    for _ in 0..50 {
+        if answer != Answer::Code(tonic::Code::Unavailable) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        answer = acquire(client, item, user, key).await;
+    }
+    answer
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn users_racing_on_three_channels_never_exceed_a_global_limit() {
+    let started = Instant::now();
+    let redis = TestRedis::create().await;
+    let center = Center::start_sqlite().await;
+    create_global(&center, "drop", TOTAL, 300_000).await;
+    let agents = agents(&center, &redis).await;
+    let mut clients = Vec::new();
+    for a in &agents {
+        clients.push(a.client().await);
+    }
+
+    // Every user asks on all three channels at once, each channel's request sent twice
+    // (a replay with the same key).
+    let jobs = (0..USERS).flat_map(|u| (0..CHANNELS.len()).flat_map(move |c| [(u, c), (u, c)]));
+    let answers: Vec<(usize, usize, Answer)> = futures::stream::iter(jobs)
+        .map(|(u, c)| {
+            let mut client = clients[c].clone();
+            async move {
+                let (user, key) = (format!("u{u}"), format!("u{u}-{}", CHANNELS[c]));
+                (u, c, acquire_settled(&mut client, "drop", &user, &key).await)
+            }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .collect()
+        .await;
+
+    // Per key: every copy that reserved got the same reservation. Per user: at most one
+    // reservation over all channels. No error is left after the bounded retries.
+    let mut by_key: BTreeMap<(usize, usize), BTreeSet<String>> = BTreeMap::new();
+    for (u, c, a) in answers {
+        match a {
+            Answer::Reserved(id) => {
+                by_key.entry((u, c)).or_default().insert(id);
+            }
+            Answer::Outcome(_) => {}
+            Answer::Code(code) => panic!("user {u} on {}: {code:?}", CHANNELS[c]),
+        }
+    }
+    let mut held: BTreeMap<usize, Vec<(usize, String)>> = BTreeMap::new();
+    for ((u, c), ids) in &by_key {
+        assert_eq!(ids.len(), 1, "user {u} on {}: one key, several reservations {ids:?}", CHANNELS[*c]);
+        held.entry(*u).or_default().push((*c, ids.first().cloned().expect("one id")));
+    }
+    for (u, list) in &held {
+        assert_eq!(list.len(), 1, "user {u} holds more than the global limit: {list:?}");
+    }
+    // A replay after the race gives the same reservation.
+    for ((u, c), ids) in by_key.iter().take(200) {
+        let (user, key) = (format!("u{u}"), format!("u{u}-{}", CHANNELS[*c]));
+        let again = acquire(&mut clients[*c].clone(), "drop", &user, &key).await;
+        assert_eq!(again, Answer::Reserved(ids.first().cloned().expect("one id")), "replay of {key}");
+    }
+    let reserved = held.len();
+    assert!(reserved > 0 && reserved as u64 <= TOTAL, "{reserved} reservations of {TOTAL}");
+
+    // Confirm them all: each unit sold exactly once.
+    for (u, list) in &held {
+        let (c, id) = &list[0];
+        let r = clients[*c]
+            .clone()
+            .confirm(pb::ConfirmRequest { item_id: "drop".into(), reservation_id: id.clone() })
+            .await
+            .unwrap_or_else(|e| panic!("confirm user {u}: {e}"));
+        assert_eq!(r.into_inner().state, pb::ReservationState::Confirmed as i32);
+    }
+    let mut sold = 0;
+    for client in &mut clients {
+        sold += stock(client, "drop").await.sold;
+    }
+    assert_eq!(sold, reserved as u64, "units sold over the channels vs reservations");
+    let r = center.await_quiescence().await;
+    assert!(r.ok, "{r:?}");
+
+    // A cancelled reservation frees the allowance: the user buys again (where the unit
+    // went back: the first channel borrowed all ten).
+    let item_cancel = "drop-c";
+    create_global(&center, item_cancel, 10, 300_000).await;
+    let mut app = clients[0].clone();
+    let Answer::Reserved(first) = acquire_settled(&mut app, item_cancel, "v1", "v1-a").await else {
+        panic!("first purchase");
+    };
+    let mut web = clients[1].clone();
+    let over = acquire_settled(&mut web, item_cancel, "v1", "v1-b").await;
+    assert_eq!(over, Answer::Outcome(pb::AcquireOutcome::LimitExceeded as i32));
+    app.cancel(pb::CancelRequest { item_id: item_cancel.into(), reservation_id: first }).await.expect("cancel");
+    let again = acquire_settled(&mut app, item_cancel, "v1", "v1-c").await;
+    assert!(matches!(again, Answer::Reserved(_)), "{again:?}");
+
+    // An expired reservation frees it too (the pool expires it, the sweeper releases the
+    // claim): the user can buy again once both happened.
+    let item_expire = "drop-e";
+    create_global(&center, item_expire, 10, 200).await;
+    assert!(matches!(acquire_settled(&mut app, item_expire, "v2", "v2-a").await, Answer::Reserved(_)));
+    // A fresh key per attempt: a refused key would answer the same on replay.
+    let mut attempt = 0;
+    let rebought = wait_until(Duration::from_secs(10), || {
+        attempt += 1;
+        let (mut app, key) = (app.clone(), format!("v2-b{attempt}"));
+        async move { matches!(acquire(&mut app, item_expire, "v2", &key).await, Answer::Reserved(_)) }
+    })
+    .await;
+    assert!(rebought, "the expired reservation's allowance was never freed");
+
+    drop(agents);
+    assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
+}
