@@ -135,7 +135,10 @@ impl Application {
                 anyhow::anyhow!("--buyer-registry-url {}: cannot connect: {e}", inventory_net::without_credentials(url))
             })?;
             agent.selling.global.registry = Some(registry);
-            agent.selling.global.pending_ms = config.buyer_claim_pending_ms.max(1);
+            // A claim's pool call must end before the sweeper may settle it: above the
+            // longest Acquire (its wait for a Borrow, twice for margin).
+            agent.selling.global.pending_ms = config.buyer_claim_pending_ms.max(config.miss_wait_ms.saturating_mul(2));
+            agent.selling.global.abort_after_claim.clone_from(&config.test_abort_after_claim);
         }
         let agent = Arc::new(agent);
         agent.resync_at_next_registration(kept_items);

@@ -214,7 +214,25 @@ pub async fn buyer_sweeper(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
         if !agent.is_leading() {
             continue;
         }
-        let global = agent.items().into_iter().filter(|i| i.limit.scope == inventory_core::buyers::LimitScope::Global);
+        // The channel's global items, loaded or not (a restarted agent has claims of its
+        // predecessor to settle).
+        let ids = match registry.items(agent.link.channel.as_str()).await {
+            Ok(ids) => ids,
+            Err(e) => {
+                agent.metrics.buyer_registry_errors.inc();
+                tracing::warn!(error = %e, "buyer registry unreachable: no sweep");
+                continue;
+            }
+        };
+        let mut global = Vec::new();
+        for id in ids {
+            let Ok(id) = ItemId::parse("item_id", &id) else { continue };
+            match agent.item(&id).await {
+                Ok(item) if item.limit.scope == inventory_core::buyers::LimitScope::Global => global.push(item),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(item = %id, error = %e, "buyer registry sweep: item not loaded"),
+            }
+        }
         for item in global {
             let now = crate::clock::now_ms();
             match crate::buyers::sweep(

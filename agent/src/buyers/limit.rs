@@ -32,12 +32,23 @@ pub enum Claimed {
 pub struct GlobalLimits {
     pub registry: Option<BuyerRegistry>,
     pub pending_ms: u64,
+    /// Test-only fault point (`--test-abort-after-claim`): abort the process right after
+    /// this user's claim, before the pool call, to test the crash between the two.
+    pub abort_after_claim: Option<String>,
+    /// Items this process noted in the channel's set of global items (once each).
+    noted_items: std::sync::Mutex<std::collections::HashSet<String>>,
     pub(crate) metrics: Arc<Metrics>,
 }
 
 impl GlobalLimits {
     pub fn new(registry: Option<BuyerRegistry>, metrics: Arc<Metrics>) -> Self {
-        Self { registry, pending_ms: DEFAULT_PENDING_MS, metrics }
+        Self {
+            registry,
+            pending_ms: DEFAULT_PENDING_MS,
+            abort_after_claim: None,
+            noted_items: Default::default(),
+            metrics,
+        }
     }
 
     fn registry_for(&self, item: &Item) -> Result<Option<&BuyerRegistry>, AgentError> {
@@ -66,7 +77,7 @@ impl GlobalLimits {
         let Some(registry) = self.registry_for(item)? else { return Ok(Claimed::NoClaim) };
         let (id, channel) = (item.item_id.as_str(), item.pool.channel.as_str());
         let at = crate::clock::now_ms().saturating_add(i64::try_from(self.pending_ms).unwrap_or(i64::MAX));
-        let result = match registry.note(id, channel, user, at).await {
+        let result = match self.note(registry, id, channel, user, at).await {
             Ok(()) => registry.claim(id, user, key, channel, quantity, limit, self.pending_ms).await,
             Err(e) => Err(e),
         };
@@ -74,6 +85,10 @@ impl GlobalLimits {
             Ok(ClaimResult::Claimed { replayed }) => {
                 if !replayed {
                     self.metrics.buyer_claims.inc();
+                }
+                if self.abort_after_claim.as_deref() == Some(user) {
+                    tracing::error!(user, "test fault point: aborting between the claim and the pool call");
+                    std::process::abort();
                 }
                 Ok(Claimed::Held)
             }
@@ -93,6 +108,24 @@ impl GlobalLimits {
                 }
             }
         }
+    }
+
+    /// Notes the item in the channel's set (first claim of this process) and the buyer
+    /// in the item's index, both before the claim.
+    async fn note(
+        &self,
+        registry: &BuyerRegistry,
+        item: &str,
+        channel: &str,
+        user: &str,
+        at: i64,
+    ) -> Result<(), super::RegistryError> {
+        let known = self.noted_items.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(item);
+        if !known {
+            registry.note_item(channel, item).await?;
+            self.noted_items.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(item.to_owned());
+        }
+        registry.note(item, channel, user, at).await
     }
 
     /// After the pool call: a reservation binds the claim; no reservation releases it.

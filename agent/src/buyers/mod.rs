@@ -172,6 +172,22 @@ impl BuyerRegistry {
             .map_err(err)
     }
 
+    /// The channel's set of items with global limits it claimed for: how a restarted
+    /// agent's sweeper finds the claims of items it has not loaded again.
+    fn items_key(&self, channel: &str) -> String {
+        format!("{}buyers:{{{channel}}}:items", self.prefix)
+    }
+
+    pub async fn note_item(&self, channel: &str, item: &str) -> Result<(), RegistryError> {
+        let mut conn = self.conn.clone();
+        redis::cmd("SADD").arg(self.items_key(channel)).arg(item).query_async::<()>(&mut conn).await.map_err(err)
+    }
+
+    pub async fn items(&self, channel: &str) -> Result<Vec<String>, RegistryError> {
+        let mut conn = self.conn.clone();
+        redis::cmd("SMEMBERS").arg(self.items_key(channel)).query_async(&mut conn).await.map_err(err)
+    }
+
     /// Drops the buyer from the channel's index.
     pub async fn forget(&self, item: &str, channel: &str, user: &str) -> Result<(), RegistryError> {
         let mut conn = self.conn.clone();

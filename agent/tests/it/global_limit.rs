@@ -1,5 +1,6 @@
-//! A global per-user limit end to end: a center, three agent processes on one Redis (their
-//! pools and the buyer registry), an item with limit 1 over all channels.
+//! A global per-user limit end to end: a center, agent processes on one Redis (their
+//! pools and the buyer registry), items with limit 1 over all channels; an agent killed
+//! between the claim and the pool call; an agent without the registry.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -10,12 +11,17 @@ use inventory_proto::v1::agent_client::AgentClient;
 use inventory_test_support::{TestRedis, wait_until};
 use tonic::transport::Channel;
 
-use crate::harness::{AgentProcess, Center, StoreSpec, acquire_req, stock};
+use inventory_agent::buyers::BuyerRegistry;
+
+use crate::harness::{AgentProcess, Center, LocalAgent, StoreSpec, acquire_req, stock};
 
 const CHANNELS: [&str; 3] = ["app", "web", "partner"];
 const USERS: usize = 2_000;
 const TOTAL: u64 = 1_500;
 const IN_FLIGHT: usize = 256;
+/// The claims' pending bound: above the longest Acquire (a 2 s wait for a Borrow), else
+/// the sweeper could release a claim whose pool call is still on its way.
+const PENDING_MS: &str = "4000";
 
 async fn create_global(center: &Center, item: &str, total: u64, ttl_ms: u64) {
     center
@@ -37,7 +43,7 @@ async fn create_global(center: &Center, item: &str, total: u64, ttl_ms: u64) {
 async fn agents(center: &Center, redis: &TestRedis) -> Vec<AgentProcess> {
     let store = StoreSpec::Redis { url: redis.url.clone(), prefix: redis.prefix.clone() };
     let flags = ["--buyer-registry-url", &redis.url, "--buyer-registry-prefix", &redis.prefix];
-    let more = ["--buyer-claim-pending-ms", "300", "--user-rate-per-sec", "10000", "--user-burst", "10000"];
+    let more = ["--buyer-claim-pending-ms", PENDING_MS, "--user-rate-per-sec", "10000", "--user-burst", "10000"];
     let flags = [&flags[..], &more[..]].concat();
     let mut out = Vec::new();
     for c in CHANNELS {
@@ -177,7 +183,7 @@ async fn users_racing_on_three_channels_never_exceed_a_global_limit() {
     assert!(matches!(acquire_settled(&mut app, item_expire, "v2", "v2-a").await, Answer::Reserved(_)));
     // A fresh key per attempt: a refused key would answer the same on replay.
     let mut attempt = 0;
-    let rebought = wait_until(Duration::from_secs(10), || {
+    let rebought = wait_until(Duration::from_secs(15), || {
         attempt += 1;
         let (mut app, key) = (app.clone(), format!("v2-b{attempt}"));
         async move { matches!(acquire(&mut app, item_expire, "v2", &key).await, Answer::Reserved(_)) }
@@ -187,4 +193,72 @@ async fn users_racing_on_three_channels_never_exceed_a_global_limit() {
 
     drop(agents);
     assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
+}
+
+/// Agent `app` with the registry, its Acquires of `user` aborting the process after the
+/// claim (the test fault point) when `abort_user` is given.
+async fn app_agent(center: &Center, redis: &TestRedis, abort_user: Option<&str>) -> AgentProcess {
+    let store = StoreSpec::Redis { url: redis.url.clone(), prefix: redis.prefix.clone() };
+    let mut flags = vec!["--buyer-registry-url", &redis.url, "--buyer-registry-prefix", &redis.prefix];
+    flags.extend(["--buyer-claim-pending-ms", PENDING_MS]);
+    if let Some(user) = abort_user {
+        flags.extend(["--test-abort-after-claim", user]);
+    }
+    AgentProcess::spawn_with(&center.url, "app", &store, None, "app-g", &flags).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_claim_and_deduct_holds_nothing_after_the_sweep() {
+    let redis = TestRedis::create().await;
+    let center = Center::start_sqlite().await;
+    create_global(&center, "crash", 1_000, 300_000).await;
+    let registry = BuyerRegistry::connect(&redis.url, &redis.prefix).await.expect("registry");
+
+    // The agent dies after claiming the victim's allowance, before its pool call.
+    let mut app = app_agent(&center, &redis, Some("victim")).await;
+    let died = acquire(&mut app.client().await, "crash", "victim", "k1").await;
+    assert!(matches!(died, Answer::Code(_)), "{died:?}");
+    let status = app.child.wait().await.expect("reap");
+    assert!(!status.success(), "the fault point aborts the process: {status:?}");
+    assert_eq!(registry.count("crash", "victim", "app").await.unwrap(), 1, "the claim outlived the agent");
+    let store = StoreSpec::Redis { url: redis.url.clone(), prefix: redis.prefix.clone() };
+    let flags = ["--buyer-registry-url", &redis.url, "--buyer-registry-prefix", &redis.prefix];
+    let web = AgentProcess::spawn_with(&center.url, "web", &store, None, "web-g", &flags).await;
+    // Meanwhile the claim counts: never over the limit.
+    let over = acquire(&mut web.client().await, "crash", "victim", "w1").await;
+    assert_eq!(over, Answer::Outcome(pb::AcquireOutcome::LimitExceeded as i32));
+
+    // Restarted, the agent's sweeper finds no reservation for the key and releases it.
+    let app = app_agent(&center, &redis, None).await;
+    let released = wait_until(Duration::from_secs(15), || {
+        let registry = registry.clone();
+        async move { registry.count("crash", "victim", "app").await.unwrap() == 0 }
+    })
+    .await;
+    assert!(released, "the sweeper never released the claim no reservation accounts for");
+    let mut pool_client = app.client().await;
+    assert_eq!(stock(&mut pool_client, "crash").await.reserved, 0, "nothing held in the pool either");
+
+    // Replays of the crashed key: one answer, one reservation; the limit holds after it.
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        answers.push(acquire_settled(&mut pool_client, "crash", "victim", "k1").await);
+    }
+    assert!(matches!(answers[0], Answer::Reserved(_)), "{answers:?}");
+    assert!(answers.iter().all(|a| *a == answers[0]), "{answers:?}");
+    assert_eq!(stock(&mut pool_client, "crash").await.reserved, 1);
+    let over = acquire(&mut web.client().await, "crash", "victim", "w2").await;
+    assert_eq!(over, Answer::Outcome(pb::AcquireOutcome::LimitExceeded as i32));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_item_without_a_registry_is_unavailable_naming_the_flag() {
+    let redis = TestRedis::create().await;
+    let center = Center::start_sqlite().await;
+    create_global(&center, "g", 10, 300_000).await;
+    let store = StoreSpec::Redis { url: redis.url.clone(), prefix: redis.prefix.clone() };
+    let agent = LocalAgent::start(&center.url, "app", &store).await;
+    let err = agent.client().await.acquire(acquire_req("g", "u", 1, "k")).await.expect_err("refused");
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    assert!(err.message().contains("--buyer-registry-url"), "{}", err.message());
 }
