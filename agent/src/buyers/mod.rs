@@ -7,7 +7,9 @@
 //! ([`limit::GlobalLimits`]) when the agent runs with `--buyer-registry-url`.
 
 use inventory_core::buyers::{ClaimResult, Found, Settled};
-use redis::aio::ConnectionManager;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 
 pub mod limit;
@@ -23,6 +25,17 @@ fn err(e: impl std::fmt::Display) -> RegistryError {
     RegistryError(e.to_string())
 }
 
+/// The longest a registry call may take: an Acquire waits for it, so a registry that is
+/// down (its client reconnecting) answers an error within this instead of hanging.
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+async fn bounded<T>(call: impl Future<Output = redis::RedisResult<T>>) -> Result<T, RegistryError> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(r) => r.map_err(err),
+        Err(_) => Err(RegistryError(format!("no answer within {} ms", CALL_TIMEOUT.as_millis()))),
+    }
+}
+
 /// A connection to the buyer registry (a single Redis).
 #[derive(Clone)]
 pub struct BuyerRegistry {
@@ -34,7 +47,11 @@ pub struct BuyerRegistry {
 impl BuyerRegistry {
     pub async fn connect(url: &str, prefix: &str) -> Result<Self, RegistryError> {
         let client = redis::Client::open(url).map_err(err)?;
-        let conn = ConnectionManager::new(client).await.map_err(err)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(1)))
+            .set_response_timeout(Some(CALL_TIMEOUT))
+            .set_max_delay(Duration::from_secs(2));
+        let conn = ConnectionManager::new_with_config(client, config).await.map_err(err)?;
         let script = std::sync::Arc::new(Script::new(include_str!("../../../lua/buyer.lua")));
         Ok(Self { conn, prefix: prefix.to_owned(), script })
     }
@@ -51,7 +68,7 @@ impl BuyerRegistry {
             call.arg(*a);
         }
         let mut conn = self.conn.clone();
-        call.invoke_async(&mut conn).await.map_err(err)
+        bounded(call.invoke_async(&mut conn)).await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -129,26 +146,22 @@ impl BuyerRegistry {
     /// from the sweeper.
     pub async fn note(&self, item: &str, channel: &str, user: &str, at_ms: i64) -> Result<(), RegistryError> {
         let mut conn = self.conn.clone();
-        redis::cmd("ZADD")
-            .arg(self.index_key(item, channel))
-            .arg("LT")
-            .arg(at_ms)
-            .arg(user)
-            .query_async::<()>(&mut conn)
-            .await
-            .map_err(err)
+        bounded(
+            redis::cmd("ZADD")
+                .arg(self.index_key(item, channel))
+                .arg("LT")
+                .arg(at_ms)
+                .arg(user)
+                .query_async::<()>(&mut conn),
+        )
+        .await
     }
 
     /// Looks at the buyer again from `at_ms` on (the sweeper, after looking).
     pub async fn recheck(&self, item: &str, channel: &str, user: &str, at_ms: i64) -> Result<(), RegistryError> {
         let mut conn = self.conn.clone();
-        redis::cmd("ZADD")
-            .arg(self.index_key(item, channel))
-            .arg(at_ms)
-            .arg(user)
-            .query_async::<()>(&mut conn)
+        bounded(redis::cmd("ZADD").arg(self.index_key(item, channel)).arg(at_ms).arg(user).query_async::<()>(&mut conn))
             .await
-            .map_err(err)
     }
 
     /// Up to `max` buyers of the channel's index due at `now_ms`.
@@ -160,16 +173,17 @@ impl BuyerRegistry {
         max: usize,
     ) -> Result<Vec<String>, RegistryError> {
         let mut conn = self.conn.clone();
-        redis::cmd("ZRANGEBYSCORE")
-            .arg(self.index_key(item, channel))
-            .arg("-inf")
-            .arg(now_ms)
-            .arg("LIMIT")
-            .arg(0)
-            .arg(max)
-            .query_async(&mut conn)
-            .await
-            .map_err(err)
+        bounded(
+            redis::cmd("ZRANGEBYSCORE")
+                .arg(self.index_key(item, channel))
+                .arg("-inf")
+                .arg(now_ms)
+                .arg("LIMIT")
+                .arg(0)
+                .arg(max)
+                .query_async(&mut conn),
+        )
+        .await
     }
 
     /// The channel's set of items with global limits it claimed for: how a restarted
@@ -180,18 +194,18 @@ impl BuyerRegistry {
 
     pub async fn note_item(&self, channel: &str, item: &str) -> Result<(), RegistryError> {
         let mut conn = self.conn.clone();
-        redis::cmd("SADD").arg(self.items_key(channel)).arg(item).query_async::<()>(&mut conn).await.map_err(err)
+        bounded(redis::cmd("SADD").arg(self.items_key(channel)).arg(item).query_async::<()>(&mut conn)).await
     }
 
     pub async fn items(&self, channel: &str) -> Result<Vec<String>, RegistryError> {
         let mut conn = self.conn.clone();
-        redis::cmd("SMEMBERS").arg(self.items_key(channel)).query_async(&mut conn).await.map_err(err)
+        bounded(redis::cmd("SMEMBERS").arg(self.items_key(channel)).query_async(&mut conn)).await
     }
 
     /// Drops the buyer from the channel's index.
     pub async fn forget(&self, item: &str, channel: &str, user: &str) -> Result<(), RegistryError> {
         let mut conn = self.conn.clone();
-        redis::cmd("ZREM").arg(self.index_key(item, channel)).arg(user).query_async::<()>(&mut conn).await.map_err(err)
+        bounded(redis::cmd("ZREM").arg(self.index_key(item, channel)).arg(user).query_async::<()>(&mut conn)).await
     }
 
     /// Settles a due claim from what the pool says of its reservation.

@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use inventory_proto::v1 as pb;
 use inventory_proto::v1::agent_client::AgentClient;
-use inventory_test_support::{TestRedis, wait_until};
+use inventory_test_support::{RedisServer, TestRedis, wait_until};
 use tonic::transport::Channel;
 
 use inventory_agent::buyers::BuyerRegistry;
 
-use crate::harness::{AgentProcess, Center, LocalAgent, StoreSpec, acquire_req, stock};
+use crate::harness::{AgentProcess, Center, LocalAgent, StoreSpec, acquire_req, agent_config, stock};
 
 const CHANNELS: [&str; 3] = ["app", "web", "partner"];
 const USERS: usize = 2_000;
@@ -261,4 +261,51 @@ async fn a_global_item_without_a_registry_is_unavailable_naming_the_flag() {
     let err = agent.client().await.acquire(acquire_req("g", "u", 1, "k")).await.expect_err("refused");
     assert_eq!(err.code(), tonic::Code::Unavailable);
     assert!(err.message().contains("--buyer-registry-url"), "{}", err.message());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_registry_refuses_or_falls_back_per_item() {
+    let redis = TestRedis::create().await;
+    let mut registry = RedisServer::start().await;
+    let center = Center::start_sqlite().await;
+    create_global(&center, "strict", 100, 300_000).await;
+    center
+        .admin()
+        .await
+        .create_item(pb::CreateItemRequest {
+            item_id: "lenient".into(),
+            total: 100,
+            per_user_limit: 1,
+            watermarks: Some(pb::Watermarks { low: 20, high: 200, batch: 100 }),
+            limit_scope: pb::LimitScope::Global.into(),
+            registry_fallback: pb::RegistryFallback::Channel.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("create item");
+    let store = StoreSpec::Redis { url: redis.url.clone(), prefix: redis.prefix.clone() };
+    let mut config = agent_config(&center.url, "app", &store);
+    config.buyer_registry_url = Some(registry.url.clone());
+    let agent = LocalAgent::start_with(config, None).await;
+    let mut client = agent.client().await;
+    assert!(matches!(acquire(&mut client, "strict", "u1", "k1").await, Answer::Reserved(_)));
+
+    registry.kill();
+    let answer = |item: &'static str, user: &'static str, key: &'static str| {
+        let mut client = client.clone();
+        async move {
+            let call = client.acquire(acquire_req(item, user, 1, key));
+            tokio::time::timeout(Duration::from_secs(10), call).await.expect("answered without the registry")
+        }
+    };
+    let refused = answer("strict", "u2", "k2").await.expect_err("refused");
+    assert_eq!(refused.code(), tonic::Code::Unavailable);
+    assert!(refused.message().contains("buyer registry"), "{}", refused.message());
+    // The fallback sells under the per-channel limit: one unit, then LIMIT_EXCEEDED.
+    let r = answer("lenient", "u3", "k3").await.expect("sold under the channel's limit").into_inner();
+    assert_eq!(r.outcome, pb::AcquireOutcome::Reserved as i32);
+    let r = answer("lenient", "u3", "k4").await.expect("answered").into_inner();
+    assert_eq!(r.outcome, pb::AcquireOutcome::LimitExceeded as i32);
+    let errors = agent.agent.metrics.buyer_registry_errors.get();
+    assert!(errors >= 2, "registry errors counted: {errors}");
 }
