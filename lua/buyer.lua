@@ -15,6 +15,7 @@
 --           {'untouched'} | {'held'} | {'confirmed'} | {'released', units} | {'waiting'}
 --   due     channel ('' for all) -> the keys of the channel's claims due for the sweeper now
 --   count   channel -> how many claims the buyer has in the channel
+--   open    channel -> how many of them are not confirmed (the sweeper's to watch)
 -- Time comes from Redis TIME only.
 
 local K = KEYS[1]
@@ -107,20 +108,20 @@ elseif op == 'settle' then
     return {'confirmed'}
   end
   return {'released', release(key)}
-elseif op == 'due' or op == 'count' then
+elseif op == 'due' or op == 'count' or op == 'open' then
   local channel = ARGV[2] or ''
   local out, n = {}, 0
   local all = redis.call('HGETALL', K)
   for i = 1, #all, 2 do
     local c = cjson.decode(all[i + 1])
-    if channel == '' or c.c == channel then
+    if (channel == '' or c.c == channel) and (op ~= 'open' or c.s ~= 'confirmed') then
       n = n + 1
       if is_due(c) then
         out[#out + 1] = all[i]
       end
     end
   end
-  if op == 'count' then return n end
+  if op == 'count' or op == 'open' then return n end
   return out
 end
 return redis.error_reply('buyer.lua: unknown operation ' .. tostring(op))

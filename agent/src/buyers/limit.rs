@@ -137,7 +137,10 @@ impl GlobalLimits {
             AcquireResult::Reserved { reservation_id, quantity, expires_at_ms, .. } => {
                 registry.bind(id, user, key, reservation_id, *quantity, *expires_at_ms).await.map(|_| ())
             }
-            AcquireResult::SoldOut { .. } | AcquireResult::LimitExceeded { .. } | AcquireResult::KeyConflict => {
+            // The pool holds a reservation under this key (another quantity): the claim
+            // may be that reservation's; the sweeper settles it from the pool.
+            AcquireResult::KeyConflict => Ok(()),
+            AcquireResult::SoldOut { .. } | AcquireResult::LimitExceeded { .. } => {
                 registry.release(id, user, key).await.map(|n| {
                     if n > 0 {
                         self.metrics.buyer_releases.inc();

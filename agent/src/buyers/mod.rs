@@ -132,6 +132,12 @@ impl BuyerRegistry {
         int(self.call(item, user, &["count", channel]).await?)
     }
 
+    /// How many of the buyer's claims in `channel` are not confirmed: the ones a sweep
+    /// may still have to settle.
+    pub async fn open(&self, item: &str, user: &str, channel: &str) -> Result<u64, RegistryError> {
+        int(self.call(item, user, &["open", channel]).await?)
+    }
+
     /// The sweeper's index of one channel's buyers of an item: a zset of users scored by
     /// when to look at them next (the agent's clock). On its own slot, so written apart
     /// from the claims, best-effort: an extra entry costs one look, a missing one is why

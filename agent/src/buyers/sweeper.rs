@@ -21,8 +21,9 @@ pub struct SweepStats {
 }
 
 /// Looks at up to `max` buyers of the channel's index due at `now_ms` (the agent's clock);
-/// a buyer with claims left in the channel is looked at again `recheck_ms` later, one with
-/// none leaves the index.
+/// a buyer with claims left to settle in the channel is looked at again `recheck_ms`
+/// later; one with none, or only confirmed ones (a refund releases those itself), leaves
+/// the index, so a sale's paid buyers are not looked at again and again.
 pub async fn sweep(
     registry: &BuyerRegistry,
     store: &dyn PoolStore,
@@ -51,7 +52,7 @@ pub async fn sweep(
                 Settled::Untouched => {}
             }
         }
-        if registry.count(item, &user, channel).await? == 0 {
+        if registry.open(item, &user, channel).await? == 0 {
             registry.forget(item, channel, &user).await?;
         } else {
             registry.recheck(item, channel, &user, now_ms.saturating_add(recheck_ms)).await?;
