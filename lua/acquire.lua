@@ -6,7 +6,8 @@
 --
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
 --   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
---   2 res     hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
+--   2 res     hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key,
+--                                  r = requested quantity, only when fewer were reserved}
 --   3 due     zset  reservation_id scored by expires_at_ms (RESERVED ones only)
 --   4 held    hash  user_id -> units held (reserved + confirmed)
 --   5 idem    hash  idempotency_key -> reservation_id
@@ -22,6 +23,9 @@
 --     does not exist) lost the keys of that one, so the call is refused before the key
 --     lookup
 --   8 outbox_max: how many events the outbox keeps at most
+--   9 allow_partial ('1' | '0'): reserve min(quantity, available, limit - held) when that
+--     is positive instead of answering sold out / over the limit; a replay matches on the
+--     requested quantity
 -- A new reservation writes its 'reserved' event; a replay writes none.
 -- Returns one of:
 --   {'reserved', reservation_id, quantity, expires_at_ms, replayed (0|1), generation}
@@ -56,7 +60,7 @@ if existing then
   local raw = redis.call('HGET', K_RES, existing)
   if raw then
     local rec = cjson.decode(raw)
-    if rec.u == user and tonumber(rec.q) == qty then
+    if rec.u == user and tonumber(rec.r or rec.q) == qty then
       return {'reserved', existing, tonumber(rec.q), tonumber(rec.e), 1, generation}
     end
     return {'conflict'}
@@ -64,11 +68,18 @@ if existing then
 end
 
 local held = tonumber(redis.call('HGET', K_HELD, user) or '0')
-if held + qty > limit then
+local available = tonumber(redis.call('HGET', K_POOL, 'available') or '0')
+local room = limit - held
+if room < 0 then room = 0 end
+local partial = ARGV[9] == '1'
+local requested = qty
+if partial then
+  qty = math.min(qty, room, available)
+end
+if room == 0 or (not partial and qty > room) then
   return {'limit', held}
 end
-local available = tonumber(redis.call('HGET', K_POOL, 'available') or '0')
-if available < qty then
+if qty == 0 or available < qty then
   return {'sold_out', available}
 end
 if redis.call('HEXISTS', K_RES, new_id) == 1 then
@@ -80,6 +91,9 @@ redis.call('HINCRBY', K_POOL, 'available', -qty)
 redis.call('HINCRBY', K_POOL, 'reserved', qty)
 redis.call('HINCRBY', K_HELD, user, qty)
 local rec = {s = 'reserved', q = qty, e = expires_at, u = user, k = key}
+if requested ~= qty then
+  rec.r = requested
+end
 redis.call('HSET', K_RES, new_id, cjson.encode(rec))
 redis.call('ZADD', K_DUE, expires_at, new_id)
 redis.call('HSET', K_IDEM, key, new_id)

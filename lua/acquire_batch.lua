@@ -14,7 +14,8 @@
 --
 -- KEYS: as acquire.lua (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
 --   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
---   2 res     hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
+--   2 res     hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key,
+--                                  r = requested quantity, only when fewer were reserved}
 --   3 due     zset  reservation_id scored by expires_at_ms (RESERVED ones only)
 --   4 held    hash  user_id -> units held (reserved + confirmed)
 --   5 idem    hash  idempotency_key -> reservation_id
@@ -22,9 +23,9 @@
 -- ARGV:
 --   1 n, the number of requests
 --   2 outbox_max: how many events the outbox keeps at most
---   then n groups of seven, acquire.lua's ARGV per request:
+--   then n groups of eight, acquire.lua's ARGV per request:
 --     user_id, quantity, idempotency_key, new_reservation_id, per_user_limit,
---     reservation_ttl_ms, expected pool generation (0: not checked)
+--     reservation_ttl_ms, expected pool generation (0: not checked), allow_partial ('1' | '0')
 -- Each new reservation writes its 'reserved' event, in request order; replays write none.
 -- Returns an array of n replies, the i-th answering the i-th request, each one of acquire.lua's:
 --   {'reserved', reservation_id, quantity, expires_at_ms, replayed (0|1), generation}
@@ -47,7 +48,7 @@ local taken = 0
 local stored = redis.call('HGET', K_POOL, 'generation') or '0'
 local generation = tonumber(stored)
 
-local function acquire(user, qty, key, new_id, limit, ttl, expect)
+local function acquire(user, qty, key, new_id, limit, ttl, expect, partial)
   if expect ~= '0' and expect ~= stored then
     return {'generation', expect, stored}
   end
@@ -56,7 +57,7 @@ local function acquire(user, qty, key, new_id, limit, ttl, expect)
     local raw = redis.call('HGET', K_RES, existing)
     if raw then
       local rec = cjson.decode(raw)
-      if rec.u == user and tonumber(rec.q) == qty then
+      if rec.u == user and tonumber(rec.r or rec.q) == qty then
         return {'reserved', existing, tonumber(rec.q), tonumber(rec.e), 1, generation}
       end
       return {'conflict'}
@@ -64,10 +65,16 @@ local function acquire(user, qty, key, new_id, limit, ttl, expect)
   end
 
   local held = tonumber(redis.call('HGET', K_HELD, user) or '0')
-  if held + qty > limit then
+  local room = limit - held
+  if room < 0 then room = 0 end
+  local requested = qty
+  if partial then
+    qty = math.min(qty, room, available)
+  end
+  if room == 0 or (not partial and qty > room) then
     return {'limit', held}
   end
-  if available < qty then
+  if qty == 0 or available < qty then
     return {'sold_out', available}
   end
   if redis.call('HEXISTS', K_RES, new_id) == 1 then
@@ -79,6 +86,9 @@ local function acquire(user, qty, key, new_id, limit, ttl, expect)
   taken = taken + qty
   redis.call('HINCRBY', K_HELD, user, qty)
   local rec = {s = 'reserved', q = qty, e = expires_at, u = user, k = key}
+  if requested ~= qty then
+    rec.r = requested
+  end
   redis.call('HSET', K_RES, new_id, cjson.encode(rec))
   redis.call('ZADD', K_DUE, expires_at, new_id)
   redis.call('HSET', K_IDEM, key, new_id)
@@ -88,9 +98,9 @@ end
 
 local out = {}
 for i = 1, n do
-  local b = 2 + (i - 1) * 7
+  local b = 2 + (i - 1) * 8
   out[i] = acquire(ARGV[b + 1], tonumber(ARGV[b + 2]), ARGV[b + 3], ARGV[b + 4], tonumber(ARGV[b + 5]),
-    tonumber(ARGV[b + 6]), ARGV[b + 7])
+    tonumber(ARGV[b + 6]), ARGV[b + 7], ARGV[b + 8] == '1')
 end
 
 if taken > 0 then

@@ -2,12 +2,14 @@
 -- past its expiry stays 'reserved' until the sweeper, a confirm or a cancel expires it.
 --
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
---   1 res   hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
+--   1 res   hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key,
+--                                  r = requested quantity when fewer were reserved (allow_partial)}
 --   2 idem  hash  idempotency_key -> reservation_id
 -- ARGV:
 --   1 'id' | 'key'
 --   2 the reservation id or the idempotency key
--- Returns {reservation_id, state, quantity, expires_at_ms, user_id, idempotency_key}, or
+-- Returns {reservation_id, state, quantity, expires_at_ms, user_id, idempotency_key, requested}
+-- (requested: '0' when the reservation has what was asked), or
 -- nil when unknown (never existed, or forgotten after its retention).
 
 local id = ARGV[2]
@@ -22,4 +24,4 @@ if not raw then
   return false
 end
 local rec = cjson.decode(raw)
-return {id, rec.s, string.format('%d', rec.q), string.format('%d', rec.e), rec.u, rec.k}
+return {id, rec.s, string.format('%d', rec.q), string.format('%d', rec.e), rec.u, rec.k, string.format('%d', rec.r or 0)}

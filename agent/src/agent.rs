@@ -96,6 +96,7 @@ impl Agent {
             limits,
             rate_limited: Default::default(),
             miss_wait: settings.miss_wait,
+            global: crate::buyers::limit::GlobalLimits::new(None, Arc::clone(&metrics)),
         };
         let reporting = Reporting::new(Arc::clone(&store), Arc::clone(&link), Arc::clone(&items));
         Self {

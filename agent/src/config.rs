@@ -160,6 +160,23 @@ pub struct AgentConfig {
     /// Events per published batch (all sent, then the acknowledgements awaited); 1..=10,000.
     #[arg(long, env = "INVENTORY_RELAY_BATCH_MAX", default_value_t = 256)]
     pub relay_batch_max: u64,
+    /// Redis URL of the buyer registry, where the allowances of items with a global
+    /// per-user limit are kept (shared by every channel's agents). Without it, such items
+    /// are refused with UNAVAILABLE. A single Redis; Redis Cluster is not supported yet.
+    #[arg(long, env = "INVENTORY_BUYER_REGISTRY_URL")]
+    pub buyer_registry_url: Option<String>,
+    /// Key prefix in the buyer registry (the same for every agent sharing it).
+    #[arg(long, env = "INVENTORY_BUYER_REGISTRY_PREFIX", default_value = "inv:")]
+    pub buyer_registry_prefix: String,
+    /// How long a claim may stay unbound to a reservation before the sweeper settles it
+    /// from the pool (an agent died between the claim and the pool call). At least twice
+    /// --miss-wait-ms: the sweeper must never settle a claim whose Acquire is still running.
+    #[arg(long, env = "INVENTORY_BUYER_CLAIM_PENDING_MS", default_value_t = crate::buyers::limit::DEFAULT_PENDING_MS)]
+    pub buyer_claim_pending_ms: u64,
+    /// Test-only fault point: the process aborts (no cleanup, as under kill -9) when an
+    /// Acquire of this user has claimed its global allowance and not yet touched the pool.
+    #[arg(long, hide = true)]
+    pub test_abort_after_claim: Option<String>,
     /// Per-user Acquire rate (requests per second, GCRA) before RESOURCE_EXHAUSTED.
     #[arg(long, env = "INVENTORY_USER_RATE_PER_SEC", default_value_t = 5)]
     pub user_rate_per_sec: u32,
@@ -224,6 +241,10 @@ impl AgentConfig {
             center_ca: None,
             center_client_cert: None,
             center_client_key: None,
+            buyer_registry_url: None,
+            buyer_registry_prefix: redis_prefix.to_owned(),
+            buyer_claim_pending_ms: crate::buyers::limit::DEFAULT_PENDING_MS,
+            test_abort_after_claim: None,
             // Generous: end-to-end tests send many requests per user.
             user_rate_per_sec: 100_000,
             user_burst: 100_000,

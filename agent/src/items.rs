@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use dashmap::DashMap;
+use inventory_core::buyers::{LimitScope, RegistryFallback};
 use inventory_core::channel::{ItemCore, Mode, OpId, OpResult, Policy, PoolView, Settings, Shelf};
 use inventory_core::watermarks::{RateBatching, Watermarks};
 use inventory_core::{Channel, ItemId};
@@ -45,6 +46,21 @@ pub fn policy_from(d: &pb::DescribeItemResponse) -> Policy {
     }
 }
 
+/// Where an item's per-user limit applies and what to do without the buyer registry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ItemLimit {
+    pub scope: LimitScope,
+    pub fallback: RegistryFallback,
+}
+
+/// The limit settings from a DescribeItem answer (unknown numbers: the defaults).
+pub fn limit_from(d: &pb::DescribeItemResponse) -> ItemLimit {
+    ItemLimit {
+        scope: LimitScope::from_number(i64::from(d.limit_scope)).unwrap_or_default(),
+        fallback: RegistryFallback::from_number(i64::from(d.registry_fallback)).unwrap_or_default(),
+    }
+}
+
 /// A pool snapshot as the rules read it.
 pub fn view(s: &PoolSnapshot) -> PoolView {
     PoolView::from(s)
@@ -71,6 +87,8 @@ impl ItemState {
 pub struct Item {
     pub item_id: String,
     pub pool: PoolKey,
+    /// Where the per-user limit applies; part of the item's definition, so fixed.
+    pub limit: ItemLimit,
     state: Mutex<ItemState>,
     /// The pool's outbox as last read (metrics render from it).
     outbox: Mutex<Option<crate::store::OutboxStats>>,
@@ -81,12 +99,17 @@ impl Item {
         Self {
             pool: PoolKey::new(channel, item_id.clone()),
             item_id,
+            limit: ItemLimit::default(),
             state: Mutex::new(ItemState {
                 core: ItemCore::new(policy, center_available, settings),
                 waiters: HashMap::new(),
             }),
             outbox: Mutex::new(None),
         }
+    }
+
+    pub fn with_limit(self, limit: ItemLimit) -> Self {
+        Self { limit, ..self }
     }
 
     pub fn set_outbox_stats(&self, stats: crate::store::OutboxStats) {
@@ -226,7 +249,8 @@ impl Items {
                     policy_from(&d),
                     d.center_available,
                     self.settings,
-                );
+                )
+                .with_limit(limit_from(&d));
                 Ok::<_, AgentError>(Arc::new(it))
             })
             .await

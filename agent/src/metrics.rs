@@ -76,6 +76,8 @@ pub struct Metrics {
     sold_out: Counter,
     limit_exceeded: Counter,
     sold_out_fast: Counter,
+    /// Acquires with allow_partial that reserved fewer units than asked.
+    partial_acquires: Counter,
     acquire_latency: Histogram,
     borrow_latency: Histogram,
     borrows: Counter,
@@ -84,6 +86,12 @@ pub struct Metrics {
     returned_units: Counter,
     center_errors: Counter,
     pool_store_errors: Counter,
+    /// The buyer registry (global per-user limits): claims made, released, settled by the
+    /// sweeper, and calls that failed.
+    pub buyer_claims: Counter,
+    pub buyer_releases: Counter,
+    pub buyer_swept: Counter,
+    pub buyer_registry_errors: Counter,
     /// By method and gRPC code: calls answered with an error status.
     rejected: Family<Labels<2>, Counter>,
     /// Every call of the agent's gRPC server, measured by the layer in `startup.rs`.
@@ -108,6 +116,7 @@ impl Default for Metrics {
             sold_out,
             limit_exceeded,
             sold_out_fast: Counter::default(),
+            partial_acquires: Counter::default(),
             acquire_latency: Histogram::new(ACQUIRE_BUCKETS_SECONDS),
             borrow_latency: Histogram::new(BORROW_BUCKETS_SECONDS),
             borrows: Counter::default(),
@@ -116,6 +125,10 @@ impl Default for Metrics {
             returned_units: Counter::default(),
             center_errors: Counter::default(),
             pool_store_errors: Counter::default(),
+            buyer_claims: Counter::default(),
+            buyer_releases: Counter::default(),
+            buyer_swept: Counter::default(),
+            buyer_registry_errors: Counter::default(),
             rejected,
             rpc: inventory_net::metrics::RpcMetrics::new(&[
                 inventory_proto::FILE_DESCRIPTOR_SET,
@@ -127,6 +140,11 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// An allow_partial Acquire reserved what was left (also counted as reserved).
+    pub fn partial_acquire(&self) {
+        self.partial_acquires.inc();
+    }
+
     pub fn acquire(&self, o: Outcome) {
         match o {
             Outcome::Reserved => self.reserved.inc(),
@@ -205,6 +223,11 @@ impl Metrics {
             self.sold_out_fast.clone(),
         );
         registry.register(
+            "inventory_agent_partial_acquires",
+            "Acquires with allow_partial that reserved fewer units than asked",
+            self.partial_acquires.clone(),
+        );
+        registry.register(
             "inventory_agent_acquire_duration_seconds",
             "Time to answer an Acquire call, any answer",
             self.acquire_latency.clone(),
@@ -221,6 +244,18 @@ impl Metrics {
             ("inventory_agent_returned_units", "Units given back to the center", &self.returned_units),
             ("inventory_agent_center_errors", "Failed calls to the center", &self.center_errors),
             ("inventory_agent_pool_store_errors", "Failed calls to the pool store (Redis)", &self.pool_store_errors),
+            ("inventory_agent_buyer_claims", "Claims made on users' global allowances", &self.buyer_claims),
+            (
+                "inventory_agent_buyer_releases",
+                "Claims released by cancel, refund or a failed Acquire",
+                &self.buyer_releases,
+            ),
+            ("inventory_agent_buyer_swept", "Claims the buyer registry's sweeper released", &self.buyer_swept),
+            (
+                "inventory_agent_buyer_registry_errors",
+                "Failed calls to the buyer registry",
+                &self.buyer_registry_errors,
+            ),
         ] {
             registry.register(name, help, counter.clone());
         }

@@ -11,6 +11,7 @@ use inventory_core::channel::{Admission, MissPlan, OpKind, Refusal};
 use inventory_core::{ItemId, UserId};
 use inventory_proto::v1 as pb;
 
+use crate::buyers::limit::{Claimed, GlobalLimits};
 use crate::error::AgentError;
 use crate::items::{Item, Items};
 use crate::link::CenterLink;
@@ -32,6 +33,8 @@ pub struct AcquireRequest {
     pub idempotency_key: String,
     /// The pool generation an earlier answer for this key carried, when the backend passed it.
     pub expect_pool_generation: Option<u64>,
+    /// Reserve up to `quantity` when fewer remain (or the user's allowance has less room).
+    pub allow_partial: bool,
 }
 
 pub struct Selling {
@@ -49,6 +52,8 @@ pub struct Selling {
     pub rate_limited: AtomicU64,
     /// How long an Acquire that found the pool empty waits for the shared Borrow.
     pub(crate) miss_wait: Duration,
+    /// Items with a global per-user limit: the buyer registry.
+    pub global: GlobalLimits,
 }
 
 impl Selling {
@@ -113,14 +118,29 @@ impl Selling {
             }
             Admission::Store { shelf } => shelf,
         };
+        let user = req.user.to_string();
+        match self.global.claim(&item, &user, &req.idempotency_key, req.quantity, policy.per_user_limit).await? {
+            Claimed::OverLimit { remaining } => {
+                self.metrics.acquire(Outcome::LimitExceeded);
+                return Ok(pb::AcquireResponse {
+                    outcome: pb::AcquireOutcome::LimitExceeded as i32,
+                    limit_remaining: remaining,
+                    ..Default::default()
+                });
+            }
+            Claimed::Held | Claimed::NoClaim => {}
+        }
         let args = AcquireArgs {
-            user_id: req.user.to_string(),
+            user_id: user,
             quantity: req.quantity,
             idempotency_key: req.idempotency_key,
             new_reservation_id: uuid::Uuid::new_v4().simple().to_string(),
             per_user_limit: policy.per_user_limit,
             reservation_ttl_ms: policy.reservation_ttl_ms,
             expect_generation: req.expect_pool_generation,
+            // The whole quantity first, so a short pool still borrows from the center
+            // before settling for less (below).
+            allow_partial: false,
         };
         let mut result = self.store.acquire(&item.pool, &args).await?;
         if let AcquireResult::SoldOut { .. } = result {
@@ -128,6 +148,16 @@ impl Selling {
         } else {
             item.with(|c| c.touch());
         }
+        if req.allow_partial && partial_fits(&result, policy.per_user_limit) {
+            // One more store call, on the short path only: the pool reserves what is left
+            // of stock and allowance, atomically (a replay of this key matches either way).
+            let args = AcquireArgs { allow_partial: true, ..args.clone() };
+            result = self.store.acquire(&item.pool, &args).await?;
+            if matches!(result, AcquireResult::Reserved { replayed: false, quantity, .. } if quantity < args.quantity) {
+                self.metrics.partial_acquire();
+            }
+        }
+        self.global.after_acquire(&item, &args.user_id, &args.idempotency_key, &result).await;
         let response = match result {
             AcquireResult::Reserved { reservation_id, quantity, expires_at_ms, replayed, generation } => {
                 self.metrics.acquire(Outcome::Reserved);
@@ -232,6 +262,11 @@ impl Selling {
         let it = self.item(item).await?;
         let t = self.store.confirm(&it.pool, reservation_id).await?;
         self.events.written(&it.pool);
+        if t == Transition::Done(ReservationState::Confirmed)
+            && let Some(r) = self.global_reservation(&it, reservation_id).await
+        {
+            self.global.confirmed(&it, reservation_id, &r).await;
+        }
         it.with(|c| {
             if let Transition::Refused(ReservationState::Expired) = t {
                 // The expiry just put units back.
@@ -247,6 +282,11 @@ impl Selling {
         let it = self.item(item).await?;
         let t = self.store.cancel(&it.pool, reservation_id).await?;
         self.events.written(&it.pool);
+        if matches!(t, Transition::Done(_))
+            && let Some(r) = self.global_reservation(&it, reservation_id).await
+        {
+            self.global.released(&it, &r).await;
+        }
         it.with(|c| if matches!(t, Transition::Done(_)) { c.stock_returned() } else { c.touch() });
         transition_result(t, reservation_id, "cancel")
     }
@@ -257,8 +297,28 @@ impl Selling {
         let it = self.item(item).await?;
         let t = self.store.refund(&it.pool, reservation_id).await?;
         self.events.written(&it.pool);
+        if t == Transition::Done(ReservationState::Refunded)
+            && let Some(r) = self.global_reservation(&it, reservation_id).await
+        {
+            self.global.released(&it, &r).await;
+        }
         it.with(|c| if t == Transition::Done(ReservationState::Refunded) { c.stock_returned() } else { c.touch() });
         transition_result(t, reservation_id, "refund")
+    }
+
+    /// The reservation's user and key, for the registry, when the item's limit is global.
+    /// A failed read leaves the claim to the sweeper.
+    async fn global_reservation(&self, it: &Item, reservation_id: &str) -> Option<Reservation> {
+        if it.limit.scope != inventory_core::buyers::LimitScope::Global {
+            return None;
+        }
+        match self.store.reservation(&it.pool, &ReservationRef::Id(reservation_id.to_owned())).await {
+            Ok(found) => found.map(|(_, r)| r),
+            Err(e) => {
+                tracing::warn!(item = %it.item_id, error = %e, "reservation unread: its claim is left for the sweeper");
+                None
+            }
+        }
     }
 
     /// Pushes a RESERVED reservation's expiry out by up to `extend_ms`, bounded by the
@@ -369,5 +429,15 @@ fn transition_result(t: Transition, id: &str, verb: &str) -> Result<ReservationS
             Err(AgentError::Precondition(format!("cannot {verb} reservation {id:?}: it is {}", s.as_str())))
         }
         Transition::NotFound => Err(AgentError::NotFound(format!("reservation {id:?} not found"))),
+    }
+}
+
+/// A whole-quantity answer that a partial acquire could turn into a reservation: some
+/// stock left, or some room left in the user's allowance.
+fn partial_fits(result: &AcquireResult, per_user_limit: u64) -> bool {
+    match result {
+        AcquireResult::SoldOut { available } => *available > 0,
+        AcquireResult::LimitExceeded { held } => *held < per_user_limit,
+        AcquireResult::Reserved { .. } | AcquireResult::KeyConflict => false,
     }
 }

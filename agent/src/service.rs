@@ -134,7 +134,14 @@ pub fn parse_acquire(r: &pb::AcquireRequest) -> Result<AcquireRequest, AgentErro
     };
     // 0 is proto3's "not set"; no pool that answered a reservation has generation 0.
     let expect_pool_generation = (r.expect_pool_generation != 0).then_some(r.expect_pool_generation);
-    Ok(AcquireRequest { item, user, quantity, idempotency_key: key.to_string(), expect_pool_generation })
+    Ok(AcquireRequest {
+        item,
+        user,
+        quantity,
+        idempotency_key: key.to_string(),
+        expect_pool_generation,
+        allow_partial: r.allow_partial,
+    })
 }
 
 type Res<T> = Result<Response<T>, Status>;

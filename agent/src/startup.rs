@@ -12,6 +12,7 @@ use inventory_proto::v1::agent_server::AgentServer;
 use tokio::net::TcpListener;
 
 use crate::agent::{Agent, AgentSettings};
+use crate::buyers::BuyerRegistry;
 use crate::config::{AgentConfig, StoreKind};
 use crate::link::CenterLink;
 use crate::security::{BackendAuth, Security, UserLimits};
@@ -130,7 +131,18 @@ impl Application {
         let grpc = inventory_net::bind(config.listen, "--listen").await?;
         let http = inventory_net::bind(config.http_listen, "--http-listen").await?;
         security.warn_if_insecure();
-        let agent = Arc::new(Agent::new(store, link, settings, limits));
+        let mut agent = Agent::new(store, link, settings, limits);
+        if let Some(url) = &config.buyer_registry_url {
+            let registry = BuyerRegistry::connect(url, &config.buyer_registry_prefix).await.map_err(|e| {
+                anyhow::anyhow!("--buyer-registry-url {}: cannot connect: {e}", inventory_net::without_credentials(url))
+            })?;
+            agent.selling.global.registry = Some(registry);
+            // A claim's pool call must end before the sweeper may settle it: above the
+            // longest Acquire (its wait for a Borrow, twice for margin).
+            agent.selling.global.pending_ms = config.buyer_claim_pending_ms.max(config.miss_wait_ms.saturating_mul(2));
+            agent.selling.global.abort_after_claim.clone_from(&config.test_abort_after_claim);
+        }
+        let agent = Arc::new(agent);
         agent.resync_at_next_registration(kept_items);
         // Replicas of the channel sharing this store: the first one leads; the others
         // follow (and sell under the leader's lease) until one of them takes over.
@@ -208,6 +220,7 @@ impl Application {
             tokio::spawn(workers::limiter_gc(Arc::clone(&self.agent), stop_rx.clone())),
             tokio::spawn(workers::leadership(Arc::clone(&self.agent), stop_rx.clone())),
             tokio::spawn(workers::outbox_sizes(Arc::clone(&self.agent), stop_rx.clone())),
+            tokio::spawn(workers::buyer_sweeper(Arc::clone(&self.agent), stop_rx.clone())),
         ];
         if let Some(relay) = self.relay.take() {
             let (agent, leader) = (Arc::clone(&self.agent), Arc::clone(&self.agent));

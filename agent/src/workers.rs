@@ -198,3 +198,61 @@ pub async fn limiter_gc(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
         tracing::trace!(tracked, "rate limiter state");
     }
 }
+
+/// Buyers the registry's sweeper looks at per item and pass.
+const SWEEP_BUYERS_PER_PASS: usize = 500;
+
+/// How often the buyer registry's sweeper passes over the global items.
+const SWEEP_EVERY: Duration = Duration::from_millis(250);
+
+/// Settles the claims this channel's Acquires left pending or held past their
+/// reservation's expiry (items with a global limit; leading replica only).
+pub async fn buyer_sweeper(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
+    let Some(registry) = agent.selling.global.registry.clone() else { return };
+    let recheck_ms = i64::try_from(agent.selling.global.pending_ms).unwrap_or(i64::MAX);
+    while tick(&mut stop, SWEEP_EVERY).await {
+        if !agent.is_leading() {
+            continue;
+        }
+        // The channel's global items, loaded or not (a restarted agent has claims of its
+        // predecessor to settle).
+        let ids = match registry.items(agent.link.channel.as_str()).await {
+            Ok(ids) => ids,
+            Err(e) => {
+                agent.metrics.buyer_registry_errors.inc();
+                tracing::warn!(error = %e, "buyer registry unreachable: no sweep");
+                continue;
+            }
+        };
+        let mut global = Vec::new();
+        for id in ids {
+            let Ok(id) = ItemId::parse("item_id", &id) else { continue };
+            match agent.item(&id).await {
+                Ok(item) if item.limit.scope == inventory_core::buyers::LimitScope::Global => global.push(item),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(item = %id, error = %e, "buyer registry sweep: item not loaded"),
+            }
+        }
+        for item in global {
+            let now = crate::clock::now_ms();
+            match crate::buyers::sweep(
+                &registry,
+                agent.store.as_ref(),
+                &item.pool,
+                now,
+                recheck_ms,
+                SWEEP_BUYERS_PER_PASS,
+            )
+            .await
+            {
+                Ok(stats) => {
+                    agent.metrics.buyer_swept.inc_by(stats.released);
+                }
+                Err(e) => {
+                    agent.metrics.buyer_registry_errors.inc();
+                    tracing::warn!(item = %item.item_id, error = %e, "buyer registry sweep failed");
+                }
+            };
+        }
+    }
+}

@@ -181,6 +181,7 @@ impl Caller for AcquireCaller {
                     per_user_limit,
                     reservation_ttl_ms,
                     expect_generation: None,
+                    allow_partial: false,
                 };
                 match tokio::time::timeout(CALL_TIMEOUT, store.acquire(&pool, &args)).await {
                     Ok(Ok(AcquireResult::Reserved { reservation_id, replayed, .. })) => {

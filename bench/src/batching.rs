@@ -60,6 +60,7 @@ pub async fn measure(
                     watermarks: None,
                     rate_batching: Some(pb::RateBatching { enabled: following, ..Default::default() }),
                     segments: 1,
+                    ..Default::default()
                 })
                 .await
                 .with_context(|| format!("create {item}"))?;

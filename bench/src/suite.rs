@@ -234,6 +234,7 @@ impl World {
                         // Fixed batches: these figures measure the paths, not the batching.
                         rate_batching: Some(pb::RateBatching { enabled: false, ..Default::default() }),
                         segments: 1,
+                        ..Default::default()
                     })
                     .await
                     .with_context(|| format!("create item {item}"))?;

@@ -27,6 +27,9 @@ pub enum AgentCmd {
         /// (failed precondition) if the pool was lost and recreated since.
         #[arg(long, default_value_t = 0)]
         expect_pool_generation: u64,
+        /// Reserve up to --quantity when fewer remain; the answer says how many.
+        #[arg(long)]
+        allow_partial: bool,
     },
     /// Confirm (pay) a reservation.
     Confirm(ReservationArgs),
@@ -125,7 +128,7 @@ pub async fn run(ctx: &Ctx, cmd: AgentCmd) -> Result<(), Failure> {
                 table(&["ITEM", "AVAILABLE", "RESERVED", "SOLD", "SOLD_OUT"], vec![row])
             });
         }
-        AgentCmd::Acquire { item, user, quantity, key, expect_pool_generation } => {
+        AgentCmd::Acquire { item, user, quantity, key, expect_pool_generation, allow_partial } => {
             let key = key.unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
             let r = client
                 .acquire(pb::AcquireRequest {
@@ -134,14 +137,16 @@ pub async fn run(ctx: &Ctx, cmd: AgentCmd) -> Result<(), Failure> {
                     quantity,
                     idempotency_key: key.clone(),
                     expect_pool_generation,
+                    allow_partial,
                 })
                 .await?
                 .into_inner();
             let outcome = outcome_text(r.outcome());
             let text = match r.outcome() {
                 pb::AcquireOutcome::Reserved => format!(
-                    "reserved {} of {} for {}: reservation {} (key {}{})\n",
+                    "reserved {}{} of {} for {}: reservation {} (key {}{})\n",
                     r.quantity,
+                    if r.quantity < quantity { format!(" (of {quantity} asked)") } else { String::new() },
                     q(&item),
                     q(&user),
                     q(&r.reservation_id),

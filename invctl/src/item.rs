@@ -17,9 +17,17 @@ pub enum ItemCmd {
         item: String,
         #[arg(long, value_parser = count, allow_negative_numbers = true)]
         total: u64,
-        /// Units one user may hold per channel.
+        /// Units one user may hold (per channel, or over all channels with --limit-scope global).
         #[arg(long, default_value_t = 1, value_parser = count, allow_negative_numbers = true)]
         per_user_limit: u64,
+        /// Where --per-user-limit applies: in each channel, or over all channels (agents
+        /// then need --buyer-registry-url).
+        #[arg(long, value_enum, default_value_t = Scope::Channel)]
+        limit_scope: Scope,
+        /// For a global limit, when the buyer registry is unreachable: refuse (UNAVAILABLE)
+        /// or sell under the per-channel limit only.
+        #[arg(long, value_enum, default_value_t = Fallback::Refuse)]
+        registry_fallback: Fallback,
         /// Reservation lifetime before it expires.
         #[arg(long, default_value_t = 300_000, value_parser = count, allow_negative_numbers = true)]
         reservation_ttl_ms: u64,
@@ -57,6 +65,34 @@ pub enum ItemCmd {
     },
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scope {
+    Channel,
+    Global,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Fallback {
+    Refuse,
+    Channel,
+}
+
+fn scope_text(s: i32) -> &'static str {
+    match pb::LimitScope::try_from(s) {
+        Ok(pb::LimitScope::Channel) => "channel",
+        Ok(pb::LimitScope::Global) => "global",
+        Err(_) => "unknown",
+    }
+}
+
+fn fallback_text(f: i32) -> &'static str {
+    match pb::RegistryFallback::try_from(f) {
+        Ok(pb::RegistryFallback::Refuse) => "refuse",
+        Ok(pb::RegistryFallback::Channel) => "channel",
+        Err(_) => "unknown",
+    }
+}
+
 #[derive(Serialize)]
 pub struct ItemView {
     item_id: String,
@@ -64,6 +100,8 @@ pub struct ItemView {
     available: u64,
     held: u64,
     per_user_limit: u64,
+    limit_scope: &'static str,
+    registry_fallback: &'static str,
     reservation_ttl_ms: u64,
     closed: bool,
     watermarks: Option<WatermarksView>,
@@ -78,6 +116,8 @@ impl From<&pb::Item> for ItemView {
             available: i.available,
             held: i.held,
             per_user_limit: i.per_user_limit,
+            limit_scope: scope_text(i.limit_scope),
+            registry_fallback: fallback_text(i.registry_fallback),
             reservation_ttl_ms: i.reservation_ttl_ms,
             closed: i.closed,
             watermarks: i.watermarks.as_ref().map(WatermarksView::from),
@@ -186,13 +226,22 @@ fn lease_text(c: &pb::ChannelAllocation) -> &'static str {
     }
 }
 
+fn limit_text(i: &pb::Item) -> String {
+    if i.limit_scope == i32::from(pb::LimitScope::Global) {
+        let fallback = fallback_text(i.registry_fallback);
+        format!("{} over all channels (registry down: {fallback})", i.per_user_limit)
+    } else {
+        format!("{} per channel", i.per_user_limit)
+    }
+}
+
 fn detail_text(i: &pb::Item, channels: &[pb::ChannelAllocation]) -> String {
     let mut text = fields(&[
         ("item", i.item_id.clone()),
         ("total", i.total.to_string()),
         ("center available", i.available.to_string()),
         ("held by channels", i.held.to_string()),
-        ("per-user limit", i.per_user_limit.to_string()),
+        ("per-user limit", limit_text(i)),
         ("reservation ttl", format!("{} ms", i.reservation_ttl_ms)),
         ("watermarks", wm_text(&i.watermarks)),
         ("segments", i.segments.max(1).to_string()),
@@ -247,7 +296,18 @@ fn detail_text(i: &pb::Item, channels: &[pb::ChannelAllocation]) -> String {
 pub async fn run(ctx: &Ctx, cmd: ItemCmd) -> Result<(), Failure> {
     let mut admin = ctx.conn.admin(&ctx.center).await?;
     match cmd {
-        ItemCmd::Create { item, total, per_user_limit, reservation_ttl_ms, low, high, batch, segments } => {
+        ItemCmd::Create {
+            item,
+            total,
+            per_user_limit,
+            limit_scope,
+            registry_fallback,
+            reservation_ttl_ms,
+            low,
+            high,
+            batch,
+            segments,
+        } => {
             let watermarks = match (low, high, batch) {
                 (Some(low), Some(high), Some(batch)) => Some(pb::Watermarks { low, high, batch }),
                 _ => None,
@@ -262,6 +322,16 @@ pub async fn run(ctx: &Ctx, cmd: ItemCmd) -> Result<(), Failure> {
                     // Absent: rate-following, unless fixed watermarks were given.
                     rate_batching: None,
                     segments,
+                    limit_scope: match limit_scope {
+                        Scope::Channel => pb::LimitScope::Channel,
+                        Scope::Global => pb::LimitScope::Global,
+                    }
+                    .into(),
+                    registry_fallback: match registry_fallback {
+                        Fallback::Refuse => pb::RegistryFallback::Refuse,
+                        Fallback::Channel => pb::RegistryFallback::Channel,
+                    }
+                    .into(),
                 })
                 .await?
                 .into_inner();

@@ -40,6 +40,28 @@ fn stderr(o: &Output) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_limit_is_created_and_shown() {
+    let c = start_center().await;
+    let args =
+        ["item", "create", "drop-1", "--total", "10", "--limit-scope", "global", "--registry-fallback", "channel"];
+    let o = invctl(&c.url, &args).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = invctl(&c.url, &["item", "show", "drop-1"]).await;
+    assert!(stdout(&o).contains("1 over all channels (registry down: channel)"), "{}", stdout(&o));
+    let o = invctl(&c.url, &["--output", "json", "item", "show", "drop-1"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json output");
+    assert_eq!((v["limit_scope"].as_str(), v["registry_fallback"].as_str()), (Some("global"), Some("channel")));
+    // A fallback means nothing for a per-channel limit: the center refuses it, by name.
+    let args = ["item", "create", "drop-2", "--total", "10", "--registry-fallback", "channel"];
+    let o = invctl(&c.url, &args).await;
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("registry_fallback"), "{}", stderr(&o));
+    let o = invctl(&c.url, &["item", "create", "drop-3", "--total", "10", "--limit-scope", "everywhere"]).await;
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--limit-scope"), "{}", stderr(&o));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn item_lifecycle_in_table_and_json() {
     let c = start_center().await;
     let o = invctl(&c.url, &["item", "create", "skin-9", "--total", "500", "--per-user-limit", "2"]).await;
@@ -332,17 +354,19 @@ struct EchoAgent {
 
 #[tonic::async_trait]
 impl inventory_proto::v1::agent_server::Agent for EchoAgent {
-    /// Reserves, answering the generation it was told to expect as the pool's.
+    /// Reserves, answering the generation it was told to expect as the pool's; with
+    /// allow_partial, at most 2 units.
     async fn acquire(
         &self,
         r: tonic::Request<inventory_proto::v1::AcquireRequest>,
     ) -> Result<tonic::Response<inventory_proto::v1::AcquireResponse>, tonic::Status> {
         let r = r.into_inner();
-        self.seen.lock().unwrap().push(("acquire".into(), r.expect_pool_generation.to_string()));
+        let what = if r.allow_partial { "acquire-partial" } else { "acquire" };
+        self.seen.lock().unwrap().push((what.into(), r.expect_pool_generation.to_string()));
         Ok(tonic::Response::new(inventory_proto::v1::AcquireResponse {
             outcome: inventory_proto::v1::AcquireOutcome::Reserved as i32,
             reservation_id: "r-a".into(),
-            quantity: r.quantity,
+            quantity: if r.allow_partial { r.quantity.min(2) } else { r.quantity },
             pool_generation: r.expect_pool_generation,
             ..Default::default()
         }))
@@ -484,8 +508,22 @@ async fn confirm_and_cancel_take_the_reservation_either_way() {
         run(vec!["-o", "json", "acquire", "i", "--user", "u", "--key", "k", "--expect-pool-generation", "42"]).await;
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     assert_eq!((v["reservation_id"].as_str(), v["pool_generation"].as_u64()), (Some("r-a"), Some(42)), "{v}");
+    // A partial acquire says how many of how many.
+    let o = run(vec!["acquire", "i", "--user", "u", "--key", "p", "--quantity", "5", "--allow-partial"]).await;
+    assert_eq!(
+        stdout(&o),
+        "reserved 2 (of 5 asked) of \"i\" for \"u\": reservation \"r-a\" (key \"p\")\n",
+        "{}",
+        stderr(&o)
+    );
     let seen = agent.seen.lock().unwrap().clone();
-    let expected = [("confirm", "r-flag"), ("confirm", "r-positional"), ("cancel", "r-3"), ("acquire", "42")];
+    let expected = [
+        ("confirm", "r-flag"),
+        ("confirm", "r-positional"),
+        ("cancel", "r-3"),
+        ("acquire", "42"),
+        ("acquire-partial", "0"),
+    ];
     assert_eq!(seen, expected.map(|(a, b)| (a.to_owned(), b.to_owned())).to_vec());
     server.abort();
 }

@@ -191,6 +191,7 @@ impl World {
             // Buyers here never pass the generation they saw (the product checks it in
             // the same atomic call; its contract suite covers it).
             expect_generation: None,
+            allow_partial: false,
         };
         let result = pool.acquire(&args, now).map_err(broken)?;
         let losses = self.reference.pool_losses.get(&(c, item.to_owned())).copied().unwrap_or(0);

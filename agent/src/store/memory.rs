@@ -423,6 +423,7 @@ mod keep_tests {
             per_user_limit: 5,
             reservation_ttl_ms: 60_000,
             expect_generation: None,
+            allow_partial: false,
         };
         store.acquire(&pool, &args).await.unwrap();
         let before = store.snapshot(&pool).await.unwrap();

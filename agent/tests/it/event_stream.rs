@@ -56,6 +56,7 @@ async fn sale_through_the_event_stream(store: &StoreSpec) {
         watermarks: Some(pb::Watermarks { low: 2, high: 15, batch: 10 }),
         rate_batching: None,
         segments: 1,
+        ..Default::default()
     };
     center.admin().await.create_item(admin_item).await.unwrap();
     let agent = LocalAgent::start(&center.url, "app", store).await;

@@ -1,12 +1,15 @@
 //! The agent's integration tests: one binary (`cargo test -p inventory-agent --test it`).
 
+mod buyer_registry;
 mod cluster;
 mod crash;
 mod event_stream;
 mod faults;
+mod global_limit;
 mod harness;
 mod many_items;
 mod metrics;
+mod partial;
 mod paths;
 mod rate;
 mod relay;
@@ -16,3 +19,4 @@ mod security;
 #[macro_use]
 mod store_contract;
 mod store_events;
+mod store_partial;

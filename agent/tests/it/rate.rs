@@ -37,6 +37,8 @@ struct Run {
     /// Per channel: held at the end (granted - returned), units reserved, acquires sent.
     held: [u64; 2],
     reserved: [u64; 2],
+    // Read only through Debug, in the failure messages that print the run.
+    #[allow(dead_code)]
     calls: [u64; 2],
     /// Borrow calls the fast channel made to the center.
     fast_borrows: u64,
@@ -114,6 +116,7 @@ async fn sale(rate_following: bool) -> Run {
             watermarks: Some(pb::Watermarks { low: FIXED.0, high: FIXED.1, batch: FIXED.2 }),
             rate_batching: Some(rate_batching),
             segments: 1,
+            ..Default::default()
         })
         .await
         .expect("create item");

@@ -268,6 +268,7 @@ async fn orders_match_the_sale_after_two_agent_crashes_and_a_broker_restart() {
             watermarks: Some(pb::Watermarks { low: 20, high: 80, batch: 50 }),
             rate_batching: None,
             segments: 0,
+            ..Default::default()
         })
         .await
         .expect("create item");

@@ -251,6 +251,20 @@ async fn hostile_values_in_every_agent_rpc_are_refused_before_the_store() {
     let s = client.get_reservation(both).await.unwrap_err();
     assert_eq!(s.code(), Code::InvalidArgument);
     assert!(s.message().contains("reservation_id") && s.message().contains("idempotency_key"), "{s:?}");
+    // allow_partial does not soften the checks on the other fields: an impossible
+    // quantity or a hostile key is refused by name before the store.
+    for (field, value, req) in [
+        ("quantity", u64::MAX.to_string(), acquire_req("h", "u", u64::MAX, "k")),
+        (
+            "idempotency_key",
+            "k') redis.call('FLUSHALL') --".to_owned(),
+            acquire_req("h", "u", 2, "k') redis.call('FLUSHALL') --"),
+        ),
+    ] {
+        let s = client.acquire(pb::AcquireRequest { allow_partial: true, ..req }).await.unwrap_err();
+        assert_eq!(s.code(), Code::InvalidArgument, "partial acquire {field} {value:?}: {s:?}");
+        assert!(s.message().contains(field), "{s:?}");
+    }
     // Invalid UTF-8 at the byte level, in the first string field of every Agent RPC.
     let channel =
         tonic::transport::Endpoint::from_shared(format!("http://{}", agent.addr)).unwrap().connect().await.unwrap();

@@ -155,6 +155,7 @@ pub(crate) fn pool(item: &str) -> PoolKey {
 
 pub(crate) fn acquire_args(user: &str, quantity: u64, key: &str, limit: u64, ttl_ms: u64) -> AcquireArgs {
     AcquireArgs {
+        allow_partial: false,
         user_id: user.to_owned(),
         quantity,
         idempotency_key: key.to_owned(),

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use inventory_core::buyers::{LimitScope, RegistryFallback};
 use inventory_core::ids::MAX_QUANTITY;
 use inventory_core::ledger::Finding;
 use inventory_core::watermarks::{RateBatching, WatermarkError, Watermarks};
@@ -15,7 +16,7 @@ use crate::clock::now_ms;
 use crate::error::CenterError;
 use crate::events::{EventHub, LedgerEvent};
 use crate::service::center::LeaseSettings;
-use crate::store::{LedgerStore, NewItem};
+use crate::store::{LedgerStore, LimitSettings, NewItem};
 
 pub const DEFAULT_RESERVATION_TTL_MS: u64 = 300_000;
 pub const MIN_RESERVATION_TTL_MS: u64 = 100;
@@ -79,7 +80,31 @@ pub fn parse_new_item(r: &pb::CreateItemRequest) -> Result<NewItem, CenterError>
             "must be 0 or 1: agents do not sell from segmented pools yet",
         ))?;
     }
-    Ok(NewItem { item_id, total, per_user_limit, reservation_ttl_ms, watermarks, rate_batching, segments })
+    let limit = parse_limit(r)?;
+    Ok(NewItem { item_id, total, per_user_limit, reservation_ttl_ms, watermarks, rate_batching, segments, limit })
+}
+
+fn parse_limit(r: &pb::CreateItemRequest) -> Result<LimitSettings, CenterError> {
+    let scope = LimitScope::from_number(i64::from(r.limit_scope)).ok_or_else(|| {
+        ValidationError::new(
+            "limit_scope",
+            i64::from(r.limit_scope),
+            "must be LIMIT_SCOPE_CHANNEL or LIMIT_SCOPE_GLOBAL",
+        )
+    })?;
+    let fallback = RegistryFallback::from_number(i64::from(r.registry_fallback)).ok_or_else(|| {
+        ValidationError::new(
+            "registry_fallback",
+            i64::from(r.registry_fallback),
+            "must be REGISTRY_FALLBACK_REFUSE or REGISTRY_FALLBACK_CHANNEL",
+        )
+    })?;
+    if scope == LimitScope::Channel && fallback != RegistryFallback::Refuse {
+        // A per-channel limit never asks the registry: a fallback would be silently ignored.
+        let reason = "applies to LIMIT_SCOPE_GLOBAL items only";
+        return Err(ValidationError::new("registry_fallback", i64::from(r.registry_fallback), reason).into());
+    }
+    Ok(LimitSettings { scope, fallback })
 }
 
 /// Validates rate-following bounds; `prefix` names the message in errors.

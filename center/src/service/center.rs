@@ -15,7 +15,7 @@ use tokio_stream::wrappers::BroadcastStream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use super::{pb_rate_batching, pb_watermarks};
+use super::{pb_limit_scope, pb_rate_batching, pb_registry_fallback, pb_watermarks};
 use crate::clock::now_ms;
 use crate::error::CenterError;
 use crate::events::{EventHub, LedgerEvent};
@@ -179,6 +179,8 @@ impl pb::center_server::Center for CenterService {
             reservation_ttl_ms: policy.item.state.reservation_ttl_ms,
             watermarks: Some(pb_watermarks(policy.watermarks)),
             rate_batching: policy.rate_batching.map(|r| pb_rate_batching(Some(r))),
+            limit_scope: pb_limit_scope(policy.item.limit.scope).into(),
+            registry_fallback: pb_registry_fallback(policy.item.limit.fallback).into(),
             center_available: policy.item.state.available,
             closed: policy.item.state.closed,
             held: policy.allocation.map_or(0, |a| a.held()),

@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod center;
 
+use inventory_core::buyers::{LimitScope, RegistryFallback};
 use inventory_core::ledger::ChannelSession;
 use inventory_core::watermarks::{RateBatching, Watermarks};
 use inventory_proto::v1 as pb;
@@ -44,9 +45,25 @@ pub(crate) fn pb_item(r: &ItemRecord) -> pb::Item {
         written_off: r.state.written_off,
         rate_batching: Some(pb_rate_batching(r.rate_batching)),
         segments: r.segments,
+        limit_scope: pb_limit_scope(r.limit.scope).into(),
+        registry_fallback: pb_registry_fallback(r.limit.fallback).into(),
     }
 }
 
 pub(crate) fn lease_fields(s: Option<&ChannelSession>, now_ms: i64) -> (u64, i64, bool) {
     s.map_or((0, 0, false), |s| (s.epoch, s.lease_expires_at_ms, s.lease_live(now_ms)))
+}
+
+pub(crate) fn pb_limit_scope(s: LimitScope) -> pb::LimitScope {
+    match s {
+        LimitScope::Channel => pb::LimitScope::Channel,
+        LimitScope::Global => pb::LimitScope::Global,
+    }
+}
+
+pub(crate) fn pb_registry_fallback(f: RegistryFallback) -> pb::RegistryFallback {
+    match f {
+        RegistryFallback::Refuse => pb::RegistryFallback::Refuse,
+        RegistryFallback::Channel => pb::RegistryFallback::Channel,
+    }
 }

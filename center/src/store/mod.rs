@@ -8,6 +8,7 @@
 mod sql;
 
 use async_trait::async_trait;
+use inventory_core::buyers::{LimitScope, RegistryFallback};
 use inventory_core::ledger::{Allocation, ChannelSession, Check, ItemState};
 use inventory_core::loss::PoolReport;
 use inventory_core::watermarks::{RateBatching, Watermarks};
@@ -30,7 +31,15 @@ pub struct ItemRecord {
     pub rate_batching: Option<RateBatching>,
     /// Pool segments per channel (1: one pool).
     pub segments: u32,
+    pub limit: LimitSettings,
     pub held: u64,
+}
+
+/// Where the item's per-user limit applies, and what agents do without the registry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LimitSettings {
+    pub scope: LimitScope,
+    pub fallback: RegistryFallback,
 }
 
 /// One channel's line in an item's ledger view.
@@ -156,6 +165,7 @@ pub struct NewItem {
     pub rate_batching: Option<RateBatching>,
     /// Pool segments per channel, 1..=[`inventory_core::segments::MAX_SEGMENTS`].
     pub segments: u32,
+    pub limit: LimitSettings,
 }
 
 #[async_trait]

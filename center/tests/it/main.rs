@@ -5,6 +5,7 @@ mod concurrency;
 mod console;
 mod contract;
 mod hostile;
+mod limit_scope;
 mod lost_reply;
 mod model;
 mod rates;

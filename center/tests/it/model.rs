@@ -99,6 +99,7 @@ async fn run(store: &dyn LedgerStore, ops: &[Op]) {
         watermarks: Watermarks::default_for_total(TOTAL),
         rate_batching: None,
         segments: 1,
+        limit: Default::default(),
     };
     store.create_item(&new, 0).await.unwrap();
     let channels: Vec<Channel> = CHANNELS.iter().map(|c| Channel::parse("channel", c).unwrap()).collect();

@@ -35,6 +35,11 @@ pub struct AcquireArgs {
     /// the keys of the lost one, so this is what keeps such a replay from reserving twice.
     /// `Some(0)` checks nothing, like `None`: no pool answered a reservation at generation 0.
     pub expect_generation: Option<u64>,
+    /// Reserve up to `quantity`: when fewer units are available, or the user's allowance
+    /// has less room, reserve what there is (if any) instead of answering sold out / over
+    /// the limit. The reservation remembers the requested quantity, so a replay of the
+    /// same (user, requested quantity) returns it.
+    pub allow_partial: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -29,6 +29,21 @@ pub struct Reservation {
     pub expires_at_ms: i64,
     pub user_id: String,
     pub idempotency_key: String,
+    /// The quantity the acquire asked for, when it reserved fewer (allow_partial); 0 when
+    /// it reserved what it asked. A replay matches on the asked quantity.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub requested: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl Reservation {
+    /// The quantity the acquire that made this reservation asked for.
+    pub fn requested_quantity(&self) -> u64 {
+        if self.requested == 0 { self.quantity } else { self.requested }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -141,7 +156,7 @@ impl Pool {
         if let Some(id) = self.keys.get(&args.idempotency_key)
             && let Some(r) = self.reservations.get(id)
         {
-            if r.user_id == args.user_id && r.quantity == args.quantity {
+            if r.user_id == args.user_id && r.requested_quantity() == args.quantity {
                 return Ok(AcquireResult::Reserved {
                     reservation_id: id.clone(),
                     quantity: r.quantity,
@@ -153,30 +168,33 @@ impl Pool {
             return Ok(AcquireResult::KeyConflict);
         }
         let held = self.held_by(&args.user_id);
-        if held.saturating_add(args.quantity) > args.per_user_limit {
+        let room = args.per_user_limit.saturating_sub(held);
+        let quantity = if args.allow_partial { args.quantity.min(room).min(self.available) } else { args.quantity };
+        if room == 0 || (!args.allow_partial && args.quantity > room) {
             return Ok(AcquireResult::LimitExceeded { held });
         }
-        if self.available < args.quantity {
+        if quantity == 0 || self.available < quantity {
             return Ok(AcquireResult::SoldOut { available: self.available });
         }
         if self.reservations.contains_key(&args.new_reservation_id) {
             return Err(PoolError::DuplicateReservationId(args.new_reservation_id.clone()));
         }
         // Checked above: available >= quantity and held + quantity <= limit.
-        let reserved = add(self.reserved, args.quantity, "pool reserved")?;
-        let user_held = add(held, args.quantity, "user held")?;
+        let reserved = add(self.reserved, quantity, "pool reserved")?;
+        let user_held = add(held, quantity, "user held")?;
         let expires_at_ms = now_ms.saturating_add(i64::try_from(args.reservation_ttl_ms).unwrap_or(i64::MAX));
-        self.available -= args.quantity;
+        self.available -= quantity;
         self.reserved = reserved;
         self.held.insert(args.user_id.clone(), user_held);
         self.reservations.insert(
             args.new_reservation_id.clone(),
             Reservation {
                 state: ReservationState::Reserved,
-                quantity: args.quantity,
+                quantity,
                 expires_at_ms,
                 user_id: args.user_id.clone(),
                 idempotency_key: args.idempotency_key.clone(),
+                requested: if quantity == args.quantity { 0 } else { args.quantity },
             },
         );
         self.due.insert((expires_at_ms, args.new_reservation_id.clone()));
@@ -186,7 +204,7 @@ impl Pool {
         }
         Ok(AcquireResult::Reserved {
             reservation_id: args.new_reservation_id.clone(),
-            quantity: args.quantity,
+            quantity,
             expires_at_ms,
             replayed: false,
             generation: self.generation,

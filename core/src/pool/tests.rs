@@ -5,6 +5,7 @@ const TTL: u64 = 1_000;
 
 fn args(user: &str, quantity: u64, key: &str, id: &str) -> AcquireArgs {
     AcquireArgs {
+        allow_partial: false,
         user_id: user.to_owned(),
         quantity,
         idempotency_key: key.to_owned(),
@@ -424,4 +425,41 @@ fn the_outbox_bound_drops_the_oldest_and_trim_forgets_what_was_delivered() {
     fresh.refill("g", 1, 1, 9, 0, RETAIN).unwrap();
     reserve(&mut fresh, "u", 1, "k", "r", 0);
     assert_eq!(fresh.events(0, 10).events[0].sequence, 1);
+}
+
+fn partial(user: &str, quantity: u64, key: &str, id: &str) -> AcquireArgs {
+    AcquireArgs { allow_partial: true, ..args(user, quantity, key, id) }
+}
+
+#[test]
+fn a_partial_acquire_reserves_the_least_of_asked_stock_and_allowance() {
+    let mut p = stocked(4);
+    assert_eq!(
+        reserve(&mut p, "u1", 2, "k1", "r1", 0),
+        AcquireResult::Reserved {
+            reservation_id: "r1".into(),
+            quantity: 2,
+            expires_at_ms: 1_000,
+            replayed: false,
+            generation: 7
+        }
+    );
+    // Limit 5, 2 held, 2 in stock: 5 asked, 2 reserved.
+    let got = p.acquire(&partial("u1", 5, "k2", "r2"), 0).unwrap();
+    assert!(matches!(got, AcquireResult::Reserved { quantity: 2, replayed: false, .. }), "{got:?}");
+    assert_eq!(totals(&p), (0, 4, 0));
+    assert_eq!(p.reservation("r2").map(|r| (r.quantity, r.requested_quantity())), Some((2, 5)));
+    // The replay matches the asked quantity, another one conflicts.
+    let again = p.acquire(&partial("u1", 5, "k2", "r3"), 10).unwrap();
+    assert!(
+        matches!(again, AcquireResult::Reserved { quantity: 2, replayed: true, ref reservation_id, .. } if reservation_id == "r2")
+    );
+    assert_eq!(p.acquire(&partial("u1", 2, "k2", "r3"), 10), Ok(AcquireResult::KeyConflict));
+    // Allowance full (4 of 5 held, stock 0): sold out; a full allowance: over the limit.
+    assert_eq!(p.acquire(&partial("u1", 3, "k3", "r4"), 10), Ok(AcquireResult::SoldOut { available: 0 }));
+    p.refill("g1", 3, 1, 7, 10, RETAIN).unwrap();
+    let one = p.acquire(&partial("u1", 3, "k4", "r5"), 10).unwrap();
+    assert!(matches!(one, AcquireResult::Reserved { quantity: 1, .. }), "{one:?}");
+    assert_eq!(p.acquire(&partial("u1", 1, "k5", "r6"), 10), Ok(AcquireResult::LimitExceeded { held: 5 }));
+    assert_eq!(totals(&p), (2, 5, 0));
 }

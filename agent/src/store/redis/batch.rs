@@ -131,6 +131,7 @@ pub(super) async fn send_batch(
         let a = &w.args;
         call.arg(&a.user_id).arg(a.quantity).arg(&a.idempotency_key).arg(&a.new_reservation_id);
         call.arg(a.per_user_limit).arg(a.reservation_ttl_ms).arg(a.expect_generation.unwrap_or(0));
+        call.arg(u8::from(a.allow_partial));
     }
     let stats = &shared.stats;
     let n = u64::try_from(batch.len()).unwrap_or(u64::MAX);

@@ -281,7 +281,7 @@ impl RedisPoolStore {
         call.arg(&args.user_id).arg(args.quantity).arg(&args.idempotency_key).arg(&args.new_reservation_id);
         // 0 expects nothing: no pool has generation 0 and answered a reservation.
         call.arg(args.per_user_limit).arg(args.reservation_ttl_ms).arg(args.expect_generation.unwrap_or(0));
-        call.arg(self.outbox_max);
+        call.arg(self.outbox_max).arg(u8::from(args.allow_partial));
         let reply: Value = self.write(&k.pool, &call).await?;
         acquire_result(reply, pool, &args.new_reservation_id)
     }

@@ -58,7 +58,7 @@ impl RedisPoolStore {
             return Ok(None);
         }
         let items = array(WHAT, reply)?;
-        let [id, st, quantity, expires_at_ms, user_id, key] = items.as_slice() else {
+        let [id, st, quantity, expires_at_ms, user_id, key, requested] = items.as_slice() else {
             return Err(StoreError::Protocol(format!("{WHAT}: unexpected reply {items:?}")));
         };
         let number = |v: &Value| string(WHAT, v)?.parse::<i64>().map_err(|_| unexpected(WHAT, v));
@@ -70,6 +70,7 @@ impl RedisPoolStore {
                 expires_at_ms: number(expires_at_ms)?,
                 user_id: string(WHAT, user_id)?,
                 idempotency_key: string(WHAT, key)?,
+                requested: u64::try_from(number(requested)?).map_err(|_| unexpected(WHAT, requested))?,
             },
         )))
     }

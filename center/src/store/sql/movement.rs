@@ -90,8 +90,9 @@ impl SqlLedger {
         // ON CONFLICT DO NOTHING makes concurrent creates safe; the loser compares.
         let inserted = sqlx::query(
             "INSERT INTO items (item_id, total, available, per_user_limit, reservation_ttl_ms, closed, \
-             wm_low, wm_high, wm_batch, created_at_ms, rate_batching, rate_min_batch, rate_max_batch, rate_target_ms, segments) \
-             VALUES ($1, $2, $3, $4, $5, 0, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
+             wm_low, wm_high, wm_batch, created_at_ms, rate_batching, rate_min_batch, rate_max_batch, rate_target_ms, segments, \
+             limit_scope, registry_fallback) \
+             VALUES ($1, $2, $3, $4, $5, 0, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
              ON CONFLICT (item_id) DO NOTHING",
         )
         .bind(new.item_id.as_str())
@@ -108,6 +109,8 @@ impl SqlLedger {
         .bind(to_db("max_batch", new.rate_batching.map_or(0, |r| r.max_batch))?)
         .bind(to_db("target_ms", new.rate_batching.map_or(0, |r| r.target_ms))?)
         .bind(i64::from(new.segments))
+        .bind(new.limit.scope.number())
+        .bind(new.limit.fallback.number())
         .execute(&mut *tx)
         .await?
         .rows_affected()
@@ -118,16 +121,20 @@ impl SqlLedger {
             // The definition is what was asked at creation; stock added since does not count.
             let same = record.state.per_user_limit == new.per_user_limit
                 && record.state.reservation_ttl_ms == new.reservation_ttl_ms
-                && record.segments == new.segments;
+                && record.segments == new.segments
+                && record.limit == new.limit;
             let same_total = record.state.total == new.total.get();
             if !(same && same_total) {
                 return Err(CenterError::AlreadyExists(format!(
-                    "item {:?} already exists with total {}, per_user_limit {}, reservation_ttl_ms {}, segments {}",
+                    "item {:?} already exists with total {}, per_user_limit {}, reservation_ttl_ms {}, segments {}, \
+                     limit_scope {}, registry_fallback {}",
                     new.item_id.as_str(),
                     record.state.total,
                     record.state.per_user_limit,
                     record.state.reservation_ttl_ms,
-                    record.segments
+                    record.segments,
+                    record.limit.scope.as_str(),
+                    record.limit.fallback.as_str()
                 )));
             }
         }

@@ -9,10 +9,12 @@ use sqlx::any::AnyRow;
 
 use super::{SqlLedger, Tx};
 use crate::error::CenterError;
-use crate::store::{ItemRecord, Result};
+use crate::store::{ItemRecord, LimitSettings, Result};
+use inventory_core::buyers::{LimitScope, RegistryFallback};
 
 pub(super) const ITEM_SELECT: &str = "SELECT item_id, total, available, per_user_limit, reservation_ttl_ms, closed, \
-     wm_low, wm_high, wm_batch, written_off, rate_batching, rate_min_batch, rate_max_batch, rate_target_ms, segments FROM items";
+     wm_low, wm_high, wm_batch, written_off, rate_batching, rate_min_batch, rate_max_batch, rate_target_ms, segments, \
+     limit_scope, registry_fallback FROM items";
 pub(super) const SESSION_SELECT: &str =
     "SELECT channel, epoch, agent_id, lease_expires_at_ms, last_heartbeat_ms FROM channels";
 pub(super) const ALLOC_SELECT: &str = "SELECT item_id, channel, granted, returned, reclaimed, reported_available, \
@@ -39,8 +41,8 @@ pub(super) fn to_db(field: &str, v: u64) -> Result<i64> {
     i64::try_from(v).map_err(|_| ValidationError::new(field, v, format!("must be at most {}", i64::MAX)).into())
 }
 
-/// An item row: its id, state, fixed watermarks, rate-following batches and segments.
-pub(super) type ItemRow = (String, ItemState, Watermarks, Option<RateBatching>, u32);
+/// An item row: its id, state, fixed watermarks, rate-following batches, segments and limit settings.
+pub(super) type ItemRow = (String, ItemState, Watermarks, Option<RateBatching>, u32, LimitSettings);
 
 pub(super) fn item_from_row(row: &AnyRow) -> Result<ItemRow> {
     Ok((
@@ -67,7 +69,19 @@ pub(super) fn item_from_row(row: &AnyRow) -> Result<ItemRow> {
             let n = col(row, "segments")?;
             u32::try_from(n).map_err(|_| CenterError::Internal(format!("column segments holds {n}")))?
         },
+        limit_from_row(row)?,
     ))
+}
+
+fn limit_from_row(row: &AnyRow) -> Result<LimitSettings> {
+    let scope: i64 = row.try_get("limit_scope")?;
+    let fallback: i64 = row.try_get("registry_fallback")?;
+    Ok(LimitSettings {
+        scope: LimitScope::from_number(scope)
+            .ok_or_else(|| CenterError::Internal(format!("column limit_scope holds {scope}")))?,
+        fallback: RegistryFallback::from_number(fallback)
+            .ok_or_else(|| CenterError::Internal(format!("column registry_fallback holds {fallback}")))?,
+    })
 }
 
 pub(super) fn session_from_row(row: &AnyRow) -> Result<ChannelSession> {
@@ -113,7 +127,7 @@ impl SqlLedger {
     pub(super) async fn lock_item(&self, tx: &mut Tx, item: &ItemId) -> Result<(ItemState, Watermarks)> {
         let row = sqlx::query(&self.q.lock_item).bind(item.as_str()).fetch_optional(&mut **tx).await?;
         let row = row.ok_or_else(|| CenterError::item_not_found(item.as_str()))?;
-        let (_, state, wm, _, _) = item_from_row(&row)?;
+        let (_, state, wm, _, _, _) = item_from_row(&row)?;
         Ok((state, wm))
     }
 
@@ -210,9 +224,9 @@ impl SqlLedger {
             .fetch_optional(&mut **tx)
             .await?
             .ok_or_else(|| CenterError::item_not_found(item.as_str()))?;
-        let (item_id, state, watermarks, rate_batching, segments) = item_from_row(&row)?;
+        let (item_id, state, watermarks, rate_batching, segments, limit) = item_from_row(&row)?;
         let held = self.sum_held(tx, &item_id).await?;
-        Ok(ItemRecord { item_id, state, watermarks, rate_batching, segments, held })
+        Ok(ItemRecord { item_id, state, watermarks, rate_batching, segments, limit, held })
     }
 
     pub(super) async fn override_for(tx: &mut Tx, item: &str, channel: &str) -> Result<Option<Watermarks>> {

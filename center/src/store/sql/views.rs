@@ -98,13 +98,13 @@ impl SqlLedger {
         tx.commit().await?;
         rows.iter()
             .map(|row| {
-                let (item_id, state, watermarks, rate_batching, segments) = item_from_row(row)?;
+                let (item_id, state, watermarks, rate_batching, segments, limit) = item_from_row(row)?;
                 // Saturating: a corrupted ledger shows in Reconcile, not as a panic here.
                 let held = allocations
                     .iter()
                     .filter(|(i, _, _)| *i == item_id)
                     .fold(0u64, |sum, (_, _, a)| sum.saturating_add(a.held()));
-                Ok(ItemRecord { item_id, state, watermarks, rate_batching, segments, held })
+                Ok(ItemRecord { item_id, state, watermarks, rate_batching, segments, limit, held })
             })
             .collect()
     }
@@ -149,7 +149,7 @@ impl SqlLedger {
         };
         let mut result = Reconciliation { check: Default::default(), items_checked: 0 };
         for row in &items {
-            let (item_id, state, _, _, _) = item_from_row(row)?;
+            let (item_id, state, _, _, _, _) = item_from_row(row)?;
             let rows = sqlx::query(&format!("{ALLOC_SELECT} WHERE item_id = $1 ORDER BY channel"))
                 .bind(&item_id)
                 .fetch_all(&mut *tx)
