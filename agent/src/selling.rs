@@ -379,6 +379,8 @@ impl Selling {
             last_event_sequence: outbox.last_sequence,
             // The broker relay fills it.
             published_event_sequence: 0,
+            // One pool per channel: no segments to list.
+            segments: Vec::new(),
         })
     }
 }

@@ -201,4 +201,16 @@ impl pb::agent_server::Agent for AgentService {
         let result = self.stream_events_inner(request.get_ref()).await;
         self.answer(Method::StreamEvents, result)
     }
+
+    async fn acquire_basket(&self, _request: Request<pb::AcquireBasketRequest>) -> Res<pb::AcquireBasketResponse> {
+        Err(Status::unimplemented("baskets are not served by this agent yet"))
+    }
+
+    async fn confirm_basket(&self, _request: Request<pb::ConfirmBasketRequest>) -> Res<pb::ConfirmBasketResponse> {
+        Err(Status::unimplemented("baskets are not served by this agent yet"))
+    }
+
+    async fn cancel_basket(&self, _request: Request<pb::CancelBasketRequest>) -> Res<pb::CancelBasketResponse> {
+        Err(Status::unimplemented("baskets are not served by this agent yet"))
+    }
 }

@@ -472,6 +472,27 @@ impl inventory_proto::v1::agent_server::Agent for EchoAgent {
         let open = tokio_stream::StreamExt::chain(tokio_stream::iter(events), tokio_stream::pending());
         Ok(tonic::Response::new(Box::pin(open)))
     }
+
+    async fn acquire_basket(
+        &self,
+        _r: tonic::Request<inventory_proto::v1::AcquireBasketRequest>,
+    ) -> Result<tonic::Response<inventory_proto::v1::AcquireBasketResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not used by these tests"))
+    }
+
+    async fn confirm_basket(
+        &self,
+        _r: tonic::Request<inventory_proto::v1::ConfirmBasketRequest>,
+    ) -> Result<tonic::Response<inventory_proto::v1::ConfirmBasketResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not used by these tests"))
+    }
+
+    async fn cancel_basket(
+        &self,
+        _r: tonic::Request<inventory_proto::v1::CancelBasketRequest>,
+    ) -> Result<tonic::Response<inventory_proto::v1::CancelBasketResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not used by these tests"))
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -103,6 +103,10 @@ impl pb::center_server::Center for CenterService {
         self.borrow_inner(request).instrument(span).await
     }
 
+    async fn borrow_many(&self, _request: Request<pb::BorrowManyRequest>) -> Res<pb::BorrowManyResponse> {
+        Err(Status::unimplemented("BorrowMany is not served by this center yet"))
+    }
+
     async fn r#return(&self, request: Request<pb::ReturnRequest>) -> Res<pb::ReturnResponse> {
         let span = tracing::info_span!(
             "return",
