@@ -162,9 +162,13 @@ pub struct AgentConfig {
     pub relay_batch_max: u64,
     /// Redis URL of the buyer registry, where the allowances of items with a global
     /// per-user limit are kept (shared by every channel's agents). Without it, such items
-    /// are refused with UNAVAILABLE. A single Redis; Redis Cluster is not supported yet.
+    /// are refused with UNAVAILABLE. With --buyer-registry-cluster: seed nodes of a Redis
+    /// Cluster, comma separated.
     #[arg(long, env = "INVENTORY_BUYER_REGISTRY_URL")]
     pub buyer_registry_url: Option<String>,
+    /// The buyer registry is a Redis Cluster (--buyer-registry-url lists seed nodes).
+    #[arg(long, env = "INVENTORY_BUYER_REGISTRY_CLUSTER")]
+    pub buyer_registry_cluster: bool,
     /// Key prefix in the buyer registry (the same for every agent sharing it).
     #[arg(long, env = "INVENTORY_BUYER_REGISTRY_PREFIX", default_value = "inv:")]
     pub buyer_registry_prefix: String,
@@ -242,6 +246,7 @@ impl AgentConfig {
             center_client_cert: None,
             center_client_key: None,
             buyer_registry_url: None,
+            buyer_registry_cluster: false,
             buyer_registry_prefix: redis_prefix.to_owned(),
             buyer_claim_pending_ms: crate::buyers::limit::DEFAULT_PENDING_MS,
             test_abort_after_claim: None,

@@ -133,8 +133,17 @@ impl Application {
         security.warn_if_insecure();
         let mut agent = Agent::new(store, link, settings, limits);
         if let Some(url) = &config.buyer_registry_url {
-            let registry = BuyerRegistry::connect(url, &config.buyer_registry_prefix).await.map_err(|e| {
-                anyhow::anyhow!("--buyer-registry-url {}: cannot connect: {e}", inventory_net::without_credentials(url))
+            let prefix = &config.buyer_registry_prefix;
+            let registry = if config.buyer_registry_cluster {
+                let seeds: Vec<String> =
+                    url.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect();
+                BuyerRegistry::connect_cluster(&seeds, prefix).await
+            } else {
+                BuyerRegistry::connect(url, prefix).await
+            }
+            .map_err(|e| {
+                let shown: Vec<String> = url.split(',').map(inventory_net::without_credentials).collect();
+                anyhow::anyhow!("--buyer-registry-url {}: cannot connect: {e}", shown.join(","))
             })?;
             agent.selling.global.registry = Some(registry);
             // A claim's pool call must end before the sweeper may settle it: above the

@@ -1,4 +1,4 @@
-//! The buyer registry client: the Redis twin of `inventory_core::buyers::Buyer`
+//! The buyer registry client (one Redis or a Redis Cluster): the Redis twin of `inventory_core::buyers::Buyer`
 //! (`lua/buyer.lua`), one hash per (item, user) under `<prefix>{<item>:<user>}:claims`, so
 //! a Redis Cluster spreads buyers over its slots. Every call is one script call on the
 //! buyer's slot: the extra round trip a global-limit Acquire pays before its pool call.
@@ -10,7 +10,9 @@ use inventory_core::buyers::{ClaimResult, Found, Settled};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Script, Value};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{FromRedisValue, Script, ScriptInvocation, Value};
 
 pub mod limit;
 mod sweeper;
@@ -36,15 +38,41 @@ async fn bounded<T>(call: impl Future<Output = redis::RedisResult<T>>) -> Result
     }
 }
 
-/// A connection to the buyer registry (a single Redis).
+/// One Redis (one multiplexed connection that reconnects) or a Redis Cluster (the cluster
+/// client follows the slots, also after a failover). Every key names its slot with a
+/// hash tag, so each call goes to one node either way.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    async fn script<T: FromRedisValue>(&self, call: &ScriptInvocation<'_>) -> Result<T, RegistryError> {
+        match self.clone() {
+            Conn::Single(mut c) => bounded(call.invoke_async(&mut c)).await,
+            Conn::Cluster(mut c) => bounded(call.invoke_async(&mut c)).await,
+        }
+    }
+
+    async fn cmd<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, RegistryError> {
+        match self.clone() {
+            Conn::Single(mut c) => bounded(cmd.query_async(&mut c)).await,
+            Conn::Cluster(mut c) => bounded(cmd.query_async(&mut c)).await,
+        }
+    }
+}
+
+/// A connection to the buyer registry.
 #[derive(Clone)]
 pub struct BuyerRegistry {
-    conn: ConnectionManager,
+    conn: Conn,
     prefix: String,
     script: std::sync::Arc<Script>,
 }
 
 impl BuyerRegistry {
+    /// One Redis at `url`.
     pub async fn connect(url: &str, prefix: &str) -> Result<Self, RegistryError> {
         let client = redis::Client::open(url).map_err(err)?;
         let config = ConnectionManagerConfig::new()
@@ -52,8 +80,28 @@ impl BuyerRegistry {
             .set_response_timeout(Some(CALL_TIMEOUT))
             .set_max_delay(Duration::from_secs(2));
         let conn = ConnectionManager::new_with_config(client, config).await.map_err(err)?;
+        Ok(Self::with(Conn::Single(conn), prefix))
+    }
+
+    /// A Redis Cluster reached through any of its `seed_nodes` (`redis://host:port`).
+    pub async fn connect_cluster(seed_nodes: &[String], prefix: &str) -> Result<Self, RegistryError> {
+        if seed_nodes.is_empty() {
+            return Err(RegistryError("a Redis Cluster needs at least one seed node".to_owned()));
+        }
+        let client = ClusterClientBuilder::new(seed_nodes.to_vec())
+            .connection_timeout(Duration::from_secs(1))
+            .response_timeout(CALL_TIMEOUT)
+            .retries(6)
+            .max_retry_wait(500)
+            .build()
+            .map_err(err)?;
+        let conn = client.get_async_connection().await.map_err(err)?;
+        Ok(Self::with(Conn::Cluster(conn), prefix))
+    }
+
+    fn with(conn: Conn, prefix: &str) -> Self {
         let script = std::sync::Arc::new(Script::new(include_str!("../../../lua/buyer.lua")));
-        Ok(Self { conn, prefix: prefix.to_owned(), script })
+        Self { conn, prefix: prefix.to_owned(), script }
     }
 
     /// The buyer's hash: the hash tag keeps one buyer's claims on one slot.
@@ -67,8 +115,7 @@ impl BuyerRegistry {
         for a in args {
             call.arg(*a);
         }
-        let mut conn = self.conn.clone();
-        bounded(call.invoke_async(&mut conn)).await
+        self.conn.script(&call).await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -151,23 +198,12 @@ impl BuyerRegistry {
     /// later than an earlier note said (`LT`): a user's retries cannot keep their buyer
     /// from the sweeper.
     pub async fn note(&self, item: &str, channel: &str, user: &str, at_ms: i64) -> Result<(), RegistryError> {
-        let mut conn = self.conn.clone();
-        bounded(
-            redis::cmd("ZADD")
-                .arg(self.index_key(item, channel))
-                .arg("LT")
-                .arg(at_ms)
-                .arg(user)
-                .query_async::<()>(&mut conn),
-        )
-        .await
+        self.conn.cmd::<()>(&redis::cmd("ZADD").arg(self.index_key(item, channel)).arg("LT").arg(at_ms).arg(user)).await
     }
 
     /// Looks at the buyer again from `at_ms` on (the sweeper, after looking).
     pub async fn recheck(&self, item: &str, channel: &str, user: &str, at_ms: i64) -> Result<(), RegistryError> {
-        let mut conn = self.conn.clone();
-        bounded(redis::cmd("ZADD").arg(self.index_key(item, channel)).arg(at_ms).arg(user).query_async::<()>(&mut conn))
-            .await
+        self.conn.cmd::<()>(&redis::cmd("ZADD").arg(self.index_key(item, channel)).arg(at_ms).arg(user)).await
     }
 
     /// Up to `max` buyers of the channel's index due at `now_ms`.
@@ -178,18 +214,17 @@ impl BuyerRegistry {
         now_ms: i64,
         max: usize,
     ) -> Result<Vec<String>, RegistryError> {
-        let mut conn = self.conn.clone();
-        bounded(
-            redis::cmd("ZRANGEBYSCORE")
-                .arg(self.index_key(item, channel))
-                .arg("-inf")
-                .arg(now_ms)
-                .arg("LIMIT")
-                .arg(0)
-                .arg(max)
-                .query_async(&mut conn),
-        )
-        .await
+        self.conn
+            .cmd(
+                &redis::cmd("ZRANGEBYSCORE")
+                    .arg(self.index_key(item, channel))
+                    .arg("-inf")
+                    .arg(now_ms)
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(max),
+            )
+            .await
     }
 
     /// The channel's set of items with global limits it claimed for: how a restarted
@@ -199,19 +234,16 @@ impl BuyerRegistry {
     }
 
     pub async fn note_item(&self, channel: &str, item: &str) -> Result<(), RegistryError> {
-        let mut conn = self.conn.clone();
-        bounded(redis::cmd("SADD").arg(self.items_key(channel)).arg(item).query_async::<()>(&mut conn)).await
+        self.conn.cmd::<()>(&redis::cmd("SADD").arg(self.items_key(channel)).arg(item)).await
     }
 
     pub async fn items(&self, channel: &str) -> Result<Vec<String>, RegistryError> {
-        let mut conn = self.conn.clone();
-        bounded(redis::cmd("SMEMBERS").arg(self.items_key(channel)).query_async(&mut conn)).await
+        self.conn.cmd(&redis::cmd("SMEMBERS").arg(self.items_key(channel))).await
     }
 
     /// Drops the buyer from the channel's index.
     pub async fn forget(&self, item: &str, channel: &str, user: &str) -> Result<(), RegistryError> {
-        let mut conn = self.conn.clone();
-        bounded(redis::cmd("ZREM").arg(self.index_key(item, channel)).arg(user).query_async::<()>(&mut conn)).await
+        self.conn.cmd::<()>(&redis::cmd("ZREM").arg(self.index_key(item, channel)).arg(user)).await
     }
 
     /// Settles a due claim from what the pool says of its reservation.

@@ -309,3 +309,83 @@ async fn an_unreachable_registry_refuses_or_falls_back_per_item() {
     let errors = agent.agent.metrics.buyer_registry_errors.get();
     assert!(errors >= 2, "registry errors counted: {errors}");
 }
+
+/// The buyer registry on a 3-master Redis Cluster (the pools on a single Redis): the
+/// buyers' claims spread over the masters, every node's script cache is flushed mid-race
+/// (the client reloads on NOSCRIPT), and no user gets more than the global limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_global_limit_holds_with_the_registry_on_a_redis_cluster() {
+    const CLUSTER_USERS: usize = 300;
+    let cluster = inventory_test_support::cluster::RedisCluster::start(3, 0).await;
+    let redis = TestRedis::create().await;
+    let center = Center::start_sqlite().await;
+    create_global(&center, "drop", TOTAL, 300_000).await;
+    let store = StoreSpec::Redis { url: redis.url.clone(), prefix: redis.prefix.clone() };
+    let mut agents = Vec::new();
+    for c in CHANNELS {
+        let mut config = agent_config(&center.url, c, &store);
+        config.buyer_registry_url = Some(cluster.seeds().join(","));
+        config.buyer_registry_cluster = true;
+        config.buyer_registry_prefix = redis.prefix.clone();
+        config.user_rate_per_sec = 10_000;
+        config.user_burst = 10_000;
+        agents.push(LocalAgent::start_with(config, None).await);
+    }
+    let mut clients = Vec::new();
+    for a in &agents {
+        clients.push(a.client().await);
+    }
+
+    let jobs = (0..CLUSTER_USERS).flat_map(|u| (0..CHANNELS.len()).flat_map(move |c| [(u, c), (u, c)]));
+    let race = |jobs: Vec<(usize, usize)>| {
+        let clients = clients.clone();
+        futures::stream::iter(jobs)
+            .map(move |(u, c)| {
+                let mut client = clients[c].clone();
+                async move {
+                    let (user, key) = (format!("u{u}"), format!("u{u}-{}", CHANNELS[c]));
+                    (u, c, acquire_settled(&mut client, "drop", &user, &key).await)
+                }
+            })
+            .buffer_unordered(64)
+            .collect::<Vec<_>>()
+    };
+    let jobs: Vec<_> = jobs.collect();
+    let (first, second) = jobs.split_at(jobs.len() / 2);
+    let mut answers = race(first.to_vec()).await;
+    assert_eq!(cluster.flush_scripts().await, 3, "every master's script cache flushed");
+    answers.extend(race(second.to_vec()).await);
+
+    let mut held: BTreeMap<usize, BTreeSet<String>> = BTreeMap::new();
+    for (u, c, a) in answers {
+        match a {
+            Answer::Reserved(id) => {
+                held.entry(u).or_default().insert(id);
+            }
+            Answer::Outcome(_) => {}
+            Answer::Code(code) => panic!("user {u} on {}: {code:?}", CHANNELS[c]),
+        }
+    }
+    assert_eq!(held.len(), CLUSTER_USERS, "stock for all: every user got one unit");
+    for (u, ids) in &held {
+        assert_eq!(ids.len(), 1, "user {u} holds more than the global limit: {ids:?}");
+    }
+
+    // The claims live on every master of the cluster, not on one.
+    let registry = BuyerRegistry::connect_cluster(&cluster.seeds(), &redis.prefix).await.expect("registry");
+    let mut masters = BTreeSet::new();
+    for u in 0..CLUSTER_USERS {
+        let user = format!("u{u}");
+        let count: u64 = futures::future::join_all(CHANNELS.iter().map(|c| registry.count("drop", &user, c)))
+            .await
+            .into_iter()
+            .map(|n| n.expect("count"))
+            .sum();
+        assert_eq!(count, 1, "user {user}: one claim over all channels");
+        if u % 10 == 0 {
+            masters.insert(cluster.master_of(&registry.key("drop", &user)).await);
+        }
+    }
+    assert_eq!(masters.len(), 3, "buyers spread over the masters: {masters:?}");
+    drop(agents);
+}
