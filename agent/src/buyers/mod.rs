@@ -198,12 +198,12 @@ impl BuyerRegistry {
     /// later than an earlier note said (`LT`): a user's retries cannot keep their buyer
     /// from the sweeper.
     pub async fn note(&self, item: &str, channel: &str, user: &str, at_ms: i64) -> Result<(), RegistryError> {
-        self.conn.cmd::<()>(&redis::cmd("ZADD").arg(self.index_key(item, channel)).arg("LT").arg(at_ms).arg(user)).await
+        self.conn.cmd::<()>(redis::cmd("ZADD").arg(self.index_key(item, channel)).arg("LT").arg(at_ms).arg(user)).await
     }
 
     /// Looks at the buyer again from `at_ms` on (the sweeper, after looking).
     pub async fn recheck(&self, item: &str, channel: &str, user: &str, at_ms: i64) -> Result<(), RegistryError> {
-        self.conn.cmd::<()>(&redis::cmd("ZADD").arg(self.index_key(item, channel)).arg(at_ms).arg(user)).await
+        self.conn.cmd::<()>(redis::cmd("ZADD").arg(self.index_key(item, channel)).arg(at_ms).arg(user)).await
     }
 
     /// Up to `max` buyers of the channel's index due at `now_ms`.
@@ -216,7 +216,7 @@ impl BuyerRegistry {
     ) -> Result<Vec<String>, RegistryError> {
         self.conn
             .cmd(
-                &redis::cmd("ZRANGEBYSCORE")
+                redis::cmd("ZRANGEBYSCORE")
                     .arg(self.index_key(item, channel))
                     .arg("-inf")
                     .arg(now_ms)
@@ -234,16 +234,16 @@ impl BuyerRegistry {
     }
 
     pub async fn note_item(&self, channel: &str, item: &str) -> Result<(), RegistryError> {
-        self.conn.cmd::<()>(&redis::cmd("SADD").arg(self.items_key(channel)).arg(item)).await
+        self.conn.cmd::<()>(redis::cmd("SADD").arg(self.items_key(channel)).arg(item)).await
     }
 
     pub async fn items(&self, channel: &str) -> Result<Vec<String>, RegistryError> {
-        self.conn.cmd(&redis::cmd("SMEMBERS").arg(self.items_key(channel))).await
+        self.conn.cmd(redis::cmd("SMEMBERS").arg(self.items_key(channel))).await
     }
 
     /// Drops the buyer from the channel's index.
     pub async fn forget(&self, item: &str, channel: &str, user: &str) -> Result<(), RegistryError> {
-        self.conn.cmd::<()>(&redis::cmd("ZREM").arg(self.index_key(item, channel)).arg(user)).await
+        self.conn.cmd::<()>(redis::cmd("ZREM").arg(self.index_key(item, channel)).arg(user)).await
     }
 
     /// Settles a due claim from what the pool says of its reservation.
