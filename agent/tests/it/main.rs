@@ -18,5 +18,6 @@ mod sale;
 mod security;
 #[macro_use]
 mod store_contract;
+mod store_baskets;
 mod store_events;
 mod store_partial;
