@@ -59,6 +59,13 @@ async fn two_lines_of_one_item_over_the_stock_are_refused_and_hold_nothing() {
     assert!(over.reservations.is_empty() && over.basket_id.is_empty(), "{over:?}");
     assert_eq!(reserved_units(&mut client, "console").await, 0);
     assert_eq!(reserved_units(&mut client, "pad").await, 0, "the line reserved before the short one was undone");
+    // A replay of a basket that reserved nothing is evaluated again (as an Acquire's is).
+    let again = acquire_settled(&mut client, &basket("u1", "k1", &[("pad", 1), ("console", 2), ("console", 2)])).await;
+    assert_eq!(
+        (again.outcome(), again.short_item_id.as_str(), again.replayed),
+        (pb::AcquireOutcome::SoldOut, "console", false)
+    );
+    assert_eq!(reserved_units(&mut client, "pad").await, 0);
 
     // 2 + 1 fits: one reservation of 3 for both console lines, listed per line in order.
     let ok = acquire_settled(&mut client, &basket("u1", "k2", &[("console", 2), ("pad", 1), ("console", 1)])).await;
@@ -75,7 +82,7 @@ async fn two_lines_of_one_item_over_the_stock_are_refused_and_hold_nothing() {
 
     let metrics = http_get(agent.http_addr, "/metrics").await;
     assert_eq!(sample(&metrics, r#"inventory_agent_baskets_reserved_total{channel="app"}"#), Some(1.0), "{metrics}");
-    assert_eq!(sample(&metrics, r#"inventory_agent_baskets_failed_total{channel="app"}"#), Some(1.0), "{metrics}");
+    assert_eq!(sample(&metrics, r#"inventory_agent_baskets_failed_total{channel="app"}"#), Some(2.0), "{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -98,6 +105,22 @@ async fn confirm_and_cancel_act_on_every_line_and_replay() {
         let e = client.acquire_basket(other).await.expect_err("key reused");
         assert_eq!(e.code(), tonic::Code::AlreadyExists, "{e:?}");
     }
+
+    // The same new basket sent five times at once: the first to record the intent drives
+    // it, the others wait for it and answer the same reservations.
+    let req3 = basket("u3", "buy-3", &[("b", 1), ("a", 1)]);
+    let same = futures::future::join_all((0..5).map(|_| {
+        let (mut client, req) = (client.clone(), req3.clone());
+        async move { acquire_settled(&mut client, &req).await }
+    }))
+    .await;
+    assert_eq!(same.iter().filter(|r| !r.replayed).count(), 1, "{same:?}");
+    for r in &same {
+        assert_eq!(*r, pb::AcquireBasketResponse { replayed: r.replayed, ..same[0].clone() });
+        assert_eq!(r.outcome(), pb::AcquireOutcome::Reserved);
+    }
+    assert_eq!((reserved_units(&mut client, "a").await, reserved_units(&mut client, "b").await), (2, 3));
+    client.cancel_basket(pb::CancelBasketRequest { basket_id: same[0].basket_id.clone() }).await.expect("cancel");
 
     let id = first.basket_id.clone();
     for _ in 0..2 {
