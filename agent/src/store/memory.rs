@@ -337,9 +337,9 @@ impl PoolStore for MemoryPoolStore {
 
     async fn basket(&self, channel: &str, basket_id: &str) -> Result<Option<StoredBasket>, StoreError> {
         let now = now_ms();
-        let mut baskets = self.lock_baskets();
-        forget_old_baskets(&mut baskets, now);
-        Ok(baskets.get(&(channel.to_owned(), basket_id.to_owned())).map(|b| stored(b, now)))
+        let baskets = self.lock_baskets();
+        let found = baskets.get(&(channel.to_owned(), basket_id.to_owned())).filter(|b| kept(b, now));
+        Ok(found.map(|b| stored(b, now)))
     }
 
     async fn put_basket(
@@ -351,9 +351,8 @@ impl PoolStore for MemoryPoolStore {
     ) -> Result<BasketWrite, StoreError> {
         let now = now_ms();
         let mut baskets = self.lock_baskets();
-        forget_old_baskets(&mut baskets, now);
         let id = (channel.to_owned(), basket_id.to_owned());
-        let current = baskets.get(&id);
+        let current = baskets.get(&id).filter(|b| kept(b, now));
         if current.map_or(0, |b| b.version) != expected_version {
             return Ok(BasketWrite::Conflict(current.map(|b| stored(b, now))));
         }
@@ -391,9 +390,14 @@ fn stored(b: &SavedBasket, now_ms: i64) -> StoredBasket {
 }
 
 /// Intents are kept [`BASKET_RETENTION`] after their last write, as the Lua twin's TTL.
+fn kept(b: &SavedBasket, now_ms: i64) -> bool {
+    now_ms.saturating_sub(b.written_at_ms) < duration_ms(BASKET_RETENTION)
+}
+
+/// Drops the intents past their retention: the sweeper's listing does this (every pass),
+/// single reads and writes only ignore them.
 fn forget_old_baskets(baskets: &mut HashMap<(String, String), SavedBasket>, now_ms: i64) {
-    let keep = duration_ms(BASKET_RETENTION);
-    baskets.retain(|_, b| now_ms.saturating_sub(b.written_at_ms) < keep);
+    baskets.retain(|_, b| kept(b, now_ms));
 }
 
 /// The model's refusal as the store's error, the same as the Lua twin's.
