@@ -9,7 +9,7 @@ use futures::StreamExt;
 use futures::future::join_all;
 use inventory_agent::security::UserLimits;
 use inventory_agent::selling::AcquireRequest;
-use inventory_agent::service::parse_acquire;
+use inventory_agent::service::{parse_acquire, parse_basket};
 use inventory_proto::v1 as pb;
 use proptest::prelude::*;
 use prost::Message;
@@ -178,6 +178,16 @@ proptest! {
         let req = pb::AcquireRequest { item_id: "i".into(), user_id: s.clone(), quantity: 1, idempotency_key: "k".into(), ..Default::default() };
         let valid = !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| (0x21..=0x7e).contains(&b));
         prop_assert_eq!(parse_acquire(&req).is_ok(), valid);
+        // A basket's line item ids and user the same way, the field named by its line.
+        let line = |item: &str| pb::BasketLine { item_id: item.into(), quantity: 1 };
+        let b = pb::AcquireBasketRequest { user_id: "u".into(), idempotency_key: "k".into(), lines: vec![line("i"), line(&s)] };
+        let item_valid = !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
+        match parse_basket(&b) {
+            Ok(_) => prop_assert!(item_valid),
+            Err(e) => prop_assert!(!item_valid && e.to_string().contains("lines[1].item_id"), "{}", e),
+        }
+        let b = pb::AcquireBasketRequest { user_id: s.clone(), idempotency_key: "k".into(), lines: vec![line("i")] };
+        prop_assert_eq!(parse_basket(&b).is_ok(), valid);
     }
 }
 
