@@ -289,3 +289,51 @@ async fn a_crash_between_two_lines_is_undone_after_the_bound_and_replays_agree()
     assert_eq!(sample(&metrics, r#"inventory_agent_baskets_compensated_total{channel="app"}"#), Some(1.0), "{metrics}");
     drop(app);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_basket_with_an_expired_line_is_not_confirmed_and_can_be_cancelled() {
+    let redis = TestRedis::create().await;
+    let center = Center::start_sqlite().await;
+    center.create_item("long", 100, 5, (5, 50, 20)).await;
+    center
+        .admin()
+        .await
+        .create_item(pb::CreateItemRequest {
+            item_id: "short".into(),
+            total: 100,
+            per_user_limit: 5,
+            reservation_ttl_ms: 200,
+            watermarks: Some(pb::Watermarks { low: 5, high: 50, batch: 20 }),
+            ..Default::default()
+        })
+        .await
+        .expect("create item");
+    let agent = LocalAgent::start(&center.url, "app", &redis_store(&redis)).await;
+    let mut client = agent.client().await;
+    let b = acquire_settled(&mut client, &basket("u1", "e-1", &[("long", 1), ("short", 1)])).await;
+    assert_eq!(b.outcome(), pb::AcquireOutcome::Reserved, "{b:?}");
+    let short = b.reservations[1].clone();
+    let expired = wait_until(Duration::from_secs(10), || {
+        let (mut client, id) = (client.clone(), short.reservation_id.clone());
+        async move {
+            let g = pb::GetReservationRequest { item_id: "short".into(), reservation_id: id, ..Default::default() };
+            let r = client.get_reservation(g).await.expect("lookup").into_inner().reservation.unwrap();
+            r.state == pb::ReservationState::Expired as i32
+        }
+    })
+    .await;
+    assert!(expired, "the short line never expired");
+
+    let e = client
+        .confirm_basket(pb::ConfirmBasketRequest { basket_id: b.basket_id.clone() })
+        .await
+        .expect_err("a line expired");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(e.message().contains("item short") && e.message().contains("expired"), "{}", e.message());
+    let long = stock(&mut client, "long").await;
+    assert_eq!((long.reserved, long.sold), (1, 0), "nothing was confirmed");
+    // The basket can still be cancelled: the live line is released, the expired one counts.
+    let r = client.cancel_basket(pb::CancelBasketRequest { basket_id: b.basket_id.clone() }).await.expect("cancel");
+    assert_eq!(r.into_inner().state, pb::ReservationState::Cancelled as i32);
+    assert_eq!(reserved_units(&mut client, "long").await, 0);
+}
