@@ -337,3 +337,43 @@ async fn a_basket_with_an_expired_line_is_not_confirmed_and_can_be_cancelled() {
     assert_eq!(r.into_inner().state, pb::ReservationState::Cancelled as i32);
     assert_eq!(reserved_units(&mut client, "long").await, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undone_line_of_a_global_item_frees_the_users_allowance() {
+    let redis = TestRedis::create().await;
+    let center = Center::start_sqlite().await;
+    center
+        .admin()
+        .await
+        .create_item(pb::CreateItemRequest {
+            item_id: "g".into(),
+            total: 10,
+            per_user_limit: 1,
+            reservation_ttl_ms: 300_000,
+            watermarks: Some(pb::Watermarks { low: 2, high: 10, batch: 5 }),
+            limit_scope: pb::LimitScope::Global.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("create item");
+    center.create_item("scarce", 1, 5, (1, 2, 1)).await;
+    let mut config = agent_config(&center.url, "app", &redis_store(&redis));
+    config.buyer_registry_url = Some(redis.url.clone());
+    let agent = LocalAgent::start_with(config, None).await;
+    let mut client = agent.client().await;
+    let taken = acquire_settled(&mut client, &basket("other", "o-1", &[("scarce", 1)])).await;
+    assert_eq!(taken.outcome(), pb::AcquireOutcome::Reserved);
+
+    // The global line reserves (claiming the user's allowance), the scarce one is short:
+    // the global line is undone and its claim released.
+    let short = acquire_settled(&mut client, &basket("u1", "g-1", &[("g", 1), ("scarce", 1)])).await;
+    assert_eq!((short.outcome(), short.short_item_id.as_str()), (pb::AcquireOutcome::SoldOut, "scarce"));
+    assert_eq!(reserved_units(&mut client, "g").await, 0);
+    let ok = acquire_settled(&mut client, &basket("u1", "g-2", &[("g", 1)])).await;
+    assert_eq!(ok.outcome(), pb::AcquireOutcome::Reserved, "the allowance was freed: {ok:?}");
+    let over = acquire_settled(&mut client, &basket("u1", "g-3", &[("g", 1)])).await;
+    assert_eq!(
+        (over.outcome(), over.short_item_id.as_str(), over.limit_remaining),
+        (pb::AcquireOutcome::LimitExceeded, "g", 0)
+    );
+}
