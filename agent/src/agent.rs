@@ -55,6 +55,8 @@ pub struct Agent {
     pub metrics: Arc<Metrics>,
     pub role: Arc<Role>,
     pub selling: Selling,
+    /// Baskets, driven over `selling`.
+    pub baskets: crate::baskets::Baskets,
     pub stocking: Arc<Stocking>,
     pub reporting: Reporting,
     pub replicas: Arc<Replicas>,
@@ -106,6 +108,7 @@ impl Agent {
             metrics,
             role,
             selling,
+            baskets: Default::default(),
             stocking,
             reporting,
             replicas,

@@ -181,6 +181,17 @@ pub struct AgentConfig {
     /// Acquire of this user has claimed its global allowance and not yet touched the pool.
     #[arg(long, hide = true)]
     pub test_abort_after_claim: Option<String>,
+    /// How long a basket's intent may stay pending before the sweeper undoes it (its
+    /// driver crashed or is too slow): every line found reserved under the basket's
+    /// derived keys is cancelled. Raised to at least twice --miss-wait-ms plus 1 s: a
+    /// driver starts no line after half of it, so no line of a live basket is in flight
+    /// when it is undone.
+    #[arg(long, env = "INVENTORY_BASKET_PENDING_MS", default_value_t = crate::baskets::DEFAULT_PENDING_MS)]
+    pub basket_pending_ms: u64,
+    /// Test-only fault point: the process aborts (no cleanup, as under kill -9) when a
+    /// basket of this user has reserved its first line and not yet the next.
+    #[arg(long, hide = true)]
+    pub test_abort_between_basket_lines: Option<String>,
     /// Per-user Acquire rate (requests per second, GCRA) before RESOURCE_EXHAUSTED.
     #[arg(long, env = "INVENTORY_USER_RATE_PER_SEC", default_value_t = 5)]
     pub user_rate_per_sec: u32,
@@ -250,6 +261,8 @@ impl AgentConfig {
             buyer_registry_prefix: redis_prefix.to_owned(),
             buyer_claim_pending_ms: crate::buyers::limit::DEFAULT_PENDING_MS,
             test_abort_after_claim: None,
+            basket_pending_ms: crate::baskets::DEFAULT_PENDING_MS,
+            test_abort_between_basket_lines: None,
             // Generous: end-to-end tests send many requests per user.
             user_rate_per_sec: 100_000,
             user_burst: 100_000,

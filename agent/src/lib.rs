@@ -15,6 +15,7 @@
 //! - [`service`], [`http`], [`startup`]: the gRPC edge, metrics, and wiring.
 
 pub mod agent;
+pub mod baskets;
 pub mod buyers;
 pub mod clock;
 pub mod config;

@@ -49,6 +49,9 @@ pub enum Method {
     GetReservation,
     Extend,
     StreamEvents,
+    AcquireBasket,
+    ConfirmBasket,
+    CancelBasket,
 }
 
 impl Method {
@@ -62,6 +65,9 @@ impl Method {
             Method::GetReservation => "get_reservation",
             Method::Extend => "extend",
             Method::StreamEvents => "stream_events",
+            Method::AcquireBasket => "acquire_basket",
+            Method::ConfirmBasket => "confirm_basket",
+            Method::CancelBasket => "cancel_basket",
         }
     }
 }
@@ -92,6 +98,13 @@ pub struct Metrics {
     pub buyer_releases: Counter,
     pub buyer_swept: Counter,
     pub buyer_registry_errors: Counter,
+    /// Baskets: reserved (every line), failed (a line short or in error, undone),
+    /// compensated (undone by recovery: the driver crashed or was too slow), and the open
+    /// intents the sweeper last saw (pending or releasing; at most one page).
+    pub baskets_reserved: Counter,
+    pub baskets_failed: Counter,
+    pub baskets_compensated: Counter,
+    pub baskets_open: prometheus_client::metrics::gauge::Gauge,
     /// By method and gRPC code: calls answered with an error status.
     rejected: Family<Labels<2>, Counter>,
     /// Every call of the agent's gRPC server, measured by the layer in `startup.rs`.
@@ -129,6 +142,10 @@ impl Default for Metrics {
             buyer_releases: Counter::default(),
             buyer_swept: Counter::default(),
             buyer_registry_errors: Counter::default(),
+            baskets_reserved: Counter::default(),
+            baskets_failed: Counter::default(),
+            baskets_compensated: Counter::default(),
+            baskets_open: Default::default(),
             rejected,
             rpc: inventory_net::metrics::RpcMetrics::new(&[
                 inventory_proto::FILE_DESCRIPTOR_SET,
@@ -256,9 +273,25 @@ impl Metrics {
                 "Failed calls to the buyer registry",
                 &self.buyer_registry_errors,
             ),
+            ("inventory_agent_baskets_reserved", "Baskets that reserved every line", &self.baskets_reserved),
+            (
+                "inventory_agent_baskets_failed",
+                "Baskets that reserved nothing: a line sold out, over the limit or in error (lines undone)",
+                &self.baskets_failed,
+            ),
+            (
+                "inventory_agent_baskets_compensated",
+                "Basket intents undone by recovery (the driver crashed or took longer than the bound)",
+                &self.baskets_compensated,
+            ),
         ] {
             registry.register(name, help, counter.clone());
         }
+        registry.register(
+            "inventory_agent_basket_intents_open",
+            "Basket intents pending or being undone, as the sweeper last saw them (at most one page)",
+            self.baskets_open.clone(),
+        );
         registry.register(
             "inventory_agent_rejected_calls",
             "Calls answered with a gRPC error status, by method and code",

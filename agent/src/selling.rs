@@ -68,15 +68,29 @@ impl Selling {
     }
 
     pub async fn acquire(&self, req: AcquireRequest) -> Result<pb::AcquireResponse, AgentError> {
+        self.admit_user(req.user.as_str())?;
+        self.acquire_admitted(req).await
+    }
+
+    /// The checks every purchase passes once (an Acquire, or a basket however many lines
+    /// it has): the agent is not draining, the user is within the per-user rate.
+    pub fn admit_user(&self, user: &str) -> Result<(), AgentError> {
         if self.role.is_draining() {
             return Err(AgentError::Unavailable("agent is shutting down; retry on another agent".into()));
         }
-        if !self.limits.allow(req.user.as_str()) {
+        if !self.limits.allow(user) {
             self.rate_limited.fetch_add(1, Ordering::Relaxed);
             return Err(AgentError::ResourceExhausted(format!(
-                "user_id {:?} is sending requests too fast; retry later",
-                req.user.as_str()
+                "user_id {user:?} is sending requests too fast; retry later"
             )));
+        }
+        Ok(())
+    }
+
+    /// An Acquire past [`Selling::admit_user`]: a basket's line goes through here.
+    pub async fn acquire_admitted(&self, req: AcquireRequest) -> Result<pb::AcquireResponse, AgentError> {
+        if self.role.is_draining() {
+            return Err(AgentError::Unavailable("agent is shutting down; retry on another agent".into()));
         }
         if !self.link.lease_valid() {
             return Err(AgentError::Unavailable(

@@ -144,6 +144,13 @@ pub fn parse_acquire(r: &pb::AcquireRequest) -> Result<AcquireRequest, AgentErro
     })
 }
 
+/// Parses an AcquireBasket: user, key, 1..=32 lines, each item's lines summed
+/// (`inventory_core::basket::Basket::parse`).
+pub fn parse_basket(r: &pb::AcquireBasketRequest) -> Result<inventory_core::basket::Basket, AgentError> {
+    let lines: Vec<(&str, u64)> = r.lines.iter().map(|l| (l.item_id.as_str(), l.quantity)).collect();
+    Ok(inventory_core::basket::Basket::parse(&r.user_id, &r.idempotency_key, &lines)?)
+}
+
 type Res<T> = Result<Response<T>, Status>;
 
 #[tonic::async_trait]
@@ -202,15 +209,37 @@ impl pb::agent_server::Agent for AgentService {
         self.answer(Method::StreamEvents, result)
     }
 
-    async fn acquire_basket(&self, _request: Request<pb::AcquireBasketRequest>) -> Res<pb::AcquireBasketResponse> {
-        Err(Status::unimplemented("baskets are not served by this agent yet"))
+    async fn acquire_basket(&self, request: Request<pb::AcquireBasketRequest>) -> Res<pb::AcquireBasketResponse> {
+        let result = match parse_basket(request.get_ref()) {
+            Ok(basket) => self.agent.baskets.acquire(&self.agent.selling, basket).await,
+            Err(e) => Err(e),
+        };
+        self.answer(Method::AcquireBasket, result)
     }
 
-    async fn confirm_basket(&self, _request: Request<pb::ConfirmBasketRequest>) -> Res<pb::ConfirmBasketResponse> {
-        Err(Status::unimplemented("baskets are not served by this agent yet"))
+    async fn confirm_basket(&self, request: Request<pb::ConfirmBasketRequest>) -> Res<pb::ConfirmBasketResponse> {
+        let result = match RequestId::parse("basket_id", &request.get_ref().basket_id) {
+            Ok(id) => self
+                .agent
+                .baskets
+                .confirm(&self.agent.selling, id.as_str())
+                .await
+                .map(|s| pb::ConfirmBasketResponse { state: reservation_state_pb(s) }),
+            Err(e) => Err(e.into()),
+        };
+        self.answer(Method::ConfirmBasket, result)
     }
 
-    async fn cancel_basket(&self, _request: Request<pb::CancelBasketRequest>) -> Res<pb::CancelBasketResponse> {
-        Err(Status::unimplemented("baskets are not served by this agent yet"))
+    async fn cancel_basket(&self, request: Request<pb::CancelBasketRequest>) -> Res<pb::CancelBasketResponse> {
+        let result = match RequestId::parse("basket_id", &request.get_ref().basket_id) {
+            Ok(id) => self
+                .agent
+                .baskets
+                .cancel(&self.agent.selling, id.as_str())
+                .await
+                .map(|s| pb::CancelBasketResponse { state: reservation_state_pb(s) }),
+            Err(e) => Err(e.into()),
+        };
+        self.answer(Method::CancelBasket, result)
     }
 }

@@ -151,6 +151,11 @@ impl Application {
             agent.selling.global.pending_ms = config.buyer_claim_pending_ms.max(config.miss_wait_ms.saturating_mul(2));
             agent.selling.global.abort_after_claim.clone_from(&config.test_abort_after_claim);
         }
+        // A driver starts no line after half the bound, and a line takes at most its wait
+        // for a Borrow (plus the store calls): the bound stays above twice that.
+        agent.baskets.pending_ms =
+            config.basket_pending_ms.max(config.miss_wait_ms.saturating_add(500).saturating_mul(2));
+        agent.baskets.abort_between_lines.clone_from(&config.test_abort_between_basket_lines);
         let agent = Arc::new(agent);
         agent.resync_at_next_registration(kept_items);
         // Replicas of the channel sharing this store: the first one leads; the others
@@ -230,6 +235,7 @@ impl Application {
             tokio::spawn(workers::leadership(Arc::clone(&self.agent), stop_rx.clone())),
             tokio::spawn(workers::outbox_sizes(Arc::clone(&self.agent), stop_rx.clone())),
             tokio::spawn(workers::buyer_sweeper(Arc::clone(&self.agent), stop_rx.clone())),
+            tokio::spawn(workers::basket_sweeper(Arc::clone(&self.agent), stop_rx.clone())),
         ];
         if let Some(relay) = self.relay.take() {
             let (agent, leader) = (Arc::clone(&self.agent), Arc::clone(&self.agent));

@@ -256,3 +256,27 @@ pub async fn buyer_sweeper(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
         }
     }
 }
+
+/// How often the basket sweeper looks for open intents.
+const BASKET_SWEEP_EVERY: Duration = Duration::from_millis(250);
+
+/// Undoes the channel's basket intents left open past the bound (a driver that crashed,
+/// here or in an earlier run of the channel's agent; leading replica only).
+pub async fn basket_sweeper(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
+    while tick(&mut stop, BASKET_SWEEP_EVERY).await {
+        if !agent.is_leading() {
+            continue;
+        }
+        match agent.baskets.sweep(&agent.selling).await {
+            Ok(open) => {
+                agent.metrics.baskets_open.set(i64::try_from(open).unwrap_or(i64::MAX));
+            }
+            Err(e) => {
+                if e.is_pool_store_error() {
+                    agent.metrics.pool_store_error();
+                }
+                tracing::warn!(error = %e, "basket sweep failed");
+            }
+        }
+    }
+}

@@ -6,6 +6,7 @@
 //! carry out what they return.
 
 pub mod auth;
+pub mod basket;
 pub mod buyers;
 pub mod channel;
 pub mod ids;

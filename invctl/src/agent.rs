@@ -1,4 +1,4 @@
-//! `invctl agent stock|acquire|confirm|cancel`: an agent as a channel backend sees it.
+//! `invctl agent stock|acquire|confirm|cancel|basket`: an agent as a channel backend sees it.
 
 use clap::{Args, Subcommand};
 use inventory_proto::v1 as pb;
@@ -35,6 +35,9 @@ pub enum AgentCmd {
     Confirm(ReservationArgs),
     /// Cancel a reservation.
     Cancel(ReservationArgs),
+    /// Baskets: several items for one user, all or none.
+    #[command(subcommand)]
+    Basket(crate::basket::BasketCmd),
 }
 
 #[derive(Args)]
@@ -85,7 +88,7 @@ struct StateView {
     state: &'static str,
 }
 
-fn outcome_text(o: pb::AcquireOutcome) -> &'static str {
+pub(crate) fn outcome_text(o: pb::AcquireOutcome) -> &'static str {
     match o {
         pb::AcquireOutcome::Reserved => "reserved",
         pb::AcquireOutcome::SoldOut => "sold_out",
@@ -185,6 +188,7 @@ pub async fn run(ctx: &Ctx, cmd: AgentCmd) -> Result<(), Failure> {
                 .into_inner();
             state_reply(ctx, reservation_id, state_text(r.state()));
         }
+        AgentCmd::Basket(cmd) => crate::basket::run(ctx, &mut client, cmd).await?,
         AgentCmd::Cancel(args) => {
             let (item_id, reservation_id) = args.id();
             let r = client

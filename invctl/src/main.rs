@@ -8,6 +8,7 @@
 
 mod agent;
 mod args;
+mod basket;
 mod channel;
 mod conn;
 mod item;

@@ -473,26 +473,109 @@ impl inventory_proto::v1::agent_server::Agent for EchoAgent {
         Ok(tonic::Response::new(Box::pin(open)))
     }
 
+    /// Reserves one reservation per line (`r-<item>`), the basket id `b-<key>`.
     async fn acquire_basket(
         &self,
-        _r: tonic::Request<inventory_proto::v1::AcquireBasketRequest>,
+        r: tonic::Request<inventory_proto::v1::AcquireBasketRequest>,
     ) -> Result<tonic::Response<inventory_proto::v1::AcquireBasketResponse>, tonic::Status> {
-        Err(tonic::Status::unimplemented("not used by these tests"))
+        let r = r.into_inner();
+        let lines: Vec<String> = r.lines.iter().map(|l| format!("{}={}", l.item_id, l.quantity)).collect();
+        self.seen.lock().unwrap().push(("acquire_basket".into(), format!("{}|{}", r.user_id, lines.join(","))));
+        Ok(tonic::Response::new(inventory_proto::v1::AcquireBasketResponse {
+            outcome: inventory_proto::v1::AcquireOutcome::Reserved as i32,
+            basket_id: format!("b-{}", r.idempotency_key),
+            reservations: r
+                .lines
+                .iter()
+                .map(|l| inventory_proto::v1::BasketReservation {
+                    item_id: l.item_id.clone(),
+                    reservation_id: format!("r-{}", l.item_id),
+                    quantity: l.quantity,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }))
     }
 
     async fn confirm_basket(
         &self,
-        _r: tonic::Request<inventory_proto::v1::ConfirmBasketRequest>,
+        r: tonic::Request<inventory_proto::v1::ConfirmBasketRequest>,
     ) -> Result<tonic::Response<inventory_proto::v1::ConfirmBasketResponse>, tonic::Status> {
-        Err(tonic::Status::unimplemented("not used by these tests"))
+        self.seen.lock().unwrap().push(("confirm_basket".into(), r.into_inner().basket_id));
+        let state = inventory_proto::v1::ReservationState::Confirmed as i32;
+        Ok(tonic::Response::new(inventory_proto::v1::ConfirmBasketResponse { state }))
     }
 
     async fn cancel_basket(
         &self,
-        _r: tonic::Request<inventory_proto::v1::CancelBasketRequest>,
+        r: tonic::Request<inventory_proto::v1::CancelBasketRequest>,
     ) -> Result<tonic::Response<inventory_proto::v1::CancelBasketResponse>, tonic::Status> {
-        Err(tonic::Status::unimplemented("not used by these tests"))
+        let id = r.into_inner().basket_id;
+        self.seen.lock().unwrap().push(("cancel_basket".into(), id.clone()));
+        if id == "unknown" {
+            return Err(tonic::Status::not_found("basket \"unknown\" not found"));
+        }
+        let state = inventory_proto::v1::ReservationState::Cancelled as i32;
+        Ok(tonic::Response::new(inventory_proto::v1::CancelBasketResponse { state }))
     }
+}
+
+/// An [`EchoAgent`] served on a local port: its URL, and the server task.
+async fn echo_agent(agent: std::sync::Arc<EchoAgent>) -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let service = inventory_proto::v1::agent_server::AgentServer::from_arc(agent);
+    let server = tokio::spawn(async move {
+        let _ = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await;
+    });
+    (url, server)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn basket_acquire_confirm_and_cancel() {
+    let agent = std::sync::Arc::new(EchoAgent::default());
+    let (url, server) = echo_agent(std::sync::Arc::clone(&agent)).await;
+    let run = |args: &[&str]| {
+        let mut full = vec!["--agent".to_owned(), url.clone(), "agent".to_owned(), "basket".to_owned()];
+        full.extend(args.iter().map(|a| (*a).to_owned()));
+        async move { invctl("http://127.0.0.1:1", &full.iter().map(String::as_str).collect::<Vec<_>>()).await }
+    };
+    let o = run(&["-o", "json", "acquire", "console=2", "pad", "--user", "u1", "--key", "k1"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!((v["outcome"].as_str(), v["basket_id"].as_str()), (Some("reserved"), Some("b-k1")), "{v}");
+    assert_eq!(v["reservations"][0]["quantity"].as_u64(), Some(2), "{v}");
+    assert_eq!(v["reservations"][1]["reservation_id"].as_str(), Some("r-pad"), "{v}");
+    let o = run(&["acquire", "pad", "--user", "u1", "--key", "k2"]).await;
+    assert!(stdout(&o).starts_with("reserved basket \"b-k2\" for \"u1\" (key \"k2\")\n"), "{}", stdout(&o));
+    let o = run(&["confirm", "b-k1"]).await;
+    assert_eq!(stdout(&o), "basket \"b-k1\": confirmed\n", "{}", stderr(&o));
+    let o = run(&["-o", "json", "cancel", "b-k2"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!((v["basket_id"].as_str(), v["state"].as_str()), (Some("b-k2"), Some("cancelled")));
+    let o = run(&["cancel", "unknown"]).await;
+    assert!(!o.status.success());
+    assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+    assert!(stderr(&o).contains("not found"), "{}", stderr(&o));
+    // A bad quantity is refused before any call; no line at all too.
+    let o = run(&["acquire", "pad=0", "--user", "u1"]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("must be at least 1"), "{}", stderr(&o));
+    assert_eq!(run(&["acquire", "--user", "u1"]).await.status.code(), Some(2));
+    let seen = agent.seen.lock().unwrap().clone();
+    let expected = [
+        ("acquire_basket", "u1|console=2,pad=1"),
+        ("acquire_basket", "u1|pad=1"),
+        ("confirm_basket", "b-k1"),
+        ("cancel_basket", "b-k2"),
+        ("cancel_basket", "unknown"),
+    ];
+    assert_eq!(seen, expected.map(|(a, b)| (a.to_owned(), b.to_owned())).to_vec());
+    server.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,7 +20,10 @@ use dashmap::DashMap;
 pub use inventory_core::pool::GC_BATCH;
 use inventory_core::pool::{Pool, PoolError};
 
-use super::{DEFAULT_OUTBOX_MAX, EventPage, ExtendResult, OutboxStats, Reservation, ReservationRef};
+use super::{
+    BASKET_RETENTION, BasketWrite, DEFAULT_OUTBOX_MAX, EventPage, ExtendResult, Intent, OutboxStats, Reservation,
+    ReservationRef, StoredBasket,
+};
 
 use super::{
     AcquireArgs, AcquireResult, ChannelOp, ChannelReply, PoolKey, PoolSnapshot, PoolStore, ReservationState,
@@ -47,6 +50,19 @@ fn new_generation() -> u64 {
 struct SavedPools {
     center: String,
     pools: Vec<SavedPool>,
+    /// Basket intents (absent in files of agents without baskets).
+    #[serde(default)]
+    baskets: Vec<SavedBasket>,
+}
+
+/// One basket intent as [`MemoryPoolStore::save`] writes it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct SavedBasket {
+    channel: String,
+    basket_id: String,
+    intent: Intent,
+    version: u64,
+    written_at_ms: i64,
 }
 
 /// One pool as [`MemoryPoolStore::save`] writes it.
@@ -62,6 +78,8 @@ struct SavedPool {
 pub struct MemoryPoolStore {
     pools: DashMap<PoolKey, Arc<Mutex<Pool>>>,
     channels: DashMap<String, Arc<Mutex<ChannelState>>>,
+    /// Basket intents by (channel, basket id): few and small next to the pools, so one lock.
+    baskets: Mutex<HashMap<(String, String), SavedBasket>>,
     retention_ms: i64,
     outbox_max: u64,
 }
@@ -77,6 +95,7 @@ impl MemoryPoolStore {
         Self {
             pools: DashMap::new(),
             channels: DashMap::new(),
+            baskets: Mutex::new(HashMap::new()),
             retention_ms: duration_ms(DEFAULT_RECORD_RETENTION),
             outbox_max: DEFAULT_OUTBOX_MAX,
         }
@@ -113,7 +132,8 @@ impl MemoryPoolStore {
             })
             .collect();
         let n = pools.len();
-        let saved = SavedPools { center: center.to_owned(), pools };
+        let baskets = self.lock_baskets().values().cloned().collect();
+        let saved = SavedPools { center: center.to_owned(), pools, baskets };
         let tmp = path.with_extension("tmp");
         std::fs::write(&tmp, serde_json::to_vec(&saved).map_err(std::io::Error::other)?)?;
         std::fs::rename(&tmp, path)?;
@@ -147,7 +167,16 @@ impl MemoryPoolStore {
             items.push(p.item_id.clone());
             store.pools.insert(PoolKey::new(p.channel, p.item_id), Arc::new(Mutex::new(p.pool)));
         }
+        let mut baskets = store.lock_baskets();
+        for b in saved.baskets {
+            baskets.insert((b.channel.clone(), b.basket_id.clone()), b);
+        }
+        drop(baskets);
         Ok((store, items))
+    }
+
+    fn lock_baskets(&self) -> MutexGuard<'_, HashMap<(String, String), SavedBasket>> {
+        self.baskets.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The pool if it exists. The dashmap shard lock is released before the pool is locked.
@@ -306,11 +335,69 @@ impl PoolStore for MemoryPoolStore {
         Ok(lock(&p).idempotency_keys().map(str::to_owned).collect())
     }
 
+    async fn basket(&self, channel: &str, basket_id: &str) -> Result<Option<StoredBasket>, StoreError> {
+        let now = now_ms();
+        let baskets = self.lock_baskets();
+        let found = baskets.get(&(channel.to_owned(), basket_id.to_owned())).filter(|b| kept(b, now));
+        Ok(found.map(|b| stored(b, now)))
+    }
+
+    async fn put_basket(
+        &self,
+        channel: &str,
+        basket_id: &str,
+        expected_version: u64,
+        intent: &Intent,
+    ) -> Result<BasketWrite, StoreError> {
+        let now = now_ms();
+        let mut baskets = self.lock_baskets();
+        let id = (channel.to_owned(), basket_id.to_owned());
+        let current = baskets.get(&id).filter(|b| kept(b, now));
+        if current.map_or(0, |b| b.version) != expected_version {
+            return Ok(BasketWrite::Conflict(current.map(|b| stored(b, now))));
+        }
+        let version = expected_version + 1;
+        let saved = SavedBasket {
+            channel: channel.to_owned(),
+            basket_id: basket_id.to_owned(),
+            intent: intent.clone(),
+            version,
+            written_at_ms: now,
+        };
+        baskets.insert(id, saved);
+        Ok(BasketWrite::Written { version })
+    }
+
+    async fn open_baskets(&self, channel: &str, max: u64) -> Result<Vec<String>, StoreError> {
+        let mut baskets = self.lock_baskets();
+        forget_old_baskets(&mut baskets, now_ms());
+        let mut open: Vec<&SavedBasket> =
+            baskets.values().filter(|b| b.channel == channel && b.intent.is_open()).collect();
+        open.sort_by_key(|b| (b.written_at_ms, b.basket_id.clone()));
+        let n = usize::try_from(max).unwrap_or(usize::MAX);
+        Ok(open.into_iter().take(n).map(|b| b.basket_id.clone()).collect())
+    }
+
     async fn channel_op(&self, channel: &str, op: ChannelOp<'_>) -> Result<ChannelReply, StoreError> {
         let state = Arc::clone(self.channels.entry(channel.to_owned()).or_default().value());
         let mut c = state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         Ok(c.apply(op, now_ms()))
     }
+}
+
+fn stored(b: &SavedBasket, now_ms: i64) -> StoredBasket {
+    StoredBasket { intent: b.intent.clone(), version: b.version, written_at_ms: b.written_at_ms, now_ms }
+}
+
+/// Intents are kept [`BASKET_RETENTION`] after their last write, as the Lua twin's TTL.
+fn kept(b: &SavedBasket, now_ms: i64) -> bool {
+    now_ms.saturating_sub(b.written_at_ms) < duration_ms(BASKET_RETENTION)
+}
+
+/// Drops the intents past their retention: the sweeper's listing does this (every pass),
+/// single reads and writes only ignore them.
+fn forget_old_baskets(baskets: &mut HashMap<(String, String), SavedBasket>, now_ms: i64) {
+    baskets.retain(|_, b| kept(b, now_ms));
 }
 
 /// The model's refusal as the store's error, the same as the Lua twin's.

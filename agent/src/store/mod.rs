@@ -183,8 +183,60 @@ pub trait PoolStore: Send + Sync + 'static {
     /// pool's reservations within the record retention.
     async fn idempotency_keys(&self, pool: &PoolKey) -> Result<Vec<String>, StoreError>;
 
+    /// The intent of basket `basket_id` of `channel`, with its version and when it was last
+    /// written (the store's clock, with the store's now).
+    async fn basket(&self, channel: &str, basket_id: &str) -> Result<Option<StoredBasket>, StoreError>;
+
+    /// Writes the intent only if the stored one has version `expected_version` (0: only if
+    /// there is none): a compare-and-set, so of two parties moving one intent only one
+    /// wins; the loser gets what is stored. Open intents ([`Intent::is_open`]) are listed
+    /// by [`PoolStore::open_baskets`]; every intent is forgotten [`BASKET_RETENTION`] after
+    /// its last write.
+    async fn put_basket(
+        &self,
+        channel: &str,
+        basket_id: &str,
+        expected_version: u64,
+        intent: &Intent,
+    ) -> Result<BasketWrite, StoreError>;
+
+    /// Ids of up to `max` open intents of the channel, least recently written first.
+    async fn open_baskets(&self, channel: &str, max: u64) -> Result<Vec<String>, StoreError>;
+
     /// Coordination of the replicas of one channel sharing this store (`lua/channel.lua`).
     async fn channel_op(&self, channel: &str, op: ChannelOp<'_>) -> Result<ChannelReply, StoreError>;
+}
+
+pub use inventory_core::basket::Intent;
+
+/// How long a basket's intent is kept after its last write: its reservations' longest TTL
+/// (24 h) and the record retention after that.
+pub const BASKET_RETENTION: std::time::Duration = std::time::Duration::from_secs(48 * 60 * 60);
+
+/// A basket's intent as the store holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredBasket {
+    pub intent: Intent,
+    /// From 1; every write adds 1.
+    pub version: u64,
+    /// When it was last written and the store's now, by the store's clock (ms).
+    pub written_at_ms: i64,
+    pub now_ms: i64,
+}
+
+impl StoredBasket {
+    pub fn age_ms(&self) -> i64 {
+        self.now_ms.saturating_sub(self.written_at_ms)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BasketWrite {
+    Written {
+        version: u64,
+    },
+    /// The stored version was another: nothing written; what is stored (None: nothing).
+    Conflict(Option<StoredBasket>),
 }
 
 /// One coordination step between the agent replicas of a channel (see `lua/channel.lua`).

@@ -463,6 +463,28 @@ impl PoolStore for ObservedStore {
         self.count("idempotency_keys");
         self.inner.idempotency_keys(pool).await
     }
+    async fn basket(
+        &self,
+        channel: &str,
+        basket_id: &str,
+    ) -> Result<Option<inventory_agent::store::StoredBasket>, StoreError> {
+        self.count("basket");
+        self.inner.basket(channel, basket_id).await
+    }
+    async fn put_basket(
+        &self,
+        channel: &str,
+        basket_id: &str,
+        expected_version: u64,
+        intent: &inventory_agent::store::Intent,
+    ) -> Result<inventory_agent::store::BasketWrite, StoreError> {
+        self.count("put_basket");
+        self.inner.put_basket(channel, basket_id, expected_version, intent).await
+    }
+    async fn open_baskets(&self, channel: &str, max: u64) -> Result<Vec<String>, StoreError> {
+        self.count("open_baskets");
+        self.inner.open_baskets(channel, max).await
+    }
     async fn channel_op(&self, channel: &str, op: ChannelOp<'_>) -> Result<ChannelReply, StoreError> {
         self.count("channel_op");
         self.inner.channel_op(channel, op).await

@@ -1,5 +1,6 @@
 //! The agent's integration tests: one binary (`cargo test -p inventory-agent --test it`).
 
+mod baskets;
 mod buyer_registry;
 mod cluster;
 mod crash;
@@ -18,5 +19,6 @@ mod sale;
 mod security;
 #[macro_use]
 mod store_contract;
+mod store_baskets;
 mod store_events;
 mod store_partial;

@@ -9,7 +9,7 @@ use futures::StreamExt;
 use futures::future::join_all;
 use inventory_agent::security::UserLimits;
 use inventory_agent::selling::AcquireRequest;
-use inventory_agent::service::parse_acquire;
+use inventory_agent::service::{parse_acquire, parse_basket};
 use inventory_proto::v1 as pb;
 use proptest::prelude::*;
 use prost::Message;
@@ -178,6 +178,16 @@ proptest! {
         let req = pb::AcquireRequest { item_id: "i".into(), user_id: s.clone(), quantity: 1, idempotency_key: "k".into(), ..Default::default() };
         let valid = !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| (0x21..=0x7e).contains(&b));
         prop_assert_eq!(parse_acquire(&req).is_ok(), valid);
+        // A basket's line item ids and user the same way, the field named by its line.
+        let line = |item: &str| pb::BasketLine { item_id: item.into(), quantity: 1 };
+        let b = pb::AcquireBasketRequest { user_id: "u".into(), idempotency_key: "k".into(), lines: vec![line("i"), line(&s)] };
+        let item_valid = !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
+        match parse_basket(&b) {
+            Ok(_) => prop_assert!(item_valid),
+            Err(e) => prop_assert!(!item_valid && e.to_string().contains("lines[1].item_id"), "{}", e),
+        }
+        let b = pb::AcquireBasketRequest { user_id: s.clone(), idempotency_key: "k".into(), lines: vec![line("i")] };
+        prop_assert_eq!(parse_basket(&b).is_ok(), valid);
     }
 }
 
@@ -234,6 +244,19 @@ async fn hostile_values_in_every_agent_rpc_are_refused_before_the_store() {
         let g = pb::GetReservationRequest { item_id: "h".into(), reservation_id: "".into(), idempotency_key: v.into() };
         let field = if v.is_empty() { "reservation_id" } else { "idempotency_key" };
         invalid("get_reservation", field, client.get_reservation(g).await.unwrap_err());
+        let line = |item: &str| pb::BasketLine { item_id: item.into(), quantity: 1 };
+        let b = pb::AcquireBasketRequest {
+            user_id: "u".into(),
+            idempotency_key: "k".into(),
+            lines: vec![line("h"), line(v)],
+        };
+        invalid("acquire_basket", "lines[1].item_id", client.acquire_basket(b).await.unwrap_err());
+        let b = pb::AcquireBasketRequest { user_id: "u".into(), idempotency_key: v.into(), lines: vec![line("h")] };
+        invalid("acquire_basket", "idempotency_key", client.acquire_basket(b).await.unwrap_err());
+        let c = pb::ConfirmBasketRequest { basket_id: v.into() };
+        invalid("confirm_basket", "basket_id", client.confirm_basket(c).await.unwrap_err());
+        let c = pb::CancelBasketRequest { basket_id: v.into() };
+        invalid("cancel_basket", "basket_id", client.cancel_basket(c).await.unwrap_err());
         if !v.is_empty() {
             let s = pb::StreamEventsRequest { item_id: v.into(), from_sequence: 0 };
             invalid("stream_events", "item_id", client.stream_events(s).await.unwrap_err());
@@ -265,6 +288,19 @@ async fn hostile_values_in_every_agent_rpc_are_refused_before_the_store() {
         assert_eq!(s.code(), Code::InvalidArgument, "partial acquire {field} {value:?}: {s:?}");
         assert!(s.message().contains(field), "{s:?}");
     }
+    // Baskets: no lines, too many, a quantity or a sum past the bound, named with the value.
+    let lines = |n: usize, q: u64| (0..n).map(|_| pb::BasketLine { item_id: "h".into(), quantity: q }).collect();
+    for (field, value, lines) in [
+        ("lines", "[]", lines(0, 1)),
+        ("lines", "33 lines", lines(33, 1)),
+        ("lines[0].quantity", "18446744073709551615", lines(1, u64::MAX)),
+        ("lines[1].quantity", "1000000000", lines(2, 1_000_000_000)),
+    ] {
+        let b = pb::AcquireBasketRequest { user_id: "u".into(), idempotency_key: "k".into(), lines };
+        let s = client.acquire_basket(b).await.unwrap_err();
+        assert_eq!(s.code(), Code::InvalidArgument, "acquire_basket {field}: {s:?}");
+        assert!(s.message().contains(field) && s.message().contains(value), "{s:?}");
+    }
     // Invalid UTF-8 at the byte level, in the first string field of every Agent RPC.
     let channel =
         tonic::transport::Endpoint::from_shared(format!("http://{}", agent.addr)).unwrap().connect().await.unwrap();
@@ -277,6 +313,9 @@ async fn hostile_values_in_every_agent_rpc_are_refused_before_the_store() {
         "/inventory.v1.Agent/Refund",
         "/inventory.v1.Agent/GetReservation",
         "/inventory.v1.Agent/Extend",
+        "/inventory.v1.Agent/AcquireBasket",
+        "/inventory.v1.Agent/ConfirmBasket",
+        "/inventory.v1.Agent/CancelBasket",
     ] {
         grpc.ready().await.unwrap();
         let codec = tonic_prost::ProstCodec::<RawFirstField, RawFirstField>::default();
@@ -289,7 +328,7 @@ async fn hostile_values_in_every_agent_rpc_are_refused_before_the_store() {
     }
     assert_eq!(store.acquire_calls(), 0, "no hostile request reached the store");
     let calls = store.calls();
-    for op in ["refund", "extend", "reservation", "events"] {
+    for op in ["refund", "extend", "reservation", "events", "basket", "put_basket"] {
         assert_eq!(calls.get(op), None, "no hostile {op} reached the store");
     }
     assert!(agent.agent.items.is_empty());

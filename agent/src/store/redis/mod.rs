@@ -34,6 +34,7 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 use redis::{ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, ServerErrorKind, Value};
 use tokio::sync::oneshot;
 
+mod baskets;
 mod batch;
 mod orders;
 mod reply;
@@ -50,6 +51,7 @@ use super::{
     PoolKey, PoolSnapshot, PoolStore, Reservation, ReservationRef, ReservationState, StoreError, Transition,
     channel_tag,
 };
+use super::{BASKET_RETENTION, BasketWrite, Intent, StoredBasket};
 
 /// How many requests one `acquire_batch.lua` call carries at most: bounds how long one
 /// script call holds the (single-threaded) Redis server.
@@ -567,6 +569,24 @@ impl PoolStore for RedisPoolStore {
         let entry = self.entry(pool);
         let k = &entry.keys;
         self.read(&self.shared.scripts.idempotency_keys.key(&k.idem)).await
+    }
+
+    async fn basket(&self, channel: &str, basket_id: &str) -> Result<Option<StoredBasket>, StoreError> {
+        self.get_basket(channel, basket_id).await
+    }
+
+    async fn put_basket(
+        &self,
+        channel: &str,
+        basket_id: &str,
+        expected_version: u64,
+        intent: &Intent,
+    ) -> Result<BasketWrite, StoreError> {
+        self.write_basket(channel, basket_id, expected_version, intent).await
+    }
+
+    async fn open_baskets(&self, channel: &str, max: u64) -> Result<Vec<String>, StoreError> {
+        self.list_open_baskets(channel, max).await
     }
 
     async fn channel_op(&self, channel: &str, op: ChannelOp<'_>) -> Result<ChannelReply, StoreError> {
