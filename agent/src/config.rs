@@ -177,6 +177,10 @@ pub struct AgentConfig {
     /// Acquire of this user has claimed its global allowance and not yet touched the pool.
     #[arg(long, hide = true)]
     pub test_abort_after_claim: Option<String>,
+    /// Test-only fault point: the process aborts (no cleanup, as under kill -9) between a
+    /// move's take from one segment and its refill of another.
+    #[arg(long, hide = true)]
+    pub test_abort_after_move_take: bool,
     /// Per-user Acquire rate (requests per second, GCRA) before RESOURCE_EXHAUSTED.
     #[arg(long, env = "INVENTORY_USER_RATE_PER_SEC", default_value_t = 5)]
     pub user_rate_per_sec: u32,
@@ -245,6 +249,7 @@ impl AgentConfig {
             buyer_registry_prefix: redis_prefix.to_owned(),
             buyer_claim_pending_ms: crate::buyers::limit::DEFAULT_PENDING_MS,
             test_abort_after_claim: None,
+            test_abort_after_move_take: false,
             // Generous: end-to-end tests send many requests per user.
             user_rate_per_sec: 100_000,
             user_burst: 100_000,

@@ -142,6 +142,9 @@ impl Application {
             agent.selling.global.pending_ms = config.buyer_claim_pending_ms.max(config.miss_wait_ms.saturating_mul(2));
             agent.selling.global.abort_after_claim.clone_from(&config.test_abort_after_claim);
         }
+        if config.test_abort_after_move_take {
+            agent.selling.abort_after_move_take = Some(crate::segmented::abort_process);
+        }
         let agent = Arc::new(agent);
         agent.resync_at_next_registration(kept_items);
         // Replicas of the channel sharing this store: the first one leads; the others
@@ -224,10 +227,7 @@ impl Application {
         ];
         if let Some(relay) = self.relay.take() {
             let (agent, leader) = (Arc::clone(&self.agent), Arc::clone(&self.agent));
-            let channel = self.agent.link.channel.to_string();
-            let pools = move || {
-                agent.items().iter().map(|i| crate::store::PoolKey::new(channel.as_str(), i.item_id.as_str())).collect()
-            };
+            let pools = move || agent.items().iter().flat_map(|i| i.pools.clone()).collect();
             tasks.push(tokio::spawn(crate::relay::run(relay, pools, move || leader.is_leading(), stop_rx.clone())));
         }
 

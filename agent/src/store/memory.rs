@@ -54,6 +54,8 @@ struct SavedPools {
 struct SavedPool {
     channel: String,
     item_id: String,
+    #[serde(default)]
+    segment: u32,
     pool: Pool,
 }
 
@@ -62,6 +64,8 @@ struct SavedPool {
 pub struct MemoryPoolStore {
     pools: DashMap<PoolKey, Arc<Mutex<Pool>>>,
     channels: DashMap<String, Arc<Mutex<ChannelState>>>,
+    /// Move intents per item (keyed by segment 0's pool), as `lua/moves.lua` keeps them.
+    moves: DashMap<PoolKey, Vec<super::MoveIntent>>,
     retention_ms: i64,
     outbox_max: u64,
 }
@@ -77,6 +81,7 @@ impl MemoryPoolStore {
         Self {
             pools: DashMap::new(),
             channels: DashMap::new(),
+            moves: DashMap::new(),
             retention_ms: duration_ms(DEFAULT_RECORD_RETENTION),
             outbox_max: DEFAULT_OUTBOX_MAX,
         }
@@ -109,6 +114,7 @@ impl MemoryPoolStore {
             .map(|e| SavedPool {
                 channel: e.key().channel.clone(),
                 item_id: e.key().item_id.clone(),
+                segment: e.key().segment,
                 pool: lock(e.value()).clone(),
             })
             .collect();
@@ -144,8 +150,10 @@ impl MemoryPoolStore {
         std::fs::remove_file(path)?;
         let mut items = Vec::with_capacity(saved.pools.len());
         for p in saved.pools {
-            items.push(p.item_id.clone());
-            store.pools.insert(PoolKey::new(p.channel, p.item_id), Arc::new(Mutex::new(p.pool)));
+            if !items.contains(&p.item_id) {
+                items.push(p.item_id.clone());
+            }
+            store.pools.insert(PoolKey::segment(p.channel, p.item_id, p.segment), Arc::new(Mutex::new(p.pool)));
         }
         Ok((store, items))
     }
@@ -166,6 +174,10 @@ impl MemoryPoolStore {
         };
         Arc::clone(self.pools.entry(pool.clone()).or_insert_with(new).value())
     }
+}
+
+fn first_segment(pool: &PoolKey) -> PoolKey {
+    PoolKey::new(pool.channel.clone(), pool.item_id.clone())
 }
 
 fn duration_ms(d: Duration) -> i64 {
@@ -304,6 +316,24 @@ impl PoolStore for MemoryPoolStore {
     async fn idempotency_keys(&self, pool: &PoolKey) -> Result<Vec<String>, StoreError> {
         let Some(p) = self.existing(pool) else { return Ok(Vec::new()) };
         Ok(lock(&p).idempotency_keys().map(str::to_owned).collect())
+    }
+
+    async fn record_move(&self, pool: &PoolKey, intent: &super::MoveIntent) -> Result<(), StoreError> {
+        let mut list = self.moves.entry(first_segment(pool)).or_default();
+        list.retain(|m| m.id != intent.id);
+        list.push(intent.clone());
+        Ok(())
+    }
+
+    async fn pending_moves(&self, pool: &PoolKey) -> Result<Vec<super::MoveIntent>, StoreError> {
+        Ok(self.moves.get(&first_segment(pool)).map(|l| l.clone()).unwrap_or_default())
+    }
+
+    async fn clear_move(&self, pool: &PoolKey, move_id: &str) -> Result<(), StoreError> {
+        if let Some(mut list) = self.moves.get_mut(&first_segment(pool)) {
+            list.retain(|m| m.id != move_id);
+        }
+        Ok(())
     }
 
     async fn channel_op(&self, channel: &str, op: ChannelOp<'_>) -> Result<ChannelReply, StoreError> {

@@ -10,7 +10,7 @@ use dashmap::DashMap;
 use inventory_agent::agent::Agent;
 use inventory_agent::config::StoreKind;
 use inventory_agent::store::{
-    AcquireArgs, AcquireResult, ChannelOp, ChannelReply, EventPage, ExtendResult, OutboxStats, PoolKey, PoolSnapshot,
+    AcquireArgs, AcquireResult, ChannelOp, ChannelReply, MoveIntent, EventPage, ExtendResult, OutboxStats, PoolKey, PoolSnapshot,
     PoolStore, Reservation, ReservationRef, ReservationState, StoreError, Transition,
 };
 use inventory_agent::{AgentConfig, Application as AgentApp};
@@ -462,6 +462,18 @@ impl PoolStore for ObservedStore {
     async fn idempotency_keys(&self, pool: &PoolKey) -> Result<Vec<String>, StoreError> {
         self.count("idempotency_keys");
         self.inner.idempotency_keys(pool).await
+    }
+    async fn record_move(&self, pool: &PoolKey, intent: &MoveIntent) -> Result<(), StoreError> {
+        self.count("record_move");
+        self.inner.record_move(pool, intent).await
+    }
+    async fn pending_moves(&self, pool: &PoolKey) -> Result<Vec<MoveIntent>, StoreError> {
+        self.count("pending_moves");
+        self.inner.pending_moves(pool).await
+    }
+    async fn clear_move(&self, pool: &PoolKey, move_id: &str) -> Result<(), StoreError> {
+        self.count("clear_move");
+        self.inner.clear_move(pool, move_id).await
     }
     async fn channel_op(&self, channel: &str, op: ChannelOp<'_>) -> Result<ChannelReply, StoreError> {
         self.count("channel_op");

@@ -46,8 +46,8 @@ use scripts::{Keys, Scripts};
 
 use super::memory::{DEFAULT_RECORD_RETENTION, GC_BATCH};
 use super::{
-    AcquireArgs, AcquireResult, ChannelOp, ChannelReply, DEFAULT_OUTBOX_MAX, EventPage, ExtendResult, OutboxStats,
-    PoolKey, PoolSnapshot, PoolStore, Reservation, ReservationRef, ReservationState, StoreError, Transition,
+    AcquireArgs, AcquireResult, ChannelOp, ChannelReply, DEFAULT_OUTBOX_MAX, EventPage, ExtendResult, MoveIntent,
+    OutboxStats, PoolKey, PoolSnapshot, PoolStore, Reservation, ReservationRef, ReservationState, StoreError, Transition,
     channel_tag,
 };
 
@@ -222,6 +222,12 @@ impl RedisPoolStore {
             Arc::new(PoolEntry { pool: pool.clone(), keys: self.make_keys(pool), lane: Mutex::new(Lane::default()) });
         pools.insert(pool.clone(), Arc::clone(&entry));
         entry
+    }
+
+    /// The move intents of a pool's item: under segment 0's hash tag.
+    fn moves_key(&self, pool: &PoolKey) -> String {
+        let first = PoolKey::new(pool.channel.clone(), pool.item_id.clone());
+        format!("{}{}:moves", self.key_prefix, first.hash_tag())
     }
 
     fn make_keys(&self, pool: &PoolKey) -> Keys {
@@ -567,6 +573,40 @@ impl PoolStore for RedisPoolStore {
         let entry = self.entry(pool);
         let k = &entry.keys;
         self.read(&self.shared.scripts.idempotency_keys.key(&k.idem)).await
+    }
+
+    async fn record_move(&self, pool: &PoolKey, intent: &MoveIntent) -> Result<(), StoreError> {
+        let key = self.moves_key(pool);
+        let mut call = self.shared.scripts.moves.key(&key);
+        call.arg("record").arg(&intent.id).arg(intent.encode());
+        // Waits for replicas like a pool write: the intent must outlive the take.
+        let _: Value = self.write(&key, &call).await?;
+        Ok(())
+    }
+
+    async fn pending_moves(&self, pool: &PoolKey) -> Result<Vec<MoveIntent>, StoreError> {
+        const WHAT: &str = "moves";
+        let mut call = self.shared.scripts.moves.key(self.moves_key(pool));
+        call.arg("list");
+        let flat = array(WHAT, self.read(&call).await?)?;
+        let mut out = Vec::with_capacity(flat.len() / 2);
+        for pair in flat.chunks(2) {
+            let [id, text] = pair else { return Err(StoreError::Protocol("moves: odd reply".into())) };
+            let (id, text) = (string(WHAT, id)?, string(WHAT, text)?);
+            out.push(
+                MoveIntent::decode(&id, &text)
+                    .ok_or_else(|| StoreError::Protocol(format!("moves: bad intent {text:?}")))?,
+            );
+        }
+        Ok(out)
+    }
+
+    async fn clear_move(&self, pool: &PoolKey, move_id: &str) -> Result<(), StoreError> {
+        let key = self.moves_key(pool);
+        let mut call = self.shared.scripts.moves.key(&key);
+        call.arg("clear").arg(move_id);
+        let _: Value = self.write(&key, &call).await?;
+        Ok(())
     }
 
     async fn channel_op(&self, channel: &str, op: ChannelOp<'_>) -> Result<ChannelReply, StoreError> {
