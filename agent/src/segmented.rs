@@ -178,7 +178,13 @@ pub async fn refill(
 }
 
 /// Takes up to `max` from the segments in order, each under `take_id`.
-pub async fn take(store: &dyn PoolStore, pools: &[PoolKey], take_id: &str, max: u64, epoch: u64) -> Result<u64, StoreError> {
+pub async fn take(
+    store: &dyn PoolStore,
+    pools: &[PoolKey],
+    take_id: &str,
+    max: u64,
+    epoch: u64,
+) -> Result<u64, StoreError> {
     let mut taken = 0u64;
     for pool in pools {
         if taken >= max {

@@ -23,7 +23,8 @@ use crate::security::UserLimits;
 use crate::segmented;
 use crate::stocking::Stocking;
 use crate::store::{
-    AcquireArgs, PoolKey, AcquireResult, ExtendResult, PoolStore, Reservation, ReservationRef, ReservationState, Transition,
+    AcquireArgs, AcquireResult, ExtendResult, PoolKey, PoolStore, Reservation, ReservationRef, ReservationState,
+    Transition,
 };
 
 /// A validated Acquire.

@@ -10,8 +10,8 @@ use dashmap::DashMap;
 use inventory_agent::agent::Agent;
 use inventory_agent::config::StoreKind;
 use inventory_agent::store::{
-    AcquireArgs, AcquireResult, ChannelOp, ChannelReply, MoveIntent, EventPage, ExtendResult, OutboxStats, PoolKey, PoolSnapshot,
-    PoolStore, Reservation, ReservationRef, ReservationState, StoreError, Transition,
+    AcquireArgs, AcquireResult, ChannelOp, ChannelReply, EventPage, ExtendResult, MoveIntent, OutboxStats, PoolKey,
+    PoolSnapshot, PoolStore, Reservation, ReservationRef, ReservationState, StoreError, Transition,
 };
 use inventory_agent::{AgentConfig, Application as AgentApp};
 use inventory_center::{Application as CenterApp, CenterConfig};

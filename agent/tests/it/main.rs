@@ -16,6 +16,7 @@ mod relay;
 mod replicas;
 mod sale;
 mod security;
+mod segments;
 #[macro_use]
 mod store_contract;
 mod store_events;

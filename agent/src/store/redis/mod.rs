@@ -47,8 +47,8 @@ use scripts::{Keys, Scripts};
 use super::memory::{DEFAULT_RECORD_RETENTION, GC_BATCH};
 use super::{
     AcquireArgs, AcquireResult, ChannelOp, ChannelReply, DEFAULT_OUTBOX_MAX, EventPage, ExtendResult, MoveIntent,
-    OutboxStats, PoolKey, PoolSnapshot, PoolStore, Reservation, ReservationRef, ReservationState, StoreError, Transition,
-    channel_tag,
+    OutboxStats, PoolKey, PoolSnapshot, PoolStore, Reservation, ReservationRef, ReservationState, StoreError,
+    Transition, channel_tag,
 };
 
 /// How many requests one `acquire_batch.lua` call carries at most: bounds how long one
