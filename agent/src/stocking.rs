@@ -86,10 +86,10 @@ impl Stocking {
     }
 
     async fn perform(&self, item: &Item, effect: &Effect) -> Reply {
-        if item.is_segmented() {
-            if let Some(reply) = self.perform_segmented(item, effect).await {
-                return reply;
-            }
+        if item.is_segmented()
+            && let Some(reply) = self.perform_segmented(item, effect).await
+        {
+            return reply;
         }
         let pool = &item.pool;
         match effect {

@@ -17,6 +17,7 @@ mod replicas;
 mod sale;
 mod security;
 mod segments;
+mod segments_cluster;
 #[macro_use]
 mod store_contract;
 mod store_events;

@@ -5,7 +5,8 @@
 //! Keys of one pool: `<prefix>{channel:item}:<name>` for the names `pool`, `res`, `due`,
 //! `held`, `idem`, `gc`, `grants`, `takes`, `fence`, `outbox` (a stream of the pool's
 //! events, written by the same script call as the change, see `lua/outbox.lua`); of one channel (replica coordination):
-//! `<prefix>{channel}:<name>` for `leader`, `lease`, `wants`. The scripts' header comments
+//! `<prefix>{channel}:<name>` for `leader`, `lease`, `wants`; of one item's segments (their
+//! move intents): `<prefix>{channel:item}:moves`. The scripts' header comments
 //! say what each holds. All keys of a script carry one hash tag, so each call lives on one
 //! Redis Cluster slot, and every key a script touches is passed in KEYS. Request data goes
 //! in ARGV only.
