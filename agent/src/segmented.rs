@@ -101,6 +101,23 @@ async fn finish_moves(store: &dyn PoolStore, item: &Item, epoch: u64) -> Result<
     Ok(())
 }
 
+/// Available units summed over the segments, read without the move lock or finishing
+/// moves (a follower's look: it moves nothing).
+pub async fn available(store: &dyn PoolStore, item: &Item) -> Result<u64, StoreError> {
+    Ok(read_all(store, &item.pools).await?.iter().map(|s| s.available).sum())
+}
+
+/// What [`move_into`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Moved {
+    /// This many units came from a sibling.
+    Units(u64),
+    /// The segment had enough again (another caller's move or a refill came first).
+    AlreadyStocked,
+    /// No sibling had any (or the segment is missing: a move never creates it).
+    Nothing,
+}
+
 /// A test-only fault point: abort the process between a move's take and its refill.
 pub type AbortHook = Option<fn()>;
 
@@ -110,8 +127,7 @@ pub fn abort_process() {
 }
 
 /// Moves units into segment `to`, whose Acquire of `need` found it short, from the richest
-/// sibling (`segments::plan_move`). Returns the units moved (0: no sibling had any, or
-/// the segment has enough again).
+/// sibling (`segments::plan_move`).
 pub async fn move_into(
     store: &dyn PoolStore,
     item: &Item,
@@ -119,22 +135,21 @@ pub async fn move_into(
     need: u64,
     epoch: u64,
     abort_after_take: AbortHook,
-) -> Result<u64, StoreError> {
+) -> Result<Moved, StoreError> {
     let _moving = item.moves.lock().await;
     finish_moves(store, item, epoch).await?;
     let snaps = read_all(store, &item.pools).await?;
-    let Some(target) = snaps.get(to as usize) else { return Ok(0) };
+    let Some(target) = snaps.get(to as usize) else { return Ok(Moved::Nothing) };
     if target.available >= need {
-        // Another caller's move (or a refill) came first.
-        return Ok(target.available);
+        return Ok(Moved::AlreadyStocked);
     }
     if target.generation == 0 {
         // Never created, or lost: a move must not create it (its loss must stay visible).
-        return Ok(0);
+        return Ok(Moved::Nothing);
     }
     let available: Vec<(u32, u64)> =
         snaps.iter().enumerate().map(|(s, snap)| (u32::try_from(s).unwrap_or(0), snap.available)).collect();
-    let Some(plan) = plan_move(to, need, &available) else { return Ok(0) };
+    let Some(plan) = plan_move(to, need, &available) else { return Ok(Moved::Nothing) };
     let intent = MoveIntent {
         id: format!("move-{}", uuid::Uuid::new_v4().simple()),
         from: plan.from,
@@ -150,7 +165,7 @@ pub async fn move_into(
         store.refill_existing(&item.pools[plan.to as usize], &intent.id, taken, epoch).await?;
     }
     store.clear_move(&item.pool, &intent.id).await?;
-    Ok(taken)
+    Ok(if taken > 0 { Moved::Units(taken) } else { Moved::Nothing })
 }
 
 /// A grant or alignment of `units`: each segment's share refilled under the same id.

@@ -270,10 +270,23 @@ impl Selling {
             return Ok(result);
         }
         let (store, epoch) = (self.store.as_ref(), self.link.epoch());
+        if !self.role.is_leading() {
+            // Moves are the leader's (its epoch fences them, its lock orders them with its
+            // resyncs): a follower's empty segment with stock in its siblings is not sold out.
+            if segmented::available(store, item).await? >= args.quantity {
+                return Err(AgentError::Unavailable(format!(
+                    "segment {} of item {} is empty and only the channel's leading replica moves stock between segments; retry with the same idempotency_key",
+                    pool.segment, item.item_id
+                )));
+            }
+            return Ok(result);
+        }
         match segmented::move_into(store, item, pool.segment, args.quantity, epoch, self.abort_after_move_take).await {
-            Ok(0) => Ok(result),
-            Ok(_) => {
-                self.metrics.segment_move();
+            Ok(segmented::Moved::Nothing) => Ok(result),
+            Ok(moved) => {
+                if matches!(moved, segmented::Moved::Units(_)) {
+                    self.metrics.segment_move();
+                }
                 Ok(self.store.acquire(pool, args).await?)
             }
             Err(e) => {

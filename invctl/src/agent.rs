@@ -130,7 +130,12 @@ pub async fn run(ctx: &Ctx, cmd: AgentCmd) -> Result<(), Failure> {
                 segments: r
                     .segments
                     .iter()
-                    .map(|g| SegmentView { segment: g.segment, available: g.available, reserved: g.reserved, sold: g.sold })
+                    .map(|g| SegmentView {
+                        segment: g.segment,
+                        available: g.available,
+                        reserved: g.reserved,
+                        sold: g.sold,
+                    })
                     .collect(),
             };
             print(ctx.output, &view, || {

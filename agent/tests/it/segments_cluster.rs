@@ -72,7 +72,7 @@ async fn buy(client: &mut AgentClient<Channel>, user: &str, key: &str) -> Got {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_segmented_sale_on_a_redis_cluster_survives_a_master_failover() {
-    let mut cluster = RedisCluster::start(3, 1).await;
+    let mut cluster = RedisCluster::start(3, 2).await;
     let center = Center::start_postgres().await;
     center
         .admin()
@@ -94,8 +94,9 @@ async fn a_segmented_sale_on_a_redis_cluster_survives_a_master_failover() {
         let spec = StoreSpec::Redis { url: "redis://unused".into(), prefix: prefix.clone() };
         let mut config = agent_config(&center.url, channel, &spec);
         config.redis_cluster = cluster.seeds();
-        // Every pool write (and move intent) waits for a replica: a failover loses no
-        // acknowledged write, so no segment's data is lost.
+        // Every pool write (and move intent) waits for a replica (two per master, so the
+        // promoted one still has one): a failover loses no acknowledged write, so no
+        // segment's data is lost.
         config.redis_replica_acks = 1;
         config.redis_replica_ack_timeout_ms = 1_000;
         agents.push(LocalAgent::start_with(config, None).await);
@@ -138,9 +139,10 @@ async fn a_segmented_sale_on_a_redis_cluster_survives_a_master_failover() {
     })
     .await;
     assert!(progressed, "the sale did not progress");
+    let started = std::time::Instant::now();
     cluster.kill(victim);
     let promoted = cluster.await_failover(&victim_key, victim, 3).await;
-    println!("master {victim} killed; replica {promoted} promoted");
+    println!("master {victim} killed; replica {promoted} promoted after {:?}", started.elapsed());
 
     let mut sold: HashSet<String> = HashSet::new();
     let mut per_user: HashMap<String, u64> = HashMap::new();
