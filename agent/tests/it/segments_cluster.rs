@@ -25,7 +25,7 @@ const CONCURRENCY: usize = 32;
 /// The user of buyer `n`: every third buyer is one of a few heavy users (who try again
 /// and again with new keys), the rest buy once each.
 fn user_of(n: usize) -> String {
-    if n % 3 == 0 { format!("heavy-{}", n % HEAVY_USERS) } else { format!("user-{n}") }
+    if n.is_multiple_of(3) { format!("heavy-{}", n % HEAVY_USERS) } else { format!("user-{n}") }
 }
 
 /// What one buyer ended with.
