@@ -192,6 +192,10 @@ pub struct AgentConfig {
     /// basket of this user has reserved its first line and not yet the next.
     #[arg(long, hide = true)]
     pub test_abort_between_basket_lines: Option<String>,
+    /// Test-only fault point: the process aborts (no cleanup, as under kill -9) between a
+    /// move's take from one segment and its refill of another.
+    #[arg(long, hide = true)]
+    pub test_abort_after_move_take: bool,
     /// Per-user Acquire rate (requests per second, GCRA) before RESOURCE_EXHAUSTED.
     #[arg(long, env = "INVENTORY_USER_RATE_PER_SEC", default_value_t = 5)]
     pub user_rate_per_sec: u32,
@@ -263,6 +267,7 @@ impl AgentConfig {
             test_abort_after_claim: None,
             basket_pending_ms: crate::baskets::DEFAULT_PENDING_MS,
             test_abort_between_basket_lines: None,
+            test_abort_after_move_take: false,
             // Generous: end-to-end tests send many requests per user.
             user_rate_per_sec: 100_000,
             user_burst: 100_000,

@@ -102,6 +102,21 @@ impl Collector for AgentState {
             }
         }
         {
+            let mut family = encoder.encode_descriptor(
+                "inventory_agent_segment_available_units",
+                "Available units in each segment of a segmented item's pool (as last read).",
+                None,
+                MetricType::Gauge,
+            )?;
+            for item in items.iter().filter(|i| leading && i.is_segmented()) {
+                for (segment, v) in item.segment_available().into_iter().enumerate() {
+                    let segment = segment.to_string();
+                    let labels = [("item", item.item_id.as_str()), ("segment", segment.as_str())];
+                    ConstGauge::new(v).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        {
             let now = crate::clock::now_ms();
             let rates: Vec<_> = items.iter().filter(|_| leading).map(|i| (i, i.rate_and_batch(now))).collect();
             {

@@ -86,18 +86,29 @@ impl ItemState {
 /// One item of the channel.
 pub struct Item {
     pub item_id: String,
+    /// Segment 0's pool: the item's one pool unless it is segmented.
     pub pool: PoolKey,
+    /// Every segment's pool, segment s at index s (one entry for an unsegmented item).
+    pub pools: Vec<PoolKey>,
+    /// Held by a move between segments from its intent to its refill, and by every read of
+    /// the item's segments as one pool (which finishes recorded moves first), so no such
+    /// read sees moved units in neither segment (`crate::segmented`).
+    pub(crate) moves: tokio::sync::Mutex<()>,
     /// Where the per-user limit applies; part of the item's definition, so fixed.
     pub limit: ItemLimit,
     state: Mutex<ItemState>,
     /// The pool's outbox as last read (metrics render from it).
     outbox: Mutex<Option<crate::store::OutboxStats>>,
+    /// Each segment's available units as last read (metrics render from it).
+    segment_available: Mutex<Vec<u64>>,
 }
 
 impl Item {
     pub fn new(item_id: String, channel: &str, policy: Policy, center_available: u64, settings: Settings) -> Self {
         Self {
             pool: PoolKey::new(channel, item_id.clone()),
+            pools: vec![PoolKey::new(channel, item_id.clone())],
+            moves: tokio::sync::Mutex::new(()),
             item_id,
             limit: ItemLimit::default(),
             state: Mutex::new(ItemState {
@@ -105,6 +116,7 @@ impl Item {
                 waiters: HashMap::new(),
             }),
             outbox: Mutex::new(None),
+            segment_available: Mutex::new(Vec::new()),
         }
     }
 
@@ -112,8 +124,45 @@ impl Item {
         Self { limit, ..self }
     }
 
+    /// The item's pool split into `segments` pools (`DescribeItem.segments`; 0 and 1: one).
+    pub fn with_segments(self, segments: u32) -> Self {
+        let n = segments.clamp(1, inventory_core::segments::MAX_SEGMENTS);
+        let pools = (0..n).map(|s| PoolKey::segment(self.pool.channel.clone(), self.item_id.clone(), s)).collect();
+        Self { pools, ..self }
+    }
+
+    /// How many segments the item's pool has in this channel (1: not segmented).
+    pub fn segments(&self) -> u32 {
+        u32::try_from(self.pools.len()).unwrap_or(1)
+    }
+
+    pub fn is_segmented(&self) -> bool {
+        self.pools.len() > 1
+    }
+
+    /// The pool of the segment serving `user_id`.
+    pub fn pool_for_user(&self, user_id: &str) -> &PoolKey {
+        &self.pools[inventory_core::segments::route(user_id, self.segments()) as usize]
+    }
+
+    /// The pool holding a reservation by its id (`s<N>.` prefix), or `None` when the id
+    /// names a segment the item does not have.
+    pub fn pool_for_reservation(&self, reservation_id: &str) -> Option<&PoolKey> {
+        let (segment, _) = inventory_core::segments::split_reservation_id(reservation_id, self.segments())?;
+        self.pools.get(segment as usize)
+    }
+
     pub fn set_outbox_stats(&self, stats: crate::store::OutboxStats) {
         *self.outbox.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats);
+    }
+
+    pub fn set_segment_available(&self, available: Vec<u64>) {
+        *self.segment_available.lock().unwrap_or_else(|e| e.into_inner()) = available;
+    }
+
+    /// Each segment's available units as last read (empty before the first read).
+    pub fn segment_available(&self) -> Vec<u64> {
+        self.segment_available.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The pool's outbox as last read, if read yet.
@@ -250,7 +299,8 @@ impl Items {
                     d.center_available,
                     self.settings,
                 )
-                .with_limit(limit_from(&d));
+                .with_limit(limit_from(&d))
+                .with_segments(d.segments);
                 Ok::<_, AgentError>(Arc::new(it))
             })
             .await

@@ -5,6 +5,7 @@
 //! - [`items`]: the items sold, each one's rules behind a short lock, loaded on first use;
 //! - [`selling`]: the hot path (Acquire) and the reservation calls;
 //! - [`stocking`]: carries out each item's Borrows, Returns and resyncs, one at a time;
+//! - [`segmented`]: an item's segment pools as one pool for the rules, and moves between them;
 //! - [`reporting`]: the pools as heartbeats report them;
 //! - [`events`]: the center's channel events;
 //! - [`outbox`]: the pools' reservation events on the wire, and `StreamEvents`;
@@ -31,6 +32,7 @@ pub mod replicas;
 pub mod reporting;
 pub mod role;
 pub mod security;
+pub mod segmented;
 pub mod selling;
 pub mod service;
 pub mod startup;

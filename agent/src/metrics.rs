@@ -92,6 +92,8 @@ pub struct Metrics {
     returned_units: Counter,
     center_errors: Counter,
     pool_store_errors: Counter,
+    /// Moves between the segments of a segmented item's pool.
+    segment_moves: Counter,
     /// The buyer registry (global per-user limits): claims made, released, settled by the
     /// sweeper, and calls that failed.
     pub buyer_claims: Counter,
@@ -138,6 +140,7 @@ impl Default for Metrics {
             returned_units: Counter::default(),
             center_errors: Counter::default(),
             pool_store_errors: Counter::default(),
+            segment_moves: Counter::default(),
             buyer_claims: Counter::default(),
             buyer_releases: Counter::default(),
             buyer_swept: Counter::default(),
@@ -196,6 +199,10 @@ impl Metrics {
     /// A call to the pool store (Redis) failed.
     pub fn pool_store_error(&self) {
         self.pool_store_errors.inc();
+    }
+
+    pub fn segment_move(&self) {
+        self.segment_moves.inc();
     }
 
     pub fn borrowed(&self, units: u64) {
@@ -261,6 +268,7 @@ impl Metrics {
             ("inventory_agent_returned_units", "Units given back to the center", &self.returned_units),
             ("inventory_agent_center_errors", "Failed calls to the center", &self.center_errors),
             ("inventory_agent_pool_store_errors", "Failed calls to the pool store (Redis)", &self.pool_store_errors),
+            ("inventory_agent_segment_moves", "Moves of units between segments of an item's pool", &self.segment_moves),
             ("inventory_agent_buyer_claims", "Claims made on users' global allowances", &self.buyer_claims),
             (
                 "inventory_agent_buyer_releases",

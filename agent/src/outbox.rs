@@ -143,18 +143,20 @@ impl EventFeed {
             tokio::pin!(written);
             written.as_mut().enable();
             let pools: Vec<PoolKey> = match &item {
-                Some(it) => vec![it.pool.clone()],
-                None => self.items.all().iter().map(|it| it.pool.clone()).collect(),
+                Some(it) => it.pools.clone(),
+                None => self.items.all().iter().flat_map(|it| it.pools.clone()).collect(),
             };
             for pool in &pools {
                 let writes = self.writes(&pool.item_id);
-                let known = cursors.get(&pool.item_id).map(|c| c.writes);
-                if !read_all && known == Some(writes) && !behind.contains(&pool.item_id) {
+                // Cursors per pool: a segmented item has one per segment.
+                let tag = pool.hash_tag();
+                let known = cursors.get(&tag).map(|c| c.writes);
+                if !read_all && known == Some(writes) && !behind.contains(&tag) {
                     continue;
                 }
                 match self.send_page(pool, from, writes, &mut cursors, &tx).await {
-                    Ok(true) => behind.insert(pool.item_id.clone()),
-                    Ok(false) => behind.remove(&pool.item_id),
+                    Ok(true) => behind.insert(tag),
+                    Ok(false) => behind.remove(&tag),
                     Err(Closed) => return,
                 };
             }
@@ -183,7 +185,7 @@ impl EventFeed {
         cursors: &mut HashMap<String, Cursor>,
         tx: &mpsc::Sender<pb::ReservationEvent>,
     ) -> Result<bool, Closed> {
-        let cursor = cursors.entry(pool.item_id.clone()).or_insert(Cursor { generation: 0, next: from, writes });
+        let cursor = cursors.entry(pool.hash_tag()).or_insert(Cursor { generation: 0, next: from, writes });
         cursor.writes = writes;
         let page = match self.store.events(pool, cursor.next, PAGE).await {
             Ok(page) => page,

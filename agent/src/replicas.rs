@@ -118,8 +118,8 @@ impl Replicas {
         let deadline = Instant::now() + self.miss_wait;
         while !item.with(|c| c.supply().center_dry) && Instant::now() < deadline {
             tokio::time::sleep(STOCK_POLL).await;
-            match self.store.snapshot(&item.pool).await {
-                Ok(s) if s.available >= quantity => return true,
+            match crate::segmented::available(self.store.as_ref(), item).await {
+                Ok(available) if available >= quantity => return true,
                 Ok(_) => {}
                 Err(_) => return false,
             }

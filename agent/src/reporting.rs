@@ -68,7 +68,7 @@ impl Reporting {
         let read = futures::stream::iter(self.items.all())
             .map(|item| async move {
                 let (needs_read, token) = item.with(|c| (c.report_needs_read(), c.begin_read()));
-                let snap = if needs_read { Some(self.store.snapshot(&item.pool).await.ok()?) } else { None };
+                let snap = if needs_read { Some(crate::segmented::snapshot(self.store.as_ref(), &item, self.link.epoch()).await.ok()?) } else { None };
                 let mut notes = Vec::new();
                 let ctx = ctx(&self.link);
                 let (report, rate) = item.with(|c| {

@@ -20,9 +20,11 @@ use crate::outbox::EventFeed;
 use crate::replicas::Replicas;
 use crate::role::Role;
 use crate::security::UserLimits;
+use crate::segmented;
 use crate::stocking::Stocking;
 use crate::store::{
-    AcquireArgs, AcquireResult, ExtendResult, PoolStore, Reservation, ReservationRef, ReservationState, Transition,
+    AcquireArgs, AcquireResult, ExtendResult, PoolKey, PoolStore, Reservation, ReservationRef, ReservationState,
+    Transition,
 };
 
 /// A validated Acquire.
@@ -54,6 +56,9 @@ pub struct Selling {
     pub(crate) miss_wait: Duration,
     /// Items with a global per-user limit: the buyer registry.
     pub global: GlobalLimits,
+    /// Test-only fault point (`--test-abort-after-move-take`): abort the process between
+    /// a move's take and its refill.
+    pub abort_after_move_take: segmented::AbortHook,
 }
 
 impl Selling {
@@ -144,11 +149,17 @@ impl Selling {
             }
             Claimed::Held | Claimed::NoClaim => {}
         }
+        // The user's segment (one pool unless the item is segmented); its reservation ids
+        // name it, so the calls by reservation id find it.
+        let pool = item.pool_for_user(&user).clone();
         let args = AcquireArgs {
+            new_reservation_id: inventory_core::segments::tag_reservation_id(
+                pool.segment,
+                &uuid::Uuid::new_v4().simple().to_string(),
+            ),
             user_id: user,
             quantity: req.quantity,
             idempotency_key: req.idempotency_key,
-            new_reservation_id: uuid::Uuid::new_v4().simple().to_string(),
             per_user_limit: policy.per_user_limit,
             reservation_ttl_ms: policy.reservation_ttl_ms,
             expect_generation: req.expect_pool_generation,
@@ -156,9 +167,9 @@ impl Selling {
             // before settling for less (below).
             allow_partial: false,
         };
-        let mut result = self.store.acquire(&item.pool, &args).await?;
+        let mut result = self.acquire_in(&item, &pool, &args).await?;
         if let AcquireResult::SoldOut { .. } = result {
-            result = self.after_miss(&item, &args, result).await?;
+            result = self.after_miss(&item, &pool, &args, result).await?;
         } else {
             item.with(|c| c.touch());
         }
@@ -166,7 +177,7 @@ impl Selling {
             // One more store call, on the short path only: the pool reserves what is left
             // of stock and allowance, atomically (a replay of this key matches either way).
             let args = AcquireArgs { allow_partial: true, ..args.clone() };
-            result = self.store.acquire(&item.pool, &args).await?;
+            result = self.store.acquire(&pool, &args).await?;
             if matches!(result, AcquireResult::Reserved { replayed: false, quantity, .. } if quantity < args.quantity) {
                 self.metrics.partial_acquire();
             }
@@ -176,7 +187,7 @@ impl Selling {
             AcquireResult::Reserved { reservation_id, quantity, expires_at_ms, replayed, generation } => {
                 self.metrics.acquire(Outcome::Reserved);
                 if !replayed {
-                    self.events.written(&item.pool);
+                    self.events.written(&pool);
                     item.with(|c| c.on_reserved(quantity, self.stocking.ctx()));
                 }
                 pb::AcquireResponse {
@@ -221,13 +232,14 @@ impl Selling {
     async fn after_miss(
         &self,
         item: &Arc<Item>,
+        pool: &PoolKey,
         args: &AcquireArgs,
         missed: AcquireResult,
     ) -> Result<AcquireResult, AgentError> {
         if !self.role.is_leading() {
             item.with(|c| c.touch());
             if self.replicas.wait_for_stock(item, args.quantity).await {
-                return Ok(self.store.acquire(&item.pool, args).await?);
+                return self.acquire_in(item, pool, args).await;
             }
             return Ok(missed);
         }
@@ -250,7 +262,7 @@ impl Selling {
                 let done = self.stocking.submit(item, OpKind::Borrow { want });
                 let mut result = missed;
                 if matches!(tokio::time::timeout(self.miss_wait, done).await, Ok(Ok(_))) {
-                    result = self.store.acquire(&item.pool, args).await?;
+                    result = self.acquire_in(item, pool, args).await?;
                 }
                 if matches!(result, AcquireResult::SoldOut { .. }) && !self.link.reachable() {
                     // Not sold out: the pool is empty and the center cannot be asked.
@@ -263,19 +275,72 @@ impl Selling {
         }
     }
 
-    /// Loads the keys that reserved, then answers further sold-out requests from memory.
+    /// One store Acquire in the user's segment. A segmented item's segment that is short
+    /// while siblings hold stock gets units moved in first (`segmented::move_into`), so it
+    /// answers sold out only when every segment is.
+    async fn acquire_in(&self, item: &Item, pool: &PoolKey, args: &AcquireArgs) -> Result<AcquireResult, AgentError> {
+        let result = self.store.acquire(pool, args).await?;
+        if !item.is_segmented() || !matches!(result, AcquireResult::SoldOut { .. }) {
+            return Ok(result);
+        }
+        let (store, epoch) = (self.store.as_ref(), self.link.epoch());
+        if !self.role.is_leading() {
+            // Moves are the leader's (its epoch fences them, its lock orders them with its
+            // resyncs): a follower's empty segment with stock in its siblings is not sold out.
+            if segmented::available(store, item).await? >= args.quantity {
+                return Err(AgentError::Unavailable(format!(
+                    "segment {} of item {} is empty and only the channel's leading replica moves stock between segments; retry with the same idempotency_key",
+                    pool.segment, item.item_id
+                )));
+            }
+            return Ok(result);
+        }
+        match segmented::move_into(store, item, pool.segment, args.quantity, epoch, self.abort_after_move_take).await {
+            Ok(segmented::Moved::Nothing) => Ok(result),
+            Ok(moved) => {
+                if matches!(moved, segmented::Moved::Units(_)) {
+                    self.metrics.segment_move();
+                }
+                Ok(self.store.acquire(pool, args).await?)
+            }
+            Err(e) => {
+                tracing::warn!(item = %item.item_id, segment = pool.segment, error = %e, "move between segments failed");
+                Err(AgentError::Unavailable(format!(
+                    "segment {} of item {} is empty and stock could not be moved from its siblings; retry with the same idempotency_key",
+                    pool.segment, item.item_id
+                )))
+            }
+        }
+    }
+
+    /// Loads the keys that reserved (in every segment), then answers further sold-out
+    /// requests from memory.
     async fn enable_fast_path(&self, item: &Item) {
         let shelf = item.with(|c| c.shelf_version());
-        match self.store.idempotency_keys(&item.pool).await {
-            Ok(keys) => item.with(|c| c.fast_path_on(keys.into_iter().collect::<BTreeSet<_>>(), shelf)),
-            Err(e) => tracing::warn!(item = %item.item_id, error = %e, "cannot load idempotency keys"),
+        let mut keys = BTreeSet::new();
+        for pool in &item.pools {
+            match self.store.idempotency_keys(pool).await {
+                Ok(k) => keys.extend(k),
+                Err(e) => {
+                    tracing::warn!(item = %item.item_id, error = %e, "cannot load idempotency keys");
+                    return;
+                }
+            }
         }
+        item.with(|c| c.fast_path_on(keys, shelf));
+    }
+
+    /// The pool holding a reservation by id: its segment's (by the id's prefix).
+    fn reservation_pool<'a>(it: &'a Item, reservation_id: &str) -> Result<&'a PoolKey, AgentError> {
+        it.pool_for_reservation(reservation_id)
+            .ok_or_else(|| AgentError::NotFound(format!("reservation {reservation_id:?} not found")))
     }
 
     pub async fn confirm(&self, item: &ItemId, reservation_id: &str) -> Result<ReservationState, AgentError> {
         let it = self.item(item).await?;
-        let t = self.store.confirm(&it.pool, reservation_id).await?;
-        self.events.written(&it.pool);
+        let pool = Self::reservation_pool(&it, reservation_id)?;
+        let t = self.store.confirm(pool, reservation_id).await?;
+        self.events.written(pool);
         if t == Transition::Done(ReservationState::Confirmed)
             && let Some(r) = self.global_reservation(&it, reservation_id).await
         {
@@ -294,8 +359,9 @@ impl Selling {
 
     pub async fn cancel(&self, item: &ItemId, reservation_id: &str) -> Result<ReservationState, AgentError> {
         let it = self.item(item).await?;
-        let t = self.store.cancel(&it.pool, reservation_id).await?;
-        self.events.written(&it.pool);
+        let pool = Self::reservation_pool(&it, reservation_id)?;
+        let t = self.store.cancel(pool, reservation_id).await?;
+        self.events.written(pool);
         if matches!(t, Transition::Done(_))
             && let Some(r) = self.global_reservation(&it, reservation_id).await
         {
@@ -309,8 +375,9 @@ impl Selling {
     /// sale ended they go back to the center with the pool's other unsold units.
     pub async fn refund(&self, item: &ItemId, reservation_id: &str) -> Result<ReservationState, AgentError> {
         let it = self.item(item).await?;
-        let t = self.store.refund(&it.pool, reservation_id).await?;
-        self.events.written(&it.pool);
+        let pool = Self::reservation_pool(&it, reservation_id)?;
+        let t = self.store.refund(pool, reservation_id).await?;
+        self.events.written(pool);
         if t == Transition::Done(ReservationState::Refunded)
             && let Some(r) = self.global_reservation(&it, reservation_id).await
         {
@@ -326,7 +393,8 @@ impl Selling {
         if it.limit.scope != inventory_core::buyers::LimitScope::Global {
             return None;
         }
-        match self.store.reservation(&it.pool, &ReservationRef::Id(reservation_id.to_owned())).await {
+        let pool = it.pool_for_reservation(reservation_id)?;
+        match self.store.reservation(pool, &ReservationRef::Id(reservation_id.to_owned())).await {
             Ok(found) => found.map(|(_, r)| r),
             Err(e) => {
                 tracing::warn!(item = %it.item_id, error = %e, "reservation unread: its claim is left for the sweeper");
@@ -345,7 +413,8 @@ impl Selling {
     ) -> Result<pb::ExtendResponse, AgentError> {
         let it = self.item(item).await?;
         let ttl_ms = it.policy().reservation_ttl_ms;
-        match self.store.extend(&it.pool, reservation_id, extend_ms, ttl_ms).await? {
+        let pool = Self::reservation_pool(&it, reservation_id)?;
+        match self.store.extend(pool, reservation_id, extend_ms, ttl_ms).await? {
             ExtendResult::Extended { expires_at_ms } => Ok(pb::ExtendResponse {
                 state: pb::ReservationState::Reserved as i32,
                 expires_at_unix_ms: expires_at_ms,
@@ -353,7 +422,7 @@ impl Selling {
             ExtendResult::Refused(s) => {
                 if s == ReservationState::Expired {
                     // It may have expired just now, putting units back.
-                    self.events.written(&it.pool);
+                    self.events.written(pool);
                     it.with(|c| c.stock_returned());
                 }
                 Err(AgentError::Precondition(format!(
@@ -365,36 +434,67 @@ impl Selling {
         }
     }
 
-    /// One reservation by id or idempotency key, with the pool's generation.
+    /// One reservation by id or idempotency key, with the pool's generation. By key on a
+    /// segmented item: each segment is asked in turn (the key's user is not known here).
     pub async fn reservation(&self, item: &ItemId, by: &ReservationRef) -> Result<pb::Reservation, AgentError> {
         let it = self.item(item).await?;
-        let Some((id, r)) = self.store.reservation(&it.pool, by).await? else {
-            let what = match by {
-                ReservationRef::Id(id) => format!("reservation {id:?}"),
-                ReservationRef::IdempotencyKey(key) => format!("reservation with idempotency_key {key:?}"),
-            };
-            return Err(AgentError::NotFound(format!("{what} not found in the pool of item {}", it.item_id)));
+        let pools: Vec<&PoolKey> = match by {
+            ReservationRef::Id(id) => it.pool_for_reservation(id).into_iter().collect(),
+            ReservationRef::IdempotencyKey(_) => it.pools.iter().collect(),
         };
-        let generation = self.store.snapshot(&it.pool).await?.generation;
-        Ok(reservation_pb(id, r, generation))
+        for pool in pools {
+            if let Some((id, r)) = self.store.reservation(pool, by).await? {
+                let generation = self.store.snapshot(pool).await?.generation;
+                return Ok(reservation_pb(id, r, generation));
+            }
+        }
+        let what = match by {
+            ReservationRef::Id(id) => format!("reservation {id:?}"),
+            ReservationRef::IdempotencyKey(key) => format!("reservation with idempotency_key {key:?}"),
+        };
+        Err(AgentError::NotFound(format!("{what} not found in the pool of item {}", it.item_id)))
     }
 
     pub async fn get_stock(&self, item: &ItemId) -> Result<pb::GetStockResponse, AgentError> {
         let it = self.item(item).await?;
-        let s = self.store.snapshot(&it.pool).await?;
-        let outbox = self.store.outbox_stats(&it.pool).await?;
-        it.set_outbox_stats(outbox);
+        let snaps = segmented::snapshots(self.store.as_ref(), &it, self.link.epoch()).await?;
+        let s = segmented::sum(&snaps);
+        let mut outboxes = Vec::with_capacity(snaps.len());
+        for pool in &it.pools {
+            outboxes.push(self.store.outbox_stats(pool).await?);
+        }
+        it.set_outbox_stats(outboxes[0]);
+        it.set_segment_available(snaps.iter().map(|s| s.available).collect());
+        let segments = if it.is_segmented() {
+            snaps
+                .iter()
+                .zip(&outboxes)
+                .enumerate()
+                .map(|(i, (s, o))| pb::SegmentStock {
+                    segment: u32::try_from(i).unwrap_or(0),
+                    available: s.available,
+                    reserved: s.reserved,
+                    sold: s.sold,
+                    pool_generation: s.generation,
+                    last_event_sequence: o.last_sequence,
+                    // The broker relay fills it.
+                    published_event_sequence: 0,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         Ok(pb::GetStockResponse {
             available: s.available,
             reserved: s.reserved,
             sold: s.sold,
             sold_out: s.available == 0 && it.with(|c| c.supply().center_dry),
-            pool_generation: s.generation,
-            last_event_sequence: outbox.last_sequence,
+            // Segment 0's generation and events (the segments list has each one's).
+            pool_generation: snaps[0].generation,
+            last_event_sequence: outboxes[0].last_sequence,
             // The broker relay fills it.
             published_event_sequence: 0,
-            // One pool per channel: no segments to list.
-            segments: Vec::new(),
+            segments,
         })
     }
 }

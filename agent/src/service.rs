@@ -178,8 +178,13 @@ impl pb::agent_server::Agent for AgentService {
     async fn get_stock(&self, request: Request<pb::GetStockRequest>) -> Res<pb::GetStockResponse> {
         let result = match ItemId::parse("item_id", &request.get_ref().item_id) {
             Ok(item) => self.agent.selling.get_stock(&item).await.map(|mut stock| {
-                let pool = crate::store::PoolKey::new(self.agent.link.channel.as_str(), item.as_str());
+                let channel = self.agent.link.channel.as_str();
+                let pool = crate::store::PoolKey::new(channel, item.as_str());
                 stock.published_event_sequence = self.agent.relay.published_sequence(&pool, stock.pool_generation);
+                for seg in &mut stock.segments {
+                    let pool = crate::store::PoolKey::segment(channel, item.as_str(), seg.segment);
+                    seg.published_event_sequence = self.agent.relay.published_sequence(&pool, seg.pool_generation);
+                }
                 stock
             }),
             Err(e) => Err(e.into()),

@@ -156,6 +156,9 @@ impl Application {
         agent.baskets.pending_ms =
             config.basket_pending_ms.max(config.miss_wait_ms.saturating_add(500).saturating_mul(2));
         agent.baskets.abort_between_lines.clone_from(&config.test_abort_between_basket_lines);
+        if config.test_abort_after_move_take {
+            agent.selling.abort_after_move_take = Some(crate::segmented::abort_process);
+        }
         let agent = Arc::new(agent);
         agent.resync_at_next_registration(kept_items);
         // Replicas of the channel sharing this store: the first one leads; the others
@@ -239,10 +242,7 @@ impl Application {
         ];
         if let Some(relay) = self.relay.take() {
             let (agent, leader) = (Arc::clone(&self.agent), Arc::clone(&self.agent));
-            let channel = self.agent.link.channel.to_string();
-            let pools = move || {
-                agent.items().iter().map(|i| crate::store::PoolKey::new(channel.as_str(), i.item_id.as_str())).collect()
-            };
+            let pools = move || agent.items().iter().flat_map(|i| i.pools.clone()).collect();
             tasks.push(tokio::spawn(crate::relay::run(relay, pools, move || leader.is_leading(), stop_rx.clone())));
         }
 

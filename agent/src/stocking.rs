@@ -16,6 +16,7 @@ use tracing::Instrument;
 use crate::items::{Item, view};
 use crate::link::CenterLink;
 use crate::metrics::Metrics;
+use crate::segmented;
 use crate::store::{PoolStore, StoreError};
 
 pub struct Stocking {
@@ -85,6 +86,11 @@ impl Stocking {
     }
 
     async fn perform(&self, item: &Item, effect: &Effect) -> Reply {
+        if item.is_segmented()
+            && let Some(reply) = self.perform_segmented(item, effect).await
+        {
+            return reply;
+        }
         let pool = &item.pool;
         match effect {
             Effect::ReadPool => store_reply(self.store.snapshot(pool).await.map(|s| Reply::Pool(view(&s)))),
@@ -138,6 +144,38 @@ impl Stocking {
                 Err(s) => center_fault(&item.item_id, "describe", &s),
             },
         }
+    }
+
+    /// A pool effect on a segmented item: carried out on every segment
+    /// ([`crate::segmented`]). `None`: not a pool effect.
+    async fn perform_segmented(&self, item: &Item, effect: &Effect) -> Option<Reply> {
+        let (store, pools) = (self.store.as_ref(), &item.pools[..]);
+        Some(match effect {
+            Effect::ReadPool => {
+                let epoch = self.link.epoch();
+                store_reply(segmented::snapshot(store, item, epoch).await.map(|s| Reply::Pool(view(&s))))
+            }
+            Effect::OpenPool { grant_id, epoch } => {
+                store_reply(segmented::refill(store, pools, grant_id, 0, *epoch, false).await.map(|()| Reply::Done))
+            }
+            Effect::Refill { grant_id, units, epoch, must_exist, after_ms } => {
+                if *after_ms > 0 {
+                    tokio::time::sleep(Duration::from_millis(*after_ms)).await;
+                }
+                let r = segmented::refill(store, pools, grant_id, *units, *epoch, *must_exist).await;
+                store_reply(r.map(|()| Reply::Done))
+            }
+            Effect::Take { take_id, max, epoch } => {
+                store_reply(segmented::take(store, pools, take_id, *max, *epoch).await.map(Reply::Units))
+            }
+            Effect::Untake { take_id, epoch } => {
+                store_reply(segmented::untake(store, pools, take_id, *epoch).await.map(Reply::Units))
+            }
+            Effect::RaiseFence { epoch } => {
+                store_reply(segmented::raise_fence(store, pools, *epoch).await.map(|()| Reply::Done))
+            }
+            Effect::Borrow { .. } | Effect::Return { .. } | Effect::Describe => return None,
+        })
     }
 
     fn notes(&self, item: &Item, notes: &[Note]) {
@@ -218,9 +256,9 @@ impl Stocking {
         for kind in item.with(|c| c.due_resyncs(crate::clock::now_ms())) {
             self.submit(item, kind);
         }
-        let freed = self.store.expire_due(&item.pool, 1_000).await?;
+        let freed = segmented::expire_due(self.store.as_ref(), &item.pools, 1_000).await?;
         let token = item.with(|c| c.begin_read());
-        let snap = self.store.snapshot(&item.pool).await?;
+        let snap = segmented::snapshot(self.store.as_ref(), item, self.link.epoch()).await?;
         let mut notes = Vec::new();
         let kind = item.with(|c| c.on_look(view(&snap), token, freed, self.ctx(), &mut notes));
         self.notes(item, &notes);

@@ -183,6 +183,7 @@ pub async fn outbox_sizes(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
             .for_each_concurrent(LOOKS_IN_FLIGHT, |item| {
                 let agent = Arc::clone(&agent);
                 async move {
+                    // Segment 0's outbox stands for a segmented item's (each segment's is bounded alike).
                     if let Ok(stats) = agent.store.outbox_stats(&item.pool).await {
                         item.set_outbox_stats(stats);
                     }
@@ -238,7 +239,7 @@ pub async fn buyer_sweeper(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
             match crate::buyers::sweep(
                 &registry,
                 agent.store.as_ref(),
-                &item.pool,
+                &item.pools,
                 now,
                 recheck_ms,
                 SWEEP_BUYERS_PER_PASS,

@@ -65,6 +65,17 @@ struct StockView {
     reserved: u64,
     sold: u64,
     sold_out: bool,
+    /// A segmented item's segments (the fields above are their sums).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    segments: Vec<SegmentView>,
+}
+
+#[derive(Serialize)]
+struct SegmentView {
+    segment: u32,
+    available: u64,
+    reserved: u64,
+    sold: u64,
 }
 
 #[derive(Serialize)]
@@ -119,16 +130,36 @@ pub async fn run(ctx: &Ctx, cmd: AgentCmd) -> Result<(), Failure> {
                 reserved: r.reserved,
                 sold: r.sold,
                 sold_out: r.sold_out,
+                segments: r
+                    .segments
+                    .iter()
+                    .map(|g| SegmentView {
+                        segment: g.segment,
+                        available: g.available,
+                        reserved: g.reserved,
+                        sold: g.sold,
+                    })
+                    .collect(),
             };
             print(ctx.output, &view, || {
-                let row = vec![
+                let mut rows = vec![vec![
                     view.item_id.clone(),
                     r.available.to_string(),
                     r.reserved.to_string(),
                     r.sold.to_string(),
                     r.sold_out.to_string(),
-                ];
-                table(&["ITEM", "AVAILABLE", "RESERVED", "SOLD", "SOLD_OUT"], vec![row])
+                ]];
+                // One row per segment under the sums.
+                for g in &view.segments {
+                    rows.push(vec![
+                        format!("  segment {}", g.segment),
+                        g.available.to_string(),
+                        g.reserved.to_string(),
+                        g.sold.to_string(),
+                        String::new(),
+                    ]);
+                }
+                table(&["ITEM", "AVAILABLE", "RESERVED", "SOLD", "SOLD_OUT"], rows)
             });
         }
         AgentCmd::Acquire { item, user, quantity, key, expect_pool_generation, allow_partial } => {

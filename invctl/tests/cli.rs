@@ -134,20 +134,20 @@ async fn item_lifecycle_in_table_and_json() {
         "invctl: invalid argument: invalid rate_batching.max_batch 3: must be at least min_batch 9\n"
     );
 
-    // Segments: shown in JSON and text; more than one is refused until agents sell from
-    // segmented pools.
+    // Segments: shown in JSON and text; above the bound refused.
     let o = invctl(&c.url, &["-o", "json", "item", "create", "hot-9", "--total", "3000", "--segments", "1"]).await;
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json output");
     assert_eq!(v["segments"].as_u64(), Some(1), "{v}");
     let o = invctl(&c.url, &["item", "show", "hot-9"]).await;
     assert!(stdout(&o).lines().any(|l| l.starts_with("segments") && l.trim_end().ends_with('1')), "{}", stdout(&o));
-    let o = invctl(&c.url, &["item", "create", "hot-8", "--total", "3000", "--segments", "8"]).await;
+    let o = invctl(&c.url, &["-o", "json", "item", "create", "hot-8", "--total", "3000", "--segments", "8"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json output");
+    assert_eq!(v["segments"].as_u64(), Some(8), "{v}");
+    let o = invctl(&c.url, &["item", "create", "hot-65", "--total", "3000", "--segments", "65"]).await;
     assert_eq!(o.status.code(), Some(2));
-    assert_eq!(
-        stderr(&o),
-        "invctl: invalid argument: invalid segments 8: must be 0 or 1: agents do not sell from segmented pools yet\n"
-    );
+    assert_eq!(stderr(&o), "invctl: invalid argument: invalid segments 65: must be between 1 and 64\n");
 
     let o = invctl(&c.url, &["reconcile"]).await;
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));

@@ -27,15 +27,19 @@ pub struct SweepStats {
 pub async fn sweep(
     registry: &BuyerRegistry,
     store: &dyn PoolStore,
-    pool: &PoolKey,
+    pools: &[PoolKey],
     now_ms: i64,
     recheck_ms: i64,
     max: usize,
 ) -> Result<SweepStats, RegistryError> {
-    let (item, channel) = (pool.item_id.as_str(), pool.channel.as_str());
+    let Some(first) = pools.first() else { return Ok(SweepStats::default()) };
+    let (item, channel) = (first.item_id.as_str(), first.channel.as_str());
     let mut stats = SweepStats::default();
     for user in registry.noted(item, channel, now_ms, max).await? {
         stats.buyers += 1;
+        // The user's segment holds their reservations (one pool unless segmented).
+        let segments = u32::try_from(pools.len()).unwrap_or(1);
+        let pool = &pools[inventory_core::segments::route(&user, segments) as usize];
         for key in registry.due(item, &user, channel).await? {
             let found = store.reservation(pool, &ReservationRef::IdempotencyKey(key.clone())).await.map_err(err)?;
             let found = found.map(|(reservation_id, r)| Found {

@@ -70,6 +70,8 @@ struct SavedBasket {
 struct SavedPool {
     channel: String,
     item_id: String,
+    #[serde(default)]
+    segment: u32,
     pool: Pool,
 }
 
@@ -80,6 +82,8 @@ pub struct MemoryPoolStore {
     channels: DashMap<String, Arc<Mutex<ChannelState>>>,
     /// Basket intents by (channel, basket id): few and small next to the pools, so one lock.
     baskets: Mutex<HashMap<(String, String), SavedBasket>>,
+    /// Move intents per item (keyed by segment 0's pool), as `lua/moves.lua` keeps them.
+    moves: DashMap<PoolKey, Vec<super::MoveIntent>>,
     retention_ms: i64,
     outbox_max: u64,
 }
@@ -96,6 +100,7 @@ impl MemoryPoolStore {
             pools: DashMap::new(),
             channels: DashMap::new(),
             baskets: Mutex::new(HashMap::new()),
+            moves: DashMap::new(),
             retention_ms: duration_ms(DEFAULT_RECORD_RETENTION),
             outbox_max: DEFAULT_OUTBOX_MAX,
         }
@@ -128,6 +133,7 @@ impl MemoryPoolStore {
             .map(|e| SavedPool {
                 channel: e.key().channel.clone(),
                 item_id: e.key().item_id.clone(),
+                segment: e.key().segment,
                 pool: lock(e.value()).clone(),
             })
             .collect();
@@ -164,8 +170,10 @@ impl MemoryPoolStore {
         std::fs::remove_file(path)?;
         let mut items = Vec::with_capacity(saved.pools.len());
         for p in saved.pools {
-            items.push(p.item_id.clone());
-            store.pools.insert(PoolKey::new(p.channel, p.item_id), Arc::new(Mutex::new(p.pool)));
+            if !items.contains(&p.item_id) {
+                items.push(p.item_id.clone());
+            }
+            store.pools.insert(PoolKey::segment(p.channel, p.item_id, p.segment), Arc::new(Mutex::new(p.pool)));
         }
         let mut baskets = store.lock_baskets();
         for b in saved.baskets {
@@ -195,6 +203,10 @@ impl MemoryPoolStore {
         };
         Arc::clone(self.pools.entry(pool.clone()).or_insert_with(new).value())
     }
+}
+
+fn first_segment(pool: &PoolKey) -> PoolKey {
+    PoolKey::new(pool.channel.clone(), pool.item_id.clone())
 }
 
 fn duration_ms(d: Duration) -> i64 {
@@ -376,6 +388,24 @@ impl PoolStore for MemoryPoolStore {
         open.sort_by_key(|b| (b.written_at_ms, b.basket_id.clone()));
         let n = usize::try_from(max).unwrap_or(usize::MAX);
         Ok(open.into_iter().take(n).map(|b| b.basket_id.clone()).collect())
+    }
+
+    async fn record_move(&self, pool: &PoolKey, intent: &super::MoveIntent) -> Result<(), StoreError> {
+        let mut list = self.moves.entry(first_segment(pool)).or_default();
+        list.retain(|m| m.id != intent.id);
+        list.push(intent.clone());
+        Ok(())
+    }
+
+    async fn pending_moves(&self, pool: &PoolKey) -> Result<Vec<super::MoveIntent>, StoreError> {
+        Ok(self.moves.get(&first_segment(pool)).map(|l| l.clone()).unwrap_or_default())
+    }
+
+    async fn clear_move(&self, pool: &PoolKey, move_id: &str) -> Result<(), StoreError> {
+        if let Some(mut list) = self.moves.get_mut(&first_segment(pool)) {
+            list.retain(|m| m.id != move_id);
+        }
+        Ok(())
     }
 
     async fn channel_op(&self, channel: &str, op: ChannelOp<'_>) -> Result<ChannelReply, StoreError> {

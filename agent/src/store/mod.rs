@@ -55,6 +55,30 @@ pub use inventory_core::pool::{
     Reservation, ReservationRef, ReservationState, Transition,
 };
 
+/// A move of units between two segments of one channel's pool of an item, recorded before
+/// its take and cleared after its refill (both keyed by `id`), so a crash between them is
+/// finished by whoever reads the item's segments next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MoveIntent {
+    pub id: String,
+    pub from: u32,
+    pub to: u32,
+    pub quantity: u64,
+}
+
+impl MoveIntent {
+    /// The stored form, `"<from> <to> <quantity>"`.
+    pub fn encode(&self) -> String {
+        format!("{} {} {}", self.from, self.to, self.quantity)
+    }
+
+    pub fn decode(id: &str, text: &str) -> Option<Self> {
+        let mut parts = text.split(' ').map(str::parse::<u64>);
+        let (from, to, quantity) = (parts.next()?.ok()?, parts.next()?.ok()?, parts.next()?.ok()?);
+        Some(Self { id: id.to_owned(), from: u32::try_from(from).ok()?, to: u32::try_from(to).ok()?, quantity })
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("pool store unavailable: {0}")]
@@ -202,6 +226,15 @@ pub trait PoolStore: Send + Sync + 'static {
 
     /// Ids of up to `max` open intents of the channel, least recently written first.
     async fn open_baskets(&self, channel: &str, max: u64) -> Result<Vec<String>, StoreError>;
+    /// Records a move between segments of `pool`'s item (`pool` is segment 0: the intents
+    /// live under its hash tag), before the move's take (`lua/moves.lua`).
+    async fn record_move(&self, pool: &PoolKey, intent: &MoveIntent) -> Result<(), StoreError>;
+
+    /// The moves of `pool`'s item recorded and not cleared yet.
+    async fn pending_moves(&self, pool: &PoolKey) -> Result<Vec<MoveIntent>, StoreError>;
+
+    /// Forgets a move once its refill is done.
+    async fn clear_move(&self, pool: &PoolKey, move_id: &str) -> Result<(), StoreError>;
 
     /// Coordination of the replicas of one channel sharing this store (`lua/channel.lua`).
     async fn channel_op(&self, channel: &str, op: ChannelOp<'_>) -> Result<ChannelReply, StoreError>;

@@ -170,10 +170,10 @@ async fn the_sweeper_settles_claims_from_the_pool_after_a_crash() {
         ClaimResult::LimitExceeded { held: 4 }
     );
 
-    let stats = sweep(&reg, &*shared, &pool, 1, 60_000, 100).await.unwrap();
+    let stats = sweep(&reg, &*shared, std::slice::from_ref(&pool), 1, 60_000, 100).await.unwrap();
     assert_eq!(stats, SweepStats { buyers: 1, released: 3, held: 1, confirmed: 0, waiting: 0 });
     // A second sweep finds nothing due (k1 held until its expiry; the buyer re-noted later).
-    let again = sweep(&reg, &*shared, &pool, 2, 60_000, 100).await.unwrap();
+    let again = sweep(&reg, &*shared, std::slice::from_ref(&pool), 2, 60_000, 100).await.unwrap();
     assert_eq!(again, SweepStats::default());
     // Three units of the allowance are free again; k1's replay is still the same claim.
     assert_eq!(

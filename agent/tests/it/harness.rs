@@ -10,8 +10,8 @@ use dashmap::DashMap;
 use inventory_agent::agent::Agent;
 use inventory_agent::config::StoreKind;
 use inventory_agent::store::{
-    AcquireArgs, AcquireResult, ChannelOp, ChannelReply, EventPage, ExtendResult, OutboxStats, PoolKey, PoolSnapshot,
-    PoolStore, Reservation, ReservationRef, ReservationState, StoreError, Transition,
+    AcquireArgs, AcquireResult, ChannelOp, ChannelReply, EventPage, ExtendResult, MoveIntent, OutboxStats, PoolKey,
+    PoolSnapshot, PoolStore, Reservation, ReservationRef, ReservationState, StoreError, Transition,
 };
 use inventory_agent::{AgentConfig, Application as AgentApp};
 use inventory_center::{Application as CenterApp, CenterConfig};
@@ -484,6 +484,18 @@ impl PoolStore for ObservedStore {
     async fn open_baskets(&self, channel: &str, max: u64) -> Result<Vec<String>, StoreError> {
         self.count("open_baskets");
         self.inner.open_baskets(channel, max).await
+    }
+    async fn record_move(&self, pool: &PoolKey, intent: &MoveIntent) -> Result<(), StoreError> {
+        self.count("record_move");
+        self.inner.record_move(pool, intent).await
+    }
+    async fn pending_moves(&self, pool: &PoolKey) -> Result<Vec<MoveIntent>, StoreError> {
+        self.count("pending_moves");
+        self.inner.pending_moves(pool).await
+    }
+    async fn clear_move(&self, pool: &PoolKey, move_id: &str) -> Result<(), StoreError> {
+        self.count("clear_move");
+        self.inner.clear_move(pool, move_id).await
     }
     async fn channel_op(&self, channel: &str, op: ChannelOp<'_>) -> Result<ChannelReply, StoreError> {
         self.count("channel_op");

@@ -17,6 +17,8 @@ mod relay;
 mod replicas;
 mod sale;
 mod security;
+mod segments;
+mod segments_cluster;
 #[macro_use]
 mod store_contract;
 mod store_baskets;

@@ -71,15 +71,6 @@ pub fn parse_new_item(r: &pb::CreateItemRequest) -> Result<NewItem, CenterError>
         None => Some(RateBatching::default_for_total(total.get())),
     };
     let segments = inventory_core::segments::parse("segments", r.segments)?;
-    // The ledger, the pool stores and the routing rules know segments, but agents still
-    // sell every item from one pool: a larger count would be recorded and not honoured.
-    if segments > 1 {
-        Err(ValidationError::new(
-            "segments",
-            u64::from(segments),
-            "must be 0 or 1: agents do not sell from segmented pools yet",
-        ))?;
-    }
     let limit = parse_limit(r)?;
     Ok(NewItem { item_id, total, per_user_limit, reservation_ttl_ms, watermarks, rate_batching, segments, limit })
 }

@@ -139,11 +139,6 @@ async fn create_is_idempotent_on_the_definition(c: TestCenter) {
 async fn segments_are_part_of_the_definition_and_reach_the_agents(c: TestCenter) {
     let (mut admin, mut center) = (c.admin().await, c.center().await);
     let req = |segments| pb::CreateItemRequest { item_id: "hot".into(), total: 3000, segments, ..Default::default() };
-    // Agents sell from one pool per item until segmented selling is built: a larger count
-    // is refused (not recorded and ignored), naming field and value.
-    assert_status(admin.create_item(req(8)).await, Code::InvalidArgument, "segments 8");
-    assert_status(admin.create_item(req(8)).await, Code::InvalidArgument, "not sell from segmented pools yet");
-    assert_status(admin.get_item(pb::GetItemRequest { item_id: "hot".into() }).await, Code::NotFound, "hot");
     let first = admin.create_item(req(1)).await.unwrap().into_inner();
     assert!(first.created);
     assert_eq!(first.item.unwrap().segments, 1);
@@ -160,6 +155,13 @@ async fn segments_are_part_of_the_definition_and_reach_the_agents(c: TestCenter)
     let many = pb::CreateItemRequest { item_id: "many".into(), total: 5, segments: 65, ..Default::default() };
     assert_status(admin.create_item(many).await, Code::InvalidArgument, "65");
     assert_status(admin.get_item(pb::GetItemRequest { item_id: "many".into() }).await, Code::NotFound, "many");
+    // Eight segments: recorded, part of the definition (another count is ALREADY_EXISTS),
+    // and delivered to agents.
+    let hot8 = |segments| pb::CreateItemRequest { item_id: "hot8".into(), total: 3000, segments, ..Default::default() };
+    assert_eq!(admin.create_item(hot8(8)).await.unwrap().into_inner().item.unwrap().segments, 8);
+    assert_status(admin.create_item(hot8(4)).await, Code::AlreadyExists, "segments");
+    let d = pb::DescribeItemRequest { item_id: "hot8".into(), channel: "app".into() };
+    assert_eq!(center.describe_item(d).await.unwrap().into_inner().segments, 8);
 }
 
 async fn borrow_and_return_move_units_and_keep_conservation(c: TestCenter) {

@@ -5,7 +5,8 @@
 //! Keys of one pool: `<prefix>{channel:item}:<name>` for the names `pool`, `res`, `due`,
 //! `held`, `idem`, `gc`, `grants`, `takes`, `fence`, `outbox` (a stream of the pool's
 //! events, written by the same script call as the change, see `lua/outbox.lua`); of one channel (replica coordination):
-//! `<prefix>{channel}:<name>` for `leader`, `lease`, `wants`. The scripts' header comments
+//! `<prefix>{channel}:<name>` for `leader`, `lease`, `wants`; of one item's segments (their
+//! move intents): `<prefix>{channel:item}:moves`. The scripts' header comments
 //! say what each holds. All keys of a script carry one hash tag, so each call lives on one
 //! Redis Cluster slot, and every key a script touches is passed in KEYS. Request data goes
 //! in ARGV only.
@@ -47,9 +48,9 @@ use scripts::{Keys, Scripts};
 
 use super::memory::{DEFAULT_RECORD_RETENTION, GC_BATCH};
 use super::{
-    AcquireArgs, AcquireResult, ChannelOp, ChannelReply, DEFAULT_OUTBOX_MAX, EventPage, ExtendResult, OutboxStats,
-    PoolKey, PoolSnapshot, PoolStore, Reservation, ReservationRef, ReservationState, StoreError, Transition,
-    channel_tag,
+    AcquireArgs, AcquireResult, ChannelOp, ChannelReply, DEFAULT_OUTBOX_MAX, EventPage, ExtendResult, MoveIntent,
+    OutboxStats, PoolKey, PoolSnapshot, PoolStore, Reservation, ReservationRef, ReservationState, StoreError,
+    Transition, channel_tag,
 };
 use super::{BASKET_RETENTION, BasketWrite, Intent, StoredBasket};
 
@@ -224,6 +225,12 @@ impl RedisPoolStore {
             Arc::new(PoolEntry { pool: pool.clone(), keys: self.make_keys(pool), lane: Mutex::new(Lane::default()) });
         pools.insert(pool.clone(), Arc::clone(&entry));
         entry
+    }
+
+    /// The move intents of a pool's item: under segment 0's hash tag.
+    fn moves_key(&self, pool: &PoolKey) -> String {
+        let first = PoolKey::new(pool.channel.clone(), pool.item_id.clone());
+        format!("{}{}:moves", self.key_prefix, first.hash_tag())
     }
 
     fn make_keys(&self, pool: &PoolKey) -> Keys {
@@ -587,6 +594,40 @@ impl PoolStore for RedisPoolStore {
 
     async fn open_baskets(&self, channel: &str, max: u64) -> Result<Vec<String>, StoreError> {
         self.list_open_baskets(channel, max).await
+    }
+
+    async fn record_move(&self, pool: &PoolKey, intent: &MoveIntent) -> Result<(), StoreError> {
+        let key = self.moves_key(pool);
+        let mut call = self.shared.scripts.moves.key(&key);
+        call.arg("record").arg(&intent.id).arg(intent.encode());
+        // Waits for replicas like a pool write: the intent must outlive the take.
+        let _: Value = self.write(&key, &call).await?;
+        Ok(())
+    }
+
+    async fn pending_moves(&self, pool: &PoolKey) -> Result<Vec<MoveIntent>, StoreError> {
+        const WHAT: &str = "moves";
+        let mut call = self.shared.scripts.moves.key(self.moves_key(pool));
+        call.arg("list");
+        let flat = array(WHAT, self.read(&call).await?)?;
+        let mut out = Vec::with_capacity(flat.len() / 2);
+        for pair in flat.chunks(2) {
+            let [id, text] = pair else { return Err(StoreError::Protocol("moves: odd reply".into())) };
+            let (id, text) = (string(WHAT, id)?, string(WHAT, text)?);
+            out.push(
+                MoveIntent::decode(&id, &text)
+                    .ok_or_else(|| StoreError::Protocol(format!("moves: bad intent {text:?}")))?,
+            );
+        }
+        Ok(out)
+    }
+
+    async fn clear_move(&self, pool: &PoolKey, move_id: &str) -> Result<(), StoreError> {
+        let key = self.moves_key(pool);
+        let mut call = self.shared.scripts.moves.key(&key);
+        call.arg("clear").arg(move_id);
+        let _: Value = self.write(&key, &call).await?;
+        Ok(())
     }
 
     async fn channel_op(&self, channel: &str, op: ChannelOp<'_>) -> Result<ChannelReply, StoreError> {

@@ -22,6 +22,7 @@ pub(super) struct Scripts {
     pub(super) reservation: Script,
     pub(super) events: Script,
     pub(super) trim_events: Script,
+    pub(super) moves: Script,
 }
 
 /// A script that changes reservation states: `lua/outbox.lua` (which writes the events)
@@ -57,6 +58,7 @@ impl Scripts {
             reservation: Script::new(include_str!("../../../../lua/reservation.lua")),
             events: Script::new(include_str!("../../../../lua/events.lua")),
             trim_events: Script::new(include_str!("../../../../lua/trim_events.lua")),
+            moves: Script::new(include_str!("../../../../lua/moves.lua")),
         }
     }
 }
