@@ -45,7 +45,9 @@ local ttl = tonumber(ARGV[6])
 -- Compared as decimal strings (as ARGV carries it and as refill.lua stored it): a u64
 -- above 2^53 would lose digits as a Lua number.
 local expect = ARGV[7]
-local stored = redis.call('HGET', K_POOL, 'generation') or '0'
+-- The pool's fields this call reads, in one command; written back in one HSET below.
+local fields = redis.call('HMGET', K_POOL, 'generation', 'available', 'reserved')
+local stored = fields[1] or '0'
 if expect ~= '0' and expect ~= stored then
   return {'generation', expect, stored}
 end
@@ -68,7 +70,7 @@ if existing then
 end
 
 local held = tonumber(redis.call('HGET', K_HELD, user) or '0')
-local available = tonumber(redis.call('HGET', K_POOL, 'available') or '0')
+local available = tonumber(fields[2] or '0')
 local room = limit - held
 if room < 0 then room = 0 end
 local partial = ARGV[9] == '1'
@@ -82,19 +84,18 @@ end
 if qty == 0 or available < qty then
   return {'sold_out', available}
 end
-if redis.call('HEXISTS', K_RES, new_id) == 1 then
-  return {'duplicate_id'}
-end
-
 local expires_at = now + ttl
-redis.call('HINCRBY', K_POOL, 'available', -qty)
-redis.call('HINCRBY', K_POOL, 'reserved', qty)
-redis.call('HINCRBY', K_HELD, user, qty)
 local rec = {s = 'reserved', q = qty, e = expires_at, u = user, k = key}
 if requested ~= qty then
   rec.r = requested
 end
-redis.call('HSET', K_RES, new_id, cjson.encode(rec))
+-- The record first, and only if the id is new: nothing else is written otherwise.
+if redis.call('HSETNX', K_RES, new_id, cjson.encode(rec)) == 0 then
+  return {'duplicate_id'}
+end
+redis.call('HSET', K_POOL, 'available', string.format('%d', available - qty),
+  'reserved', string.format('%d', tonumber(fields[3] or '0') + qty))
+redis.call('HINCRBY', K_HELD, user, qty)
 redis.call('ZADD', K_DUE, expires_at, new_id)
 redis.call('HSET', K_IDEM, key, new_id)
 outbox_emit(K_POOL, K_OUTBOX, outbox_max, new_id, rec, nil, now)

@@ -8,9 +8,9 @@
 -- earlier ones, so a second copy of an idempotency key replays the first copy's
 -- reservation. All requests share one Redis TIME.
 --
--- The pool's counters are read once and written once at the end (the script is atomic,
--- so nobody sees the intermediate values); everything else is written per reservation as
--- acquire.lua writes it.
+-- The pool's counters are read once and written once at the end (one HSET; the script is
+-- atomic, so nobody sees the intermediate values); everything else is written per
+-- reservation as acquire.lua writes it.
 --
 -- KEYS: as acquire.lua (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
 --   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
@@ -42,10 +42,11 @@ local outbox_max = tonumber(ARGV[2])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local available = tonumber(redis.call('HGET', K_POOL, 'available') or '0')
+local fields = redis.call('HMGET', K_POOL, 'generation', 'available', 'reserved')
+local available = tonumber(fields[2] or '0')
 local taken = 0
 -- Compared as decimal strings, as in acquire.lua (a u64 above 2^53 would lose digits).
-local stored = redis.call('HGET', K_POOL, 'generation') or '0'
+local stored = fields[1] or '0'
 local generation = tonumber(stored)
 
 local function acquire(user, qty, key, new_id, limit, ttl, expect, partial)
@@ -77,19 +78,18 @@ local function acquire(user, qty, key, new_id, limit, ttl, expect, partial)
   if qty == 0 or available < qty then
     return {'sold_out', available}
   end
-  if redis.call('HEXISTS', K_RES, new_id) == 1 then
-    return {'duplicate_id'}
-  end
-
   local expires_at = now + ttl
-  available = available - qty
-  taken = taken + qty
-  redis.call('HINCRBY', K_HELD, user, qty)
   local rec = {s = 'reserved', q = qty, e = expires_at, u = user, k = key}
   if requested ~= qty then
     rec.r = requested
   end
-  redis.call('HSET', K_RES, new_id, cjson.encode(rec))
+  -- The record first, and only if the id is new: nothing else is written otherwise.
+  if redis.call('HSETNX', K_RES, new_id, cjson.encode(rec)) == 0 then
+    return {'duplicate_id'}
+  end
+  available = available - qty
+  taken = taken + qty
+  redis.call('HINCRBY', K_HELD, user, qty)
   redis.call('ZADD', K_DUE, expires_at, new_id)
   redis.call('HSET', K_IDEM, key, new_id)
   outbox_emit(K_POOL, K_OUTBOX, outbox_max, new_id, rec, nil, now)
@@ -104,8 +104,8 @@ for i = 1, n do
 end
 
 if taken > 0 then
-  redis.call('HINCRBY', K_POOL, 'available', -taken)
-  redis.call('HINCRBY', K_POOL, 'reserved', taken)
+  redis.call('HSET', K_POOL, 'available', string.format('%d', available),
+    'reserved', string.format('%d', tonumber(fields[3] or '0') + taken))
 end
 
 return out

@@ -96,7 +96,11 @@ impl EventFeed {
 
     /// A reservation of `pool` changed in this agent: wake the streams.
     pub fn written(&self, pool: &PoolKey) {
-        *self.writes.entry(pool.item_id.clone()).or_default() += 1;
+        // The item's counter exists after its first write: no key allocated on the hot path.
+        match self.writes.get_mut(pool.item_id.as_str()) {
+            Some(mut n) => *n += 1,
+            None => *self.writes.entry(pool.item_id.clone()).or_default() += 1,
+        }
         self.written.notify_waiters();
     }
 

@@ -1,6 +1,7 @@
 //! The agent's gates: backend tokens on the Agent service, the token and TLS settings it
 //! uses towards the center, and per-user rate limits (GCRA) with bounded memory.
 
+use std::hash::{BuildHasher, RandomState};
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
@@ -107,20 +108,28 @@ impl Interceptor for BackendAuth {
 
 /// Per-user request rate (GCRA). State is a small record per recently active user; a
 /// worker drops users back at full allowance, so memory follows the active set.
+///
+/// Users are keyed by a 64-bit hash of their id under a per-process random key, so a
+/// check allocates nothing; two users sharing a limit needs a hash collision nobody can
+/// aim for (the key is secret and differs per process).
 pub struct UserLimits {
-    limiter: DefaultKeyedRateLimiter<String>,
+    limiter: DefaultKeyedRateLimiter<u64>,
+    hasher: RandomState,
 }
 
 impl UserLimits {
     pub fn new(per_sec: u32, burst: u32) -> Self {
         let per_sec = NonZeroU32::new(per_sec.max(1)).expect("max(1)");
         let burst = NonZeroU32::new(burst.max(1)).expect("max(1)");
-        Self { limiter: governor::RateLimiter::keyed(Quota::per_second(per_sec).allow_burst(burst)) }
+        Self {
+            limiter: governor::RateLimiter::keyed(Quota::per_second(per_sec).allow_burst(burst)),
+            hasher: RandomState::new(),
+        }
     }
 
     /// Whether `user` may make another request now.
     pub fn allow(&self, user: &str) -> bool {
-        self.limiter.check_key(&user.to_owned()).is_ok()
+        self.limiter.check_key(&self.hasher.hash_one(user)).is_ok()
     }
 
     /// Forgets users whose allowance is full again; returns how many are still tracked.

@@ -103,7 +103,17 @@ impl Selling {
             ));
         }
         let item = self.item(&req.item).await?;
-        let (admission, policy) = item.with(|c| (c.admit(&req.idempotency_key, req.quantity), c.policy()));
+        let leading = self.role.is_leading();
+        let (admission, policy, starving_want) = item.with(|c| {
+            let admission = c.admit(&req.idempotency_key, req.quantity);
+            // A fast SOLD_OUT's starvation signal, in the same lock. Only the leader talks
+            // to the center; a follower's misses reach it as wants.
+            let want = match admission {
+                Admission::SoldOut if leading => c.on_fast_sold_out(req.quantity, self.stocking.ctx()),
+                _ => None,
+            };
+            (admission, c.policy(), want)
+        });
         let shelf = match admission {
             Admission::Refuse(Refusal::InDoubt) => {
                 return Err(AgentError::Unavailable(format!(
@@ -127,10 +137,7 @@ impl Selling {
             }
             Admission::SoldOut => {
                 self.metrics.acquire(Outcome::SoldOutFast);
-                // Only the leader talks to the center; a follower's misses reach it as wants.
-                if self.role.is_leading()
-                    && let Some(want) = item.with(|c| c.on_fast_sold_out(req.quantity, self.stocking.ctx()))
-                {
+                if let Some(want) = starving_want {
                     self.stocking.submit(&item, OpKind::Borrow { want });
                 }
                 return Ok(sold_out());
@@ -168,10 +175,11 @@ impl Selling {
             allow_partial: false,
         };
         let mut result = self.acquire_in(&item, &pool, &args).await?;
-        if let AcquireResult::SoldOut { .. } = result {
+        // The pool changed unless it said sold out: the rebalancer looks (marked below,
+        // in the same lock as the sell rate's count).
+        let changed = !matches!(result, AcquireResult::SoldOut { .. });
+        if !changed {
             result = self.after_miss(&item, &pool, &args, result).await?;
-        } else {
-            item.with(|c| c.touch());
         }
         if req.allow_partial && partial_fits(&result, policy.per_user_limit) {
             // One more store call, on the short path only: the pool reserves what is left
@@ -188,7 +196,14 @@ impl Selling {
                 self.metrics.acquire(Outcome::Reserved);
                 if !replayed {
                     self.events.written(&pool);
-                    item.with(|c| c.on_reserved(quantity, self.stocking.ctx()));
+                }
+                if changed || !replayed {
+                    item.with(|c| {
+                        c.touch();
+                        if !replayed {
+                            c.on_reserved(quantity, self.stocking.ctx());
+                        }
+                    });
                 }
                 pb::AcquireResponse {
                     outcome: pb::AcquireOutcome::Reserved as i32,
@@ -209,6 +224,9 @@ impl Selling {
                 sold_out()
             }
             AcquireResult::LimitExceeded { held } => {
+                if changed {
+                    item.with(|c| c.touch());
+                }
                 self.metrics.acquire(Outcome::LimitExceeded);
                 pb::AcquireResponse {
                     outcome: pb::AcquireOutcome::LimitExceeded as i32,
@@ -217,6 +235,9 @@ impl Selling {
                 }
             }
             AcquireResult::KeyConflict => {
+                if changed {
+                    item.with(|c| c.touch());
+                }
                 return Err(AgentError::AlreadyExists(format!(
                     "idempotency_key {:?} was already used for another user or quantity",
                     args.idempotency_key

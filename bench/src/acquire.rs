@@ -11,11 +11,13 @@ use inventory_agent::store::redis::RedisPoolStore;
 use inventory_agent::store::{AcquireArgs, AcquireResult, PoolKey, PoolStore};
 use inventory_proto::v1 as pb;
 use inventory_proto::v1::agent_client::AgentClient;
+use prost::Message;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tonic::transport::Channel;
 
+use crate::light;
 use crate::load::{Caller, Class};
 use crate::skew::UserSampler;
 
@@ -39,10 +41,17 @@ pub struct Workload {
     pub authorization: Option<tonic::metadata::AsciiMetadataValue>,
 }
 
-/// Where Acquire goes: an agent over gRPC, or the pool store straight (one EVALSHA).
+/// Where Acquire goes: an agent over gRPC (tonic, or the light client), or the pool store
+/// straight (one EVALSHA).
 #[derive(Clone)]
 pub enum Target {
     Agent(AgentClient<Channel>),
+    Light {
+        conn: light::Conn,
+        uri: http::Uri,
+        template: light::AcquireTemplate,
+        authorization: Option<http::HeaderValue>,
+    },
     /// `pool` names the item's segment 0; with `segments` > 1 the user id picks the
     /// segment, as the agent routes.
     Store {
@@ -121,9 +130,43 @@ impl AcquireCaller {
         }
     }
 
+    /// An agent's answer, counted and checked.
+    fn record_answer(&mut self, seq: u64, answer: pb::AcquireResponse) -> Class {
+        match pb::AcquireOutcome::try_from(answer.outcome) {
+            Ok(pb::AcquireOutcome::Reserved) => {
+                self.record_reserved(seq, answer.reservation_id, answer.replayed);
+                Class::Ok
+            }
+            Ok(pb::AcquireOutcome::SoldOut) => {
+                self.ledger.sold_out += 1;
+                Class::SoldOut
+            }
+            Ok(pb::AcquireOutcome::LimitExceeded) => {
+                self.ledger.limit_exceeded += 1;
+                Class::LimitExceeded
+            }
+            _ => self.record_error(format!("unknown outcome {}", answer.outcome)),
+        }
+    }
+
     fn record_error(&mut self, what: String) -> Class {
         *self.ledger.errors.entry(what).or_default() += 1;
         Class::Error
+    }
+
+    /// A caller of `workload`'s Acquire through the light client on `conn`.
+    pub fn light(index: usize, conn: light::Conn, workload: Arc<Workload>) -> anyhow::Result<Self> {
+        let authorization = match &workload.authorization {
+            Some(a) => Some(http::HeaderValue::from_bytes(a.as_encoded_bytes())?),
+            None => None,
+        };
+        let target = Target::Light {
+            uri: conn.uri(light::ACQUIRE_PATH)?,
+            conn,
+            template: light::AcquireTemplate::new(&workload.item, workload.quantity),
+            authorization,
+        };
+        Ok(Self::new(index, target, workload))
     }
 
     pub fn into_ledger(self) -> Ledger {
@@ -137,8 +180,22 @@ impl Caller for AcquireCaller {
         let key = self.key(seq);
         let user_id = format!("u{user}");
         let quantity = self.workload.quantity;
-        match self.target.clone() {
-            Target::Agent(mut client) => {
+        match &mut self.target {
+            Target::Light { conn, uri, template, authorization } => {
+                let frame = template.frame(&user_id, &key);
+                let call = conn.unary(uri, frame, authorization.as_ref());
+                let answer = match tokio::time::timeout(CALL_TIMEOUT, call).await {
+                    Ok(Ok(message)) => pb::AcquireResponse::decode(message),
+                    Ok(Err(what)) => return self.record_error(what),
+                    Err(_) => return self.record_error("client timeout".to_owned()),
+                };
+                match answer {
+                    Ok(answer) => self.record_answer(seq, answer),
+                    Err(e) => self.record_error(format!("undecodable answer: {e}")),
+                }
+            }
+            Target::Agent(client) => {
+                let mut client = client.clone();
                 let mut request = tonic::Request::new(pb::AcquireRequest {
                     item_id: self.workload.item.clone(),
                     user_id,
@@ -155,23 +212,11 @@ impl Caller for AcquireCaller {
                     Ok(Err(status)) => return self.record_error(format!("{:?}", status.code())),
                     Err(_) => return self.record_error("client timeout".to_owned()),
                 };
-                match pb::AcquireOutcome::try_from(answer.outcome) {
-                    Ok(pb::AcquireOutcome::Reserved) => {
-                        self.record_reserved(seq, answer.reservation_id, answer.replayed);
-                        Class::Ok
-                    }
-                    Ok(pb::AcquireOutcome::SoldOut) => {
-                        self.ledger.sold_out += 1;
-                        Class::SoldOut
-                    }
-                    Ok(pb::AcquireOutcome::LimitExceeded) => {
-                        self.ledger.limit_exceeded += 1;
-                        Class::LimitExceeded
-                    }
-                    _ => self.record_error(format!("unknown outcome {}", answer.outcome)),
-                }
+                self.record_answer(seq, answer)
             }
-            Target::Store { store, mut pool, segments, per_user_limit, reservation_ttl_ms } => {
+            Target::Store { store, pool, segments, per_user_limit, reservation_ttl_ms } => {
+                let (store, mut pool) = (Arc::clone(store), pool.clone());
+                let (segments, per_user_limit, reservation_ttl_ms) = (*segments, *per_user_limit, *reservation_ttl_ms);
                 pool.segment = inventory_core::segments::route(&user_id, segments);
                 let args = AcquireArgs {
                     user_id,

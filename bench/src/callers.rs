@@ -9,23 +9,45 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
 use crate::acquire::CALL_TIMEOUT;
+use crate::light;
 use crate::load::{Caller, Class};
 
 /// The statement of the naive baseline: the seeds' anti-pattern.
 pub const NAIVE_UPDATE: &str = "UPDATE bench_naive_stock SET count = count - 1 WHERE id = $1 AND count > 0";
 
 /// `grpc.health.v1.Health/Check`: the same server stack as Acquire, no work behind it.
-pub struct HealthCaller {
-    pub client: HealthClient<Channel>,
+pub enum HealthCaller {
+    Tonic(HealthClient<Channel>),
+    /// The light client: a pre-encoded request, the answer checked for SERVING.
+    Light {
+        conn: light::Conn,
+        uri: http::Uri,
+    },
+}
+
+impl HealthCaller {
+    pub fn light(conn: light::Conn) -> anyhow::Result<Self> {
+        Ok(Self::Light { uri: conn.uri(light::HEALTH_PATH)?, conn })
+    }
 }
 
 impl Caller for HealthCaller {
     async fn call(&mut self) -> Class {
-        let mut request = tonic::Request::new(HealthCheckRequest { service: String::new() });
-        request.set_timeout(CALL_TIMEOUT);
-        match tokio::time::timeout(CALL_TIMEOUT, self.client.check(request)).await {
-            Ok(Ok(_)) => Class::Ok,
-            _ => Class::Error,
+        match self {
+            Self::Tonic(client) => {
+                let mut request = tonic::Request::new(HealthCheckRequest { service: String::new() });
+                request.set_timeout(CALL_TIMEOUT);
+                match tokio::time::timeout(CALL_TIMEOUT, client.check(request)).await {
+                    Ok(Ok(_)) => Class::Ok,
+                    _ => Class::Error,
+                }
+            }
+            Self::Light { conn, uri } => {
+                match tokio::time::timeout(CALL_TIMEOUT, conn.unary(uri, light::health_frame(), None)).await {
+                    Ok(Ok(message)) if light::serving(&message) => Class::Ok,
+                    _ => Class::Error,
+                }
+            }
         }
     }
 }

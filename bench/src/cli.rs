@@ -13,6 +13,7 @@ use crate::args::{ensure_loopback, parse_duration, parse_share, parse_watermarks
 use crate::auth::AuthArgs;
 use crate::env::{RedisTuning, tls_channels};
 use crate::load::{self, Counts, LoadSpec};
+use crate::report::ClientKind;
 use crate::report::Phase;
 use crate::skew::{Skew, UserSampler};
 use crate::stats::{Summary, fmt_latency, fmt_rate, ladder, render_table};
@@ -128,6 +129,10 @@ pub struct SuiteArgs {
     /// (default: the store's default; 1 turns group commit off).
     #[arg(long)]
     pub redis_acquire_batch_max: Option<usize>,
+    /// The client of the gRPC figures: tonic (as a channel backend calls), or light (raw
+    /// HTTP/2 with pre-encoded requests: little client CPU, so the agent's own cost shows).
+    #[arg(long, value_enum, default_value = "tonic")]
+    pub client: ClientKind,
     #[command(flatten)]
     pub load: LoadArgs,
 }
@@ -159,6 +164,7 @@ impl SuiteArgs {
             output: self.output.clone(),
             only: self.only.clone(),
             redis: RedisTuning { connections: self.redis_connections, batch_max: self.redis_acquire_batch_max },
+            client: self.client,
         })
     }
 }

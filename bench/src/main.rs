@@ -18,6 +18,7 @@ mod batching;
 mod callers;
 mod cli;
 mod env;
+mod light;
 mod load;
 mod report;
 mod segments;

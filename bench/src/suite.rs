@@ -42,7 +42,7 @@ use crate::acquire::{self, AcquireCaller, Target, Workload};
 use crate::callers::{BorrowCaller, HealthCaller, NaiveCaller};
 use crate::env::{AgentHandle, BenchDatabase, BenchRedis, CenterHandle, RedisTuning, Store, channels};
 use crate::load::{self, Caller, LoadReport, LoadSpec};
-use crate::report::{Phase, PhaseResult, Report, Settings, render};
+use crate::report::{ClientKind, Phase, PhaseResult, Report, Settings, render};
 use crate::skew::{Skew, UserSampler};
 use crate::stats::{fmt_latency, fmt_rate};
 use crate::sysinfo::{CpuSnapshot, Machine};
@@ -90,6 +90,8 @@ pub struct SuiteOptions {
     pub only: Vec<Phase>,
     /// The Redis store's settings where they differ from the defaults.
     pub redis: RedisTuning,
+    /// The client of the gRPC figures (a, b, c, g, h, i).
+    pub client: ClientKind,
 }
 
 impl SuiteOptions {
@@ -157,6 +159,7 @@ pub async fn run(opts: SuiteOptions, servers_rt: Handle) -> anyhow::Result<bool>
         naive_pool_connections: naive_connections(opts.concurrency),
         redis_version: versions.0,
         postgres_version: versions.1,
+        client: opts.client,
     };
     let mut report = Report::new(started_at_unix_ms, Machine::detect(), settings, results, failures);
     report.batching = batching;
@@ -366,9 +369,7 @@ impl<'a> Runner<'a> {
             Phase::A => {
                 let callers = match self.fx.health.take() {
                     Some(c) => c,
-                    None => {
-                        self.connect(&world.memory_agent.url, |c| HealthCaller { client: HealthClient::new(c) }).await?
-                    }
+                    None => self.health_callers(&world.memory_agent.url).await?,
                 };
                 let (_, callers) = self.measure(phase, round, &spec, callers, None).await?;
                 self.fx.health = Some(callers);
@@ -501,8 +502,24 @@ impl<'a> Runner<'a> {
         }))
     }
 
+    async fn health_callers(&self, url: &str) -> anyhow::Result<Vec<HealthCaller>> {
+        match self.opts.client {
+            ClientKind::Tonic => self.connect(url, |c| HealthCaller::Tonic(HealthClient::new(c))).await,
+            ClientKind::Light => {
+                let conns = crate::light::connect(url, self.opts.connections).await?;
+                conns.into_iter().cycle().take(self.opts.concurrency).map(HealthCaller::light).collect()
+            }
+        }
+    }
+
     async fn agent_callers(&self, agent: &AgentHandle, item: &str, tag: &str) -> anyhow::Result<Vec<AcquireCaller>> {
         let workload = self.workload(item, tag)?;
+        if self.opts.client == ClientKind::Light {
+            let conns = crate::light::connect(&agent.url, self.opts.connections).await?;
+            return (0..self.opts.concurrency)
+                .map(|i| AcquireCaller::light(i + 1, conns[i % conns.len()].clone(), Arc::clone(&workload)))
+                .collect();
+        }
         let mut index = 0;
         self.connect(&agent.url, |c| {
             index += 1;

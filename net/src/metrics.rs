@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::error::Error as StdError;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, ready};
 use std::time::Instant;
 
@@ -83,12 +83,33 @@ type MethodLabels = [(&'static str, Arc<str>); 2];
 type CallLabels = (MethodLabels, [(&'static str, &'static str); 1]);
 
 struct Inner {
-    /// Request path (`/package.Service/Method`) to its labels.
-    known: HashMap<Box<str>, MethodLabels>,
-    unknown: MethodLabels,
+    /// Request path (`/package.Service/Method`) to its method.
+    known: HashMap<Box<str>, Arc<Method>>,
+    unknown: Arc<Method>,
     requests: Family<CallLabels, Counter>,
     duration: Family<MethodLabels, Histogram>,
     in_flight: Family<MethodLabels, Gauge>,
+}
+
+/// One method's labels, and its series once it has had a call: a call then updates them
+/// through these handles (atomics, and the histogram's lock) without looking them up in
+/// the families (a read lock and a hash of the labels each).
+struct Method {
+    labels: MethodLabels,
+    series: OnceLock<Series>,
+    /// Calls answered OK, the common code; other codes go through the family.
+    ok: OnceLock<Counter>,
+}
+
+struct Series {
+    in_flight: Gauge,
+    duration: Histogram,
+}
+
+impl Method {
+    fn new(labels: MethodLabels) -> Arc<Self> {
+        Arc::new(Self { labels, series: OnceLock::new(), ok: OnceLock::new() })
+    }
 }
 
 /// Per-method call counters, latency and calls in flight of one gRPC server.
@@ -121,13 +142,13 @@ impl RpcMetrics {
                         let path = format!("/{full}/{}", method.name());
                         known.insert(
                             path.into_boxed_str(),
-                            [("service", Arc::clone(&full)), ("method", method.name().into())],
+                            Method::new([("service", Arc::clone(&full)), ("method", method.name().into())]),
                         );
                     }
                 }
             }
         }
-        let unknown = [("service", Arc::from("unknown")), ("method", Arc::from("unknown"))];
+        let unknown = Method::new([("service", Arc::from("unknown")), ("method", Arc::from("unknown"))]);
         Self(Arc::new(Inner {
             known,
             unknown,
@@ -162,16 +183,23 @@ impl RpcMetrics {
     }
 
     fn start(&self, path: &str) -> Call {
-        let labels = self.0.known.get(path).unwrap_or(&self.0.unknown).clone();
-        self.0.in_flight.get_or_create(&labels).inc();
-        Call { metrics: self.clone(), labels, started: Instant::now(), done: false }
+        let method = Arc::clone(self.0.known.get(path).unwrap_or(&self.0.unknown));
+        self.series(&method).in_flight.inc();
+        Call { metrics: self.clone(), method, started: Instant::now(), done: false }
+    }
+
+    fn series<'a>(&self, method: &'a Method) -> &'a Series {
+        method.series.get_or_init(|| Series {
+            in_flight: self.0.in_flight.get_or_create(&method.labels).clone(),
+            duration: self.0.duration.get_or_create(&method.labels).clone(),
+        })
     }
 }
 
 /// One call being measured; ends exactly once, as `cancelled` if dropped unfinished.
 struct Call {
     metrics: RpcMetrics,
-    labels: MethodLabels,
+    method: Arc<Method>,
     started: Instant,
     done: bool,
 }
@@ -181,10 +209,15 @@ impl Call {
         if std::mem::replace(&mut self.done, true) {
             return;
         }
-        let m = &self.metrics.0;
-        m.in_flight.get_or_create(&self.labels).dec();
-        m.duration.get_or_create(&self.labels).observe(self.started.elapsed().as_secs_f64());
-        m.requests.get_or_create(&(self.labels.clone(), [("code", code_name(code))])).inc();
+        let (m, method) = (&self.metrics, &*self.method);
+        let series = m.series(method);
+        series.in_flight.dec();
+        series.duration.observe(self.started.elapsed().as_secs_f64());
+        let requests = |code| m.0.requests.get_or_create(&(method.labels.clone(), [("code", code_name(code))])).clone();
+        match code {
+            Code::Ok => method.ok.get_or_init(|| requests(Code::Ok)).inc(),
+            other => requests(other).inc(),
+        };
     }
 }
 

@@ -124,6 +124,7 @@ contract_suite!(
     key_reused_with_another_payload_conflicts,
     per_user_limit_is_freed_by_cancel_and_expiry_but_not_by_confirm,
     sold_out_and_limit_answers_write_nothing,
+    a_new_reservation_id_naming_an_existing_one_is_refused_and_writes_nothing,
     missing_pool_reads_as_empty_generation_zero,
     concurrent_acquires_never_oversell_and_conserve_units,
     per_user_limit_holds_under_concurrent_requests,
@@ -527,6 +528,36 @@ async fn sold_out_and_limit_answers_write_nothing(backend: &Backend) {
     let retry = AcquireArgs { new_reservation_id: uuid::Uuid::new_v4().to_string(), ..too_many.clone() };
     reserve_with(&*store, &p, &retry).await;
     assert_eq!(counters(&*store, &p).await, (2, 6, 0));
+}
+
+async fn a_new_reservation_id_naming_an_existing_one_is_refused_and_writes_nothing(backend: &Backend) {
+    let store = backend.store().await;
+    let p = pool("sku-duplicate-id");
+    store.refill(&p, "grant-1", 5, 0).await.unwrap();
+    let first = reserve(&*store, &p, "olga", 1).await;
+    let before = snap(&*store, &p).await;
+
+    // A fresh key (and another user) whose new reservation id is taken: a caller's bug.
+    let clash = AcquireArgs { new_reservation_id: first.clone(), ..acquire_args("pia", 2, "key-pia", 10, LONG_TTL_MS) };
+    match store.acquire(&p, &clash).await {
+        Err(StoreError::Protocol(m)) => assert!(m.contains(&first), "{m}"),
+        other => panic!("expected a refusal naming {first}, got {other:?}"),
+    }
+    let after = snap(&*store, &p).await;
+    assert_eq!(PoolSnapshot { now_ms: 0, ..after }, PoolSnapshot { now_ms: 0, ..before });
+    assert_eq!(state(&*store, &p, &first).await, Some(Reserved));
+
+    // Neither the key nor the user's allowance remembers the refused call.
+    let retry = AcquireArgs { new_reservation_id: uuid::Uuid::new_v4().to_string(), ..clash.clone() };
+    reserve_with(&*store, &p, &retry).await;
+    assert_eq!(counters(&*store, &p).await, (2, 3, 0));
+    let replay = AcquireArgs { new_reservation_id: uuid::Uuid::new_v4().to_string(), ..retry.clone() };
+    match store.acquire(&p, &replay).await.unwrap() {
+        AcquireResult::Reserved { reservation_id, replayed: true, .. } => {
+            assert_eq!(reservation_id, retry.new_reservation_id)
+        }
+        other => panic!("expected the replay of {}, got {other:?}", retry.new_reservation_id),
+    }
 }
 
 async fn missing_pool_reads_as_empty_generation_zero(backend: &Backend) {

@@ -1,6 +1,6 @@
 //! [`Pool`] and its operations. Every branch has its twin in a `lua/` script.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
@@ -74,13 +74,16 @@ pub struct Pool {
     /// The highest center epoch that fenced the pool. Kept with the pool's data, so a
     /// store that loses the pool loses its fence too.
     fence: u64,
-    reservations: BTreeMap<String, Reservation>,
+    // Looked up by id, key and user on every call: hash maps (a pool holds every
+    // reservation of its retention window; ordered trees of strings cost a cache miss per
+    // level). What iterates them sorts first, so answers stay deterministic.
+    reservations: HashMap<String, Reservation>,
     /// RESERVED reservations by expiry.
     due: BTreeSet<(i64, String)>,
     /// Units each user holds (reserved + confirmed); users holding 0 are absent.
-    held: BTreeMap<String, u64>,
+    held: HashMap<String, u64>,
     /// idempotency key -> reservation id.
-    keys: BTreeMap<String, String>,
+    keys: HashMap<String, String>,
     /// grant id -> units applied.
     grants: BTreeMap<String, u64>,
     takes: BTreeMap<String, Take>,
@@ -186,22 +189,18 @@ impl Pool {
         self.available -= quantity;
         self.reserved = reserved;
         self.held.insert(args.user_id.clone(), user_held);
-        self.reservations.insert(
-            args.new_reservation_id.clone(),
-            Reservation {
-                state: ReservationState::Reserved,
-                quantity,
-                expires_at_ms,
-                user_id: args.user_id.clone(),
-                idempotency_key: args.idempotency_key.clone(),
-                requested: if quantity == args.quantity { 0 } else { args.quantity },
-            },
-        );
+        let r = Reservation {
+            state: ReservationState::Reserved,
+            quantity,
+            expires_at_ms,
+            user_id: args.user_id.clone(),
+            idempotency_key: args.idempotency_key.clone(),
+            requested: if quantity == args.quantity { 0 } else { args.quantity },
+        };
+        self.emit(&args.new_reservation_id, &r, None, now_ms);
+        self.reservations.insert(args.new_reservation_id.clone(), r);
         self.due.insert((expires_at_ms, args.new_reservation_id.clone()));
         self.keys.insert(args.idempotency_key.clone(), args.new_reservation_id.clone());
-        if let Some(r) = self.reservations.get(&args.new_reservation_id).cloned() {
-            self.emit(&args.new_reservation_id, &r, None, now_ms);
-        }
         Ok(AcquireResult::Reserved {
             reservation_id: args.new_reservation_id.clone(),
             quantity,
@@ -551,7 +550,9 @@ impl Pool {
 
     /// Every idempotency key the pool remembers (keys that reserved), in order.
     pub fn idempotency_keys(&self) -> impl Iterator<Item = &str> {
-        self.keys.keys().map(String::as_str)
+        let mut keys: Vec<&str> = self.keys.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        keys.into_iter()
     }
 
     /// Whether a refill created the pool (and no loss reset it since).
@@ -586,7 +587,9 @@ impl Pool {
 
     /// Every reservation the pool remembers, by id.
     pub fn reservations(&self) -> impl Iterator<Item = (&str, &Reservation)> {
-        self.reservations.iter().map(|(id, r)| (id.as_str(), r))
+        let mut all: Vec<(&str, &Reservation)> = self.reservations.iter().map(|(id, r)| (id.as_str(), r)).collect();
+        all.sort_unstable_by_key(|(id, _)| *id);
+        all.into_iter()
     }
 
     /// Units `user_id` holds (reserved + confirmed).
