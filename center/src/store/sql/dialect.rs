@@ -113,5 +113,5 @@ pub async fn connect(url: &str) -> std::result::Result<SqlLedger, CenterError> {
         Dialect::Sqlite => sqlx::migrate!("../migrations/sqlite").run(&pool).await,
     };
     migrated.map_err(|e| CenterError::Database { detail: format!("migration failed: {e}") })?;
-    Ok(SqlLedger { pool, dialect, q: Queries::new(dialect) })
+    Ok(SqlLedger { pool, dialect, q: std::sync::Arc::new(Queries::new(dialect)), groups: Default::default() })
 }

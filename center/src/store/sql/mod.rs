@@ -16,13 +16,17 @@
 //! `requests` (first answers by request id), `reports` (registration and heartbeats),
 //! `views` (read views) and `reclaim` (reclaim, units in doubt, removing a channel). The [`LedgerStore`] impl below only routes.
 
+mod batch;
 mod dialect;
+mod group;
 mod movement;
 mod reclaim;
 mod reports;
 mod requests;
 mod rows;
 mod views;
+
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use inventory_core::ledger::ChannelSession;
@@ -32,16 +36,20 @@ use sqlx::{Any, AnyPool, Executor, Transaction};
 
 pub use dialect::{Dialect, connect};
 
+use super::batch::{Answer, Op, OpKind};
 use super::{
-    BorrowOutcome, BorrowRate, ChannelView, HeartbeatOutcome, ItemLedger, ItemPolicy, ItemRecord, LedgerStore, NewItem,
+    BorrowLine, BorrowOutcome, BorrowRate, ChannelView, HeartbeatOutcome, ItemLedger, ItemPolicy, ItemRecord, LedgerStore, NewItem,
     PoolReportIn, ReclaimOutcome, Reconciliation, Registration, RemovedChannel, Result, ReturnOutcome,
 };
+use crate::error::CenterError;
 use dialect::Queries;
 
+#[derive(Clone)]
 pub struct SqlLedger {
     pool: AnyPool,
     dialect: Dialect,
-    q: Queries,
+    q: Arc<Queries>,
+    groups: Arc<group::Groups>,
 }
 
 type Tx = Transaction<'static, Any>;
@@ -102,7 +110,52 @@ impl LedgerStore for SqlLedger {
         request_id: &RequestId,
         rate: BorrowRate,
     ) -> Result<BorrowOutcome> {
-        SqlLedger::borrow(self, item, channel, epoch, quantity, request_id, rate).await
+        let op = Op {
+            item: item.clone(),
+            channel: channel.clone(),
+            epoch,
+            quantity,
+            request_id: request_id.clone(),
+            kind: OpKind::Borrow(rate),
+        };
+        match self.submit(op).await? {
+            Answer::Borrow(out) => Ok(out),
+            Answer::Return(_) => Err(CenterError::Internal("a borrow answered as a return".into())),
+        }
+    }
+
+    async fn borrow_many(
+        &self,
+        channel: &Channel,
+        epoch: u64,
+        lines: &[BorrowLine],
+    ) -> Result<Vec<Result<BorrowOutcome>>> {
+        let ops: Vec<Op> = lines
+            .iter()
+            .map(|l| Op {
+                item: l.item.clone(),
+                channel: channel.clone(),
+                epoch,
+                quantity: l.quantity,
+                request_id: l.request_id.clone(),
+                kind: OpKind::Borrow(l.rate),
+            })
+            .collect();
+        let (answers, stale) = self.run_batch(&ops).await?;
+        if stale {
+            // One channel, one epoch: a stale epoch is the whole call's error.
+            if let Some(Err(e)) = answers.into_iter().find(|a| matches!(a, Err(CenterError::Precondition(_)))) {
+                return Err(e);
+            }
+            return Err(CenterError::Precondition(format!("stale epoch {epoch} for channel {channel}")));
+        }
+        Ok(answers
+            .into_iter()
+            .map(|a| match a? {
+                Answer::Borrow(out) => Ok(out),
+                Answer::Return(_) => Err(CenterError::Internal("a borrow answered as a return".into())),
+            })
+            .collect())
     }
 
     async fn give_back(
@@ -113,7 +166,18 @@ impl LedgerStore for SqlLedger {
         quantity: Quantity,
         request_id: &RequestId,
     ) -> Result<ReturnOutcome> {
-        SqlLedger::give_back(self, item, channel, epoch, quantity, request_id).await
+        let op = Op {
+            item: item.clone(),
+            channel: channel.clone(),
+            epoch,
+            quantity,
+            request_id: request_id.clone(),
+            kind: OpKind::Return,
+        };
+        match self.submit(op).await? {
+            Answer::Return(out) => Ok(out),
+            Answer::Borrow(_) => Err(CenterError::Internal("a return answered as a borrow".into())),
+        }
     }
 
     async fn heartbeat(
