@@ -72,7 +72,8 @@ impl Answer {
     }
 
     fn from_record(kind: OpKind, request_id: &RequestId, record: &str) -> Result<Self> {
-        let unreadable = |e: serde_json::Error| CenterError::Internal(format!("stored response of {request_id} unreadable: {e}"));
+        let unreadable =
+            |e: serde_json::Error| CenterError::Internal(format!("stored response of {request_id} unreadable: {e}"));
         Ok(match kind {
             OpKind::Borrow(_) => Answer::Borrow(serde_json::from_str(record).map_err(unreadable)?),
             OpKind::Return => Answer::Return(serde_json::from_str(record).map_err(unreadable)?),
@@ -201,7 +202,10 @@ pub fn apply(ops: &[Op], replays: Vec<Option<Result<Answer>>>, snap: &Snapshot) 
             OpKind::Borrow(rate) => {
                 let mut share = RateShare::default();
                 if op.quantity.get() > after.available && rate.sell_rate_milli > 0 {
-                    share = RateShare { own_milli: rate.sell_rate_milli, others_milli: others_rates(&allocs, &akey, rate.now_ms) };
+                    share = RateShare {
+                        own_milli: rate.sell_rate_milli,
+                        others_milli: others_rates(&allocs, &akey, rate.now_ms),
+                    };
                 }
                 let granted = ledger::borrow_shared(&mut after, &mut alloc, op.quantity, share);
                 alloc.sell_rate_milli = rate.sell_rate_milli;
@@ -232,11 +236,15 @@ pub fn apply(ops: &[Op], replays: Vec<Option<Result<Answer>>>, snap: &Snapshot) 
     for (key, row) in &allocs {
         let rate = rates_given.get(key).copied();
         // A row is written when units moved; a rate alone only updates a row that exists.
-        let rate_changed = rate.is_some_and(|r| {
-            row.stored && snap.allocs.get(key).is_some_and(|read| read.alloc.sell_rate_milli != r)
-        });
+        let rate_changed = rate
+            .is_some_and(|r| row.stored && snap.allocs.get(key).is_some_and(|read| read.alloc.sell_rate_milli != r));
         if moved.contains_key(key) || rate_changed {
-            out.allocs.push(AllocWrite { item: key.0.clone(), channel: key.1.clone(), alloc: row.alloc, sell_rate: rate });
+            out.allocs.push(AllocWrite {
+                item: key.0.clone(),
+                channel: key.1.clone(),
+                alloc: row.alloc,
+                sell_rate: rate,
+            });
         }
     }
     out
@@ -259,4 +267,105 @@ fn others_rates(allocs: &BTreeMap<(String, String), AllocRow>, own: &(String, St
         .take_while(|((item, _), _)| *item == own.0)
         .filter(|((_, channel), row)| *channel != own.1 && row.lease_expires_at_ms > now_ms)
         .fold(0u64, |sum, (_, row)| sum.saturating_add(row.alloc.sell_rate_milli))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(item: &str, channel: &str, quantity: u64, rid: &str, borrow: bool) -> Op {
+        Op {
+            item: ItemId::parse("item_id", item).unwrap(),
+            channel: Channel::parse("channel", channel).unwrap(),
+            epoch: 1,
+            quantity: Quantity::parse("quantity", quantity).unwrap(),
+            request_id: RequestId::parse("request_id", rid).unwrap(),
+            kind: if borrow { OpKind::Borrow(BorrowRate::default()) } else { OpKind::Return },
+        }
+    }
+
+    fn snapshot(available: u64) -> Snapshot {
+        let mut snap = Snapshot::default();
+        let mut item = ItemState::new(Quantity::parse("total", 100).unwrap(), 1, 1000);
+        item.available = available;
+        snap.items.insert("i".into(), item);
+        let session = ChannelSession { epoch: 1, agent_id: "a".into(), lease_expires_at_ms: 0, last_heartbeat_ms: 0 };
+        snap.sessions.insert("app".into(), session);
+        snap
+    }
+
+    fn granted(a: &Result<Answer>) -> (u64, u64, bool) {
+        match a {
+            Ok(Answer::Borrow(b)) => (b.granted, b.center_available, b.replayed),
+            Ok(Answer::Return(r)) => (0, r.center_available, r.replayed),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn lines_apply_in_order_as_one_call_after_another() {
+        let ops = [op("i", "app", 60, "a", true), op("i", "app", 60, "b", true), op("i", "app", 10, "c", false)];
+        let out = apply(&ops, vec![None, None, None], &snapshot(100));
+        assert_eq!(granted(&out.answers[0]), (60, 40, false));
+        assert_eq!(granted(&out.answers[1]), (40, 0, false));
+        assert_eq!(granted(&out.answers[2]), (0, 10, false));
+        assert_eq!(out.items.len(), 1);
+        assert_eq!(out.items[0].2.available, 10);
+        assert_eq!(out.allocs.len(), 1);
+        assert_eq!((out.allocs[0].alloc.granted, out.allocs[0].alloc.returned), (100, 10));
+        assert_eq!(out.record, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn a_request_id_twice_in_a_batch_is_a_replay_or_already_exists() {
+        let ops = [op("i", "app", 5, "a", true), op("i", "app", 5, "a", true), op("i", "app", 6, "a", true)];
+        let out = apply(&ops, vec![None, None, None], &snapshot(100));
+        assert_eq!(granted(&out.answers[1]), (5, 95, true));
+        assert!(matches!(out.answers[2], Err(CenterError::AlreadyExists(_))));
+        assert_eq!(out.record, vec![0]);
+        assert_eq!(out.items[0].2.available, 95);
+    }
+
+    #[test]
+    fn a_failing_line_changes_nothing_and_the_others_apply() {
+        let mut stale = op("i", "app", 5, "s", true);
+        stale.epoch = 7;
+        let ops = [
+            op("i", "app", 5, "r", false),
+            stale,
+            op("gone", "app", 5, "g", true),
+            op("i", "web", 5, "w", true),
+            op("i", "app", 5, "ok", true),
+        ];
+        let out = apply(&ops, vec![None, None, None, None, None], &snapshot(100));
+        assert!(matches!(out.answers[0], Err(CenterError::Precondition(_))), "return more than held");
+        assert!(matches!(out.answers[1], Err(CenterError::Precondition(_))));
+        assert!(matches!(out.answers[2], Err(CenterError::NotFound { .. })));
+        assert!(matches!(out.answers[3], Err(CenterError::Precondition(_))), "unregistered channel");
+        assert_eq!(granted(&out.answers[4]), (5, 95, false));
+        assert!(out.stale);
+        assert_eq!(out.record, vec![4]);
+    }
+
+    #[test]
+    fn recorded_requests_answer_from_their_record() {
+        let ops = [op("i", "app", 5, "a", true), op("i", "app", 9, "b", true)];
+        let mut recorded = HashMap::new();
+        let first = Answer::Borrow(BorrowOutcome { granted: 5, center_available: 42, replayed: false });
+        let m = ops[0].mutation();
+        recorded.insert(
+            request_key(&m, &ops[0].request_id),
+            Recorded { fingerprint: m.fingerprint(), response: first.to_record().unwrap() },
+        );
+        let m = ops[1].mutation();
+        recorded.insert(
+            request_key(&m, &ops[1].request_id),
+            Recorded { fingerprint: "borrow/other/app/1".into(), response: "{}".into() },
+        );
+        let replays = answer_replays(&ops, &recorded);
+        let out = apply(&ops, replays, &snapshot(100));
+        assert_eq!(granted(&out.answers[0]), (5, 42, true));
+        assert!(matches!(out.answers[1], Err(CenterError::AlreadyExists(_))));
+        assert!(out.items.is_empty() && out.allocs.is_empty() && out.record.is_empty());
+    }
 }

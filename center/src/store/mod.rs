@@ -204,8 +204,12 @@ pub trait LedgerStore: Send + Sync + 'static {
     ) -> Result<BorrowOutcome>;
     /// Several Borrows of one channel in one transaction: one answer per line, in order
     /// (a line's own error among them). A stale epoch fails the whole call.
-    async fn borrow_many(&self, channel: &Channel, epoch: u64, lines: &[BorrowLine])
-    -> Result<Vec<Result<BorrowOutcome>>>;
+    async fn borrow_many(
+        &self,
+        channel: &Channel,
+        epoch: u64,
+        lines: &[BorrowLine],
+    ) -> Result<Vec<Result<BorrowOutcome>>>;
     async fn give_back(
         &self,
         item: &ItemId,

@@ -59,7 +59,8 @@ impl SqlLedger {
         Self::write_allocs(&mut tx, &applied.allocs).await?;
         let mut records = Vec::with_capacity(applied.record.len());
         for &i in &applied.record {
-            let answer = applied.answers[i].as_ref().map_err(|_| CenterError::Internal("no answer to record".into()))?;
+            let answer =
+                applied.answers[i].as_ref().map_err(|_| CenterError::Internal("no answer to record".into()))?;
             records.push((&ops[i], answer.to_record()?));
         }
         if !Self::put_requests(&mut tx, &records).await? {

@@ -51,7 +51,8 @@ impl SqlLedger {
             let me = self.clone();
             tokio::spawn(async move { me.drain(item).await });
         }
-        rx.await.unwrap_or_else(|_| Err(CenterError::Unavailable("center stopping, retry with the same request id".into())))
+        rx.await
+            .unwrap_or_else(|_| Err(CenterError::Unavailable("center stopping, retry with the same request id".into())))
     }
 
     async fn drain(self, item: String) {
@@ -79,7 +80,9 @@ impl SqlLedger {
                 Err(_) => {
                     for (op, tx) in ops.into_iter().zip(senders) {
                         let answer = match self.run_batch(std::slice::from_ref(&op)).await {
-                            Ok((mut answers, _)) => answers.pop().unwrap_or_else(|| Err(CenterError::Internal("no answer".into()))),
+                            Ok((mut answers, _)) => {
+                                answers.pop().unwrap_or_else(|| Err(CenterError::Internal("no answer".into())))
+                            }
                             Err(e) => Err(e),
                         };
                         let _ = tx.send(answer);

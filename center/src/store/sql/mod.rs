@@ -38,8 +38,9 @@ pub use dialect::{Dialect, connect};
 
 use super::batch::{Answer, Op, OpKind};
 use super::{
-    BorrowLine, BorrowOutcome, BorrowRate, ChannelView, HeartbeatOutcome, ItemLedger, ItemPolicy, ItemRecord, LedgerStore, NewItem,
-    PoolReportIn, ReclaimOutcome, Reconciliation, Registration, RemovedChannel, Result, ReturnOutcome,
+    BorrowLine, BorrowOutcome, BorrowRate, ChannelView, HeartbeatOutcome, ItemLedger, ItemPolicy, ItemRecord,
+    LedgerStore, NewItem, PoolReportIn, ReclaimOutcome, Reconciliation, Registration, RemovedChannel, Result,
+    ReturnOutcome,
 };
 use crate::error::CenterError;
 use dialect::Queries;
