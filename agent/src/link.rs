@@ -46,6 +46,8 @@ pub struct CenterLink {
     borrow_many: AtomicU8,
     /// BorrowMany calls answered so far.
     borrow_many_calls: AtomicU64,
+    /// Borrow calls answered so far.
+    borrow_calls: AtomicU64,
 }
 
 const MANY_UNKNOWN: u8 = 0;
@@ -149,6 +151,7 @@ impl CenterLink {
             coalesce: Mutex::new(Coalesce::default()),
             borrow_many: AtomicU8::new(MANY_UNKNOWN),
             borrow_many_calls: AtomicU64::new(0),
+            borrow_calls: AtomicU64::new(0),
         })
     }
 
@@ -331,9 +334,14 @@ impl CenterLink {
         rx.await.unwrap_or_else(|_| Err(Status::unavailable("agent stopping")))
     }
 
-    /// BorrowMany calls the center answered (for tests and logs).
+    /// BorrowMany calls the center answered.
     pub fn borrow_many_calls(&self) -> u64 {
         self.borrow_many_calls.load(Ordering::Relaxed)
+    }
+
+    /// Borrow calls (one item each) the center answered.
+    pub fn borrow_calls(&self) -> u64 {
+        self.borrow_calls.load(Ordering::Relaxed)
     }
 
     /// Sends what waits, one call at a time, until nothing does.
@@ -450,6 +458,9 @@ impl CenterLink {
             async move { c.borrow(req).await.map(|r| r.into_inner()) }
         })
         .await
+        .inspect(|_| {
+            self.borrow_calls.fetch_add(1, Ordering::Relaxed);
+        })
     }
 
     /// A Return under `epoch`: the epoch under which its units were taken out of the pool.

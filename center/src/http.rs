@@ -1,8 +1,8 @@
 //! The HTTP side port: `/healthz`, Prometheus text on `/metrics`, the live console page on
 //! `/` and its JSON feed on `/api/items`.
 //!
-//! Every view is read from the ledger at request time (`list_items`, one `item_ledger`
-//! and one `watermarks` per item, `channels`); nothing here writes. The console is one
+//! Every view is read from the ledger at request time (`ledgers` and `channels`: a fixed
+//! number of queries whatever the number of items); nothing here writes. The console is one
 //! self-contained HTML file with inline script and SVG charts (no build step, nothing
 //! fetched from elsewhere): it loads the last minutes from `/api/history` (sampled by
 //! [`crate::history`], which also tells drift in flight from stuck drift), then polls
@@ -21,7 +21,6 @@ use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse};
 use axum::routing::get;
-use inventory_core::ItemId;
 use inventory_core::watermarks::Watermarks;
 use inventory_net::metrics::RpcMetrics;
 use prometheus_client::collector::Collector;
@@ -112,27 +111,14 @@ pub struct LedgerView {
     pub overrides: HashMap<String, Vec<(String, Watermarks)>>,
 }
 
-/// Reads the view. An item that vanished between the listing and its read is skipped.
+/// Reads the view: two reads of the ledger whatever the number of items and channels.
 async fn read_ledger(store: &dyn LedgerStore) -> Result<LedgerView, CenterError> {
     let mut items = Vec::new();
     let mut overrides = HashMap::new();
-    for record in store.list_items().await? {
-        // Ids come from the ledger, so they parse; skip rather than fail if one does not.
-        let Ok(id) = ItemId::parse("item_id", &record.item_id) else { continue };
-        match store.item_ledger(&id).await {
-            Ok(ledger) => items.push(ledger),
-            Err(CenterError::NotFound { .. }) => continue,
-            Err(e) => return Err(e),
-        }
-        match store.watermarks(&id).await {
-            Ok((_, own)) => {
-                overrides.insert(record.item_id.clone(), own);
-            }
-            Err(CenterError::NotFound { .. }) => {}
-            Err(e) => return Err(e),
-        }
+    for (ledger, own) in store.ledgers().await? {
+        overrides.insert(ledger.item.item_id.clone(), own);
+        items.push(ledger);
     }
-    items.sort_by(|a, b| a.item.item_id.cmp(&b.item.item_id));
     let mut channels = store.channels().await?;
     channels.sort_by(|a, b| a.channel.cmp(&b.channel));
     Ok(LedgerView { items, channels, overrides })

@@ -1,5 +1,6 @@
 //! The agent's integration tests: one binary (`cargo test -p inventory-agent --test it`).
 
+mod borrow_many;
 mod buyer_registry;
 mod cluster;
 mod crash;

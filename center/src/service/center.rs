@@ -2,7 +2,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use futures::{Stream, StreamExt};
 use inventory_core::ids::MAX_QUANTITY;
@@ -36,6 +36,8 @@ pub struct FaultHooks {
     /// The next N Borrow calls commit and then never answer (the reply is lost after
     /// commit); the caller's deadline ends the call.
     pub lose_borrow_replies: AtomicU32,
+    /// BorrowMany answers UNIMPLEMENTED, as a center from before it did.
+    pub refuse_borrow_many: AtomicBool,
 }
 
 impl FaultHooks {
@@ -105,6 +107,9 @@ impl pb::center_server::Center for CenterService {
     }
 
     async fn borrow_many(&self, request: Request<pb::BorrowManyRequest>) -> Res<pb::BorrowManyResponse> {
+        if self.faults.refuse_borrow_many.load(Ordering::Relaxed) {
+            return Err(Status::unimplemented("BorrowMany is not served by this center"));
+        }
         let span = tracing::info_span!("borrow_many", trace_id = trace_id(&request).unwrap_or_default());
         inventory_net::trace::adopt_remote_parent(&span, request.metadata());
         self.borrow_many_inner(request).instrument(span).await

@@ -241,6 +241,9 @@ pub trait LedgerStore: Send + Sync + 'static {
     async fn session(&self, channel: &Channel) -> Result<Option<ChannelSession>>;
     async fn policy(&self, item: &ItemId, channel: Option<&Channel>) -> Result<ItemPolicy>;
     async fn item_ledger(&self, item: &ItemId) -> Result<ItemLedger>;
+    /// Every item's ledger with its channels' own watermarks, by item, from one snapshot in
+    /// a fixed number of queries (the console and `/metrics`).
+    async fn ledgers(&self) -> Result<Vec<(ItemLedger, Vec<(String, Watermarks)>)>>;
     async fn list_items(&self) -> Result<Vec<ItemRecord>>;
     /// `channel = None` sets the item's default (and turns rate-following off).
     async fn set_watermarks(&self, item: &ItemId, channel: Option<&Channel>, watermarks: Watermarks) -> Result<()>;

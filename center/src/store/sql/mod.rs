@@ -48,6 +48,9 @@ use dialect::Queries;
 #[derive(Clone)]
 pub struct SqlLedger {
     pool: AnyPool,
+    /// Where read views run: the same pool on PostgreSQL; on SQLite, reader connections
+    /// beside the one writer (WAL mode).
+    read_pool: AnyPool,
     dialect: Dialect,
     q: Arc<Queries>,
     groups: Arc<group::Groups>,
@@ -72,7 +75,7 @@ impl SqlLedger {
     /// A read-only transaction that sees one snapshot for all its statements, so a
     /// view never mixes an item row from before a Borrow with allocations from after.
     async fn begin_read(&self) -> Result<Tx> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.read_pool.begin().await?;
         if self.dialect == Dialect::Postgres {
             tx.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY").await?;
         }
@@ -215,6 +218,10 @@ impl LedgerStore for SqlLedger {
 
     async fn item_ledger(&self, item: &ItemId) -> Result<ItemLedger> {
         SqlLedger::item_ledger(self, item).await
+    }
+
+    async fn ledgers(&self) -> Result<Vec<(ItemLedger, Vec<(String, Watermarks)>)>> {
+        SqlLedger::ledgers(self).await
     }
 
     async fn list_items(&self) -> Result<Vec<ItemRecord>> {
