@@ -104,6 +104,7 @@ fn answered(code: Code) -> bool {
             | Code::FailedPrecondition
             | Code::ResourceExhausted
             | Code::OutOfRange
+            | Code::Unimplemented
     )
 }
 

@@ -150,8 +150,8 @@ pub struct AllocWrite {
 pub struct Applied {
     /// One per line, in order.
     pub answers: Vec<Result<Answer>>,
-    /// Whether a line failed the epoch check.
-    pub stale: bool,
+    /// The first line that failed the epoch check.
+    pub stale: Option<usize>,
     /// `(item, before, after)` for each item that changed.
     pub items: Vec<(String, ItemState, ItemState)>,
     pub allocs: Vec<AllocWrite>,
@@ -187,7 +187,7 @@ pub fn apply(ops: &[Op], replays: Vec<Option<Result<Answer>>>, snap: &Snapshot) 
             continue;
         }
         if let Err(e) = stale_or_unknown(&op.channel, snap.sessions.get(op.channel.as_str()), op.epoch) {
-            out.stale = true;
+            out.stale.get_or_insert(i);
             out.answers.push(Err(e));
             continue;
         }
@@ -343,7 +343,7 @@ mod tests {
         assert!(matches!(out.answers[2], Err(CenterError::NotFound { .. })));
         assert!(matches!(out.answers[3], Err(CenterError::Precondition(_))), "unregistered channel");
         assert_eq!(granted(&out.answers[4]), (5, 95, false));
-        assert!(out.stale);
+        assert_eq!(out.stale, Some(1));
         assert_eq!(out.record, vec![4]);
     }
 

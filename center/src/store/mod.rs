@@ -265,4 +265,7 @@ pub trait LedgerStore: Send + Sync + 'static {
     /// Deletes up to `limit` request records no retry can use any more (an agent's request
     /// of an epoch its channel has left); returns how many.
     async fn prune_requests(&self, limit: u32) -> Result<u64>;
+    /// `(batches, calls)`: the group-commit transactions of Borrows and Returns run since
+    /// start, and the calls they answered.
+    fn group_commits(&self) -> (u64, u64);
 }

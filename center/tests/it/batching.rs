@@ -160,6 +160,7 @@ async fn concurrent_borrows_and_returns_of_one_item_are_each_answered_once(c: Te
     let mut admin = c.admin().await;
     create(&mut admin, "hot", 1_000_000).await;
     let epochs = [register(&mut c.center().await, "ch0").await, register(&mut c.center().await, "ch1").await];
+    let (batches_before, calls_before) = c.store.group_commits();
     let mut tasks = Vec::new();
     for t in 0..CALLERS {
         let mut center = c.center().await;
@@ -217,4 +218,9 @@ async fn concurrent_borrows_and_returns_of_one_item_are_each_answered_once(c: Te
     assert_eq!(view.channels.iter().map(|c| c.returned).sum::<u64>(), returned);
     assert_conserved(&view);
     assert!(reconcile(&mut admin).await.ok);
+    // Group commit: the calls shared transactions.
+    let (batches, calls) = c.store.group_commits();
+    let (batches, calls) = (batches - batches_before, calls - calls_before);
+    assert_eq!(calls, (CALLERS * CALLS) as u64, "every call went through group commit once");
+    assert!(batches < calls, "{calls} calls in {batches} transactions");
 }

@@ -27,21 +27,21 @@ fn value_rows(first: usize, rows: usize, width: usize) -> String {
 
 impl SqlLedger {
     /// Runs the batch in one transaction. `Ok` holds one answer per line (a line's own
-    /// error among them) and whether a line failed the epoch check; `Err` is a failure of
+    /// error among them) and the first line that failed the epoch check; `Err` is a failure of
     /// the whole transaction (the database).
-    pub(super) async fn run_batch(&self, ops: &[Op]) -> Result<(Vec<Result<Answer>>, bool)> {
+    pub(super) async fn run_batch(&self, ops: &[Op]) -> Result<(Vec<Result<Answer>>, Option<usize>)> {
         for _ in 0..ATTEMPTS {
             if let Some(done) = self.try_batch(ops).await? {
                 return Ok(done);
             }
         }
         // Each attempt lost a race for a request id to another call: rare, and safe to retry.
-        Ok((ops.iter().map(|_| Err(busy())).collect(), false))
+        Ok((ops.iter().map(|_| Err(busy())).collect(), None))
     }
 
     /// `None` when another transaction recorded one of the batch's request ids after the
     /// replay lookup: rolled back, and the next attempt answers those lines from the record.
-    async fn try_batch(&self, ops: &[Op]) -> Result<Option<(Vec<Result<Answer>>, bool)>> {
+    async fn try_batch(&self, ops: &[Op]) -> Result<Option<(Vec<Result<Answer>>, Option<usize>)>> {
         let mut tx = self.begin().await?;
         // Replays are answered before any lock.
         let recorded = Self::find_requests(&mut tx, ops).await?;
@@ -49,7 +49,7 @@ impl SqlLedger {
         let live: Vec<&Op> = ops.iter().zip(&replays).filter(|(_, r)| r.is_none()).map(|(op, _)| op).collect();
         if live.is_empty() {
             tx.commit().await?;
-            return Ok(Some((replays.into_iter().map(|r| r.expect("answered")).collect(), false)));
+            return Ok(Some((replays.into_iter().flatten().collect(), None)));
         }
         let items: BTreeSet<&str> = live.iter().map(|op| op.item.as_str()).collect();
         let channels: BTreeSet<&str> = live.iter().map(|op| op.channel.as_str()).collect();

@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::oneshot;
 
@@ -26,9 +27,18 @@ type Waiting = (Op, oneshot::Sender<Result<Answer>>);
 #[derive(Default)]
 pub(super) struct Groups {
     queues: Mutex<HashMap<String, Vec<Waiting>>>,
+    /// Batches run and the calls they answered, since start.
+    batches: AtomicU64,
+    calls: AtomicU64,
 }
 
 impl SqlLedger {
+    /// `(batches, calls)`: the group-commit batches run since start and the Borrow and
+    /// Return calls they carried.
+    pub(super) fn group_commits(&self) -> (u64, u64) {
+        (self.groups.batches.load(Ordering::Relaxed), self.groups.calls.load(Ordering::Relaxed))
+    }
+
     /// Runs `op` in the next transaction of its item.
     pub(super) async fn submit(&self, op: Op) -> Result<Answer> {
         let (tx, rx) = oneshot::channel();
@@ -68,6 +78,8 @@ impl SqlLedger {
                 waiting.drain(..n).collect()
             };
             let (ops, senders): (Vec<Op>, Vec<_>) = batch.into_iter().unzip();
+            self.groups.batches.fetch_add(1, Ordering::Relaxed);
+            self.groups.calls.fetch_add(ops.len() as u64, Ordering::Relaxed);
             match self.run_batch(&ops).await {
                 Ok((answers, _)) => {
                     for (answer, tx) in answers.into_iter().zip(senders) {

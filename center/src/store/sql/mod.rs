@@ -145,13 +145,13 @@ impl LedgerStore for SqlLedger {
                 kind: OpKind::Borrow(l.rate),
             })
             .collect();
-        let (answers, stale) = self.run_batch(&ops).await?;
-        if stale {
+        let (mut answers, stale) = self.run_batch(&ops).await?;
+        if let Some(line) = stale {
             // One channel, one epoch: a stale epoch is the whole call's error.
-            if let Some(Err(e)) = answers.into_iter().find(|a| matches!(a, Err(CenterError::Precondition(_)))) {
-                return Err(e);
-            }
-            return Err(CenterError::Precondition(format!("stale epoch {epoch} for channel {channel}")));
+            return Err(answers
+                .swap_remove(line)
+                .err()
+                .unwrap_or_else(|| CenterError::Precondition(format!("stale epoch {epoch} for channel {channel}"))));
         }
         Ok(answers
             .into_iter()
@@ -259,5 +259,9 @@ impl LedgerStore for SqlLedger {
 
     async fn prune_requests(&self, limit: u32) -> Result<u64> {
         SqlLedger::prune_requests(self, limit).await
+    }
+
+    fn group_commits(&self) -> (u64, u64) {
+        SqlLedger::group_commits(self)
     }
 }
