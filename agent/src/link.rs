@@ -64,11 +64,15 @@ struct Waiting {
     answer: oneshot::Sender<BorrowAnswer>,
 }
 
+/// Tasks sending Borrows at once: one slow call does not hold up every pool's Borrow.
+const SENDERS: usize = 4;
+
 #[derive(Default)]
 struct Coalesce {
     waiting: Vec<Waiting>,
-    /// A task is sending what waits; calls that arrive meanwhile join its next call.
-    sending: bool,
+    /// Tasks sending what waits (at most [`SENDERS`]); calls that arrive while all are
+    /// busy join one's next call.
+    senders: usize,
 }
 
 /// W3C trace context for a Borrow/Return: when spans are exported, the current span's (so
@@ -300,8 +304,8 @@ impl CenterLink {
     /// the call and the pool writes that go with it belong to one incarnation.
     ///
     /// Borrows of many pools at once (stocking after a start) go to the center together:
-    /// one alone is sent at once as a Borrow; those made while a call is in flight wait
-    /// and go together in the next one, a BorrowMany of their epoch, each line keeping its
+    /// one alone is sent at once as a Borrow; those made while a few calls are in flight
+    /// wait and go together in the next one, a BorrowMany of their epoch, each line keeping its
     /// request id and its own answer or error. Against a center that answers BorrowMany
     /// UNIMPLEMENTED, every Borrow goes alone.
     pub async fn borrow(
@@ -325,7 +329,11 @@ impl CenterLink {
         let start = {
             let mut c = self.coalesce.lock().unwrap_or_else(|e| e.into_inner());
             c.waiting.push(Waiting { line, epoch, answer: tx });
-            !std::mem::replace(&mut c.sending, true)
+            let start = c.senders < SENDERS;
+            if start {
+                c.senders += 1;
+            }
+            start
         };
         if start {
             // A task of its own: a caller that gives up does not strand the others.
@@ -351,7 +359,7 @@ impl CenterLink {
             let batch: Vec<Waiting> = {
                 let mut c = self.coalesce.lock().unwrap_or_else(|e| e.into_inner());
                 let Some(epoch) = c.waiting.first().map(|w| w.epoch) else {
-                    c.sending = false;
+                    c.senders -= 1;
                     return;
                 };
                 // One epoch per call; the others wait for the next one.
