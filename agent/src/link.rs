@@ -1,13 +1,16 @@
 //! The agent's connection to the center: registration (epoch), Borrow/Return with
 //! request ids retried on UNAVAILABLE, heartbeats, and the channel's event stream.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use inventory_core::channel::lease;
+use inventory_core::ledger::MAX_BORROW_LINES;
 use inventory_core::{AgentId, Channel};
 use inventory_proto::v1 as pb;
 use inventory_proto::v1::center_client::CenterClient;
+use tokio::sync::oneshot;
 use tonic::transport::Endpoint;
 use tonic::{Code, Status};
 
@@ -37,6 +40,39 @@ pub struct CenterLink {
     credentials_refused: AtomicBool,
     /// `Bearer <token>` for the center; never logged.
     auth: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+    /// Borrows waiting to go to the center together ([`CenterLink::borrow`]).
+    coalesce: Mutex<Coalesce>,
+    /// Whether the center serves BorrowMany: [`MANY_UNKNOWN`], [`MANY_SERVED`] or [`MANY_REFUSED`].
+    borrow_many: AtomicU8,
+    /// BorrowMany calls answered so far.
+    borrow_many_calls: AtomicU64,
+    /// Borrow calls answered so far.
+    borrow_calls: AtomicU64,
+}
+
+const MANY_UNKNOWN: u8 = 0;
+const MANY_SERVED: u8 = 1;
+/// The center answered UNIMPLEMENTED (an older center): single Borrows only.
+const MANY_REFUSED: u8 = 2;
+
+type BorrowAnswer = Result<pb::BorrowResponse, Status>;
+
+/// A Borrow waiting for the link's next call to the center.
+struct Waiting {
+    line: pb::BorrowLine,
+    epoch: u64,
+    answer: oneshot::Sender<BorrowAnswer>,
+}
+
+/// Tasks sending Borrows at once: one slow call does not hold up every pool's Borrow.
+const SENDERS: usize = 4;
+
+#[derive(Default)]
+struct Coalesce {
+    waiting: Vec<Waiting>,
+    /// Tasks sending what waits (at most [`SENDERS`]); calls that arrive while all are
+    /// busy join one's next call.
+    senders: usize,
 }
 
 /// W3C trace context for a Borrow/Return: when spans are exported, the current span's (so
@@ -72,6 +108,7 @@ fn answered(code: Code) -> bool {
             | Code::FailedPrecondition
             | Code::ResourceExhausted
             | Code::OutOfRange
+            | Code::Unimplemented
     )
 }
 
@@ -116,6 +153,10 @@ impl CenterLink {
             credential_refusals: AtomicU64::new(0),
             credentials_refused: AtomicBool::new(false),
             auth,
+            coalesce: Mutex::new(Coalesce::default()),
+            borrow_many: AtomicU8::new(MANY_UNKNOWN),
+            borrow_many_calls: AtomicU64::new(0),
+            borrow_calls: AtomicU64::new(0),
         })
     }
 
@@ -261,7 +302,150 @@ impl CenterLink {
 
     /// A Borrow under `epoch`: the epoch the caller read before it looked at the pool, so
     /// the call and the pool writes that go with it belong to one incarnation.
+    ///
+    /// Borrows of many pools at once (stocking after a start) go to the center together:
+    /// one alone is sent at once as a Borrow; those made while a few calls are in flight
+    /// wait and go together in the next one, a BorrowMany of their epoch, each line keeping its
+    /// request id and its own answer or error. Against a center that answers BorrowMany
+    /// UNIMPLEMENTED, every Borrow goes alone.
     pub async fn borrow(
+        self: &Arc<Self>,
+        item_id: &str,
+        quantity: u64,
+        request_id: &str,
+        epoch: u64,
+        sell_rate_milli: u64,
+    ) -> BorrowAnswer {
+        if self.borrow_many.load(Ordering::Acquire) == MANY_REFUSED {
+            return self.borrow_one(item_id, quantity, request_id, epoch, sell_rate_milli).await;
+        }
+        let (tx, rx) = oneshot::channel();
+        let line = pb::BorrowLine {
+            item_id: item_id.to_owned(),
+            quantity,
+            request_id: request_id.to_owned(),
+            sell_rate_milli,
+        };
+        let start = {
+            let mut c = self.coalesce.lock().unwrap_or_else(|e| e.into_inner());
+            c.waiting.push(Waiting { line, epoch, answer: tx });
+            let start = c.senders < SENDERS;
+            if start {
+                c.senders += 1;
+            }
+            start
+        };
+        if start {
+            // A task of its own: a caller that gives up does not strand the others.
+            let me = Arc::clone(self);
+            tokio::spawn(async move { me.send_waiting().await });
+        }
+        rx.await.unwrap_or_else(|_| Err(Status::unavailable("agent stopping")))
+    }
+
+    /// BorrowMany calls the center answered.
+    pub fn borrow_many_calls(&self) -> u64 {
+        self.borrow_many_calls.load(Ordering::Relaxed)
+    }
+
+    /// Borrow calls (one item each) the center answered.
+    pub fn borrow_calls(&self) -> u64 {
+        self.borrow_calls.load(Ordering::Relaxed)
+    }
+
+    /// Sends what waits, one call at a time, until nothing does.
+    async fn send_waiting(self: Arc<Self>) {
+        loop {
+            let batch: Vec<Waiting> = {
+                let mut c = self.coalesce.lock().unwrap_or_else(|e| e.into_inner());
+                let Some(epoch) = c.waiting.first().map(|w| w.epoch) else {
+                    c.senders -= 1;
+                    return;
+                };
+                // One epoch per call; the others wait for the next one.
+                let mut batch = Vec::new();
+                let mut rest = Vec::new();
+                for w in c.waiting.drain(..) {
+                    if w.epoch == epoch && batch.len() < MAX_BORROW_LINES {
+                        batch.push(w);
+                    } else {
+                        rest.push(w);
+                    }
+                }
+                c.waiting = rest;
+                batch
+            };
+            if batch.len() == 1 || self.borrow_many.load(Ordering::Acquire) == MANY_REFUSED {
+                futures::future::join_all(batch.into_iter().map(|w| self.answer_one(w))).await;
+            } else {
+                self.send_many(batch).await;
+            }
+        }
+    }
+
+    async fn answer_one(&self, w: Waiting) {
+        let l = &w.line;
+        let answer = self.borrow_one(&l.item_id, l.quantity, &l.request_id, w.epoch, l.sell_rate_milli).await;
+        let _ = w.answer.send(answer);
+    }
+
+    async fn send_many(&self, batch: Vec<Waiting>) {
+        let epoch = batch[0].epoch;
+        let lines: Vec<pb::BorrowLine> = batch.iter().map(|w| w.line.clone()).collect();
+        let result = self
+            .retry(epoch, |mut c, epoch| {
+                let req =
+                    self.req(pb::BorrowManyRequest { channel: self.channel.to_string(), epoch, lines: lines.clone() });
+                async move { c.borrow_many(req).await.map(|r| r.into_inner()) }
+            })
+            .await;
+        let results = match result {
+            Ok(r) if r.results.len() == batch.len() => {
+                self.borrow_many.store(MANY_SERVED, Ordering::Release);
+                self.borrow_many_calls.fetch_add(1, Ordering::Relaxed);
+                r.results
+            }
+            Ok(r) => {
+                let s = Status::internal(format!("borrow many: {} answers to {} lines", r.results.len(), batch.len()));
+                for w in batch {
+                    let _ = w.answer.send(Err(s.clone()));
+                }
+                return;
+            }
+            Err(s) if s.code() == Code::Unimplemented => {
+                tracing::info!(center = %self.url, "the center does not serve BorrowMany; borrowing one item at a time");
+                self.borrow_many.store(MANY_REFUSED, Ordering::Release);
+                futures::future::join_all(batch.into_iter().map(|w| self.answer_one(w))).await;
+                return;
+            }
+            Err(s) => {
+                for w in batch {
+                    let _ = w.answer.send(Err(s.clone()));
+                }
+                return;
+            }
+        };
+        let mut again = Vec::new();
+        for (w, r) in batch.into_iter().zip(results) {
+            let code = Code::from_i32(r.code);
+            if code == Code::Ok {
+                let answer = pb::BorrowResponse {
+                    granted: r.granted,
+                    center_available: r.center_available,
+                    replayed: r.replayed,
+                };
+                let _ = w.answer.send(Ok(answer));
+            } else if retryable(code) {
+                // The line's request id is unchanged: alone, it is retried like any Borrow.
+                again.push(w);
+            } else {
+                let _ = w.answer.send(Err(Status::new(code, r.message)));
+            }
+        }
+        futures::future::join_all(again.into_iter().map(|w| self.answer_one(w))).await;
+    }
+
+    async fn borrow_one(
         &self,
         item_id: &str,
         quantity: u64,
@@ -283,6 +467,9 @@ impl CenterLink {
             async move { c.borrow(req).await.map(|r| r.into_inner()) }
         })
         .await
+        .inspect(|_| {
+            self.borrow_calls.fetch_add(1, Ordering::Relaxed);
+        })
     }
 
     /// A Return under `epoch`: the epoch under which its units were taken out of the pool.

@@ -68,18 +68,21 @@ impl Caller for NaiveCaller {
     }
 }
 
-/// Center Borrow of one unit with a fresh request id per call.
+/// Center Borrow of one unit with a fresh request id per call, of its items in turn.
 pub struct BorrowCaller {
     pub client: CenterClient<Channel>,
-    pub item: String,
+    pub items: Vec<String>,
+    pub next: usize,
     pub channel: String,
     pub epoch: u64,
 }
 
 impl Caller for BorrowCaller {
     async fn call(&mut self) -> Class {
+        let item = &self.items[self.next % self.items.len()];
+        self.next = self.next.wrapping_add(1);
         let mut request = tonic::Request::new(pb::BorrowRequest {
-            item_id: self.item.clone(),
+            item_id: item.clone(),
             channel: self.channel.clone(),
             epoch: self.epoch,
             quantity: 1,

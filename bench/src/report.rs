@@ -21,11 +21,12 @@ pub enum Phase {
     G,
     H,
     I,
+    J,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 9] =
-        [Phase::A, Phase::B, Phase::C, Phase::D, Phase::E, Phase::F, Phase::G, Phase::H, Phase::I];
+    pub const ALL: [Phase; 10] =
+        [Phase::A, Phase::B, Phase::C, Phase::D, Phase::E, Phase::F, Phase::G, Phase::H, Phase::I, Phase::J];
 
     pub fn id(self) -> &'static str {
         match self {
@@ -38,6 +39,7 @@ impl Phase {
             Phase::G => "g",
             Phase::H => "h",
             Phase::I => "i",
+            Phase::J => "j",
         }
     }
 
@@ -48,10 +50,11 @@ impl Phase {
             Phase::C => "Acquire, agent with Redis store",
             Phase::D => "acquire.lua from Rust (EVALSHA), no gRPC",
             Phase::E => "naive: UPDATE one PostgreSQL row per purchase",
-            Phase::F => "center Borrow on PostgreSQL",
+            Phase::F => "center Borrow on PostgreSQL, one item",
             Phase::G => "Acquire, Redis store, open loop at 70% of c",
             Phase::H => "Acquire, Redis store, sold out everywhere",
             Phase::I => "Acquire, Redis store, relay to JetStream on",
+            Phase::J => "center Borrow on PostgreSQL, 100 items",
         }
     }
 

@@ -7,12 +7,13 @@
 //! - d: `RedisPoolStore::acquire` straight from Rust (acquire.lua, or acquire_batch.lua for
 //!   the calls of a pool that arrive while one is in flight), no gRPC;
 //! - e: the naive baseline, one PostgreSQL row updated per purchase;
-//! - f: center Borrow on PostgreSQL;
+//! - f: center Borrow on PostgreSQL, every caller on one item (group commit joins them);
 //! - g: Acquire (Redis store) open loop at 70% of c, with default watermarks: its p99 and
 //!   the center calls (Borrow + Return) per 1,000 acquires of a steady sale;
 //! - h: Acquire (Redis store) once the item is sold out everywhere;
 //! - (ii), after the rounds: center Borrow calls per 1,000 acquires with fixed and with
 //!   rate-following batches at two sell rates ([`crate::batching`]).
+//! - j: center Borrow on PostgreSQL, the callers over 100 items;
 //! - i: c with the JetStream relay on (`--nats-url`; the NATS server at
 //!   `INVENTORY_TEST_NATS_URL`, default 127.0.0.1:4222, in a stream of its own that is
 //!   deleted afterwards): the cost of publishing each reservation's events. Skipped, and
@@ -66,6 +67,13 @@ const BATCHING_AT_LEAST: Duration = Duration::from_secs(2);
 fn batching_time(opts: &SuiteOptions) -> Duration {
     if opts.quick { opts.duration } else { opts.duration.max(BATCHING_AT_LEAST) }
 }
+/// Items of phase j.
+const BORROW_ITEMS: usize = 100;
+
+fn borrow_item(n: usize) -> String {
+    format!("bench-borrow-{n:03}")
+}
+
 /// The longest the sold-out phase waits for the item to sell out.
 const DRAIN_LIMIT: Duration = Duration::from_secs(30);
 
@@ -242,6 +250,22 @@ impl World {
                     .await
                     .with_context(|| format!("create item {item}"))?;
             }
+            // j: Borrows spread over many items (each caller takes its items in turn).
+            for n in 0..BORROW_ITEMS {
+                let item = borrow_item(n);
+                admin
+                    .create_item(pb::CreateItemRequest {
+                        item_id: item.clone(),
+                        total: 1_000_000_000,
+                        per_user_limit: PER_USER_LIMIT,
+                        reservation_ttl_ms: RESERVATION_TTL_MS,
+                        rate_batching: Some(pb::RateBatching { enabled: false, ..Default::default() }),
+                        segments: 1,
+                        ..Default::default()
+                    })
+                    .await
+                    .with_context(|| format!("create item {item}"))?;
+            }
             anyhow::Ok(())
         }
         .await;
@@ -310,6 +334,7 @@ struct Fixtures {
     naive_pool: Option<PgPool>,
     naive: Option<Vec<NaiveCaller>>,
     borrow: Option<Vec<BorrowCaller>>,
+    borrow_spread: Option<Vec<BorrowCaller>>,
     steady: Option<Vec<AcquireCaller>>,
     sold_out: Option<Vec<AcquireCaller>>,
     relay: Option<Vec<AcquireCaller>>,
@@ -409,10 +434,18 @@ impl<'a> Runner<'a> {
             Phase::F => {
                 let callers = match self.fx.borrow.take() {
                     Some(c) => c,
-                    None => self.borrow_callers().await?,
+                    None => self.borrow_callers(false).await?,
                 };
                 let (_, callers) = self.measure(phase, round, &spec, callers, None).await?;
                 self.fx.borrow = Some(callers);
+            }
+            Phase::J => {
+                let callers = match self.fx.borrow_spread.take() {
+                    Some(c) => c,
+                    None => self.borrow_callers(true).await?,
+                };
+                let (_, callers) = self.measure(phase, round, &spec, callers, None).await?;
+                self.fx.borrow_spread = Some(callers);
             }
             Phase::G => {
                 let peak = self.median_rate(Phase::C).context("phase g needs c's peak rate, and c measured none")?;
@@ -574,20 +607,29 @@ impl<'a> Runner<'a> {
         Ok((0..self.opts.concurrency).map(|_| NaiveCaller { pool: pool.clone() }).collect())
     }
 
-    async fn borrow_callers(&self) -> anyhow::Result<Vec<BorrowCaller>> {
+    /// `spread`: over [`BORROW_ITEMS`] items (phase j), each caller starting at another;
+    /// else all on one item (phase f).
+    async fn borrow_callers(&self, spread: bool) -> anyhow::Result<Vec<BorrowCaller>> {
+        // A channel per phase: registering one must not make the other's epoch stale.
+        let channel = if spread { "bench-center-spread" } else { "bench-center" };
         let conns = channels(&self.world.center.url, 1).await?;
         let reg = CenterClient::new(conns[0].clone())
-            .register_agent(pb::RegisterAgentRequest {
-                channel: "bench-center".into(),
-                agent_id: "bench-center-1".into(),
-            })
+            .register_agent(pb::RegisterAgentRequest { channel: channel.into(), agent_id: format!("{channel}-1") })
             .await?
             .into_inner();
-        self.connect(&self.world.center.url, |c| BorrowCaller {
-            client: CenterClient::new(c),
-            item: "bench-borrow".into(),
-            channel: "bench-center".into(),
-            epoch: reg.epoch,
+        let items: Vec<String> =
+            if spread { (0..BORROW_ITEMS).map(borrow_item).collect() } else { vec!["bench-borrow".into()] };
+        let mut index = 0;
+        self.connect(&self.world.center.url, |c| {
+            index += 1;
+            BorrowCaller {
+                client: CenterClient::new(c),
+                items: items.clone(),
+                // Callers start apart, so the items are borrowed evenly from the start.
+                next: index * 7,
+                channel: channel.into(),
+                epoch: reg.epoch,
+            }
         })
         .await
     }

@@ -1,8 +1,8 @@
 //! The HTTP side port: `/healthz`, Prometheus text on `/metrics`, the live console page on
 //! `/` and its JSON feed on `/api/items`.
 //!
-//! Every view is read from the ledger at request time (`list_items`, one `item_ledger`
-//! and one `watermarks` per item, `channels`); nothing here writes. The console is one
+//! Every view is read from the ledger at request time (`ledgers` and `channels`: a fixed
+//! number of queries whatever the number of items); nothing here writes. The console is one
 //! self-contained HTML file with inline script and SVG charts (no build step, nothing
 //! fetched from elsewhere): it loads the last minutes from `/api/history` (sampled by
 //! [`crate::history`], which also tells drift in flight from stuck drift), then polls
@@ -21,7 +21,6 @@ use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse};
 use axum::routing::get;
-use inventory_core::ItemId;
 use inventory_core::watermarks::Watermarks;
 use inventory_net::metrics::RpcMetrics;
 use prometheus_client::collector::Collector;
@@ -112,27 +111,14 @@ pub struct LedgerView {
     pub overrides: HashMap<String, Vec<(String, Watermarks)>>,
 }
 
-/// Reads the view. An item that vanished between the listing and its read is skipped.
+/// Reads the view: two reads of the ledger whatever the number of items and channels.
 async fn read_ledger(store: &dyn LedgerStore) -> Result<LedgerView, CenterError> {
     let mut items = Vec::new();
     let mut overrides = HashMap::new();
-    for record in store.list_items().await? {
-        // Ids come from the ledger, so they parse; skip rather than fail if one does not.
-        let Ok(id) = ItemId::parse("item_id", &record.item_id) else { continue };
-        match store.item_ledger(&id).await {
-            Ok(ledger) => items.push(ledger),
-            Err(CenterError::NotFound { .. }) => continue,
-            Err(e) => return Err(e),
-        }
-        match store.watermarks(&id).await {
-            Ok((_, own)) => {
-                overrides.insert(record.item_id.clone(), own);
-            }
-            Err(CenterError::NotFound { .. }) => {}
-            Err(e) => return Err(e),
-        }
+    for (ledger, own) in store.ledgers().await? {
+        overrides.insert(ledger.item.item_id.clone(), own);
+        items.push(ledger);
     }
-    items.sort_by(|a, b| a.item.item_id.cmp(&b.item.item_id));
     let mut channels = store.channels().await?;
     channels.sort_by(|a, b| a.channel.cmp(&b.channel));
     Ok(LedgerView { items, channels, overrides })
@@ -145,7 +131,8 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
         tracing::warn!(error = %e, "metrics: ledger unreadable");
     }
     // Always 200: a scrape that fails would hide the error counter with everything else.
-    let mut body = render(ledger.ok(), state.database_errors.load(Ordering::Relaxed), crate::clock::now_ms());
+    let errors = state.database_errors.load(Ordering::Relaxed);
+    let mut body = render(ledger.ok(), errors, state.store.group_commits(), crate::clock::now_ms());
     if let Err(e) = prometheus_text::encode(&mut body, &state.registry) {
         tracing::error!(error = %e, "metrics: cannot encode");
     }
@@ -153,9 +140,10 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
 }
 
 /// Prometheus text for the ledger (`None`: unreadable, only the error counters).
-pub fn render(view: Option<LedgerView>, database_errors: u64, now_ms: i64) -> String {
+/// `group_commits`: the store's Borrow/Return transactions and the calls they answered.
+pub fn render(view: Option<LedgerView>, database_errors: u64, group_commits: (u64, u64), now_ms: i64) -> String {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(LedgerMetrics { view, database_errors, now_ms }));
+    registry.register_collector(Box::new(LedgerMetrics { view, database_errors, group_commits, now_ms }));
     let mut out = String::new();
     if let Err(e) = prometheus_text::encode(&mut out, &registry) {
         tracing::error!(error = %e, "metrics: cannot encode the ledger");
@@ -168,6 +156,7 @@ pub fn render(view: Option<LedgerView>, database_errors: u64, now_ms: i64) -> St
 pub struct LedgerMetrics {
     view: Option<LedgerView>,
     database_errors: u64,
+    group_commits: (u64, u64),
     now_ms: i64,
 }
 
@@ -216,6 +205,20 @@ impl Collector for LedgerMetrics {
             "Failed database calls counted by the center (at least the HTTP port's ledger reads).",
             counter,
             [(none, ConstCounter::new(self.database_errors))],
+        )?;
+        family(
+            e,
+            "inventory_center_movement_transactions",
+            "Transactions of Borrows and Returns (group commit: concurrent calls of one item share one).",
+            counter,
+            [(none, ConstCounter::new(self.group_commits.0))],
+        )?;
+        family(
+            e,
+            "inventory_center_movement_calls",
+            "Borrow and Return calls answered by those transactions.",
+            counter,
+            [(none, ConstCounter::new(self.group_commits.1))],
         )?;
         let (ledgers, channels) = self.view.as_ref().map_or((&[][..], &[][..]), |v| (&v.items[..], &v.channels[..]));
 
@@ -549,12 +552,12 @@ mod tests {
 
     #[test]
     fn an_unreadable_ledger_still_renders_every_family_and_the_error_counters() {
-        let text = render(None, 3, 0);
+        let text = render(None, 3, (0, 0), 0);
         assert!(text.lines().any(|l| l == "inventory_center_database_up 0"), "{text}");
         assert!(text.lines().any(|l| l == "inventory_center_database_errors_total 3"), "{text}");
         let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
-        assert_eq!(families, 17, "every family is announced even without samples:\n{text}");
+        assert_eq!(families, 19, "every family is announced even without samples:\n{text}");
         let empty = LedgerView { items: Vec::new(), channels: Vec::new(), overrides: HashMap::new() };
-        assert_eq!(render(Some(empty), 0, 0).lines().filter(|l| l.starts_with("# TYPE ")).count(), families);
+        assert_eq!(render(Some(empty), 0, (0, 0), 0).lines().filter(|l| l.starts_with("# TYPE ")).count(), families);
     }
 }

@@ -31,6 +31,7 @@ pub enum Db {
 pub struct Center {
     pub url: String,
     pub http_addr: SocketAddr,
+    pub faults: Arc<inventory_center::service::center::FaultHooks>,
     task: tokio::task::JoinHandle<()>,
     _db: Db,
 }
@@ -53,9 +54,9 @@ impl Center {
         let mut config = CenterConfig::for_tests(&url);
         tweak(&mut config);
         let app = CenterApp::build(config).await.expect("center starts");
-        let (addr, http_addr) = (app.grpc_addr(), app.http_addr());
+        let (addr, http_addr, faults) = (app.grpc_addr(), app.http_addr(), app.faults());
         let task = tokio::spawn(async move { app.run_until(std::future::pending()).await.expect("center runs") });
-        Self { url: format!("http://{addr}"), http_addr, task, _db: db }
+        Self { url: format!("http://{addr}"), http_addr, faults, task, _db: db }
     }
 
     /// Another center process on the same database (the first one keeps it alive).

@@ -1,6 +1,7 @@
 //! The agent's integration tests: one binary (`cargo test -p inventory-agent --test it`).
 
 mod baskets;
+mod borrow_many;
 mod buyer_registry;
 mod cluster;
 mod crash;

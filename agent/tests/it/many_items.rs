@@ -242,13 +242,21 @@ async fn ten_thousand_items_cost_little_per_item_to_report_look_at_and_scrape() 
     let snapshots_during = counting.calls().get("snapshot").copied().unwrap_or(0) - snapshots_before;
 
     let per = |d: Duration| d.as_secs_f64() * 1e6 / N as f64;
-    println!("10,000 items, one channel, Redis pools (debug build):");
+    println!(
+        "10,000 items, one channel, Redis pools ({} build):",
+        if cfg!(debug_assertions) { "debug" } else { "release" }
+    );
     println!(
         "  per-item state in the agent: {} bytes inline (items::Item) plus its ids on the heap",
         std::mem::size_of::<inventory_agent::items::Item>()
     );
     println!(
         "  create items at the center: {created_in:?}; load them in the agent: {loaded_in:?}; all pools stocked after {stocked_in:?}"
+    );
+    println!(
+        "  center calls to stock them: {} BorrowMany and {} Borrow",
+        agent.agent.link.borrow_many_calls(),
+        agent.agent.link.borrow_calls()
     );
     println!(
         "  full report: read {N} pools in {read_all_in:?} ({:.1} us/item), {full_bytes} bytes ({:.1} B/item)",

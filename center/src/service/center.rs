@@ -2,10 +2,11 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use futures::{Stream, StreamExt};
 use inventory_core::ids::MAX_QUANTITY;
+use inventory_core::ledger::MAX_BORROW_LINES;
 use inventory_core::ledger::PoolCounts;
 use inventory_core::loss::PoolReport;
 use inventory_core::{AgentId, Channel, ItemId, Quantity, RequestId, ValidationError};
@@ -20,7 +21,7 @@ use crate::clock::now_ms;
 use crate::error::CenterError;
 use crate::events::{EventHub, LedgerEvent};
 use crate::security::{authorize, own_channel};
-use crate::store::{BorrowRate, LedgerStore, PoolReportIn};
+use crate::store::{BorrowLine, BorrowRate, LedgerStore, PoolReportIn};
 
 /// Lease and reclaim timing.
 #[derive(Debug, Clone, Copy)]
@@ -35,6 +36,8 @@ pub struct FaultHooks {
     /// The next N Borrow calls commit and then never answer (the reply is lost after
     /// commit); the caller's deadline ends the call.
     pub lose_borrow_replies: AtomicU32,
+    /// BorrowMany answers UNIMPLEMENTED, as a center from before it did.
+    pub refuse_borrow_many: AtomicBool,
 }
 
 impl FaultHooks {
@@ -103,8 +106,13 @@ impl pb::center_server::Center for CenterService {
         self.borrow_inner(request).instrument(span).await
     }
 
-    async fn borrow_many(&self, _request: Request<pb::BorrowManyRequest>) -> Res<pb::BorrowManyResponse> {
-        Err(Status::unimplemented("BorrowMany is not served by this center yet"))
+    async fn borrow_many(&self, request: Request<pb::BorrowManyRequest>) -> Res<pb::BorrowManyResponse> {
+        if self.faults.refuse_borrow_many.load(Ordering::Relaxed) {
+            return Err(Status::unimplemented("BorrowMany is not served by this center"));
+        }
+        let span = tracing::info_span!("borrow_many", trace_id = trace_id(&request).unwrap_or_default());
+        inventory_net::trace::adopt_remote_parent(&span, request.metadata());
+        self.borrow_many_inner(request).instrument(span).await
     }
 
     async fn r#return(&self, request: Request<pb::ReturnRequest>) -> Res<pb::ReturnResponse> {
@@ -255,6 +263,58 @@ impl CenterService {
             center_available: out.center_available,
             replayed: out.replayed,
         }))
+    }
+
+    async fn borrow_many_inner(&self, request: Request<pb::BorrowManyRequest>) -> Res<pb::BorrowManyResponse> {
+        let own = own_channel(&request);
+        let r = request.into_inner();
+        let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
+        authorize(&own, channel.as_str())?;
+        if r.lines.is_empty() || r.lines.len() > MAX_BORROW_LINES {
+            let reason = format!("must hold 1 to {MAX_BORROW_LINES} lines");
+            return Err(CenterError::from(ValidationError::new("lines", r.lines.len() as u64, reason)).into());
+        }
+        let now = now_ms();
+        let mut lines = Vec::with_capacity(r.lines.len());
+        for (n, l) in r.lines.iter().enumerate() {
+            let field = |name: &str| format!("lines[{n}].{name}");
+            lines.push(BorrowLine {
+                item: ItemId::parse(&field("item_id"), &l.item_id).map_err(CenterError::from)?,
+                quantity: Quantity::parse(&field("quantity"), l.quantity).map_err(CenterError::from)?,
+                request_id: RequestId::parse(&field("request_id"), &l.request_id).map_err(CenterError::from)?,
+                rate: BorrowRate { sell_rate_milli: rate(&field("sell_rate_milli"), l.sell_rate_milli)?, now_ms: now },
+            });
+        }
+        let answers = self.store.borrow_many(&channel, r.epoch, &lines).await?;
+        let mut results = Vec::with_capacity(lines.len());
+        for (line, answer) in lines.iter().zip(answers) {
+            let mut result = pb::BorrowLineResult {
+                item_id: line.item.to_string(),
+                request_id: line.request_id.to_string(),
+                ..Default::default()
+            };
+            match answer {
+                Ok(out) => {
+                    if !out.replayed && out.granted < line.quantity.get() && out.center_available == 0 {
+                        self.events.publish(LedgerEvent::ReturnRequested {
+                            item_id: line.item.to_string(),
+                            starving: channel.to_string(),
+                        });
+                    }
+                    result.granted = out.granted;
+                    result.center_available = out.center_available;
+                    result.replayed = out.replayed;
+                }
+                Err(e) => {
+                    let status = Status::from(e);
+                    result.code = status.code() as i32;
+                    result.message = status.message().to_owned();
+                }
+            }
+            results.push(result);
+        }
+        tracing::debug!(channel = %channel, lines = results.len(), "borrow many");
+        Ok(Response::new(pb::BorrowManyResponse { results }))
     }
 
     async fn return_inner(&self, request: Request<pb::ReturnRequest>) -> Res<pb::ReturnResponse> {

@@ -1,10 +1,13 @@
 //! Ledger storage: one trait, implemented for PostgreSQL and SQLite.
 //!
-//! Every mutation is one short transaction: lock the item row, look up the request id,
+//! Every mutation is one short transaction: look up the request id, lock the item row,
 //! load the rows, apply a pure function from `inventory_core::ledger`, write back with a
 //! conditional update, record the answer under the request id, commit. A replay (even
-//! after a reply was lost post-commit) finds the stored answer.
+//! after a reply was lost post-commit) finds the stored answer. Borrows and Returns run
+//! in batches ([`batch`]): concurrent calls of one item share one transaction (group
+//! commit), and a BorrowMany's lines are one transaction.
 
+pub mod batch;
 mod sql;
 
 use async_trait::async_trait;
@@ -77,6 +80,15 @@ pub struct ItemPolicy {
     pub rate_batching: Option<RateBatching>,
     /// The asking channel's allocation, when a channel was named.
     pub allocation: Option<Allocation>,
+}
+
+/// One line of a BorrowMany.
+#[derive(Debug, Clone)]
+pub struct BorrowLine {
+    pub item: ItemId,
+    pub quantity: Quantity,
+    pub request_id: RequestId,
+    pub rate: BorrowRate,
 }
 
 /// What a Borrow says of its channel's selling: its sell rate, for the share of a short
@@ -190,6 +202,14 @@ pub trait LedgerStore: Send + Sync + 'static {
         request_id: &RequestId,
         rate: BorrowRate,
     ) -> Result<BorrowOutcome>;
+    /// Several Borrows of one channel in one transaction: one answer per line, in order
+    /// (a line's own error among them). A stale epoch fails the whole call.
+    async fn borrow_many(
+        &self,
+        channel: &Channel,
+        epoch: u64,
+        lines: &[BorrowLine],
+    ) -> Result<Vec<Result<BorrowOutcome>>>;
     async fn give_back(
         &self,
         item: &ItemId,
@@ -221,6 +241,9 @@ pub trait LedgerStore: Send + Sync + 'static {
     async fn session(&self, channel: &Channel) -> Result<Option<ChannelSession>>;
     async fn policy(&self, item: &ItemId, channel: Option<&Channel>) -> Result<ItemPolicy>;
     async fn item_ledger(&self, item: &ItemId) -> Result<ItemLedger>;
+    /// Every item's ledger with its channels' own watermarks, by item, from one snapshot in
+    /// a fixed number of queries (the console and `/metrics`).
+    async fn ledgers(&self) -> Result<Vec<(ItemLedger, Vec<(String, Watermarks)>)>>;
     async fn list_items(&self) -> Result<Vec<ItemRecord>>;
     /// `channel = None` sets the item's default (and turns rate-following off).
     async fn set_watermarks(&self, item: &ItemId, channel: Option<&Channel>, watermarks: Watermarks) -> Result<()>;
@@ -242,4 +265,7 @@ pub trait LedgerStore: Send + Sync + 'static {
     /// Deletes up to `limit` request records no retry can use any more (an agent's request
     /// of an epoch its channel has left); returns how many.
     async fn prune_requests(&self, limit: u32) -> Result<u64>;
+    /// `(batches, calls)`: the group-commit transactions of Borrows and Returns run since
+    /// start, and the calls they answered.
+    fn group_commits(&self) -> (u64, u64);
 }

@@ -1,5 +1,6 @@
 //! Integration tests of the center over real gRPC, against PostgreSQL and SQLite.
 
+mod batching;
 mod center_crash;
 mod concurrency;
 mod console;

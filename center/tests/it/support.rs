@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use inventory_center::service::center::FaultHooks;
+use inventory_center::store::LedgerStore;
 use inventory_center::{Application, CenterConfig};
 use inventory_proto::v1::admin_client::AdminClient;
 use inventory_proto::v1::center_client::CenterClient;
@@ -25,6 +26,7 @@ pub struct TestCenter {
     pub addr: SocketAddr,
     pub database_url: String,
     pub faults: Arc<FaultHooks>,
+    pub store: Arc<dyn LedgerStore>,
     task: tokio::task::JoinHandle<()>,
     _db: Db,
 }
@@ -48,10 +50,11 @@ impl TestCenter {
         let app = Application::build(config).await.expect("center starts");
         let addr = app.grpc_addr();
         let faults = app.faults();
+        let store = app.store();
         let task = tokio::spawn(async move {
             app.run_until(std::future::pending()).await.expect("center runs");
         });
-        Self { addr, database_url, faults, task, _db: db }
+        Self { addr, database_url, faults, store, task, _db: db }
     }
 
     pub fn url(&self) -> String {

@@ -335,6 +335,9 @@ fn later(at_ms: i64, delay_ms: u64) -> i64 {
     at_ms.saturating_add(i64::try_from(delay_ms).unwrap_or(i64::MAX))
 }
 
+/// Lines of one BorrowMany call, at most.
+pub const MAX_BORROW_LINES: usize = 500;
+
 /// A request that changes the ledger, identified by a client-chosen id. Its fingerprint
 /// decides whether a reused id is a replay (same payload) or a conflict.
 #[derive(Debug, Clone, PartialEq, Eq)]

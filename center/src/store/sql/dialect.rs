@@ -72,16 +72,20 @@ impl Queries {
     }
 }
 
+/// Connections of a SQLite ledger's read pool.
+const SQLITE_READERS: u32 = 4;
+
 /// Opens the database named by `url`, creating a SQLite file if needed, and runs the
 /// dialect's migrations.
 pub async fn connect(url: &str) -> std::result::Result<SqlLedger, CenterError> {
     sqlx::any::install_default_drivers();
     let dialect = Dialect::from_url(url)
         .map_err(|e| CenterError::Invalid(inventory_core::ValidationError::new("database_url", url, e)))?;
-    let pool = match dialect {
-        Dialect::Postgres => {
-            AnyPoolOptions::new().max_connections(16).acquire_timeout(Duration::from_secs(5)).connect(url).await?
-        }
+    let (pool, read_url) = match dialect {
+        Dialect::Postgres => (
+            AnyPoolOptions::new().max_connections(16).acquire_timeout(Duration::from_secs(5)).connect(url).await?,
+            None,
+        ),
         Dialect::Sqlite => {
             let url = if url.contains("mode=") {
                 url.to_owned()
@@ -90,9 +94,9 @@ pub async fn connect(url: &str) -> std::result::Result<SqlLedger, CenterError> {
             } else {
                 format!("{url}?mode=rwc")
             };
-            // One connection: SQLite has one writer anyway, and this makes every
+            // One writing connection: SQLite has one writer anyway, and this makes every
             // transaction strictly serial.
-            AnyPoolOptions::new()
+            let pool = AnyPoolOptions::new()
                 .max_connections(1)
                 .min_connections(1)
                 .idle_timeout(None)
@@ -105,7 +109,10 @@ pub async fn connect(url: &str) -> std::result::Result<SqlLedger, CenterError> {
                     })
                 })
                 .connect(&url)
-                .await?
+                .await?;
+            // An in-memory database exists only in its one connection.
+            let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+            (pool, (!in_memory).then_some(url))
         }
     };
     let migrated = match dialect {
@@ -113,5 +120,18 @@ pub async fn connect(url: &str) -> std::result::Result<SqlLedger, CenterError> {
         Dialect::Sqlite => sqlx::migrate!("../migrations/sqlite").run(&pool).await,
     };
     migrated.map_err(|e| CenterError::Database { detail: format!("migration failed: {e}") })?;
-    Ok(SqlLedger { pool, dialect, q: Queries::new(dialect) })
+    // SQLite: views read through connections of their own. In WAL mode a reader sees the
+    // last commit and neither waits for the writer nor holds it up, so a scrape of a big
+    // ledger does not stall a Borrow behind the one writing connection.
+    let read_pool = match read_url {
+        Some(url) => AnyPoolOptions::new().max_connections(SQLITE_READERS).connect(&url).await?,
+        None => pool.clone(),
+    };
+    Ok(SqlLedger {
+        pool,
+        read_pool,
+        dialect,
+        q: std::sync::Arc::new(Queries::new(dialect)),
+        groups: Default::default(),
+    })
 }

@@ -16,13 +16,17 @@
 //! `requests` (first answers by request id), `reports` (registration and heartbeats),
 //! `views` (read views) and `reclaim` (reclaim, units in doubt, removing a channel). The [`LedgerStore`] impl below only routes.
 
+mod batch;
 mod dialect;
+mod group;
 mod movement;
 mod reclaim;
 mod reports;
 mod requests;
 mod rows;
 mod views;
+
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use inventory_core::ledger::ChannelSession;
@@ -32,16 +36,24 @@ use sqlx::{Any, AnyPool, Executor, Transaction};
 
 pub use dialect::{Dialect, connect};
 
+use super::batch::{Answer, Op, OpKind};
 use super::{
-    BorrowOutcome, BorrowRate, ChannelView, HeartbeatOutcome, ItemLedger, ItemPolicy, ItemRecord, LedgerStore, NewItem,
-    PoolReportIn, ReclaimOutcome, Reconciliation, Registration, RemovedChannel, Result, ReturnOutcome,
+    BorrowLine, BorrowOutcome, BorrowRate, ChannelView, HeartbeatOutcome, ItemLedger, ItemPolicy, ItemRecord,
+    LedgerStore, NewItem, PoolReportIn, ReclaimOutcome, Reconciliation, Registration, RemovedChannel, Result,
+    ReturnOutcome,
 };
+use crate::error::CenterError;
 use dialect::Queries;
 
+#[derive(Clone)]
 pub struct SqlLedger {
     pool: AnyPool,
+    /// Where read views run: the same pool on PostgreSQL; on SQLite, reader connections
+    /// beside the one writer (WAL mode).
+    read_pool: AnyPool,
     dialect: Dialect,
-    q: Queries,
+    q: Arc<Queries>,
+    groups: Arc<group::Groups>,
 }
 
 type Tx = Transaction<'static, Any>;
@@ -63,7 +75,7 @@ impl SqlLedger {
     /// A read-only transaction that sees one snapshot for all its statements, so a
     /// view never mixes an item row from before a Borrow with allocations from after.
     async fn begin_read(&self) -> Result<Tx> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.read_pool.begin().await?;
         if self.dialect == Dialect::Postgres {
             tx.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY").await?;
         }
@@ -102,7 +114,52 @@ impl LedgerStore for SqlLedger {
         request_id: &RequestId,
         rate: BorrowRate,
     ) -> Result<BorrowOutcome> {
-        SqlLedger::borrow(self, item, channel, epoch, quantity, request_id, rate).await
+        let op = Op {
+            item: item.clone(),
+            channel: channel.clone(),
+            epoch,
+            quantity,
+            request_id: request_id.clone(),
+            kind: OpKind::Borrow(rate),
+        };
+        match self.submit(op).await? {
+            Answer::Borrow(out) => Ok(out),
+            Answer::Return(_) => Err(CenterError::Internal("a borrow answered as a return".into())),
+        }
+    }
+
+    async fn borrow_many(
+        &self,
+        channel: &Channel,
+        epoch: u64,
+        lines: &[BorrowLine],
+    ) -> Result<Vec<Result<BorrowOutcome>>> {
+        let ops: Vec<Op> = lines
+            .iter()
+            .map(|l| Op {
+                item: l.item.clone(),
+                channel: channel.clone(),
+                epoch,
+                quantity: l.quantity,
+                request_id: l.request_id.clone(),
+                kind: OpKind::Borrow(l.rate),
+            })
+            .collect();
+        let (mut answers, stale) = self.run_batch(&ops).await?;
+        if let Some(line) = stale {
+            // One channel, one epoch: a stale epoch is the whole call's error.
+            return Err(answers
+                .swap_remove(line)
+                .err()
+                .unwrap_or_else(|| CenterError::Precondition(format!("stale epoch {epoch} for channel {channel}"))));
+        }
+        Ok(answers
+            .into_iter()
+            .map(|a| match a? {
+                Answer::Borrow(out) => Ok(out),
+                Answer::Return(_) => Err(CenterError::Internal("a borrow answered as a return".into())),
+            })
+            .collect())
     }
 
     async fn give_back(
@@ -113,7 +170,18 @@ impl LedgerStore for SqlLedger {
         quantity: Quantity,
         request_id: &RequestId,
     ) -> Result<ReturnOutcome> {
-        SqlLedger::give_back(self, item, channel, epoch, quantity, request_id).await
+        let op = Op {
+            item: item.clone(),
+            channel: channel.clone(),
+            epoch,
+            quantity,
+            request_id: request_id.clone(),
+            kind: OpKind::Return,
+        };
+        match self.submit(op).await? {
+            Answer::Return(out) => Ok(out),
+            Answer::Borrow(_) => Err(CenterError::Internal("a return answered as a borrow".into())),
+        }
     }
 
     async fn heartbeat(
@@ -152,6 +220,10 @@ impl LedgerStore for SqlLedger {
         SqlLedger::item_ledger(self, item).await
     }
 
+    async fn ledgers(&self) -> Result<Vec<(ItemLedger, Vec<(String, Watermarks)>)>> {
+        SqlLedger::ledgers(self).await
+    }
+
     async fn list_items(&self) -> Result<Vec<ItemRecord>> {
         SqlLedger::list_items(self).await
     }
@@ -187,5 +259,9 @@ impl LedgerStore for SqlLedger {
 
     async fn prune_requests(&self, limit: u32) -> Result<u64> {
         SqlLedger::prune_requests(self, limit).await
+    }
+
+    fn group_commits(&self) -> (u64, u64) {
+        SqlLedger::group_commits(self)
     }
 }

@@ -1,89 +1,16 @@
-//! Transactions that move units or change an item: Borrow, Return, AddStock, CreateItem,
-//! closing and watermarks.
+//! Transactions that change an item: AddStock, CreateItem, closing and watermarks
+//! (Borrow and Return run in batches: `batch`, `group`).
 
-use inventory_core::ledger::{self, Allocation, ItemState, Mutation, RateShare};
+use inventory_core::ledger::{self, ItemState, Mutation};
 use inventory_core::watermarks::{RateBatching, Watermarks};
 use inventory_core::{Channel, ItemId, Quantity, RequestId};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 
 use super::SqlLedger;
-use super::Tx;
-use super::rows::{col, stale_or_unknown, to_db};
+use super::rows::to_db;
 use crate::error::CenterError;
-use crate::store::{BorrowOutcome, BorrowRate, ItemRecord, NewItem, Result, ReturnOutcome};
-
-/// What a movement's rule sees besides the item and the allocation: the rates of the other
-/// channels when a Borrow is short ([`RateShare`]; zero otherwise).
-type Rule<T> = dyn FnOnce(&mut ItemState, &mut Allocation, RateShare) -> Result<T> + Send;
+use crate::store::{ItemRecord, NewItem, Result};
 
 impl SqlLedger {
-    /// The one transaction behind Borrow and Return: answer a replay with the stored first
-    /// answer, lock the item row, check the epoch, apply `rule` to the item and the
-    /// channel's allocation, write what changed, and record the answer under the request id.
-    /// Returns the answer and whether it was a replay.
-    /// `rate`: a Borrow's; its rate is stored as the channel's latest, and when the Borrow
-    /// is short the other channels' rates are read in the same transaction.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn movement<T>(
-        &self,
-        item: &ItemId,
-        channel: &Channel,
-        epoch: u64,
-        m: &Mutation,
-        request_id: &RequestId,
-        rate: Option<(BorrowRate, u64)>,
-        rule: Box<Rule<T>>,
-    ) -> Result<(T, bool)>
-    where
-        T: Serialize + DeserializeOwned,
-    {
-        let mut tx = self.begin().await?;
-        // The replay lookup runs before the item's lock, so the lock is held one round
-        // trip shorter. A first answer recorded after this read (a concurrent call with
-        // the same id) is caught by `put_request`, which then answers from the record.
-        if let Some(first) = Self::find_request::<T>(&mut tx, m, request_id).await? {
-            return Ok((first, true));
-        }
-        let (before, _) = self.lock_item(&mut tx, item).await?;
-        let session = self.lock_session(&mut tx, channel, &self.q.lock_channel_share).await?;
-        stale_or_unknown(channel, session.as_ref(), epoch)?;
-        let mut alloc = Self::alloc(&mut tx, item.as_str(), channel.as_str()).await?;
-        let mut share = RateShare::default();
-        if let Some((r, quantity)) = rate
-            && quantity > before.available
-            && r.sell_rate_milli > 0
-        {
-            share = RateShare {
-                own_milli: r.sell_rate_milli,
-                others_milli: Self::others_rates(&mut tx, item, channel, r.now_ms).await?,
-            };
-        }
-        let mut after = before.clone();
-        let outcome = rule(&mut after, &mut alloc, share)?;
-        if after != before {
-            Self::write_item(&mut tx, item.as_str(), &before, &after).await?;
-            Self::write_movements(&mut tx, item.as_str(), channel.as_str(), &alloc).await?;
-        }
-        if let Some((r, _)) = rate
-            && r.sell_rate_milli != alloc.sell_rate_milli
-        {
-            // The freshest word on the channel's rate (a row exists once anything moved).
-            sqlx::query("UPDATE allocations SET sell_rate_milli = $1 WHERE item_id = $2 AND channel = $3")
-                .bind(to_db("sell_rate_milli", r.sell_rate_milli)?)
-                .bind(item.as_str())
-                .bind(channel.as_str())
-                .execute(&mut *tx)
-                .await?;
-        }
-        if !Self::put_request(&mut tx, m, request_id, Some((channel, epoch)), &outcome).await? {
-            tx.rollback().await?;
-            return Ok((self.recorded_answer(m, request_id).await?, true));
-        }
-        tx.commit().await?;
-        Ok((outcome, false))
-    }
-
     pub(super) async fn create_item(&self, new: &NewItem, now_ms: i64) -> Result<(ItemRecord, bool)> {
         let mut tx = self.begin().await?;
         let state = ItemState::new(new.total, new.per_user_limit, new.reservation_ttl_ms);
@@ -172,43 +99,6 @@ impl SqlLedger {
         Ok((record, replayed))
     }
 
-    pub(super) async fn borrow(
-        &self,
-        item: &ItemId,
-        channel: &Channel,
-        epoch: u64,
-        quantity: Quantity,
-        request_id: &RequestId,
-        rate: BorrowRate,
-    ) -> Result<BorrowOutcome> {
-        let m = Mutation::Borrow { item: item.clone(), channel: channel.clone(), quantity };
-        let rule = Box::new(move |after: &mut ItemState, alloc: &mut Allocation, share| {
-            let granted = ledger::borrow_shared(after, alloc, quantity, share);
-            Ok(BorrowOutcome { granted, center_available: after.available, replayed: false })
-        });
-        let (out, replayed) =
-            self.movement(item, channel, epoch, &m, request_id, Some((rate, quantity.get())), rule).await?;
-        Ok(BorrowOutcome { replayed, ..out })
-    }
-
-    pub(super) async fn give_back(
-        &self,
-        item: &ItemId,
-        channel: &Channel,
-        epoch: u64,
-        quantity: Quantity,
-        request_id: &RequestId,
-    ) -> Result<ReturnOutcome> {
-        let m = Mutation::Return { item: item.clone(), channel: channel.clone(), quantity };
-        let c = channel.clone();
-        let rule = Box::new(move |after: &mut ItemState, alloc: &mut Allocation, _| {
-            ledger::give_back(after, alloc, &c, quantity)?;
-            Ok(ReturnOutcome { center_available: after.available, replayed: false })
-        });
-        let (out, replayed) = self.movement(item, channel, epoch, &m, request_id, None, rule).await?;
-        Ok(ReturnOutcome { replayed, ..out })
-    }
-
     pub(super) async fn set_closed(&self, item: &ItemId, closed: bool) -> Result<ItemRecord> {
         let mut tx = self.begin().await?;
         self.lock_item(&mut tx, item).await?;
@@ -283,23 +173,5 @@ impl SqlLedger {
         .await?;
         tx.commit().await?;
         Ok(())
-    }
-
-    /// The sum of the sell rates of the item's other channels whose lease is live.
-    async fn others_rates(tx: &mut Tx, item: &ItemId, channel: &Channel, now_ms: i64) -> Result<u64> {
-        let rows = sqlx::query(
-            "SELECT a.sell_rate_milli FROM allocations a JOIN channels c ON c.channel = a.channel \
-             WHERE a.item_id = $1 AND a.channel <> $2 AND a.sell_rate_milli > 0 AND c.lease_expires_at_ms > $3",
-        )
-        .bind(item.as_str())
-        .bind(channel.as_str())
-        .bind(now_ms)
-        .fetch_all(&mut **tx)
-        .await?;
-        let mut sum = 0u64;
-        for row in &rows {
-            sum = sum.saturating_add(col(row, "sell_rate_milli")?);
-        }
-        Ok(sum)
     }
 }

@@ -9,6 +9,7 @@ use sqlx::any::AnyRow;
 
 use super::{SqlLedger, Tx};
 use crate::error::CenterError;
+pub(super) use crate::store::batch::stale_or_unknown;
 use crate::store::{ItemRecord, LimitSettings, Result};
 use inventory_core::buyers::{LimitScope, RegistryFallback};
 
@@ -112,15 +113,6 @@ pub(super) fn alloc_from_row(row: &AnyRow) -> Result<(String, String, Allocation
             sell_rate_milli: col(row, "sell_rate_milli")?,
         },
     ))
-}
-
-pub(super) fn stale_or_unknown(channel: &Channel, session: Option<&ChannelSession>, epoch: u64) -> Result<()> {
-    match session {
-        None => Err(CenterError::Precondition(format!(
-            "stale epoch {epoch} for channel {channel}: channel is not registered"
-        ))),
-        Some(s) => Ok(s.check_epoch(channel, epoch)?),
-    }
 }
 
 impl SqlLedger {

@@ -1,6 +1,8 @@
 //! Read views: each one snapshot, so a view never mixes states.
 
-use inventory_core::ledger::{self, ChannelSession};
+use std::collections::HashMap;
+
+use inventory_core::ledger::{self, Allocation, ChannelSession};
 use inventory_core::watermarks::Watermarks;
 use inventory_core::{Channel, ItemId};
 use sqlx::Row;
@@ -84,6 +86,55 @@ impl SqlLedger {
         }
         tx.commit().await?;
         Ok(ItemLedger { item: record, channels })
+    }
+
+    pub(super) async fn ledgers(&self) -> Result<Vec<(ItemLedger, Vec<(String, Watermarks)>)>> {
+        let mut tx = self.begin_read().await?;
+        let items = sqlx::query(&format!("{ITEM_SELECT} ORDER BY item_id")).fetch_all(&mut *tx).await?;
+        let allocs = sqlx::query(&format!("{ALLOC_SELECT} ORDER BY item_id, channel")).fetch_all(&mut *tx).await?;
+        let sessions = sqlx::query(SESSION_SELECT).fetch_all(&mut *tx).await?;
+        let overrides =
+            sqlx::query("SELECT item_id, channel, low, high, batch FROM watermark_overrides ORDER BY item_id, channel")
+                .fetch_all(&mut *tx)
+                .await?;
+        tx.commit().await?;
+        let sessions: HashMap<String, ChannelSession> =
+            sessions.iter().map(|row| Ok((row.try_get("channel")?, session_from_row(row)?))).collect::<Result<_>>()?;
+        let mut own: HashMap<String, Vec<(String, Watermarks)>> = HashMap::new();
+        for r in &overrides {
+            let wm = Watermarks { low: col(r, "low")?, high: col(r, "high")?, batch: col(r, "batch")? };
+            own.entry(r.try_get("item_id")?).or_default().push((r.try_get("channel")?, wm));
+        }
+        let mut by_item: HashMap<String, Vec<(String, Allocation)>> = HashMap::new();
+        for row in &allocs {
+            let (item, channel, a) = alloc_from_row(row)?;
+            by_item.entry(item).or_default().push((channel, a));
+        }
+        items
+            .iter()
+            .map(|row| {
+                let (item_id, state, watermarks, rate_batching, segments, limit) = item_from_row(row)?;
+                let allocations = by_item.remove(&item_id).unwrap_or_default();
+                let overrides = own.remove(&item_id).unwrap_or_default();
+                // Saturating: a corrupted ledger shows in Reconcile, not as a panic here.
+                let held = allocations.iter().fold(0u64, |sum, (_, a)| sum.saturating_add(a.held()));
+                let channels = allocations
+                    .into_iter()
+                    .map(|(channel, allocation)| {
+                        let overridden = overrides.iter().find(|(c, _)| *c == channel).map(|(_, wm)| *wm);
+                        ChannelRecord {
+                            session: sessions.get(&channel).cloned(),
+                            channel,
+                            allocation,
+                            watermarks: overridden.unwrap_or(watermarks),
+                            watermarks_overridden: overridden.is_some(),
+                        }
+                    })
+                    .collect();
+                let item = ItemRecord { item_id, state, watermarks, rate_batching, segments, limit, held };
+                Ok((ItemLedger { item, channels }, overrides))
+            })
+            .collect()
     }
 
     pub(super) async fn list_items(&self) -> Result<Vec<ItemRecord>> {

@@ -1,0 +1,371 @@
+//! The rule of a batch of Borrows and Returns that one transaction applies (group commit
+//! of one item's concurrent calls, and the lines of a BorrowMany). No I/O: the store reads
+//! the rows, these functions decide, the store writes what they say.
+//!
+//! - A request id recorded before the batch answers from its record (ALREADY_EXISTS for
+//!   another payload), before any lock and whatever the epoch, as a single call would.
+//! - The other lines apply in order, each to the item and allocation as the lines before
+//!   it left them, so the batch answers exactly what the same calls one after another
+//!   would have got.
+//! - A line that breaks a rule (stale epoch, unknown item, returning more than held) fails
+//!   alone and changes nothing; the others still apply.
+//! - A request id used twice in one batch: the second line answers from the first's
+//!   answer (replayed), or ALREADY_EXISTS for another payload.
+
+use std::collections::{BTreeMap, HashMap};
+
+use inventory_core::ledger::{self, Allocation, ChannelSession, ItemState, Mutation, RateShare};
+use inventory_core::{Channel, ItemId, Quantity, RequestId};
+
+use super::{BorrowOutcome, BorrowRate, Result, ReturnOutcome};
+use crate::error::CenterError;
+
+/// One Borrow or Return of a batch.
+#[derive(Debug, Clone)]
+pub struct Op {
+    pub item: ItemId,
+    pub channel: Channel,
+    pub epoch: u64,
+    pub quantity: Quantity,
+    pub request_id: RequestId,
+    pub kind: OpKind,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum OpKind {
+    Borrow(BorrowRate),
+    Return,
+}
+
+impl Op {
+    pub fn mutation(&self) -> Mutation {
+        let (item, channel, quantity) = (self.item.clone(), self.channel.clone(), self.quantity);
+        match self.kind {
+            OpKind::Borrow(_) => Mutation::Borrow { item, channel, quantity },
+            OpKind::Return => Mutation::Return { item, channel, quantity },
+        }
+    }
+}
+
+/// A line's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    Borrow(BorrowOutcome),
+    Return(ReturnOutcome),
+}
+
+impl Answer {
+    fn replayed(self) -> Self {
+        match self {
+            Answer::Borrow(b) => Answer::Borrow(BorrowOutcome { replayed: true, ..b }),
+            Answer::Return(r) => Answer::Return(ReturnOutcome { replayed: true, ..r }),
+        }
+    }
+
+    /// The record kept under the request id (the same JSON as a single call's).
+    pub fn to_record(self) -> Result<String> {
+        match self {
+            Answer::Borrow(b) => serde_json::to_string(&b),
+            Answer::Return(r) => serde_json::to_string(&r),
+        }
+        .map_err(|e| CenterError::Internal(e.to_string()))
+    }
+
+    fn from_record(kind: OpKind, request_id: &RequestId, record: &str) -> Result<Self> {
+        let unreadable =
+            |e: serde_json::Error| CenterError::Internal(format!("stored response of {request_id} unreadable: {e}"));
+        Ok(match kind {
+            OpKind::Borrow(_) => Answer::Borrow(serde_json::from_str(record).map_err(unreadable)?),
+            OpKind::Return => Answer::Return(serde_json::from_str(record).map_err(unreadable)?),
+        })
+    }
+}
+
+/// A request's record: its fingerprint and stored answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    pub fingerprint: String,
+    pub response: String,
+}
+
+/// `(scope, request_id)`: what request ids are unique within.
+pub type RequestKey = (String, String);
+
+pub fn request_key(m: &Mutation, request_id: &RequestId) -> RequestKey {
+    (m.scope(), request_id.as_str().to_owned())
+}
+
+/// The answers of the lines whose request id is recorded; `None` for the others.
+pub fn answer_replays(ops: &[Op], recorded: &HashMap<RequestKey, Recorded>) -> Vec<Option<Result<Answer>>> {
+    ops.iter()
+        .map(|op| {
+            let m = op.mutation();
+            let r = recorded.get(&request_key(&m, &op.request_id))?;
+            Some(if r.fingerprint != m.fingerprint() {
+                Err(reused(&op.request_id, &r.fingerprint))
+            } else {
+                Answer::from_record(op.kind, &op.request_id, &r.response).map(Answer::replayed)
+            })
+        })
+        .collect()
+}
+
+fn reused(request_id: &RequestId, fingerprint: &str) -> CenterError {
+    CenterError::AlreadyExists(format!(
+        "request_id {:?} was already used for another request ({fingerprint})",
+        request_id.as_str()
+    ))
+}
+
+/// An allocation as read: the row (default when there is none), whether a row exists,
+/// and its channel's lease (for the sell-rate shares).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AllocRow {
+    pub alloc: Allocation,
+    pub stored: bool,
+    pub lease_expires_at_ms: i64,
+}
+
+/// What the transaction read under the items' locks: the items, the sessions of the
+/// batch's channels, and every allocation of the items.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    pub items: HashMap<String, ItemState>,
+    pub sessions: HashMap<String, ChannelSession>,
+    /// By `(item, channel)`.
+    pub allocs: BTreeMap<(String, String), AllocRow>,
+}
+
+/// An allocation to write: the movement counters, and the sell rate when a Borrow gave one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocWrite {
+    pub item: String,
+    pub channel: String,
+    pub alloc: Allocation,
+    pub sell_rate: Option<u64>,
+}
+
+/// What the transaction must write and answer.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// One per line, in order.
+    pub answers: Vec<Result<Answer>>,
+    /// The first line that failed the epoch check.
+    pub stale: Option<usize>,
+    /// `(item, before, after)` for each item that changed.
+    pub items: Vec<(String, ItemState, ItemState)>,
+    pub allocs: Vec<AllocWrite>,
+    /// The lines whose answer is recorded under their request id.
+    pub record: Vec<usize>,
+}
+
+/// Applies the lines that [`answer_replays`] left unanswered, in order.
+pub fn apply(ops: &[Op], replays: Vec<Option<Result<Answer>>>, snap: &Snapshot) -> Applied {
+    let mut items = snap.items.clone();
+    let mut allocs = snap.allocs.clone();
+    let mut rates_given: BTreeMap<(String, String), u64> = BTreeMap::new();
+    let mut moved: BTreeMap<(String, String), ()> = BTreeMap::new();
+    let mut firsts: HashMap<RequestKey, usize> = HashMap::new();
+    let mut out = Applied::default();
+    for (i, (op, replay)) in ops.iter().zip(replays).enumerate() {
+        if let Some(answer) = replay {
+            out.answers.push(answer);
+            continue;
+        }
+        let m = op.mutation();
+        let key = request_key(&m, &op.request_id);
+        if let Some(&first) = firsts.get(&key) {
+            let answer = if ops[first].mutation().fingerprint() == m.fingerprint() {
+                match &out.answers[first] {
+                    Ok(a) => Ok(a.replayed()),
+                    Err(_) => Err(CenterError::Internal("a recorded line has no answer".into())),
+                }
+            } else {
+                Err(reused(&op.request_id, &ops[first].mutation().fingerprint()))
+            };
+            out.answers.push(answer);
+            continue;
+        }
+        if let Err(e) = stale_or_unknown(&op.channel, snap.sessions.get(op.channel.as_str()), op.epoch) {
+            out.stale.get_or_insert(i);
+            out.answers.push(Err(e));
+            continue;
+        }
+        let Some(item) = items.get(op.item.as_str()) else {
+            out.answers.push(Err(CenterError::item_not_found(op.item.as_str())));
+            continue;
+        };
+        let akey = (op.item.as_str().to_owned(), op.channel.as_str().to_owned());
+        let row = allocs.get(&akey).copied().unwrap_or_default();
+        let (mut after, mut alloc) = (item.clone(), row.alloc);
+        let answer = match op.kind {
+            OpKind::Borrow(rate) => {
+                let mut share = RateShare::default();
+                if op.quantity.get() > after.available && rate.sell_rate_milli > 0 {
+                    share = RateShare {
+                        own_milli: rate.sell_rate_milli,
+                        others_milli: others_rates(&allocs, &akey, rate.now_ms),
+                    };
+                }
+                let granted = ledger::borrow_shared(&mut after, &mut alloc, op.quantity, share);
+                alloc.sell_rate_milli = rate.sell_rate_milli;
+                rates_given.insert(akey.clone(), rate.sell_rate_milli);
+                Ok(Answer::Borrow(BorrowOutcome { granted, center_available: after.available, replayed: false }))
+            }
+            OpKind::Return => ledger::give_back(&mut after, &mut alloc, &op.channel, op.quantity)
+                .map(|()| Answer::Return(ReturnOutcome { center_available: after.available, replayed: false }))
+                .map_err(CenterError::from),
+        };
+        if answer.is_ok() {
+            if after != *item {
+                moved.insert(akey.clone(), ());
+            }
+            items.insert(akey.0.clone(), after);
+            allocs.insert(akey, AllocRow { alloc, ..row });
+            firsts.insert(key, i);
+            out.record.push(i);
+        }
+        out.answers.push(answer);
+    }
+    for (id, after) in &items {
+        let before = &snap.items[id];
+        if after != before {
+            out.items.push((id.clone(), before.clone(), after.clone()));
+        }
+    }
+    for (key, row) in &allocs {
+        let rate = rates_given.get(key).copied();
+        // A row is written when units moved; a rate alone only updates a row that exists.
+        let rate_changed = rate
+            .is_some_and(|r| row.stored && snap.allocs.get(key).is_some_and(|read| read.alloc.sell_rate_milli != r));
+        if moved.contains_key(key) || rate_changed {
+            out.allocs.push(AllocWrite {
+                item: key.0.clone(),
+                channel: key.1.clone(),
+                alloc: row.alloc,
+                sell_rate: rate,
+            });
+        }
+    }
+    out
+}
+
+/// FAILED_PRECONDITION unless `epoch` is the registered channel's current one.
+pub fn stale_or_unknown(channel: &Channel, session: Option<&ChannelSession>, epoch: u64) -> Result<()> {
+    match session {
+        None => Err(CenterError::Precondition(format!(
+            "stale epoch {epoch} for channel {channel}: channel is not registered"
+        ))),
+        Some(s) => Ok(s.check_epoch(channel, epoch)?),
+    }
+}
+
+/// The sell rates of the item's other channels whose lease is live.
+fn others_rates(allocs: &BTreeMap<(String, String), AllocRow>, own: &(String, String), now_ms: i64) -> u64 {
+    allocs
+        .range((own.0.clone(), String::new())..)
+        .take_while(|((item, _), _)| *item == own.0)
+        .filter(|((_, channel), row)| *channel != own.1 && row.lease_expires_at_ms > now_ms)
+        .fold(0u64, |sum, (_, row)| sum.saturating_add(row.alloc.sell_rate_milli))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(item: &str, channel: &str, quantity: u64, rid: &str, borrow: bool) -> Op {
+        Op {
+            item: ItemId::parse("item_id", item).unwrap(),
+            channel: Channel::parse("channel", channel).unwrap(),
+            epoch: 1,
+            quantity: Quantity::parse("quantity", quantity).unwrap(),
+            request_id: RequestId::parse("request_id", rid).unwrap(),
+            kind: if borrow { OpKind::Borrow(BorrowRate::default()) } else { OpKind::Return },
+        }
+    }
+
+    fn snapshot(available: u64) -> Snapshot {
+        let mut snap = Snapshot::default();
+        let mut item = ItemState::new(Quantity::parse("total", 100).unwrap(), 1, 1000);
+        item.available = available;
+        snap.items.insert("i".into(), item);
+        let session = ChannelSession { epoch: 1, agent_id: "a".into(), lease_expires_at_ms: 0, last_heartbeat_ms: 0 };
+        snap.sessions.insert("app".into(), session);
+        snap
+    }
+
+    fn granted(a: &Result<Answer>) -> (u64, u64, bool) {
+        match a {
+            Ok(Answer::Borrow(b)) => (b.granted, b.center_available, b.replayed),
+            Ok(Answer::Return(r)) => (0, r.center_available, r.replayed),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn lines_apply_in_order_as_one_call_after_another() {
+        let ops = [op("i", "app", 60, "a", true), op("i", "app", 60, "b", true), op("i", "app", 10, "c", false)];
+        let out = apply(&ops, vec![None, None, None], &snapshot(100));
+        assert_eq!(granted(&out.answers[0]), (60, 40, false));
+        assert_eq!(granted(&out.answers[1]), (40, 0, false));
+        assert_eq!(granted(&out.answers[2]), (0, 10, false));
+        assert_eq!(out.items.len(), 1);
+        assert_eq!(out.items[0].2.available, 10);
+        assert_eq!(out.allocs.len(), 1);
+        assert_eq!((out.allocs[0].alloc.granted, out.allocs[0].alloc.returned), (100, 10));
+        assert_eq!(out.record, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn a_request_id_twice_in_a_batch_is_a_replay_or_already_exists() {
+        let ops = [op("i", "app", 5, "a", true), op("i", "app", 5, "a", true), op("i", "app", 6, "a", true)];
+        let out = apply(&ops, vec![None, None, None], &snapshot(100));
+        assert_eq!(granted(&out.answers[1]), (5, 95, true));
+        assert!(matches!(out.answers[2], Err(CenterError::AlreadyExists(_))));
+        assert_eq!(out.record, vec![0]);
+        assert_eq!(out.items[0].2.available, 95);
+    }
+
+    #[test]
+    fn a_failing_line_changes_nothing_and_the_others_apply() {
+        let mut stale = op("i", "app", 5, "s", true);
+        stale.epoch = 7;
+        let ops = [
+            op("i", "app", 5, "r", false),
+            stale,
+            op("gone", "app", 5, "g", true),
+            op("i", "web", 5, "w", true),
+            op("i", "app", 5, "ok", true),
+        ];
+        let out = apply(&ops, vec![None, None, None, None, None], &snapshot(100));
+        assert!(matches!(out.answers[0], Err(CenterError::Precondition(_))), "return more than held");
+        assert!(matches!(out.answers[1], Err(CenterError::Precondition(_))));
+        assert!(matches!(out.answers[2], Err(CenterError::NotFound { .. })));
+        assert!(matches!(out.answers[3], Err(CenterError::Precondition(_))), "unregistered channel");
+        assert_eq!(granted(&out.answers[4]), (5, 95, false));
+        assert_eq!(out.stale, Some(1));
+        assert_eq!(out.record, vec![4]);
+    }
+
+    #[test]
+    fn recorded_requests_answer_from_their_record() {
+        let ops = [op("i", "app", 5, "a", true), op("i", "app", 9, "b", true)];
+        let mut recorded = HashMap::new();
+        let first = Answer::Borrow(BorrowOutcome { granted: 5, center_available: 42, replayed: false });
+        let m = ops[0].mutation();
+        recorded.insert(
+            request_key(&m, &ops[0].request_id),
+            Recorded { fingerprint: m.fingerprint(), response: first.to_record().unwrap() },
+        );
+        let m = ops[1].mutation();
+        recorded.insert(
+            request_key(&m, &ops[1].request_id),
+            Recorded { fingerprint: "borrow/other/app/1".into(), response: "{}".into() },
+        );
+        let replays = answer_replays(&ops, &recorded);
+        let out = apply(&ops, replays, &snapshot(100));
+        assert_eq!(granted(&out.answers[0]), (5, 42, true));
+        assert!(matches!(out.answers[1], Err(CenterError::AlreadyExists(_))));
+        assert!(out.items.is_empty() && out.allocs.is_empty() && out.record.is_empty());
+    }
+}

@@ -1,0 +1,257 @@
+//! One transaction for a batch of Borrows and Returns (`store::batch` decides; this
+//! reads and writes). A fixed number of statements whatever the batch's size (chunked
+//! only past a few hundred lines): request records, the items locked in id order, the
+//! channels' sessions, the items' allocations, then one write per table.
+
+use std::collections::{BTreeSet, HashMap};
+
+use inventory_core::ledger::ChannelSession;
+
+use super::rows::{alloc_from_row, item_from_row, placeholders, session_from_row, to_db};
+use super::{SqlLedger, Tx};
+use crate::error::CenterError;
+use crate::store::Result;
+use crate::store::batch::{self, AllocRow, AllocWrite, Answer, Op, Recorded, RequestKey, Snapshot};
+
+/// Lines per statement of a batch (at most 8 parameters a line: within both engines'
+/// limits).
+const CHUNK: usize = 500;
+
+/// Attempts of a batch whose request ids another transaction recorded meanwhile.
+const ATTEMPTS: usize = 3;
+
+/// `($first, ...), (...), ...`: `rows` groups of `width` placeholders.
+fn value_rows(first: usize, rows: usize, width: usize) -> String {
+    (0..rows).map(|r| format!("({})", placeholders(first + r * width, width))).collect::<Vec<_>>().join(", ")
+}
+
+impl SqlLedger {
+    /// Runs the batch in one transaction. `Ok` holds one answer per line (a line's own
+    /// error among them) and the first line that failed the epoch check; `Err` is a failure of
+    /// the whole transaction (the database).
+    pub(super) async fn run_batch(&self, ops: &[Op]) -> Result<(Vec<Result<Answer>>, Option<usize>)> {
+        for _ in 0..ATTEMPTS {
+            if let Some(done) = self.try_batch(ops).await? {
+                return Ok(done);
+            }
+        }
+        // Each attempt lost a race for a request id to another call: rare, and safe to retry.
+        Ok((ops.iter().map(|_| Err(busy())).collect(), None))
+    }
+
+    /// `None` when another transaction recorded one of the batch's request ids after the
+    /// replay lookup: rolled back, and the next attempt answers those lines from the record.
+    async fn try_batch(&self, ops: &[Op]) -> Result<Option<(Vec<Result<Answer>>, Option<usize>)>> {
+        let mut tx = self.begin().await?;
+        // Replays are answered before any lock.
+        let recorded = Self::find_requests(&mut tx, ops).await?;
+        let replays = batch::answer_replays(ops, &recorded);
+        let live: Vec<&Op> = ops.iter().zip(&replays).filter(|(_, r)| r.is_none()).map(|(op, _)| op).collect();
+        if live.is_empty() {
+            tx.commit().await?;
+            return Ok(Some((replays.into_iter().flatten().collect(), None)));
+        }
+        let items: BTreeSet<&str> = live.iter().map(|op| op.item.as_str()).collect();
+        let channels: BTreeSet<&str> = live.iter().map(|op| op.channel.as_str()).collect();
+        let snap = self.read_snapshot(&mut tx, &items, &channels).await?;
+        let applied = batch::apply(ops, replays, &snap);
+        Self::write_items(&mut tx, &applied.items).await?;
+        Self::write_allocs(&mut tx, &applied.allocs).await?;
+        let mut records = Vec::with_capacity(applied.record.len());
+        for &i in &applied.record {
+            let answer =
+                applied.answers[i].as_ref().map_err(|_| CenterError::Internal("no answer to record".into()))?;
+            records.push((&ops[i], answer.to_record()?));
+        }
+        if !Self::put_requests(&mut tx, &records).await? {
+            tx.rollback().await?;
+            return Ok(None);
+        }
+        tx.commit().await?;
+        Ok(Some((applied.answers, applied.stale)))
+    }
+
+    async fn find_requests(tx: &mut Tx, ops: &[Op]) -> Result<HashMap<RequestKey, Recorded>> {
+        let mut found = HashMap::new();
+        for chunk in ops.chunks(CHUNK) {
+            let scopes: BTreeSet<String> = chunk.iter().map(|op| op.mutation().scope()).collect();
+            let ids: BTreeSet<&str> = chunk.iter().map(|op| op.request_id.as_str()).collect();
+            let sql = format!(
+                "SELECT scope, request_id, fingerprint, response FROM requests WHERE scope IN ({}) AND request_id IN ({})",
+                placeholders(1, scopes.len()),
+                placeholders(1 + scopes.len(), ids.len())
+            );
+            let mut q = sqlx::query(&sql);
+            for s in &scopes {
+                q = q.bind(s.as_str());
+            }
+            for id in &ids {
+                q = q.bind(*id);
+            }
+            for row in q.fetch_all(&mut **tx).await? {
+                use sqlx::Row;
+                found.insert(
+                    (row.try_get("scope")?, row.try_get("request_id")?),
+                    Recorded { fingerprint: row.try_get("fingerprint")?, response: row.try_get("response")? },
+                );
+            }
+        }
+        Ok(found)
+    }
+
+    /// Locks the items (in id order, so two batches never wait on each other in a cycle)
+    /// and the channels' rows (key share: only a registration or a reclaim waits), and
+    /// reads every allocation of the items with its channel's lease.
+    async fn read_snapshot(&self, tx: &mut Tx, items: &BTreeSet<&str>, channels: &BTreeSet<&str>) -> Result<Snapshot> {
+        let mut snap = Snapshot::default();
+        let items: Vec<&str> = items.iter().copied().collect();
+        for chunk in items.chunks(CHUNK) {
+            let sql = format!(
+                "{} WHERE item_id IN ({}) ORDER BY item_id{}",
+                super::rows::ITEM_SELECT,
+                placeholders(1, chunk.len()),
+                self.dialect.for_update()
+            );
+            let mut q = sqlx::query(&sql);
+            for id in chunk {
+                q = q.bind(*id);
+            }
+            for row in q.fetch_all(&mut **tx).await? {
+                let (id, state, ..) = item_from_row(&row)?;
+                snap.items.insert(id, state);
+            }
+        }
+        let channels: Vec<&str> = channels.iter().copied().collect();
+        for chunk in channels.chunks(CHUNK) {
+            let sql = format!(
+                "{} WHERE channel IN ({}) ORDER BY channel{}",
+                super::rows::SESSION_SELECT,
+                placeholders(1, chunk.len()),
+                self.dialect.for_key_share()
+            );
+            let mut q = sqlx::query(&sql);
+            for c in chunk {
+                q = q.bind(*c);
+            }
+            for row in q.fetch_all(&mut **tx).await? {
+                use sqlx::Row;
+                let s: ChannelSession = session_from_row(&row)?;
+                snap.sessions.insert(row.try_get("channel")?, s);
+            }
+        }
+        let found: Vec<&str> = items.iter().copied().filter(|id| snap.items.contains_key(*id)).collect();
+        for chunk in found.chunks(CHUNK) {
+            let sql = format!(
+                "SELECT a.item_id, a.channel, a.granted, a.returned, a.reclaimed, a.reported_available, \
+                 a.reported_reserved, a.reported_sold, a.reported_at_ms, a.pool_generation, a.in_doubt, \
+                 a.sell_rate_milli, COALESCE(c.lease_expires_at_ms, 0) AS lease_expires_at_ms \
+                 FROM allocations a LEFT JOIN channels c ON c.channel = a.channel WHERE a.item_id IN ({})",
+                placeholders(1, chunk.len())
+            );
+            let mut q = sqlx::query(&sql);
+            for id in chunk {
+                q = q.bind(*id);
+            }
+            for row in q.fetch_all(&mut **tx).await? {
+                use sqlx::Row;
+                let (item, channel, alloc) = alloc_from_row(&row)?;
+                let lease_expires_at_ms: i64 = row.try_get("lease_expires_at_ms")?;
+                snap.allocs.insert((item, channel), AllocRow { alloc, stored: true, lease_expires_at_ms });
+            }
+        }
+        Ok(snap)
+    }
+
+    /// Conditional updates: each applies only if the row still holds what was read.
+    async fn write_items(
+        tx: &mut Tx,
+        items: &[(String, inventory_core::ledger::ItemState, inventory_core::ledger::ItemState)],
+    ) -> Result<()> {
+        for chunk in items.chunks(CHUNK) {
+            let sql = format!(
+                "WITH v (item_id, total, available, written_off, old_total, old_available) AS (VALUES {}) \
+                 UPDATE items SET total = v.total, available = v.available, written_off = v.written_off FROM v \
+                 WHERE items.item_id = v.item_id AND items.total = v.old_total AND items.available = v.old_available",
+                value_rows(1, chunk.len(), 6)
+            );
+            let mut q = sqlx::query(&sql);
+            for (id, before, after) in chunk {
+                q = q
+                    .bind(id.as_str())
+                    .bind(to_db("total", after.total)?)
+                    .bind(to_db("available", after.available)?)
+                    .bind(to_db("written_off", after.written_off)?)
+                    .bind(to_db("total", before.total)?)
+                    .bind(to_db("available", before.available)?);
+            }
+            let done = q.execute(&mut **tx).await?;
+            if done.rows_affected() != chunk.len() as u64 {
+                return Err(CenterError::Internal("an item changed under a held lock".into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The movement counters, and the sell rate a Borrow gave (reported fields belong to
+    /// heartbeats). A rate of -1 keeps the stored one: only rows that exist get it.
+    async fn write_allocs(tx: &mut Tx, allocs: &[AllocWrite]) -> Result<()> {
+        for chunk in allocs.chunks(CHUNK) {
+            let sql = format!(
+                "INSERT INTO allocations (item_id, channel, granted, returned, reclaimed, sell_rate_milli) VALUES {} \
+                 ON CONFLICT (item_id, channel) DO UPDATE SET granted = excluded.granted, \
+                 returned = excluded.returned, reclaimed = excluded.reclaimed, sell_rate_milli = CASE \
+                 WHEN excluded.sell_rate_milli < 0 THEN allocations.sell_rate_milli ELSE excluded.sell_rate_milli END",
+                value_rows(1, chunk.len(), 6)
+            );
+            let mut q = sqlx::query(&sql);
+            for w in chunk {
+                let rate = match w.sell_rate {
+                    Some(r) => to_db("sell_rate_milli", r)?,
+                    None => -1,
+                };
+                q = q
+                    .bind(w.item.as_str())
+                    .bind(w.channel.as_str())
+                    .bind(to_db("granted", w.alloc.granted)?)
+                    .bind(to_db("returned", w.alloc.returned)?)
+                    .bind(to_db("reclaimed", w.alloc.reclaimed)?)
+                    .bind(rate);
+            }
+            q.execute(&mut **tx).await?;
+        }
+        Ok(())
+    }
+
+    /// Records the first answers; false when another transaction recorded one of the ids
+    /// first (`DO NOTHING` waits for it and does not abort this transaction).
+    async fn put_requests(tx: &mut Tx, records: &[(&Op, String)]) -> Result<bool> {
+        let now = crate::clock::now_ms();
+        for chunk in records.chunks(CHUNK) {
+            let sql = format!(
+                "INSERT INTO requests (scope, request_id, fingerprint, response, created_at_ms, channel, epoch) \
+                 VALUES {} ON CONFLICT (scope, request_id) DO NOTHING",
+                value_rows(1, chunk.len(), 7)
+            );
+            let mut q = sqlx::query(&sql);
+            for (op, response) in chunk {
+                let m = op.mutation();
+                q = q
+                    .bind(m.scope())
+                    .bind(op.request_id.as_str())
+                    .bind(m.fingerprint())
+                    .bind(response.as_str())
+                    .bind(now)
+                    .bind(op.channel.as_str())
+                    .bind(to_db("epoch", op.epoch)?);
+            }
+            if q.execute(&mut **tx).await?.rows_affected() != chunk.len() as u64 {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
+fn busy() -> CenterError {
+    CenterError::Unavailable("request id busy, retry with the same request id".into())
+}
