@@ -13,6 +13,7 @@ use inventory_proto::v1::center_client::CenterClient;
 use tokio::sync::oneshot;
 use tonic::transport::Endpoint;
 use tonic::{Code, Status};
+use tracing::Instrument;
 
 /// Retries of one Borrow/Return on a retryable error, all with the same request id.
 const ATTEMPTS: u32 = 5;
@@ -62,6 +63,9 @@ struct Waiting {
     line: pb::BorrowLine,
     epoch: u64,
     answer: oneshot::Sender<BorrowAnswer>,
+    /// The caller's span: the call is sent from another task, and its `traceparent` must
+    /// still name the caller's Borrow span.
+    span: tracing::Span,
 }
 
 /// Tasks sending Borrows at once: one slow call does not hold up every pool's Borrow.
@@ -328,7 +332,7 @@ impl CenterLink {
         };
         let start = {
             let mut c = self.coalesce.lock().unwrap_or_else(|e| e.into_inner());
-            c.waiting.push(Waiting { line, epoch, answer: tx });
+            c.waiting.push(Waiting { line, epoch, answer: tx, span: tracing::Span::current() });
             let start = c.senders < SENDERS;
             if start {
                 c.senders += 1;
@@ -385,19 +389,25 @@ impl CenterLink {
 
     async fn answer_one(&self, w: Waiting) {
         let l = &w.line;
-        let answer = self.borrow_one(&l.item_id, l.quantity, &l.request_id, w.epoch, l.sell_rate_milli).await;
+        let answer = self
+            .borrow_one(&l.item_id, l.quantity, &l.request_id, w.epoch, l.sell_rate_milli)
+            .instrument(w.span.clone())
+            .await;
         let _ = w.answer.send(answer);
     }
 
     async fn send_many(&self, batch: Vec<Waiting>) {
         let epoch = batch[0].epoch;
         let lines: Vec<pb::BorrowLine> = batch.iter().map(|w| w.line.clone()).collect();
+        // The center's span joins the first line's trace (one call, one parent).
         let result = self
             .retry(epoch, |mut c, epoch| {
-                let req =
+                let mut req =
                     self.req(pb::BorrowManyRequest { channel: self.channel.to_string(), epoch, lines: lines.clone() });
+                with_traceparent(&mut req, &lines[0].request_id);
                 async move { c.borrow_many(req).await.map(|r| r.into_inner()) }
             })
+            .instrument(batch[0].span.clone())
             .await;
         let results = match result {
             Ok(r) if r.results.len() == batch.len() => {
