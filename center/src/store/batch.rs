@@ -62,6 +62,22 @@ impl Answer {
         }
     }
 
+    /// The answer of a Borrow (a Return's answer here is a bug of the batch's bookkeeping).
+    pub fn into_borrow(self) -> Result<BorrowOutcome> {
+        match self {
+            Answer::Borrow(out) => Ok(out),
+            Answer::Return(_) => Err(CenterError::Internal("a borrow answered as a return".into())),
+        }
+    }
+
+    /// The answer of a Return.
+    pub fn into_return(self) -> Result<ReturnOutcome> {
+        match self {
+            Answer::Return(out) => Ok(out),
+            Answer::Borrow(_) => Err(CenterError::Internal("a return answered as a borrow".into())),
+        }
+    }
+
     /// The record kept under the request id (the same JSON as a single call's).
     pub fn to_record(self) -> Result<String> {
         match self {

@@ -36,7 +36,7 @@ use sqlx::{Any, AnyPool, Executor, Transaction};
 
 pub use dialect::{Dialect, connect};
 
-use super::batch::{Answer, Op, OpKind};
+use super::batch::{Op, OpKind};
 use super::{
     BorrowLine, BorrowOutcome, BorrowRate, ChannelView, HeartbeatOutcome, ItemLedger, ItemPolicy, ItemRecord,
     LedgerStore, NewItem, PoolReportIn, ReclaimOutcome, Reconciliation, Registration, RemovedChannel, Result,
@@ -122,10 +122,7 @@ impl LedgerStore for SqlLedger {
             request_id: request_id.clone(),
             kind: OpKind::Borrow(rate),
         };
-        match self.submit(op).await? {
-            Answer::Borrow(out) => Ok(out),
-            Answer::Return(_) => Err(CenterError::Internal("a borrow answered as a return".into())),
-        }
+        self.submit(op).await?.into_borrow()
     }
 
     async fn borrow_many(
@@ -153,13 +150,7 @@ impl LedgerStore for SqlLedger {
                 .err()
                 .unwrap_or_else(|| CenterError::Precondition(format!("stale epoch {epoch} for channel {channel}"))));
         }
-        Ok(answers
-            .into_iter()
-            .map(|a| match a? {
-                Answer::Borrow(out) => Ok(out),
-                Answer::Return(_) => Err(CenterError::Internal("a borrow answered as a return".into())),
-            })
-            .collect())
+        Ok(answers.into_iter().map(|a| a?.into_borrow()).collect())
     }
 
     async fn give_back(
@@ -178,10 +169,7 @@ impl LedgerStore for SqlLedger {
             request_id: request_id.clone(),
             kind: OpKind::Return,
         };
-        match self.submit(op).await? {
-            Answer::Return(out) => Ok(out),
-            Answer::Borrow(_) => Err(CenterError::Internal("a return answered as a borrow".into())),
-        }
+        self.submit(op).await?.into_return()
     }
 
     async fn heartbeat(
