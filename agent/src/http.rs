@@ -117,6 +117,21 @@ impl Collector for AgentState {
             }
         }
         {
+            let mut family = encoder.encode_descriptor(
+                "inventory_agent_segment_lost",
+                "1 for each segment of a segmented item's pool the store lost (its buyers wait, its units in doubt until resolved).",
+                None,
+                MetricType::Gauge,
+            )?;
+            for item in items.iter().filter(|i| leading && i.is_segmented()) {
+                for segment in item.lost_segments() {
+                    let segment = segment.to_string();
+                    let labels = [("item", item.item_id.as_str()), ("segment", segment.as_str())];
+                    ConstGauge::new(1u64).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        {
             let now = crate::clock::now_ms();
             let rates: Vec<_> = items.iter().filter(|_| leading).map(|i| (i, i.rate_and_batch(now))).collect();
             {

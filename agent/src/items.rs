@@ -101,6 +101,8 @@ pub struct Item {
     outbox: Mutex<Option<crate::store::OutboxStats>>,
     /// Each segment's available units as last read (metrics render from it).
     segment_available: Mutex<Vec<u64>>,
+    /// Which segments the store lost (the leading replica's reads).
+    segment_health: Mutex<crate::segmented::SegmentHealth>,
 }
 
 impl Item {
@@ -117,6 +119,7 @@ impl Item {
             }),
             outbox: Mutex::new(None),
             segment_available: Mutex::new(Vec::new()),
+            segment_health: Mutex::new(Default::default()),
         }
     }
 
@@ -158,6 +161,35 @@ impl Item {
 
     pub fn set_segment_available(&self, available: Vec<u64>) {
         *self.segment_available.lock().unwrap_or_else(|e| e.into_inner()) = available;
+    }
+
+    pub(crate) fn with_segment_health<R>(&self, f: impl FnOnce(&mut crate::segmented::SegmentHealth) -> R) -> R {
+        f(&mut self.segment_health.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Whether the store lost this segment (its buyers wait until it is reopened).
+    pub fn segment_lost(&self, segment: u32) -> bool {
+        self.with_segment_health(|h| h.is_lost(segment))
+    }
+
+    /// The segments the store lost, by number.
+    pub fn lost_segments(&self) -> Vec<u32> {
+        self.with_segment_health(|h| h.lost())
+    }
+
+    /// The pools of the segments not lost (every pool when none is, or all are).
+    pub fn intact_pools(&self) -> Vec<PoolKey> {
+        self.with_segment_health(|h| {
+            // Every one lost is the whole pool lost: the store's own answers (a pool
+            // missing) tell the rules, as for an unsegmented item.
+            let all = h.all_lost();
+            (0u32..).zip(&self.pools).filter(|(s, _)| all || !h.is_lost(*s)).map(|(_, p)| p.clone()).collect()
+        })
+    }
+
+    /// The lost segments were created again.
+    pub fn segments_reopened(&self) {
+        self.with_segment_health(|h| h.reopened());
     }
 
     /// Each segment's available units as last read (empty before the first read).

@@ -22,10 +22,13 @@ pub struct Reporting {
     items: Arc<Items>,
 }
 
-fn report_pb(item_id: &str, r: &Report, sell_rate_milli: u64) -> pb::PoolReport {
+fn report_pb(item: &Item, r: &Report, sell_rate_milli: u64) -> pb::PoolReport {
+    let item_id = &item.item_id;
     match r {
         Report::Lost => pb::PoolReport { item_id: item_id.to_owned(), lost: true, ..Default::default() },
         Report::Counts(v) => pb::PoolReport {
+            // The counts are then the intact segments' (`segmented::snapshot`).
+            lost_segments: if item.is_segmented() { item.lost_segments() } else { Vec::new() },
             item_id: item_id.to_owned(),
             available: v.available,
             reserved: v.reserved,
@@ -43,7 +46,7 @@ pub struct Reports(Vec<(Arc<Item>, Report, u64)>);
 
 impl Reports {
     pub fn to_pb(&self) -> Vec<pb::PoolReport> {
-        self.0.iter().map(|(item, r, rate)| report_pb(&item.item_id, r, *rate)).collect()
+        self.0.iter().map(|(item, r, rate)| report_pb(item, r, *rate)).collect()
     }
 
     pub fn len(&self) -> usize {

@@ -21,6 +21,66 @@ use inventory_core::segments::plan_move;
 use crate::items::Item;
 use crate::store::{MoveIntent, PoolKey, PoolStore, StoreError};
 
+/// Which segments of an item the store lost, as the leading replica's reads found them:
+/// a segment is lost when its generation differs from the one first seen (it vanished, or
+/// came back as another pool). Cleared only when the agent creates the segment again
+/// ([`SegmentHealth::reopened`]), after the rules settled the loss with the center.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SegmentHealth {
+    known: Vec<u64>,
+    lost: Vec<bool>,
+}
+
+impl SegmentHealth {
+    /// Takes in the segments' generations as just read; true when some are lost.
+    pub fn observe(&mut self, generations: &[u64]) -> bool {
+        self.known.resize(generations.len(), 0);
+        self.lost.resize(generations.len(), false);
+        for (i, &g) in generations.iter().enumerate() {
+            if self.known[i] == 0 {
+                self.known[i] = g;
+            } else if g != self.known[i] {
+                self.lost[i] = true;
+            }
+        }
+        self.any_lost()
+    }
+
+    pub fn any_lost(&self) -> bool {
+        self.lost.contains(&true)
+    }
+
+    /// Every segment lost: the item's pool is lost as a whole.
+    pub fn all_lost(&self) -> bool {
+        !self.lost.is_empty() && self.lost.iter().all(|l| *l)
+    }
+
+    pub fn is_lost(&self, segment: u32) -> bool {
+        self.lost.get(segment as usize).copied().unwrap_or(false)
+    }
+
+    /// The lost segments' numbers.
+    pub fn lost(&self) -> Vec<u32> {
+        (0u32..).zip(&self.lost).filter(|(_, l)| **l).map(|(s, _)| s).collect()
+    }
+
+    /// The generations the rules see while some segments are lost: the known ones, so the
+    /// rules see the same pool (the loss is the driver's to tell, as a part).
+    pub fn known_digest(&self) -> u64 {
+        digest(self.known.iter().copied())
+    }
+
+    /// Every lost segment was created again: learn their generations afresh.
+    pub fn reopened(&mut self) {
+        for (known, lost) in self.known.iter_mut().zip(self.lost.iter_mut()) {
+            if *lost {
+                *known = 0;
+                *lost = false;
+            }
+        }
+    }
+}
+
 /// The segments' counters summed; generation: [`digest`] of theirs.
 pub fn sum(snaps: &[PoolSnapshot]) -> PoolSnapshot {
     let mut out = PoolSnapshot::default();
@@ -74,9 +134,38 @@ pub async fn snapshots(store: &dyn PoolStore, item: &Item, epoch: u64) -> Result
     Ok(snaps)
 }
 
-/// The item's segments as one pool (see [`snapshots`]).
+/// The item's segments as one pool for the rules (see [`snapshots`]), read by the
+/// leading replica. Lost segments (a part: [`SegmentHealth`]) are left out of the sums and
+/// the rules are told ([`ItemCore::on_segments_lost`]); the generation stays the known
+/// one, so the rules see the intact part of the same pool. All of them lost: the sums of
+/// what is there now, under generation 0 or another one, which the rules see as the pool
+/// lost.
+///
+/// [`ItemCore::on_segments_lost`]: inventory_core::channel::ItemCore::on_segments_lost
 pub async fn snapshot(store: &dyn PoolStore, item: &Item, epoch: u64) -> Result<PoolSnapshot, StoreError> {
-    Ok(sum(&snapshots(store, item, epoch).await?))
+    let snaps = snapshots(store, item, epoch).await?;
+    if !item.is_segmented() {
+        return Ok(sum(&snaps));
+    }
+    let generations: Vec<u64> = snaps.iter().map(|s| s.generation).collect();
+    let (part, intact) = item.with_segment_health(|h| {
+        if !h.observe(&generations) || h.all_lost() {
+            return (None, Vec::new());
+        }
+        let intact: Vec<PoolSnapshot> = (0u32..).zip(&snaps).filter(|(i, _)| !h.is_lost(*i)).map(|(_, s)| *s).collect();
+        (Some(h.known_digest()), intact)
+    });
+    let Some(known) = part else { return Ok(sum(&snaps)) };
+    let mut notes = Vec::new();
+    let ctx = inventory_core::channel::Ctx { now_ms: crate::clock::now_ms(), epoch };
+    if item.with(|c| c.on_segments_lost(ctx, &mut notes)) {
+        tracing::error!(
+            item = %item.item_id,
+            segments = ?item.lost_segments(),
+            "segments of the pool lost their data in the store; their buyers wait, their units in doubt until an operator resolves them"
+        );
+    }
+    Ok(PoolSnapshot { generation: known, ..sum(&intact) })
 }
 
 async fn read_all(store: &dyn PoolStore, pools: &[PoolKey]) -> Result<Vec<PoolSnapshot>, StoreError> {
@@ -147,8 +236,18 @@ pub async fn move_into(
         // Never created, or lost: a move must not create it (its loss must stay visible).
         return Ok(Moved::Nothing);
     }
-    let available: Vec<(u32, u64)> =
-        snaps.iter().enumerate().map(|(s, snap)| (u32::try_from(s).unwrap_or(0), snap.available)).collect();
+    if item.segment_lost(to) {
+        return Ok(Moved::Nothing);
+    }
+    // A lost segment gives nothing: its units are in doubt.
+    let available: Vec<(u32, u64)> = snaps
+        .iter()
+        .enumerate()
+        .map(|(s, snap)| {
+            let s = u32::try_from(s).unwrap_or(0);
+            (s, if item.segment_lost(s) { 0 } else { snap.available })
+        })
+        .collect();
     let Some(plan) = plan_move(to, need, &available) else { return Ok(Moved::Nothing) };
     let intent = MoveIntent {
         id: format!("move-{}", uuid::Uuid::new_v4().simple()),
@@ -246,6 +345,22 @@ mod tests {
             assert_eq!((0..8).map(|i| share(units, 8, i)).sum::<u64>(), units);
         }
         assert_eq!(share(5, 1, 0), 5);
+    }
+
+    #[test]
+    fn a_segment_is_lost_when_its_generation_changes_until_reopened() {
+        let mut h = SegmentHealth::default();
+        assert!(!h.observe(&[0, 0, 0]), "not created yet");
+        assert!(!h.observe(&[5, 6, 7]), "first seen");
+        let before = h.known_digest();
+        assert!(h.observe(&[5, 0, 7]), "vanished");
+        assert!(h.observe(&[5, 9, 7]), "came back as another pool: still lost");
+        assert_eq!((h.lost(), h.all_lost(), h.is_lost(1), h.is_lost(9)), (vec![1], false, true, false));
+        assert_eq!(h.known_digest(), before, "the rules keep seeing the known pool");
+        h.reopened();
+        assert!(!h.observe(&[5, 11, 7]), "the new generation learned");
+        assert!(h.observe(&[0, 11, 0]) && !h.all_lost());
+        assert!(h.observe(&[0, 0, 0]) && h.all_lost());
     }
 
     #[test]

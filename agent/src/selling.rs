@@ -145,6 +145,15 @@ impl Selling {
             Admission::Store { shelf } => shelf,
         };
         let user = req.user.to_string();
+        // The user's segment (one pool unless the item is segmented); its reservation ids
+        // name it, so the calls by reservation id find it.
+        let pool = item.pool_for_user(&user).clone();
+        if item.is_segmented() && item.segment_lost(pool.segment) {
+            return Err(AgentError::Unavailable(format!(
+                "segment {} of item {} lost its data in the store; its buyers wait until an operator resolves its units in doubt (invctl resolve), then retry with the same idempotency_key",
+                pool.segment, item.item_id
+            )));
+        }
         match self.global.claim(&item, &user, &req.idempotency_key, req.quantity, policy.per_user_limit).await? {
             Claimed::OverLimit { remaining } => {
                 self.metrics.acquire(Outcome::LimitExceeded);
@@ -156,9 +165,6 @@ impl Selling {
             }
             Claimed::Held | Claimed::NoClaim => {}
         }
-        // The user's segment (one pool unless the item is segmented); its reservation ids
-        // name it, so the calls by reservation id find it.
-        let pool = item.pool_for_user(&user).clone();
         let args = AcquireArgs {
             new_reservation_id: inventory_core::segments::tag_reservation_id(
                 pool.segment,
@@ -500,6 +506,7 @@ impl Selling {
                     last_event_sequence: o.last_sequence,
                     // The broker relay fills it.
                     published_event_sequence: 0,
+                    lost: it.segment_lost(u32::try_from(i).unwrap_or(0)),
                 })
                 .collect()
         } else {

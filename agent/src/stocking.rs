@@ -148,21 +148,34 @@ impl Stocking {
 
     /// A pool effect on a segmented item: carried out on every segment
     /// ([`crate::segmented`]). `None`: not a pool effect.
+    ///
+    /// Lost segments are left out of every write but the ones that may create a pool
+    /// (opening it, a resync's refill): those create them again, empty.
     async fn perform_segmented(&self, item: &Item, effect: &Effect) -> Option<Reply> {
-        let (store, pools) = (self.store.as_ref(), &item.pools[..]);
+        let store = self.store.as_ref();
+        let intact = item.intact_pools();
+        let pools = &intact[..];
         Some(match effect {
             Effect::ReadPool => {
                 let epoch = self.link.epoch();
                 store_reply(segmented::snapshot(store, item, epoch).await.map(|s| Reply::Pool(view(&s))))
             }
             Effect::OpenPool { grant_id, epoch } => {
-                store_reply(segmented::refill(store, pools, grant_id, 0, *epoch, false).await.map(|()| Reply::Done))
+                let r = segmented::refill(store, &item.pools, grant_id, 0, *epoch, false).await;
+                if r.is_ok() {
+                    item.segments_reopened();
+                }
+                store_reply(r.map(|()| Reply::Done))
             }
             Effect::Refill { grant_id, units, epoch, must_exist, after_ms } => {
                 if *after_ms > 0 {
                     tokio::time::sleep(Duration::from_millis(*after_ms)).await;
                 }
+                let pools = if *must_exist { pools } else { &item.pools[..] };
                 let r = segmented::refill(store, pools, grant_id, *units, *epoch, *must_exist).await;
+                if r.is_ok() && !*must_exist {
+                    item.segments_reopened();
+                }
                 store_reply(r.map(|()| Reply::Done))
             }
             Effect::Take { take_id, max, epoch } => {
@@ -182,6 +195,8 @@ impl Stocking {
         let id = &item.item_id;
         for note in notes {
             match note {
+                // Logged by the read that found it (`segmented::snapshot`), with the segments.
+                Note::SegmentsLost => {}
                 Note::PoolLost { known, now } => {
                     tracing::error!(item = %id, known, now, "pool lost its data in the store; frozen, its units in doubt");
                 }
@@ -256,7 +271,7 @@ impl Stocking {
         for kind in item.with(|c| c.due_resyncs(crate::clock::now_ms())) {
             self.submit(item, kind);
         }
-        let freed = segmented::expire_due(self.store.as_ref(), &item.pools, 1_000).await?;
+        let freed = segmented::expire_due(self.store.as_ref(), &item.intact_pools(), 1_000).await?;
         let token = item.with(|c| c.begin_read());
         let snap = segmented::snapshot(self.store.as_ref(), item, self.link.epoch()).await?;
         let mut notes = Vec::new();

@@ -76,6 +76,8 @@ struct SegmentView {
     available: u64,
     reserved: u64,
     sold: u64,
+    /// The store lost the segment: its units are in doubt at the center.
+    lost: bool,
 }
 
 #[derive(Serialize)]
@@ -138,6 +140,7 @@ pub async fn run(ctx: &Ctx, cmd: AgentCmd) -> Result<(), Failure> {
                         available: g.available,
                         reserved: g.reserved,
                         sold: g.sold,
+                        lost: g.lost,
                     })
                     .collect(),
             };
@@ -151,8 +154,9 @@ pub async fn run(ctx: &Ctx, cmd: AgentCmd) -> Result<(), Failure> {
                 ]];
                 // One row per segment under the sums.
                 for g in &view.segments {
+                    let lost = if g.lost { " (lost)" } else { "" };
                     rows.push(vec![
-                        format!("  segment {}", g.segment),
+                        format!("  segment {}{lost}", g.segment),
                         g.available.to_string(),
                         g.reserved.to_string(),
                         g.sold.to_string(),

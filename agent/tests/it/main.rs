@@ -18,6 +18,7 @@ mod relay;
 mod replicas;
 mod sale;
 mod security;
+mod segment_loss;
 mod segments;
 mod segments_cluster;
 #[macro_use]

@@ -12,15 +12,15 @@ use inventory_test_support::{TestRedis, free_port, wait_until};
 
 use crate::harness::{AgentProcess, Center, LocalAgent, StoreSpec, acquire_req, http_get, sample, stock};
 
-const ITEM: &str = "hot";
-const TOTAL: u64 = 16;
-const SEGMENTS: u32 = 4;
+pub(crate) const ITEM: &str = "hot";
+pub(crate) const TOTAL: u64 = 16;
+pub(crate) const SEGMENTS: u32 = 4;
 /// The segment the tests empty.
-const TARGET: u32 = 2;
+pub(crate) const TARGET: u32 = 2;
 
 /// An item of 16 units in 4 segments whose first batch takes the whole total, so the
 /// center is dry once the agent stocked (4 units in each segment).
-async fn segmented_item(center: &Center) {
+pub(crate) async fn segmented_item(center: &Center) {
     center
         .admin()
         .await
@@ -38,11 +38,13 @@ async fn segmented_item(center: &Center) {
 }
 
 /// Users whose Acquires go to `segment`.
-fn users_of(segment: u32) -> impl Iterator<Item = String> {
+pub(crate) fn users_of(segment: u32) -> impl Iterator<Item = String> {
     (0..).map(|i| format!("user-{i}")).filter(move |u| route(u, SEGMENTS) == segment)
 }
 
-async fn stocked(client: &mut pb::agent_client::AgentClient<tonic::transport::Channel>) -> pb::GetStockResponse {
+pub(crate) async fn stocked(
+    client: &mut pb::agent_client::AgentClient<tonic::transport::Channel>,
+) -> pb::GetStockResponse {
     let ok = wait_until(Duration::from_secs(10), || {
         let mut client = client.clone();
         async move { stock(&mut client, ITEM).await.available == TOTAL }

@@ -151,7 +151,19 @@ impl pb::center_server::Center for CenterService {
                 return Err(CenterError::from(ValidationError::new(field, p.generation, reason)).into());
             }
             let sell_rate_milli = rate(&format!("pools[{n}].sell_rate_milli"), p.sell_rate_milli)?;
-            let report = PoolReport { counts, generation: p.generation, lost: p.lost, sell_rate_milli };
+            let max_segment = inventory_core::segments::MAX_SEGMENTS - 1;
+            if p.lost_segments.len() > max_segment as usize {
+                let field = format!("pools[{n}].lost_segments");
+                let reason = format!("must name at most {max_segment} segments (one must be intact)");
+                return Err(CenterError::from(ValidationError::new(field, p.lost_segments.len() as u64, reason)).into());
+            }
+            if let Some((i, s)) = p.lost_segments.iter().enumerate().find(|(_, s)| **s > max_segment) {
+                let field = format!("pools[{n}].lost_segments[{i}]");
+                let reason = format!("must be at most {max_segment}");
+                return Err(CenterError::from(ValidationError::new(field, u64::from(*s), reason)).into());
+            }
+            let lost_segments = u32::try_from(p.lost_segments.len()).unwrap_or(u32::MAX);
+            let report = PoolReport { counts, generation: p.generation, lost: p.lost, sell_rate_milli, lost_segments };
             reports.push(PoolReportIn { item, report });
         }
         let out =

@@ -283,6 +283,15 @@ async fn heartbeat_numbers_are_checked_at_the_edge() {
         assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
         assert!(s.message().contains("pools[0].generation") && s.message().contains(&n.to_string()), "{s:?}");
     }
+    // Lost segments: a segment number past the largest item's, or every segment named.
+    for bad in [64, 1_000, u32::MAX] {
+        let s = center.heartbeat(report(&|p| p.lost_segments = vec![1, bad])).await.expect_err("segment");
+        assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+        assert!(s.message().contains("pools[0].lost_segments[1]") && s.message().contains(&bad.to_string()), "{s:?}");
+    }
+    let s = center.heartbeat(report(&|p| p.lost_segments = (0..64).collect())).await.expect_err("all segments");
+    assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+    assert!(s.message().contains("pools[0].lost_segments") && s.message().contains("64"), "{s:?}");
     assert_eq!(ledger_state(&mut admin).await, before, "a refused heartbeat changed the ledger");
 
     let max = u64::try_from(i64::MAX).unwrap();

@@ -57,7 +57,7 @@ pub enum Shelf {
 /// Taken before a pool read that happens outside the item's operations (the rebalancer's
 /// look, a heartbeat's report), handed back with what the read saw.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReadToken(u64);
+pub struct ReadToken(u64, u64);
 
 /// What to do with an Acquire before any store call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,6 +138,13 @@ pub struct ItemCore {
     /// Borrows that ran to the end; a queued Borrow that sees it moved skips.
     pub(super) borrows_done: u64,
     pub(super) next_op: u64,
+    /// Operations finished so far: a read that began before one finished may not show it.
+    pub(super) ops_finished: u64,
+    /// Part of the pool (some of a segmented item's segments) was lost while the rest is
+    /// intact: the intact part sells; nothing is borrowed or given back, so the center's
+    /// count of the lost part's units (held minus what the intact part reports) stays
+    /// exact until an operator resolves it.
+    pub(super) segments_lost: bool,
     pub(super) settings: Settings,
 }
 
@@ -167,6 +174,8 @@ impl ItemCore {
             queue: VecDeque::new(),
             borrows_done: 0,
             next_op: 0,
+            ops_finished: 0,
+            segments_lost: false,
             settings,
         }
     }
@@ -298,6 +307,10 @@ impl ItemCore {
     /// The leader's store answered sold out: what to do before answering.
     pub fn on_miss(&mut self, quantity: u64, ctx: Ctx) -> MissPlan {
         self.dirty = true;
+        if self.segments_lost {
+            // No Borrow while part of the pool is lost (see `on_segments_lost`).
+            return MissPlan::Answer;
+        }
         if self.supply.center_dry {
             return if self.starving_signal_due(ctx.now_ms) {
                 MissPlan::Signal { want: quantity }
@@ -378,7 +391,29 @@ impl ItemCore {
     /// Take before reading the pool outside an operation; see [`ItemCore::on_look`] and
     /// [`ItemCore::report`].
     pub fn begin_read(&self) -> ReadToken {
-        ReadToken(self.generation_changes)
+        ReadToken(self.generation_changes, self.ops_finished)
+    }
+
+    /// The driver found part of the pool lost (some segments of a segmented item vanished
+    /// or came back as others) while the rest is intact. From now until the lost part is
+    /// reopened: the intact part sells, no Borrow or Return runs, heartbeats report the
+    /// intact part (the driver names the lost segments, so the center puts the difference
+    /// in doubt), and a resync soon asks the center whether anything was lost at all.
+    /// True when this is news. A whole pool lost is [`Mode::Lost`], not this.
+    pub fn on_segments_lost(&mut self, ctx: Ctx, notes: &mut Vec<Note>) -> bool {
+        if self.segments_lost || self.mode != Mode::Selling {
+            return false;
+        }
+        self.segments_lost = true;
+        self.dirty = true;
+        notes.push(Note::SegmentsLost);
+        self.schedule_resync(ctx.now_ms + self.settings.lost_resync_after_ms);
+        true
+    }
+
+    /// Whether part of the pool is lost ([`ItemCore::on_segments_lost`]).
+    pub fn segments_lost(&self) -> bool {
+        self.segments_lost
     }
 
     pub(super) fn set_generation(&mut self, generation: u64) {
@@ -407,6 +442,8 @@ impl ItemCore {
         if view.generation != self.generation && self.mode != Mode::Lost {
             notes.push(Note::PoolLost { known: self.generation, now: view.generation });
             self.mode = Mode::Lost;
+            // The whole pool now: its reopening is the lost pool's.
+            self.segments_lost = false;
             self.schedule_resync(ctx.now_ms + self.settings.lost_resync_after_ms);
         }
         self.mode == Mode::Lost
@@ -431,7 +468,7 @@ impl ItemCore {
             return None;
         }
         self.last_view = Some(view);
-        if self.check_pool(&view, ctx, notes) {
+        if self.check_pool(&view, ctx, notes) || self.segments_lost {
             return None;
         }
         if view.available > 0 && self.shelf != Shelf::Stocked {
@@ -478,6 +515,11 @@ impl ItemCore {
         if !self.current(token) {
             return None;
         }
+        if self.segments_lost && (self.busy() || token.1 != self.ops_finished) {
+            // The center derives the lost part from this report: only a read no operation
+            // changed the pool under (none starts while part of it is lost) tells it.
+            return None;
+        }
         self.last_view = Some(view);
         if self.check_pool(&view, ctx, notes) { Some(Report::Lost) } else { Some(Report::Counts(view)) }
     }
@@ -501,8 +543,10 @@ impl ItemCore {
 
     /// The center holds units of the item in doubt for the channel (a heartbeat's answer):
     /// stop selling it. True when this is news.
+    /// With part of the pool lost, those units are what the center holds in doubt: the
+    /// intact part sells on.
     pub fn on_in_doubt(&mut self) -> bool {
-        if self.mode == Mode::Selling {
+        if self.mode == Mode::Selling && !self.segments_lost {
             self.mode = Mode::InDoubt;
             return true;
         }

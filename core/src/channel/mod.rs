@@ -28,6 +28,8 @@ mod plan;
 #[cfg(test)]
 mod rate_tests;
 #[cfg(test)]
+mod segment_loss_tests;
+#[cfg(test)]
 mod tests;
 
 pub use item::{Admission, ItemCore, MissPlan, Mode, ReadToken, Refusal, Shelf, Supply};
@@ -151,8 +153,12 @@ pub enum Note {
     BeyondGrant { units: u64 },
     /// The center holds units of the item in doubt: not selling it.
     InDoubt,
-    /// Selling again after a lost pool or units in doubt were settled.
+    /// Selling again after a lost pool or units in doubt were settled (or the lost part
+    /// of a pool was reopened).
     Unfrozen,
+    /// Part of the pool (some segments) was lost: the intact part sells, nothing is
+    /// borrowed or given back until the lost part is reopened.
+    SegmentsLost,
 }
 
 /// What one transition produced: the operations that finished, the next effect to carry

@@ -181,6 +181,13 @@ pub(super) enum Stage {
     ResyncRead {
         holding: Holding,
     },
+    /// The lost part of the pool is being created afresh (empty); the pool is read again.
+    Reopen {
+        holding: Holding,
+    },
+    ReopenRead {
+        holding: Holding,
+    },
     /// A resync's one write (refill or take) is out; `generation` is the pool's as read.
     Align {
         added: u64,
@@ -223,6 +230,7 @@ impl ItemCore {
                 self.running = Some(op);
             }
             Progress::Finished(id, result) => {
+                self.ops_finished += 1;
                 step.finished.push((id, result));
                 self.start_next(ctx, &mut step);
             }
@@ -236,6 +244,7 @@ impl ItemCore {
         let mut step = Step::default();
         if self.running.as_ref().is_some_and(|r| r.id == op) {
             self.running = None;
+            self.ops_finished += 1;
             self.schedule_resync(ctx.now_ms + self.settings.resync_after_unknown_ms);
             step.finished.push((op, OpResult::Failed));
             self.start_next(ctx, &mut step);
@@ -251,7 +260,10 @@ impl ItemCore {
                     step.next = Some(Work { op: op.id, effect });
                     self.running = Some(op);
                 }
-                Progress::Finished(id, result) => step.finished.push((id, result)),
+                Progress::Finished(id, result) => {
+                    self.ops_finished += 1;
+                    step.finished.push((id, result));
+                }
             }
         }
     }
@@ -260,6 +272,10 @@ impl ItemCore {
         let op = |stage, epoch| Op { id: q.id, kind: q.kind, fresh: q.fresh.clone(), epoch, stage, served: None };
         match q.kind {
             OpKind::Borrow { want } => {
+                if self.segments_lost {
+                    // Part of the pool is lost: nothing comes in until it is reopened.
+                    return Progress::Finished(q.id, OpResult::Borrowed { granted: 0 });
+                }
                 if self.borrows_done != q.seen {
                     return Progress::Finished(q.id, OpResult::Skipped);
                 }
@@ -268,7 +284,7 @@ impl ItemCore {
             OpKind::Return { max } => {
                 // A lost or in-doubt pool gives nothing back: only an operator's
                 // resolution moves those units.
-                if self.mode != Mode::Selling {
+                if self.mode != Mode::Selling || self.segments_lost {
                     return Progress::Finished(q.id, OpResult::Returned { units: 0 });
                 }
                 let effect = Effect::Take { take_id: q.fresh.clone(), max, epoch: ctx.epoch };
@@ -442,6 +458,42 @@ impl ItemCore {
             // ---- Resync ----
             (Stage::Fence, Reply::Done) => next(op, Stage::Describe, Effect::Describe),
             (Stage::Describe, Reply::Holding(holding)) => next(op, Stage::ResyncRead { holding }, Effect::ReadPool),
+            (Stage::ResyncRead { holding }, Reply::Pool(view)) if self.segments_lost && self.mode == Mode::Selling => {
+                // Part of the pool is lost. Reopen it (empty) once the operator settled the
+                // center's doubt, or when the center counts nothing in doubt and the intact
+                // part accounts for everything held (the lost part held nothing). Else wait:
+                // for the operator, or for the center to hear of the loss (ask again soon).
+                let resolved = op.kind == OpKind::Resync(ResyncWhy::Resolved);
+                // (A center generation of 0 says it heard of the loss: it then takes the
+                // reopened pool's new generation without calling it a loss.)
+                let nothing_lost = holding.in_doubt == 0 && holding.generation == 0 && view.total() == holding.held;
+                if resolved || nothing_lost {
+                    let effect = Effect::OpenPool { grant_id: format!("reopen-{}", op.fresh), epoch: ctx.epoch };
+                    return next(op, Stage::Reopen { holding }, effect);
+                }
+                if op.served.is_some() && self.resync_at == op.served {
+                    self.resync_at = None;
+                }
+                if !resolved && holding.in_doubt == 0 {
+                    self.schedule_resync(ctx.now_ms + self.settings.lost_resync_after_ms);
+                }
+                Progress::Finished(id, OpResult::Resynced)
+            }
+            (Stage::Reopen { holding }, Reply::Done) => {
+                self.segments_lost = false;
+                notes.push(Note::Unfrozen);
+                next(op, Stage::ReopenRead { holding }, Effect::ReadPool)
+            }
+            (Stage::ReopenRead { holding }, Reply::Pool(view)) => {
+                // The pool is whole again, under a new generation the rules adopt.
+                let plan = if op.kind == OpKind::Resync(ResyncWhy::Resolved) {
+                    ResyncPlan::Resume { target: holding.held }
+                } else {
+                    ResyncPlan::Align { target: holding.held }
+                };
+                op.epoch = ctx.epoch;
+                self.align(op, plan, view, notes)
+            }
             (Stage::ResyncRead { holding }, Reply::Pool(view)) => {
                 let resolved = op.kind == OpKind::Resync(ResyncWhy::Resolved);
                 let only_remove =
@@ -479,7 +531,15 @@ impl ItemCore {
                 self.resync_finished(&op, plan, generation, notes);
                 Progress::Finished(id, OpResult::Resynced)
             }
-            (Stage::Fence | Stage::Describe | Stage::ResyncRead { .. } | Stage::Align { .. }, reply) => {
+            (
+                Stage::Fence
+                | Stage::Describe
+                | Stage::ResyncRead { .. }
+                | Stage::Reopen { .. }
+                | Stage::ReopenRead { .. }
+                | Stage::Align { .. },
+                reply,
+            ) => {
                 match reply {
                     Reply::Center(_) => notes.push(Note::CenterFailed { call: "describe", unknown: false }),
                     _ => notes.push(Note::StoreFailed { what: "resync" }),

@@ -63,7 +63,7 @@ impl SqlLedger {
                 .bind(to_db("reserved", report.counts.reserved)?)
                 .bind(to_db("sold", report.counts.sold)?)
                 .bind(now_ms)
-                .bind(to_db("generation", report.generation)?)
+                .bind(to_db("generation", report.kept_generation())?)
                 .bind(to_db("sell_rate_milli", if report.lost { 0 } else { report.sell_rate_milli })?);
         }
         query.execute(&mut **tx).await?;
@@ -190,7 +190,7 @@ impl SqlLedger {
             let seen = Self::allocations_of(&mut tx, channel, chunk).await?;
             let loses = |rows: &HashMap<String, Allocation>, r: &PoolReportIn| {
                 let before = rows.get(r.item.as_str()).copied().unwrap_or_default();
-                loss::report_loses_pool(&before, &r.report)
+                loss::report_touches_doubt(&before, &r.report)
             };
             let suspects: Vec<&ItemId> = chunk.iter().filter(|r| loses(&seen, r)).map(|r| &r.item).collect();
             // The chunk is sorted by item id, so these locks are taken in order.
@@ -208,11 +208,13 @@ impl SqlLedger {
             for r in chunk {
                 let existing = rows.get(r.item.as_str());
                 let mut alloc = existing.copied().unwrap_or_default();
-                if let Some(units) = loss::apply_report(&mut alloc, &r.report, now_ms) {
-                    // Without a row the channel never held any of the item: nothing in doubt.
-                    if existing.is_some() {
-                        Self::write_doubt(&mut tx, r.item.as_str(), channel.as_str(), &alloc).await?;
-                    }
+                let doubt_before = alloc.in_doubt;
+                let newly_lost = loss::apply_report(&mut alloc, &r.report, now_ms);
+                // Without a row the channel never held any of the item: nothing in doubt.
+                if existing.is_some() && (newly_lost.is_some() || alloc.in_doubt != doubt_before) {
+                    Self::write_doubt(&mut tx, r.item.as_str(), channel.as_str(), &alloc).await?;
+                }
+                if let Some(units) = newly_lost {
                     lost.push((r.item.to_string(), units));
                 }
             }
