@@ -160,7 +160,7 @@ impl Collector for AgentState {
         {
             let mut family = encoder.encode_descriptor(
                 "inventory_agent_outbox_events",
-                "Reservation events kept in the pool's outbox (at most inventory_agent_outbox_max_events).",
+                "Reservation events kept in the pool's outbox (at most inventory_agent_outbox_max_events; a segmented pool's fullest segment).",
                 None,
                 MetricType::Gauge,
             )?;

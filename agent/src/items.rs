@@ -99,8 +99,8 @@ pub struct Item {
     state: Mutex<ItemState>,
     /// The pool's outbox as last read (metrics render from it).
     outbox: Mutex<Option<crate::store::OutboxStats>>,
-    /// Each segment's available units as last read (metrics render from it).
-    segment_available: Mutex<Vec<u64>>,
+    /// Each segment's counters as last read (metrics and reports render from them).
+    segment_snapshots: Mutex<Vec<inventory_core::pool::PoolSnapshot>>,
     /// Which segments the store lost (the leading replica's reads).
     segment_health: Mutex<crate::segmented::SegmentHealth>,
 }
@@ -118,7 +118,7 @@ impl Item {
                 waiters: HashMap::new(),
             }),
             outbox: Mutex::new(None),
-            segment_available: Mutex::new(Vec::new()),
+            segment_snapshots: Mutex::new(Vec::new()),
             segment_health: Mutex::new(Default::default()),
         }
     }
@@ -159,8 +159,13 @@ impl Item {
         *self.outbox.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats);
     }
 
-    pub fn set_segment_available(&self, available: Vec<u64>) {
-        *self.segment_available.lock().unwrap_or_else(|e| e.into_inner()) = available;
+    pub fn set_segment_snapshots(&self, snaps: &[inventory_core::pool::PoolSnapshot]) {
+        *self.segment_snapshots.lock().unwrap_or_else(|e| e.into_inner()) = snaps.to_vec();
+    }
+
+    /// Each segment's available units as last read (empty before the first read).
+    pub fn segment_available(&self) -> Vec<u64> {
+        self.segment_snapshots.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|s| s.available).collect()
     }
 
     pub(crate) fn with_segment_health<R>(&self, f: impl FnOnce(&mut crate::segmented::SegmentHealth) -> R) -> R {
@@ -192,9 +197,23 @@ impl Item {
         self.with_segment_health(|h| h.reopened());
     }
 
-    /// Each segment's available units as last read (empty before the first read).
-    pub fn segment_available(&self) -> Vec<u64> {
-        self.segment_available.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    /// Each segment as last read, for a heartbeat: counters and whether it is lost.
+    pub fn segment_counts(&self) -> Vec<inventory_core::segments::SegmentCounts> {
+        let snaps = self.segment_snapshots.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        self.with_segment_health(|h| {
+            (0u32..)
+                .zip(&snaps)
+                .map(|(segment, s)| inventory_core::segments::SegmentCounts {
+                    segment,
+                    counts: inventory_core::ledger::PoolCounts {
+                        available: s.available,
+                        reserved: s.reserved,
+                        sold: s.sold,
+                    },
+                    lost: h.is_lost(segment),
+                })
+                .collect()
+        })
     }
 
     /// The pool's outbox as last read, if read yet.

@@ -29,6 +29,20 @@ fn report_pb(item: &Item, r: &Report, sell_rate_milli: u64) -> pb::PoolReport {
         Report::Counts(v) => pb::PoolReport {
             // The counts are then the intact segments' (`segmented::snapshot`).
             lost_segments: if item.is_segmented() { item.lost_segments() } else { Vec::new() },
+            segments: if item.is_segmented() {
+                item.segment_counts()
+                    .into_iter()
+                    .map(|g| pb::SegmentCounts {
+                        segment: g.segment,
+                        available: g.counts.available,
+                        reserved: g.counts.reserved,
+                        sold: g.counts.sold,
+                        lost: g.lost,
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
             item_id: item_id.to_owned(),
             available: v.available,
             reserved: v.reserved,

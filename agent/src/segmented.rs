@@ -130,7 +130,7 @@ pub async fn snapshots(store: &dyn PoolStore, item: &Item, epoch: u64) -> Result
     let _moving = item.moves.lock().await;
     finish_moves(store, item, epoch).await?;
     let snaps = read_all(store, &item.pools).await?;
-    item.set_segment_available(snaps.iter().map(|s| s.available).collect());
+    item.set_segment_snapshots(&snaps);
     Ok(snaps)
 }
 

@@ -490,8 +490,8 @@ impl Selling {
         for pool in &it.pools {
             outboxes.push(self.store.outbox_stats(pool).await?);
         }
-        it.set_outbox_stats(outboxes[0]);
-        it.set_segment_available(snaps.iter().map(|s| s.available).collect());
+        it.set_outbox_stats(inventory_core::pool::OutboxStats::fullest(&outboxes));
+        it.set_segment_snapshots(&snaps);
         let segments = if it.is_segmented() {
             snaps
                 .iter()

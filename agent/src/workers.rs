@@ -183,9 +183,9 @@ pub async fn outbox_sizes(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
             .for_each_concurrent(LOOKS_IN_FLIGHT, |item| {
                 let agent = Arc::clone(&agent);
                 async move {
-                    // Segment 0's outbox stands for a segmented item's (each segment's is bounded alike).
-                    if let Ok(stats) = agent.store.outbox_stats(&item.pool).await {
-                        item.set_outbox_stats(stats);
+                    let reads = futures::future::try_join_all(item.pools.iter().map(|p| agent.store.outbox_stats(p)));
+                    if let Ok(stats) = reads.await {
+                        item.set_outbox_stats(inventory_core::pool::OutboxStats::fullest(&stats));
                     }
                 }
             })

@@ -436,6 +436,19 @@ pub struct ApiChannel {
     pub agent_id: Option<String>,
     /// Negative once expired; `None` when the channel never registered.
     pub lease_remaining_ms: Option<i64>,
+    /// A segmented pool's segments as last reported (absent for one pool).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub segments: Vec<ApiSegment>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ApiSegment {
+    pub segment: u32,
+    pub available: u64,
+    pub reserved: u64,
+    pub sold: u64,
+    /// The store lost it: its units are in doubt until an operator resolves them.
+    pub lost: bool,
 }
 
 pub fn api_view(view: &LedgerView, history: &History, now_ms: i64) -> ApiItems {
@@ -473,6 +486,17 @@ pub fn api_view(view: &LedgerView, history: &History, now_ms: i64) -> ApiItems {
                         epoch: c.session.as_ref().map(|s| s.epoch),
                         agent_id: c.session.as_ref().map(|s| s.agent_id.clone()),
                         lease_remaining_ms: c.session.as_ref().map(|s| s.lease_expires_at_ms - now_ms),
+                        segments: c
+                            .segments
+                            .iter()
+                            .map(|g| ApiSegment {
+                                segment: g.segment,
+                                available: g.counts.available,
+                                reserved: g.counts.reserved,
+                                sold: g.counts.sold,
+                                lost: g.lost,
+                            })
+                            .collect(),
                     }
                 })
                 .collect();

@@ -88,6 +88,49 @@ pub fn plan_move(to: u32, need: u64, available: &[(u32, u64)]) -> Option<Move> {
     Some(Move { from, to, quantity })
 }
 
+/// One segment as a heartbeat reports it, for display (the console): the loss rule uses
+/// the pool's sums and its lost segments ([`crate::loss::PoolReport`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SegmentCounts {
+    pub segment: u32,
+    pub counts: crate::ledger::PoolCounts,
+    /// The store lost the segment (the counts are then what is there now).
+    pub lost: bool,
+}
+
+/// The center's stored form of a pool's segments: `<segment>:<available>/<reserved>/<sold>`
+/// (and `!` when lost), comma-separated; "" for an unsegmented pool.
+pub fn encode(segments: &[SegmentCounts]) -> String {
+    let parts: Vec<String> = segments
+        .iter()
+        .map(|s| {
+            let c = &s.counts;
+            format!("{}:{}/{}/{}{}", s.segment, c.available, c.reserved, c.sold, if s.lost { "!" } else { "" })
+        })
+        .collect();
+    parts.join(",")
+}
+
+/// [`encode`]'s inverse; `None` when the text is not its output (a corrupted column).
+pub fn decode(text: &str) -> Option<Vec<SegmentCounts>> {
+    if text.is_empty() {
+        return Some(Vec::new());
+    }
+    text.split(',')
+        .map(|part| {
+            let (part, lost) = part.strip_suffix('!').map_or((part, false), |p| (p, true));
+            let (segment, counts) = part.split_once(':')?;
+            let mut n = counts.splitn(3, '/').map(str::parse::<u64>);
+            let counts = crate::ledger::PoolCounts {
+                available: n.next()?.ok()?,
+                reserved: n.next()?.ok()?,
+                sold: n.next()?.ok()?,
+            };
+            Some(SegmentCounts { segment: segment.parse().ok()?, counts, lost })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,5 +223,27 @@ mod tests {
         assert_eq!(plan_move(1, 4, &[(0, 5)]), Some(Move { from: 0, to: 1, quantity: 4 }));
         assert_eq!(plan_move(1, 9, &[(0, 5)]), Some(Move { from: 0, to: 1, quantity: 5 }));
         assert_eq!(plan_move(1, 1, &[(0, 1)]), Some(Move { from: 0, to: 1, quantity: 1 }));
+    }
+
+    #[test]
+    fn segment_counts_round_trip_through_their_stored_form() {
+        use crate::ledger::PoolCounts;
+        assert_eq!(encode(&[]), "");
+        assert_eq!(decode(""), Some(Vec::new()));
+        let segs = [
+            SegmentCounts { segment: 0, counts: PoolCounts { available: 4, reserved: 1, sold: 2 }, lost: false },
+            SegmentCounts { segment: 7, counts: PoolCounts::default(), lost: true },
+            SegmentCounts {
+                segment: 63,
+                counts: PoolCounts { available: u64::MAX, reserved: 0, sold: 9 },
+                lost: false,
+            },
+        ];
+        let text = encode(&segs);
+        assert_eq!(text, format!("0:4/1/2,7:0/0/0!,63:{}/0/9", u64::MAX));
+        assert_eq!(decode(&text), Some(segs.to_vec()));
+        for bad in ["0:1/2", "x:1/2/3", "0:1/2/3/4", "0-1/2/3", ",", "0:1/2/-3"] {
+            assert_eq!(decode(bad), None, "{bad}");
+        }
     }
 }

@@ -80,6 +80,13 @@ async fn redis_a_lost_segment_freezes_only_its_units() {
     assert_eq!((view.channels[0].held, view.item.as_ref().unwrap().available), (TOTAL, 0));
     let rec = center.reconcile().await;
     assert!(rec.ok && rec.in_doubt.len() == 1, "{rec:?}");
+    // Its heartbeat names the lost segment and lists every segment for the console.
+    let reports = agent.agent.reports().await;
+    let report = reports.iter().find(|r| r.item_id == ITEM).expect("the item's report");
+    assert_eq!(report.lost_segments, [TARGET], "{report:?}");
+    assert_eq!(report.available + report.reserved + report.sold, TOTAL - share, "the intact segments' sums");
+    let lost: Vec<bool> = report.segments.iter().map(|g| g.lost).collect();
+    assert_eq!(lost, (0..SEGMENTS).map(|s| s == TARGET).collect::<Vec<_>>(), "{report:?}");
     let metrics = http_get(agent.http_addr, "/metrics").await;
     assert!(
         metrics

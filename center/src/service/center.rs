@@ -164,7 +164,8 @@ impl pb::center_server::Center for CenterService {
             }
             let lost_segments = u32::try_from(p.lost_segments.len()).unwrap_or(u32::MAX);
             let report = PoolReport { counts, generation: p.generation, lost: p.lost, sell_rate_milli, lost_segments };
-            reports.push(PoolReportIn { item, report });
+            let segments = segment_counts(n, &p.segments)?;
+            reports.push(PoolReportIn { item, report, segments });
         }
         let out =
             self.store.heartbeat(&channel, r.epoch, &reports, r.last_report, now_ms(), self.lease.lease_ttl_ms).await?;
@@ -403,4 +404,39 @@ mod tests {
         r.metadata_mut().insert("traceparent", "00-nothex-00f067aa0ba902b7-01".parse().unwrap());
         assert_eq!(trace_id(&r), None);
     }
+}
+
+/// A report's segments, checked: at most [`MAX_SEGMENTS`] of them, each numbered below it,
+/// counters within [`MAX_QUANTITY`].
+///
+/// [`MAX_SEGMENTS`]: inventory_core::segments::MAX_SEGMENTS
+fn segment_counts(
+    n: usize,
+    segments: &[pb::SegmentCounts],
+) -> Result<Vec<inventory_core::segments::SegmentCounts>, CenterError> {
+    use inventory_core::segments::{MAX_SEGMENTS, SegmentCounts};
+    if segments.len() > MAX_SEGMENTS as usize {
+        let reason = format!("must list at most {MAX_SEGMENTS} segments");
+        return Err(ValidationError::new(format!("pools[{n}].segments"), segments.len() as u64, reason).into());
+    }
+    segments
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let field = |name: &str| format!("pools[{n}].segments[{i}].{name}");
+            if s.segment >= MAX_SEGMENTS {
+                let reason = format!("must be below {MAX_SEGMENTS}");
+                return Err(ValidationError::new(field("segment"), u64::from(s.segment), reason).into());
+            }
+            for (name, value) in [("available", s.available), ("reserved", s.reserved), ("sold", s.sold)] {
+                if value > MAX_QUANTITY {
+                    return Err(
+                        ValidationError::new(field(name), value, format!("must be at most {MAX_QUANTITY}")).into()
+                    );
+                }
+            }
+            let counts = PoolCounts { available: s.available, reserved: s.reserved, sold: s.sold };
+            Ok(SegmentCounts { segment: s.segment, counts, lost: s.lost })
+        })
+        .collect()
 }

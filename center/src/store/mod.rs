@@ -50,6 +50,9 @@ pub struct LimitSettings {
 pub struct ChannelRecord {
     pub channel: String,
     pub allocation: Allocation,
+    /// A segmented pool's segments as last reported (read by the console's view only;
+    /// empty elsewhere).
+    pub segments: Vec<inventory_core::segments::SegmentCounts>,
     pub session: Option<ChannelSession>,
     pub watermarks: Watermarks,
     pub watermarks_overridden: bool,
@@ -134,6 +137,8 @@ pub struct Registration {
 pub struct PoolReportIn {
     pub item: ItemId,
     pub report: PoolReport,
+    /// A segmented pool's segments, for display (stored as reported).
+    pub segments: Vec<inventory_core::segments::SegmentCounts>,
 }
 
 /// What a heartbeat did.

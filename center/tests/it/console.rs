@@ -32,7 +32,7 @@ const ITEM: &str = "console-item";
 const CHROMIUM: &str = "/usr/bin/chromium";
 
 /// A plain HTTP/1.1 GET: `(status code, content type, body)`.
-async fn http_get(addr: SocketAddr, path: &str) -> (u16, String, String) {
+pub(crate) async fn http_get(addr: SocketAddr, path: &str) -> (u16, String, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect http");
     let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
@@ -55,15 +55,15 @@ fn sample(metrics: &str, series: &str) -> Option<f64> {
 }
 
 /// One channel, driven over the Center API as its agent would.
-struct SimulatedAgent {
-    client: CenterClient<Channel>,
-    channel: String,
-    epoch: u64,
+pub(crate) struct SimulatedAgent {
+    pub(crate) client: CenterClient<Channel>,
+    pub(crate) channel: String,
+    pub(crate) epoch: u64,
     requests: u64,
 }
 
 impl SimulatedAgent {
-    async fn register(center: &TestCenter, channel: &str) -> Self {
+    pub(crate) async fn register(center: &TestCenter, channel: &str) -> Self {
         let mut client = center.center().await;
         let reg = client
             .register_agent(pb::RegisterAgentRequest { channel: channel.into(), agent_id: format!("{channel}-sim") })
@@ -77,7 +77,7 @@ impl SimulatedAgent {
         self.borrow_of(ITEM, quantity).await
     }
 
-    async fn borrow_of(&mut self, item: &str, quantity: u64) -> u64 {
+    pub(crate) async fn borrow_of(&mut self, item: &str, quantity: u64) -> u64 {
         self.requests += 1;
         self.client
             .borrow(pb::BorrowRequest {
@@ -115,7 +115,7 @@ impl SimulatedAgent {
 }
 
 /// A center whose HTTP port is known (the shared harness exposes only the gRPC address).
-async fn start_center(backend: Backend) -> (TestCenter, SocketAddr) {
+pub(crate) async fn start_center(backend: Backend) -> (TestCenter, SocketAddr) {
     let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("address");
     let center = TestCenter::start_with(backend, |c: &mut CenterConfig| c.http_listen = http).await;
     (center, http)
@@ -340,7 +340,7 @@ async fn screenshot(url: &str, name: &str) {
 }
 
 /// The page's DOM after its scripts ran, as headless Chromium dumps it.
-async fn dump_dom(url: &str) -> String {
+pub(crate) async fn dump_dom(url: &str) -> String {
     let profile = fresh_dir("dom");
     let out = chromium(&profile, &["--dump-dom"], url).await;
     let _ = std::fs::remove_dir_all(&profile);
@@ -355,7 +355,7 @@ async fn dump_dom(url: &str) -> String {
 }
 
 /// The element that starts with `start` (an opening tag's beginning), up to `end`.
-fn element<'a>(dom: &'a str, start: &str, end: &str) -> &'a str {
+pub(crate) fn element<'a>(dom: &'a str, start: &str, end: &str) -> &'a str {
     let from = dom.find(start).unwrap_or_else(|| panic!("no {start} in\n{dom}"));
     let to = dom[from..].find(end).map_or(dom.len(), |e| from + e);
     &dom[from..to]
@@ -496,7 +496,7 @@ impl Drop for Console {
     }
 }
 
-fn chromium_present() {
+pub(crate) fn chromium_present() {
     assert!(
         Path::new(CHROMIUM).exists(),
         "{CHROMIUM} is missing: this test renders the console in headless Chromium; \

@@ -137,6 +137,18 @@ pub struct OutboxStats {
     pub last_sequence: u64,
 }
 
+impl OutboxStats {
+    /// A segmented pool's outboxes as one, for the metrics: the fullest segment's kept
+    /// events (each segment's outbox has the bound of its own), the drops summed.
+    pub fn fullest(segments: &[OutboxStats]) -> OutboxStats {
+        segments.iter().fold(OutboxStats::default(), |acc, s| OutboxStats {
+            kept: acc.kept.max(s.kept),
+            dropped: acc.dropped.saturating_add(s.dropped),
+            last_sequence: acc.last_sequence.max(s.last_sequence),
+        })
+    }
+}
+
 /// Which reservation to look up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReservationRef {

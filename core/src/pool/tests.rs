@@ -463,3 +463,11 @@ fn a_partial_acquire_reserves_the_least_of_asked_stock_and_allowance() {
     assert_eq!(p.acquire(&partial("u1", 1, "k5", "r6"), 10), Ok(AcquireResult::LimitExceeded { held: 5 }));
     assert_eq!(totals(&p), (2, 5, 0));
 }
+
+#[test]
+fn a_segmented_pools_outbox_is_its_fullest_segment_with_every_drop() {
+    let s = |kept, dropped, last_sequence| OutboxStats { kept, dropped, last_sequence };
+    assert_eq!(OutboxStats::fullest(&[]), OutboxStats::default());
+    assert_eq!(OutboxStats::fullest(&[s(3, 1, 9)]), s(3, 1, 9));
+    assert_eq!(OutboxStats::fullest(&[s(3, 1, 9), s(80, 0, 4), s(0, 2, 0)]), s(80, 3, 9));
+}

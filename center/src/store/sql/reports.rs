@@ -40,22 +40,23 @@ impl SqlLedger {
         }
         let rows = (0..chunk.len())
             .map(|k| {
-                let b = k * 8;
-                let n: Vec<String> = (1..=8).map(|i| format!("${}", b + i)).collect();
+                let b = k * 9;
+                let n: Vec<String> = (1..=9).map(|i| format!("${}", b + i)).collect();
                 format!("({})", n.join(", "))
             })
             .collect::<Vec<_>>()
             .join(", ");
         let sql = format!(
             "INSERT INTO allocations (item_id, channel, reported_available, reported_reserved, reported_sold, \
-             reported_at_ms, pool_generation, sell_rate_milli) VALUES {rows} \
+             reported_at_ms, pool_generation, sell_rate_milli, reported_segments) VALUES {rows} \
              ON CONFLICT (item_id, channel) DO UPDATE SET \
              reported_available = excluded.reported_available, reported_reserved = excluded.reported_reserved, \
              reported_sold = excluded.reported_sold, reported_at_ms = excluded.reported_at_ms, \
-             pool_generation = excluded.pool_generation, sell_rate_milli = excluded.sell_rate_milli"
+             pool_generation = excluded.pool_generation, sell_rate_milli = excluded.sell_rate_milli, \
+             reported_segments = excluded.reported_segments"
         );
         let mut query = sqlx::query(&sql);
-        for PoolReportIn { item, report } in chunk {
+        for PoolReportIn { item, report, segments } in chunk {
             query = query
                 .bind(item.as_str())
                 .bind(channel.as_str())
@@ -64,7 +65,8 @@ impl SqlLedger {
                 .bind(to_db("sold", report.counts.sold)?)
                 .bind(now_ms)
                 .bind(to_db("generation", report.kept_generation())?)
-                .bind(to_db("sell_rate_milli", if report.lost { 0 } else { report.sell_rate_milli })?);
+                .bind(to_db("sell_rate_milli", if report.lost { 0 } else { report.sell_rate_milli })?)
+                .bind(inventory_core::segments::encode(segments));
         }
         query.execute(&mut **tx).await?;
         Ok(())

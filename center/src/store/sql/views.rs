@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 
 use inventory_core::ledger::{self, Allocation, ChannelSession};
+use inventory_core::segments::{SegmentCounts, decode as decode_segments};
 use inventory_core::watermarks::Watermarks;
 use inventory_core::{Channel, ItemId};
 use sqlx::Row;
@@ -79,6 +80,7 @@ impl SqlLedger {
             channels.push(ChannelRecord {
                 channel,
                 allocation,
+                segments: Vec::new(),
                 session,
                 watermarks: overridden.unwrap_or(record.watermarks),
                 watermarks_overridden: overridden.is_some(),
@@ -97,7 +99,18 @@ impl SqlLedger {
             sqlx::query("SELECT item_id, channel, low, high, batch FROM watermark_overrides ORDER BY item_id, channel")
                 .fetch_all(&mut *tx)
                 .await?;
+        let segmented =
+            sqlx::query("SELECT item_id, channel, reported_segments FROM allocations WHERE reported_segments <> ''")
+                .fetch_all(&mut *tx)
+                .await?;
         tx.commit().await?;
+        let mut by_pool: HashMap<(String, String), Vec<SegmentCounts>> = HashMap::new();
+        for r in &segmented {
+            let text: String = r.try_get("reported_segments")?;
+            let decoded = decode_segments(&text)
+                .ok_or_else(|| CenterError::Internal(format!("column reported_segments holds {text:?}")))?;
+            by_pool.insert((r.try_get("item_id")?, r.try_get("channel")?), decoded);
+        }
         let sessions: HashMap<String, ChannelSession> =
             sessions.iter().map(|row| Ok((row.try_get("channel")?, session_from_row(row)?))).collect::<Result<_>>()?;
         let mut own: HashMap<String, Vec<(String, Watermarks)>> = HashMap::new();
@@ -124,6 +137,7 @@ impl SqlLedger {
                         let overridden = overrides.iter().find(|(c, _)| *c == channel).map(|(_, wm)| *wm);
                         ChannelRecord {
                             session: sessions.get(&channel).cloned(),
+                            segments: by_pool.remove(&(item_id.clone(), channel.clone())).unwrap_or_default(),
                             channel,
                             allocation,
                             watermarks: overridden.unwrap_or(watermarks),
