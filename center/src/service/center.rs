@@ -390,22 +390,6 @@ fn rate(field: &str, value: u64) -> Result<u64, CenterError> {
     Ok(value)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::trace_id;
-
-    #[test]
-    fn trace_id_comes_from_a_w3c_traceparent() {
-        let mut r = tonic::Request::new(());
-        assert_eq!(trace_id(&r), None);
-        let id = "4bf92f3577b34da6a3ce929d0e0e4736";
-        r.metadata_mut().insert("traceparent", format!("00-{id}-00f067aa0ba902b7-01").parse().unwrap());
-        assert_eq!(trace_id(&r).as_deref(), Some(id));
-        r.metadata_mut().insert("traceparent", "00-nothex-00f067aa0ba902b7-01".parse().unwrap());
-        assert_eq!(trace_id(&r), None);
-    }
-}
-
 /// A report's segments, checked: at most [`MAX_SEGMENTS`] of them, each numbered below it,
 /// counters within [`MAX_QUANTITY`].
 ///
@@ -439,4 +423,20 @@ fn segment_counts(
             Ok(SegmentCounts { segment: s.segment, counts, lost: s.lost })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::trace_id;
+
+    #[test]
+    fn trace_id_comes_from_a_w3c_traceparent() {
+        let mut r = tonic::Request::new(());
+        assert_eq!(trace_id(&r), None);
+        let id = "4bf92f3577b34da6a3ce929d0e0e4736";
+        r.metadata_mut().insert("traceparent", format!("00-{id}-00f067aa0ba902b7-01").parse().unwrap());
+        assert_eq!(trace_id(&r).as_deref(), Some(id));
+        r.metadata_mut().insert("traceparent", "00-nothex-00f067aa0ba902b7-01".parse().unwrap());
+        assert_eq!(trace_id(&r), None);
+    }
 }
