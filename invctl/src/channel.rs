@@ -43,6 +43,19 @@ struct ChannelItemView {
     sell_rate: f64,
     /// The batch its pool borrows now (0: it reports no rate; the fixed batch applies).
     batch: u64,
+    /// A segmented pool's segments as last reported.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    segments: Vec<SegmentView>,
+}
+
+#[derive(Serialize)]
+struct SegmentView {
+    segment: u32,
+    available: u64,
+    reserved: u64,
+    sold: u64,
+    /// The store lost it: its units are in doubt.
+    lost: bool,
 }
 
 #[derive(Serialize)]
@@ -80,6 +93,17 @@ impl From<&pb::ChannelInfo> for ChannelView {
                     in_doubt: i.in_doubt,
                     sell_rate: per_sec(i.sell_rate_milli),
                     batch: i.current_batch,
+                    segments: i
+                        .segments
+                        .iter()
+                        .map(|g| SegmentView {
+                            segment: g.segment,
+                            available: g.available,
+                            reserved: g.reserved,
+                            sold: g.sold,
+                            lost: g.lost,
+                        })
+                        .collect(),
                 })
                 .collect(),
         }
@@ -151,23 +175,28 @@ fn show_text(channels: &[pb::ChannelInfo], now: i64) -> String {
             ("lease", lease(c, now)),
             ("last heartbeat", format!("{} ms ago", now - c.last_heartbeat_unix_ms)),
         ]));
-        let rows = c
-            .items
-            .iter()
-            .map(|i| {
-                vec![
-                    i.item_id.clone(),
-                    i.held.to_string(),
-                    i.reported_available.to_string(),
-                    i.reported_reserved.to_string(),
-                    i.reported_sold.to_string(),
-                    i.drift.to_string(),
-                    i.in_doubt.to_string(),
-                    format!("{:.1}", per_sec(i.sell_rate_milli)),
-                    if i.current_batch == 0 { "-".into() } else { i.current_batch.to_string() },
-                ]
-            })
-            .collect();
+        let mut rows = Vec::new();
+        for i in &c.items {
+            rows.push(vec![
+                i.item_id.clone(),
+                i.held.to_string(),
+                i.reported_available.to_string(),
+                i.reported_reserved.to_string(),
+                i.reported_sold.to_string(),
+                i.drift.to_string(),
+                i.in_doubt.to_string(),
+                format!("{:.1}", per_sec(i.sell_rate_milli)),
+                if i.current_batch == 0 { "-".into() } else { i.current_batch.to_string() },
+            ]);
+            // A segmented pool: a row per segment under its sums.
+            for g in &i.segments {
+                let lost = if g.lost { " (lost)" } else { "" };
+                let mut row = vec![format!("  segment {}{lost}", g.segment), String::new()];
+                row.extend([g.available, g.reserved, g.sold].map(|n| n.to_string()));
+                row.extend(std::iter::repeat_n(String::new(), 4));
+                rows.push(row);
+            }
+        }
         text.push('\n');
         text.push_str(&table(
             &["ITEM", "HELD", "AVAILABLE", "RESERVED", "SOLD", "DRIFT", "IN DOUBT", "SELLS/S", "BATCH"],

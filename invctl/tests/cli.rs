@@ -694,3 +694,53 @@ async fn events_tail_reservation_show_and_refund() {
     assert_eq!(seen, expected.map(|(a, b)| (a.to_owned(), b.to_owned())).to_vec());
     server.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channel_show_lists_a_segmented_pools_segments_and_the_lost_one() {
+    use inventory_proto::v1 as pb;
+    let c = start_center().await;
+    let o = invctl(&c.url, &["item", "create", "hot", "--total", "50", "--segments", "2"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut center = pb::center_client::CenterClient::connect(c.url.clone()).await.unwrap();
+    let r = pb::RegisterAgentRequest { channel: "app".into(), agent_id: "app-1".into() };
+    let epoch = center.register_agent(r).await.unwrap().into_inner().epoch;
+    let b = pb::BorrowRequest {
+        item_id: "hot".into(),
+        channel: "app".into(),
+        epoch,
+        quantity: 10,
+        request_id: "b".into(),
+        ..Default::default()
+    };
+    center.borrow(b).await.unwrap();
+    let seg = |segment, available, lost| pb::SegmentCounts { segment, available, lost, ..Default::default() };
+    let pool = pb::PoolReport {
+        item_id: "hot".into(),
+        available: 4,
+        sold: 1,
+        generation: 9,
+        lost_segments: vec![1],
+        segments: vec![pb::SegmentCounts { sold: 1, ..seg(0, 4, false) }, seg(1, 0, true)],
+        ..Default::default()
+    };
+    let hb = pb::HeartbeatRequest { channel: "app".into(), epoch, pools: vec![pool], ..Default::default() };
+    center.heartbeat(hb).await.unwrap();
+
+    let o = invctl(&c.url, &["channel", "show", "app"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    let row = |start: &str| {
+        let line =
+            text.lines().find(|l| l.trim_start().starts_with(start)).unwrap_or_else(|| panic!("{start}: {text}"));
+        line.split_whitespace().map(str::to_owned).collect::<Vec<_>>()
+    };
+    // The item's sums, 5 in doubt (the lost segment's share of the 10 held), then a row
+    // per segment.
+    assert_eq!(row("hot")[..7], ["hot", "10", "4", "0", "1", "5", "5"], "{text}");
+    assert_eq!(row("segment 0")[2..], ["4", "0", "1"], "{text}");
+    assert_eq!(row("segment 1")[..3], ["segment", "1", "(lost)"], "{text}");
+    let o = invctl(&c.url, &["-o", "json", "channel", "show", "app"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let segments = &v[0]["items"][0]["segments"];
+    assert_eq!((segments[0]["sold"].as_u64(), segments[1]["lost"].as_bool()), (Some(1), Some(true)), "{v}");
+}

@@ -106,6 +106,16 @@ fn parse_rate_batching(rb: &pb::RateBatching, total: u64, prefix: &str) -> Resul
     })
 }
 
+fn pb_segment(g: &inventory_core::segments::SegmentCounts) -> pb::SegmentCounts {
+    pb::SegmentCounts {
+        segment: g.segment,
+        available: g.counts.available,
+        reserved: g.counts.reserved,
+        sold: g.counts.sold,
+        lost: g.lost,
+    }
+}
+
 fn pb_finding(f: Finding) -> pb::Violation {
     pb::Violation { item_id: f.item_id, channel: f.channel, invariant: f.invariant, detail: f.detail }
 }
@@ -285,6 +295,12 @@ impl pb::admin_server::Admin for AdminService {
                         in_doubt: a.in_doubt,
                         sell_rate_milli: a.sell_rate_milli,
                         current_batch: 0,
+                        segments: c
+                            .segments
+                            .iter()
+                            .find(|(i, _)| i == item_id)
+                            .map(|(_, s)| s.iter().map(pb_segment).collect())
+                            .unwrap_or_default(),
                     })
                     .collect(),
                 channel: c.channel,

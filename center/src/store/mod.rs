@@ -65,6 +65,8 @@ pub struct ChannelView {
     pub session: ChannelSession,
     /// `(item_id, allocation)`, by item.
     pub allocations: Vec<(String, Allocation)>,
+    /// `(item_id, segments as last reported)` of its segmented pools, by item.
+    pub segments: Vec<(String, Vec<inventory_core::segments::SegmentCounts>)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,10 +14,29 @@ use crate::error::CenterError;
 use crate::store::{ChannelRecord, ChannelView, ItemLedger, ItemPolicy, ItemRecord, Reconciliation, Result};
 
 impl SqlLedger {
+    /// Every segmented pool's segments as last reported, by (item, channel), in that order.
+    async fn reported_segments(tx: &mut super::Tx) -> Result<Vec<((String, String), Vec<SegmentCounts>)>> {
+        let rows = sqlx::query(
+            "SELECT item_id, channel, reported_segments FROM allocations WHERE reported_segments <> '' \
+             ORDER BY item_id, channel",
+        )
+        .fetch_all(&mut **tx)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let text: String = r.try_get("reported_segments")?;
+                let decoded = decode_segments(&text)
+                    .ok_or_else(|| CenterError::Internal(format!("column reported_segments holds {text:?}")))?;
+                Ok(((r.try_get("item_id")?, r.try_get("channel")?), decoded))
+            })
+            .collect()
+    }
+
     pub(super) async fn channels(&self) -> Result<Vec<ChannelView>> {
         let mut tx = self.begin_read().await?;
         let sessions = sqlx::query(&format!("{SESSION_SELECT} ORDER BY channel")).fetch_all(&mut *tx).await?;
         let allocations = sqlx::query(&format!("{ALLOC_SELECT} ORDER BY channel, item_id")).fetch_all(&mut *tx).await?;
+        let segmented = Self::reported_segments(&mut tx).await?;
         tx.commit().await?;
         let allocations = allocations.iter().map(alloc_from_row).collect::<Result<Vec<_>>>()?;
         sessions
@@ -30,7 +49,12 @@ impl SqlLedger {
                     .filter(|(_, c, _)| *c == channel)
                     .map(|(item, _, a)| (item.clone(), *a))
                     .collect();
-                Ok(ChannelView { channel, session, allocations: mine })
+                let segments = segmented
+                    .iter()
+                    .filter(|((_, c), _)| *c == channel)
+                    .map(|((item, _), s)| (item.clone(), s.clone()))
+                    .collect();
+                Ok(ChannelView { channel, session, allocations: mine, segments })
             })
             .collect()
     }
@@ -99,18 +123,9 @@ impl SqlLedger {
             sqlx::query("SELECT item_id, channel, low, high, batch FROM watermark_overrides ORDER BY item_id, channel")
                 .fetch_all(&mut *tx)
                 .await?;
-        let segmented =
-            sqlx::query("SELECT item_id, channel, reported_segments FROM allocations WHERE reported_segments <> ''")
-                .fetch_all(&mut *tx)
-                .await?;
+        let mut by_pool: HashMap<(String, String), Vec<SegmentCounts>> =
+            Self::reported_segments(&mut tx).await?.into_iter().collect();
         tx.commit().await?;
-        let mut by_pool: HashMap<(String, String), Vec<SegmentCounts>> = HashMap::new();
-        for r in &segmented {
-            let text: String = r.try_get("reported_segments")?;
-            let decoded = decode_segments(&text)
-                .ok_or_else(|| CenterError::Internal(format!("column reported_segments holds {text:?}")))?;
-            by_pool.insert((r.try_get("item_id")?, r.try_get("channel")?), decoded);
-        }
         let sessions: HashMap<String, ChannelSession> =
             sessions.iter().map(|row| Ok((row.try_get("channel")?, session_from_row(row)?))).collect::<Result<_>>()?;
         let mut own: HashMap<String, Vec<(String, Watermarks)>> = HashMap::new();
