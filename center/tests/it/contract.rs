@@ -28,6 +28,7 @@ crate::for_each_backend!(
     health_and_reflection_are_served,
     close_item_stops_grants_and_reopen_restores_them,
     list_channels_shows_sessions_and_holdings,
+    describe_item_answers_for_the_channel_asked_about,
 );
 
 pub async fn create(admin: &mut AdminClient<Channel>, item: &str, total: u64) -> pb::Item {
@@ -536,6 +537,61 @@ async fn list_channels_shows_sessions_and_holdings(c: TestCenter) {
     assert!(one.channels[0].items.is_empty());
     assert_status(
         admin.list_channels(pb::ListChannelsRequest { channel: "nope".into() }).await,
+        Code::NotFound,
+        "nope",
+    );
+}
+
+/// DescribeItem (an agent's first use of an item): the item, and the asking channel's
+/// watermarks and holding, whether the channel holds any of it and has its own watermarks
+/// or not.
+async fn describe_item_answers_for_the_channel_asked_about(c: TestCenter) {
+    let (mut admin, mut center) = (c.admin().await, c.center().await);
+    create(&mut admin, "i", 100).await;
+    let app = register(&mut center, "app").await;
+    let web = register(&mut center, "web").await;
+    borrow(&mut center, "i", "app", app, 30, "a1").await.unwrap();
+    borrow(&mut center, "i", "web", web, 20, "w1").await.unwrap();
+    center
+        .r#return(pb::ReturnRequest {
+            item_id: "i".into(),
+            channel: "web".into(),
+            epoch: web,
+            quantity: 5,
+            request_id: "w2".into(),
+        })
+        .await
+        .unwrap();
+    let pool = pb::PoolReport { item_id: "i".into(), available: 15, generation: 7, ..Default::default() };
+    center
+        .heartbeat(pb::HeartbeatRequest { channel: "web".into(), epoch: web, pools: vec![pool], ..Default::default() })
+        .await
+        .unwrap();
+    let wm = |low, high, batch| pb::Watermarks { low, high, batch };
+    admin
+        .set_watermarks(pb::SetWatermarksRequest {
+            item_id: "i".into(),
+            channel: "web".into(),
+            low: 2,
+            high: 9,
+            batch: 4,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let describe = |channel: &str| pb::DescribeItemRequest { item_id: "i".into(), channel: channel.into() };
+    let a = center.describe_item(describe("app")).await.unwrap().into_inner();
+    let w = center.describe_item(describe("web")).await.unwrap().into_inner();
+    let n = center.describe_item(describe("new")).await.unwrap().into_inner();
+    let item_wm = a.watermarks;
+    assert_ne!(item_wm, Some(wm(2, 9, 4)));
+    assert_eq!((a.held, a.generation, a.in_doubt, a.center_available), (30, 0, 0, 55));
+    assert_eq!((w.held, w.generation, w.watermarks), (15, 7, Some(wm(2, 9, 4))));
+    assert!(w.rate_batching.is_none(), "a channel's own watermarks turn rate-following off");
+    assert_eq!((n.held, n.generation, n.watermarks, n.center_available), (0, 0, item_wm, 55));
+    assert_eq!((n.per_user_limit, n.closed, n.segments), (a.per_user_limit, false, 1));
+    assert_status(
+        center.describe_item(pb::DescribeItemRequest { item_id: "nope".into(), channel: "app".into() }).await,
         Code::NotFound,
         "nope",
     );

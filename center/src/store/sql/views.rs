@@ -68,6 +68,9 @@ impl SqlLedger {
     }
 
     pub(super) async fn policy(&self, item: &ItemId, channel: Option<&Channel>) -> Result<ItemPolicy> {
+        if let Some(c) = channel {
+            return self.channel_policy(item, c).await;
+        }
         let mut tx = self.begin_read().await?;
         let record = self.item_record(&mut tx, item).await?;
         let (own, allocation) = match channel {
@@ -81,6 +84,55 @@ impl SqlLedger {
         // A channel's own fixed watermarks override the item's rate-following batches.
         let rate_batching = if own.is_some() { None } else { record.rate_batching };
         Ok(ItemPolicy { watermarks: own.unwrap_or(record.watermarks), rate_batching, item: record, allocation })
+    }
+
+    /// What an agent asks on its first use of an item (DescribeItem), in one statement: the
+    /// item, what every channel holds of it, the channel's own watermarks and its
+    /// allocation. One statement sees one snapshot, so no transaction is needed: one round
+    /// trip instead of seven.
+    async fn channel_policy(&self, item: &ItemId, channel: &Channel) -> Result<ItemPolicy> {
+        // Held per channel as `Allocation::held` computes it (saturating at 0).
+        const SQL: &str = "SELECT i.item_id, i.total, i.available, i.per_user_limit, i.reservation_ttl_ms, \
+             i.closed, i.wm_low, i.wm_high, i.wm_batch, i.written_off, i.rate_batching, i.rate_min_batch, \
+             i.rate_max_batch, i.rate_target_ms, i.segments, i.limit_scope, i.registry_fallback, \
+             (SELECT CAST(COALESCE(SUM(CASE WHEN h.granted - h.returned - h.reclaimed > 0 \
+                 THEN h.granted - h.returned - h.reclaimed ELSE 0 END), 0) AS BIGINT) \
+              FROM allocations h WHERE h.item_id = i.item_id) AS held_sum, \
+             o.low AS o_low, o.high AS o_high, o.batch AS o_batch, \
+             a.channel AS channel, a.granted, a.returned, a.reclaimed, a.reported_available, \
+             a.reported_reserved, a.reported_sold, a.reported_at_ms, a.pool_generation, a.in_doubt, \
+             a.sell_rate_milli \
+             FROM items i \
+             LEFT JOIN watermark_overrides o ON o.item_id = i.item_id AND o.channel = $2 \
+             LEFT JOIN allocations a ON a.item_id = i.item_id AND a.channel = $2 \
+             WHERE i.item_id = $1";
+        let row = sqlx::query(SQL)
+            .bind(item.as_str())
+            .bind(channel.as_str())
+            .fetch_optional(&self.read_pool)
+            .await?
+            .ok_or_else(|| CenterError::item_not_found(item.as_str()))?;
+        let (item_id, state, watermarks, rate_batching, segments, limit) = item_from_row(&row)?;
+        let held = col(&row, "held_sum")?;
+        let record = ItemRecord { item_id, state, watermarks, rate_batching, segments, limit, held };
+        let own = match row.try_get::<Option<i64>, _>("o_low")? {
+            Some(_) => {
+                Some(Watermarks { low: col(&row, "o_low")?, high: col(&row, "o_high")?, batch: col(&row, "o_batch")? })
+            }
+            None => None,
+        };
+        let allocation = match row.try_get::<Option<String>, _>("channel")? {
+            Some(_) => alloc_from_row(&row)?.2,
+            None => Allocation::default(),
+        };
+        // A channel's own fixed watermarks override the item's rate-following batches.
+        let rate_batching = if own.is_some() { None } else { record.rate_batching };
+        Ok(ItemPolicy {
+            watermarks: own.unwrap_or(record.watermarks),
+            rate_batching,
+            item: record,
+            allocation: Some(allocation),
+        })
     }
 
     pub(super) async fn item_ledger(&self, item: &ItemId) -> Result<ItemLedger> {
