@@ -317,7 +317,12 @@ impl Items {
 
     /// The item, loading its policy from the center on first use. The flag says whether
     /// this call loaded it.
-    pub async fn load(&self, item: &ItemId, link: &CenterLink, now_ms: i64) -> Result<(Arc<Item>, bool), AgentError> {
+    pub async fn load(
+        &self,
+        item: &ItemId,
+        link: &Arc<CenterLink>,
+        now_ms: i64,
+    ) -> Result<(Arc<Item>, bool), AgentError> {
         if let Some(it) = self.get(item.as_str()) {
             return Ok((it, false));
         }
@@ -342,7 +347,8 @@ impl Items {
                     )));
                 }
                 self.lookups_made.fetch_add(1, Ordering::Relaxed);
-                let d = link.describe(item.as_str()).await.map_err(from_center)?;
+                // Sent with the other items loading meanwhile (one DescribeItems call).
+                let d = link.describe_to_load(item.as_str()).await.map_err(from_center)?;
                 let it = Item::new(
                     item.to_string(),
                     self.channel.as_str(),

@@ -1,4 +1,4 @@
-//! The network and the center link (`agent/src/link.rs`): every attempt of a Borrow or
+//! The network and the center link (`agent/src/link/`): every attempt of a Borrow or
 //! Return carries the same request id and the epoch its operation read before its pool
 //! writes; an attempt or its reply may be lost, delayed (within the deadline) or
 //! reordered; an attempt that times out is retried, up to [`LINK_ATTEMPTS`], and then the

@@ -1,5 +1,6 @@
-//! An agent stocking many pools at once sends their Borrows to the center together
-//! (BorrowMany), and still stocks them one Borrow at a time against a center without it.
+//! An agent loading and stocking many items at once sends their DescribeItems and Borrows
+//! to the center together (DescribeItems, BorrowMany), and still loads and stocks them one
+//! call at a time against a center without those.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -44,9 +45,21 @@ async fn stock_every_pool(center: &Center) -> LocalAgent {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_agent_stocking_many_pools_borrows_them_in_few_calls() {
+async fn an_agent_loading_and_stocking_many_pools_does_it_in_few_calls() {
     let center = Center::start_postgres().await;
     let agent = stock_every_pool(&center).await;
+    // The loads made at once went together, a few hundred items a call.
+    let loads = agent.agent.link.describe_many_calls();
+    assert!(loads > 0 && loads <= (ITEMS / 10) as u64, "{loads} DescribeItems calls for {ITEMS} items");
+    // An unknown id among known ones is NOT_FOUND, alone.
+    let results = futures::future::join_all(["sku-1", "nope", "sku-2"].map(|id| {
+        let a = Arc::clone(&agent.agent);
+        async move { a.item(&ItemId::parse("item_id", id).unwrap()).await.map(|it| it.item_id.clone()) }
+    }))
+    .await;
+    assert_eq!(results[0].as_deref().ok(), Some("sku-1"));
+    assert!(matches!(&results[1], Err(inventory_agent::error::AgentError::NotFound(_))), "{:?}", results[1]);
+    assert_eq!(results[2].as_deref().ok(), Some("sku-2"));
     let (many, single) = (agent.agent.link.borrow_many_calls(), agent.agent.link.borrow_calls());
     assert!(many > 0, "no BorrowMany was sent");
     // The rebalancer looks at a few dozen pools at a time: their Borrows go together.
@@ -54,10 +67,11 @@ async fn an_agent_stocking_many_pools_borrows_them_in_few_calls() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_agent_stocks_every_pool_through_a_center_without_borrow_many() {
+async fn an_agent_loads_and_stocks_every_pool_through_a_center_without_the_batch_calls() {
     let center = Center::start_postgres().await;
     center.faults.refuse_borrow_many.store(true, Ordering::Relaxed);
+    center.faults.refuse_describe_items.store(true, Ordering::Relaxed);
     let agent = stock_every_pool(&center).await;
-    assert_eq!(agent.agent.link.borrow_many_calls(), 0);
+    assert_eq!((agent.agent.link.borrow_many_calls(), agent.agent.link.describe_many_calls()), (0, 0));
     assert!(agent.agent.link.borrow_calls() >= ITEMS as u64);
 }

@@ -38,6 +38,8 @@ pub struct FaultHooks {
     pub lose_borrow_replies: AtomicU32,
     /// BorrowMany answers UNIMPLEMENTED, as a center from before it did.
     pub refuse_borrow_many: AtomicBool,
+    /// DescribeItems answers UNIMPLEMENTED, as a center from before it did.
+    pub refuse_describe_items: AtomicBool,
 }
 
 impl FaultHooks {
@@ -198,21 +200,37 @@ impl pb::center_server::Center for CenterService {
             authorize(&own, c.as_str())?;
         }
         let policy = self.store.policy(&item, channel.as_ref()).await?;
-        Ok(Response::new(pb::DescribeItemResponse {
-            item_id: policy.item.item_id,
-            per_user_limit: policy.item.state.per_user_limit,
-            reservation_ttl_ms: policy.item.state.reservation_ttl_ms,
-            watermarks: Some(pb_watermarks(policy.watermarks)),
-            rate_batching: policy.rate_batching.map(|r| pb_rate_batching(Some(r))),
-            limit_scope: pb_limit_scope(policy.item.limit.scope).into(),
-            registry_fallback: pb_registry_fallback(policy.item.limit.fallback).into(),
-            center_available: policy.item.state.available,
-            closed: policy.item.state.closed,
-            held: policy.allocation.map_or(0, |a| a.held()),
-            generation: policy.allocation.map_or(0, |a| a.generation),
-            in_doubt: policy.allocation.map_or(0, |a| a.in_doubt),
-            segments: policy.item.segments,
-        }))
+        Ok(Response::new(pb_describe(policy)))
+    }
+
+    async fn describe_items(&self, request: Request<pb::DescribeItemsRequest>) -> Res<pb::DescribeItemsResponse> {
+        if self.faults.refuse_describe_items.load(Ordering::Relaxed) {
+            return Err(Status::unimplemented("DescribeItems is not served by this center"));
+        }
+        let own = own_channel(&request);
+        let r = request.into_inner();
+        let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
+        authorize(&own, channel.as_str())?;
+        if r.item_ids.is_empty() || r.item_ids.len() > MAX_DESCRIBE_ITEMS {
+            let reason = format!("must name 1 to {MAX_DESCRIBE_ITEMS} items");
+            return Err(CenterError::from(ValidationError::new("item_ids", r.item_ids.len() as u64, reason)).into());
+        }
+        let items = r
+            .item_ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| ItemId::parse(&format!("item_ids[{i}]"), id))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(CenterError::from)?;
+        let policies = self.store.policies(&items, &channel).await?;
+        let mut out = pb::DescribeItemsResponse::default();
+        for (item, policy) in items.iter().zip(policies) {
+            match policy {
+                Some(p) => out.items.push(pb_describe(p)),
+                None => out.not_found.push(item.to_string()),
+            }
+        }
+        Ok(Response::new(out))
     }
 
     type WatchChannelStream = Pin<Box<dyn Stream<Item = Result<pb::ChannelEvent, Status>> + Send>>;
@@ -348,6 +366,28 @@ impl CenterService {
             });
         }
         Ok(Response::new(pb::ReturnResponse { center_available: out.center_available, replayed: out.replayed }))
+    }
+}
+
+/// Most items one DescribeItems names (as many as a BorrowMany's lines).
+pub const MAX_DESCRIBE_ITEMS: usize = MAX_BORROW_LINES;
+
+/// An item's policy as DescribeItem answers it.
+fn pb_describe(policy: crate::store::ItemPolicy) -> pb::DescribeItemResponse {
+    pb::DescribeItemResponse {
+        item_id: policy.item.item_id,
+        per_user_limit: policy.item.state.per_user_limit,
+        reservation_ttl_ms: policy.item.state.reservation_ttl_ms,
+        watermarks: Some(pb_watermarks(policy.watermarks)),
+        rate_batching: policy.rate_batching.map(|r| pb_rate_batching(Some(r))),
+        limit_scope: pb_limit_scope(policy.item.limit.scope).into(),
+        registry_fallback: pb_registry_fallback(policy.item.limit.fallback).into(),
+        center_available: policy.item.state.available,
+        closed: policy.item.state.closed,
+        held: policy.allocation.map_or(0, |a| a.held()),
+        generation: policy.allocation.map_or(0, |a| a.generation),
+        in_doubt: policy.allocation.map_or(0, |a| a.in_doubt),
+        segments: policy.item.segments,
     }
 }
 

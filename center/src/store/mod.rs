@@ -247,6 +247,9 @@ pub trait LedgerStore: Send + Sync + 'static {
     /// The channel's current session, if it ever registered.
     async fn session(&self, channel: &Channel) -> Result<Option<ChannelSession>>;
     async fn policy(&self, item: &ItemId, channel: Option<&Channel>) -> Result<ItemPolicy>;
+    /// [`LedgerStore::policy`] of several items for one channel, in one statement; `None`
+    /// for an item the center does not know. In the order asked.
+    async fn policies(&self, items: &[ItemId], channel: &Channel) -> Result<Vec<Option<ItemPolicy>>>;
     async fn item_ledger(&self, item: &ItemId) -> Result<ItemLedger>;
     /// Every item's ledger with its channels' own watermarks, by item, from one snapshot in
     /// a fixed number of queries (the console and `/metrics`).

@@ -29,6 +29,7 @@ crate::for_each_backend!(
     close_item_stops_grants_and_reopen_restores_them,
     list_channels_shows_sessions_and_holdings,
     describe_item_answers_for_the_channel_asked_about,
+    describe_items_answers_each_as_describe_item_does,
 );
 
 pub async fn create(admin: &mut AdminClient<Channel>, item: &str, total: u64) -> pb::Item {
@@ -595,4 +596,35 @@ async fn describe_item_answers_for_the_channel_asked_about(c: TestCenter) {
         Code::NotFound,
         "nope",
     );
+}
+
+/// DescribeItems: each answer as DescribeItem gives it, in the order asked (an id twice,
+/// twice), unknown ids named apart; its bounds and bad ids refused by name.
+async fn describe_items_answers_each_as_describe_item_does(c: TestCenter) {
+    let (mut admin, mut center) = (c.admin().await, c.center().await);
+    for (i, total) in [("a", 10), ("b", 20), ("c", 30)] {
+        create(&mut admin, i, total).await;
+    }
+    let app = register(&mut center, "app").await;
+    borrow(&mut center, "b", "app", app, 5, "b1").await.unwrap();
+    let many = |ids: &[&str]| pb::DescribeItemsRequest {
+        channel: "app".into(),
+        item_ids: ids.iter().map(|s| (*s).to_owned()).collect(),
+    };
+    let r = center.describe_items(many(&["c", "nope", "b", "a", "b"])).await.unwrap().into_inner();
+    let ids: Vec<&str> = r.items.iter().map(|d| d.item_id.as_str()).collect();
+    assert_eq!((ids, r.not_found), (vec!["c", "b", "a", "b"], vec!["nope".to_owned()]));
+    for d in &r.items {
+        let one = pb::DescribeItemRequest { item_id: d.item_id.clone(), channel: "app".into() };
+        assert_eq!(*d, center.describe_item(one).await.unwrap().into_inner(), "{}", d.item_id);
+    }
+    assert_eq!((r.items[1].held, r.items[1].center_available), (5, 15));
+
+    assert_status(center.describe_items(many(&[])).await, Code::InvalidArgument, "item_ids");
+    let too_many: Vec<String> = (0..501).map(|i| format!("i{i}")).collect();
+    let refs: Vec<&str> = too_many.iter().map(String::as_str).collect();
+    assert_status(center.describe_items(many(&refs)).await, Code::InvalidArgument, "item_ids");
+    assert_status(center.describe_items(many(&["a", "bad id"])).await, Code::InvalidArgument, "item_ids[1]");
+    let nameless = pb::DescribeItemsRequest { channel: String::new(), item_ids: vec!["a".into()] };
+    assert_status(center.describe_items(nameless).await, Code::InvalidArgument, "channel");
 }

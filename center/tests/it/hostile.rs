@@ -95,6 +95,12 @@ async fn every_field_of_every_rpc_refuses_hostile_values() {
             let d = pb::DescribeItemRequest { item_id: "i".into(), channel: v.clone() };
             refused(&what("DescribeItem", "channel"), "channel", center.describe_item(d).await);
         }
+        let ds = |channel: &str, item: &str| pb::DescribeItemsRequest {
+            channel: channel.into(),
+            item_ids: vec!["i".into(), item.into()],
+        };
+        refused(&what("DescribeItems", "channel"), "channel", center.describe_items(ds(&v, "i")).await);
+        refused(&what("DescribeItems", "item_ids[1]"), "item_ids[1]", center.describe_items(ds("app", &v)).await);
 
         // Admin service.
         let ci = pb::CreateItemRequest { item_id: v.clone(), total: 1, ..Default::default() };

@@ -204,6 +204,10 @@ impl LedgerStore for SqlLedger {
         SqlLedger::policy(self, item, channel).await
     }
 
+    async fn policies(&self, items: &[ItemId], channel: &Channel) -> Result<Vec<Option<ItemPolicy>>> {
+        SqlLedger::policies(self, items, channel).await
+    }
+
     async fn item_ledger(&self, item: &ItemId) -> Result<ItemLedger> {
         SqlLedger::item_ledger(self, item).await
     }

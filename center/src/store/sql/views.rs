@@ -91,8 +91,17 @@ impl SqlLedger {
     /// allocation. One statement sees one snapshot, so no transaction is needed: one round
     /// trip instead of seven.
     async fn channel_policy(&self, item: &ItemId, channel: &Channel) -> Result<ItemPolicy> {
+        self.policies(std::slice::from_ref(item), channel)
+            .await?
+            .pop()
+            .flatten()
+            .ok_or_else(|| CenterError::item_not_found(item.as_str()))
+    }
+
+    /// [`SqlLedger::channel_policy`] of several items (DescribeItems), still one statement.
+    pub(super) async fn policies(&self, items: &[ItemId], channel: &Channel) -> Result<Vec<Option<ItemPolicy>>> {
         // Held per channel as `Allocation::held` computes it (saturating at 0).
-        const SQL: &str = "SELECT i.item_id, i.total, i.available, i.per_user_limit, i.reservation_ttl_ms, \
+        const SELECT: &str = "SELECT i.item_id, i.total, i.available, i.per_user_limit, i.reservation_ttl_ms, \
              i.closed, i.wm_low, i.wm_high, i.wm_batch, i.written_off, i.rate_batching, i.rate_min_batch, \
              i.rate_max_batch, i.rate_target_ms, i.segments, i.limit_scope, i.registry_fallback, \
              (SELECT CAST(COALESCE(SUM(CASE WHEN h.granted - h.returned - h.reclaimed > 0 \
@@ -103,36 +112,43 @@ impl SqlLedger {
              a.reported_reserved, a.reported_sold, a.reported_at_ms, a.pool_generation, a.in_doubt, \
              a.sell_rate_milli \
              FROM items i \
-             LEFT JOIN watermark_overrides o ON o.item_id = i.item_id AND o.channel = $2 \
-             LEFT JOIN allocations a ON a.item_id = i.item_id AND a.channel = $2 \
-             WHERE i.item_id = $1";
-        let row = sqlx::query(SQL)
-            .bind(item.as_str())
-            .bind(channel.as_str())
-            .fetch_optional(&self.read_pool)
-            .await?
-            .ok_or_else(|| CenterError::item_not_found(item.as_str()))?;
-        let (item_id, state, watermarks, rate_batching, segments, limit) = item_from_row(&row)?;
-        let held = col(&row, "held_sum")?;
-        let record = ItemRecord { item_id, state, watermarks, rate_batching, segments, limit, held };
-        let own = match row.try_get::<Option<i64>, _>("o_low")? {
-            Some(_) => {
-                Some(Watermarks { low: col(&row, "o_low")?, high: col(&row, "o_high")?, batch: col(&row, "o_batch")? })
-            }
-            None => None,
-        };
-        let allocation = match row.try_get::<Option<String>, _>("channel")? {
-            Some(_) => alloc_from_row(&row)?.2,
-            None => Allocation::default(),
-        };
-        // A channel's own fixed watermarks override the item's rate-following batches.
-        let rate_batching = if own.is_some() { None } else { record.rate_batching };
-        Ok(ItemPolicy {
-            watermarks: own.unwrap_or(record.watermarks),
-            rate_batching,
-            item: record,
-            allocation: Some(allocation),
-        })
+             LEFT JOIN watermark_overrides o ON o.item_id = i.item_id AND o.channel = $1 \
+             LEFT JOIN allocations a ON a.item_id = i.item_id AND a.channel = $1";
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = format!("{SELECT} WHERE i.item_id IN ({})", super::rows::placeholders(2, items.len()));
+        let mut query = sqlx::query(&sql).bind(channel.as_str());
+        for item in items {
+            query = query.bind(item.as_str());
+        }
+        let rows = query.fetch_all(&self.read_pool).await?;
+        let mut found: HashMap<String, ItemPolicy> = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let (item_id, state, watermarks, rate_batching, segments, limit) = item_from_row(row)?;
+            let held = col(row, "held_sum")?;
+            let own = match row.try_get::<Option<i64>, _>("o_low")? {
+                Some(_) => {
+                    Some(Watermarks { low: col(row, "o_low")?, high: col(row, "o_high")?, batch: col(row, "o_batch")? })
+                }
+                None => None,
+            };
+            let allocation = match row.try_get::<Option<String>, _>("channel")? {
+                Some(_) => alloc_from_row(row)?.2,
+                None => Allocation::default(),
+            };
+            // A channel's own fixed watermarks override the item's rate-following batches.
+            let record = ItemRecord { item_id, state, watermarks, rate_batching, segments, limit, held };
+            let policy = ItemPolicy {
+                watermarks: own.unwrap_or(record.watermarks),
+                rate_batching: if own.is_some() { None } else { record.rate_batching },
+                allocation: Some(allocation),
+                item: record,
+            };
+            found.insert(policy.item.item_id.clone(), policy);
+        }
+        // An id asked twice gets its answer twice.
+        Ok(items.iter().map(|i| found.get(i.as_str()).cloned()).collect())
     }
 
     pub(super) async fn item_ledger(&self, item: &ItemId) -> Result<ItemLedger> {

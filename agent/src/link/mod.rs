@@ -1,6 +1,8 @@
 //! The agent's connection to the center: registration (epoch), Borrow/Return with
 //! request ids retried on UNAVAILABLE, heartbeats, and the channel's event stream.
 
+mod describes;
+
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -49,6 +51,8 @@ pub struct CenterLink {
     borrow_many_calls: AtomicU64,
     /// Borrow calls answered so far.
     borrow_calls: AtomicU64,
+    /// Item loads waiting to go to the center together ([`CenterLink::describe_to_load`]).
+    describes: describes::Describes,
 }
 
 const MANY_UNKNOWN: u8 = 0;
@@ -161,6 +165,7 @@ impl CenterLink {
             borrow_many: AtomicU8::new(MANY_UNKNOWN),
             borrow_many_calls: AtomicU64::new(0),
             borrow_calls: AtomicU64::new(0),
+            describes: describes::Describes::default(),
         })
     }
 
