@@ -191,6 +191,9 @@ async fn ten_thousand_items_cost_little_per_item_to_report_look_at_and_scrape() 
         })
         .await;
     let loaded_in = started.elapsed();
+    // 32 loads at a time: those made while a call is in flight went together.
+    let describes = agent.agent.link.describe_many_calls();
+    assert!(describes > 0 && describes <= (N / 8) as u64, "{describes} DescribeItems calls to load {N} items");
     let stocked = inventory_test_support::wait_until(Duration::from_secs(300), || async {
         agent.agent.items().iter().all(|i| i.last_snapshot().is_some_and(|s| s.available >= 2))
     })
@@ -254,7 +257,8 @@ async fn ten_thousand_items_cost_little_per_item_to_report_look_at_and_scrape() 
         "  create items at the center: {created_in:?}; load them in the agent: {loaded_in:?}; all pools stocked after {stocked_in:?}"
     );
     println!(
-        "  center calls to stock them: {} BorrowMany and {} Borrow",
+        "  center calls to load them: {} DescribeItems; to stock them: {} BorrowMany and {} Borrow",
+        agent.agent.link.describe_many_calls(),
         agent.agent.link.borrow_many_calls(),
         agent.agent.link.borrow_calls()
     );
