@@ -406,6 +406,9 @@ impl ItemCore {
         }
         self.segments_lost = true;
         self.dirty = true;
+        // The center must hear of it even if the intact part reads as before (the lost part
+        // held nothing): the next report is sent whatever it says.
+        self.last_reported = None;
         notes.push(Note::SegmentsLost);
         self.schedule_resync(ctx.now_ms + self.settings.lost_resync_after_ms);
         true

@@ -109,7 +109,12 @@ fn the_lost_part_waits_for_the_operator_then_is_reopened_and_the_new_generation_
 #[test]
 fn a_lost_part_that_held_nothing_is_reopened_once_the_center_heard_of_it() {
     let mut core = item();
+    let token = core.begin_read();
+    let before = core.report(Some(view(20, 9)), token, ctx(1), &mut Vec::new()).unwrap();
+    core.reported(before, 0);
+    assert!(!core.report_changed(&before, 0));
     lose_part(&mut core);
+    assert!(core.report_changed(&before, 0), "the same counts are reported again, now naming the lost part");
     // The center has not heard of the loss yet (its generation is the old one): wait.
     let (_, s) = core.submit(OpKind::Resync(ResyncWhy::Scheduled), "s".into(), ctx(5_000));
     let s = feed(&mut core, &s, Reply::Holding(Holding { held: 20, generation: 9, in_doubt: 0 }), 5_001);
