@@ -150,3 +150,62 @@ async fn redis_a_lost_segment_freezes_only_its_units() {
     assert_eq!((item.total, item.available, item.written_off), (TOTAL - 1, 0, 1));
     agent.stop().await;
 }
+
+/// A lost segment that held nothing costs nothing: once the center has heard of it (and
+/// finds nothing in doubt) the agent creates it again by itself, no operator needed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_lost_segment_that_held_nothing_comes_back_by_itself() {
+    const EMPTY: u32 = 3;
+    let center = Center::start_postgres().await;
+    // 3 units over 4 segments: segment 3's share is none.
+    center
+        .admin()
+        .await
+        .create_item(pb::CreateItemRequest {
+            item_id: ITEM.into(),
+            total: 3,
+            per_user_limit: 1,
+            reservation_ttl_ms: 300_000,
+            watermarks: Some(pb::Watermarks { low: 1, high: 12, batch: 3 }),
+            segments: SEGMENTS,
+            ..Default::default()
+        })
+        .await
+        .expect("create item");
+    let redis = TestRedis::create().await;
+    let spec = StoreSpec::Redis { url: redis.url.clone(), prefix: redis.prefix.clone() };
+    let agent = LocalAgent::start(&center.url, "app", &spec).await;
+    let mut client = agent.client().await;
+    let _ = client.get_stock(pb::GetStockRequest { item_id: ITEM.into() }).await;
+    let stocked = wait_until(Duration::from_secs(10), || {
+        let mut client = client.clone();
+        async move { stock(&mut client, ITEM).await.available == 3 }
+    })
+    .await;
+    assert!(stocked, "never stocked");
+    let before = stock(&mut client, ITEM).await.segments[EMPTY as usize].clone();
+    assert_eq!((before.available, before.reserved, before.sold), (0, 0, 0));
+    assert_ne!(before.pool_generation, 0, "the empty segment exists");
+
+    lose_segment(&redis, EMPTY).await;
+    let back = wait_until(Duration::from_secs(15), || {
+        let mut client = client.clone();
+        let old = before.pool_generation;
+        async move {
+            let s = stock(&mut client, ITEM).await.segments.swap_remove(EMPTY as usize);
+            !s.lost && s.pool_generation != 0 && s.pool_generation != old
+        }
+    })
+    .await;
+    assert!(back, "the segment never came back: {:?}", stock(&mut client, ITEM).await);
+    let view = center.ledger(ITEM).await;
+    assert_eq!((view.channels[0].held, view.channels[0].in_doubt), (3, 0), "{:?}", view.channels);
+    // Its buyers are served again (by a move from a sibling), and the item sells out once.
+    let user = users_of(EMPTY).next().unwrap();
+    assert_eq!(reserve(&mut client, &user).await.outcome(), pb::AcquireOutcome::Reserved);
+    let s = stock(&mut client, ITEM).await;
+    assert_eq!((s.available, s.reserved), (2, 1), "{s:?}");
+    let r = center.await_quiescence().await;
+    assert!(r.ok && r.in_doubt.is_empty(), "{r:?}");
+    agent.stop().await;
+}

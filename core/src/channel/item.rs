@@ -145,6 +145,9 @@ pub struct ItemCore {
     /// count of the lost part's units (held minus what the intact part reports) stays
     /// exact until an operator resolves it.
     pub(super) segments_lost: bool,
+    /// The lost part is being created again: reads outside the resync doing it may show
+    /// the new generation before the rules adopt it, so they decide nothing until then.
+    pub(super) reopening: bool,
     pub(super) settings: Settings,
 }
 
@@ -176,6 +179,7 @@ impl ItemCore {
             next_op: 0,
             ops_finished: 0,
             segments_lost: false,
+            reopening: false,
             settings,
         }
     }
@@ -447,6 +451,7 @@ impl ItemCore {
             self.mode = Mode::Lost;
             // The whole pool now: its reopening is the lost pool's.
             self.segments_lost = false;
+            self.reopening = false;
             self.schedule_resync(ctx.now_ms + self.settings.lost_resync_after_ms);
         }
         self.mode == Mode::Lost
@@ -467,7 +472,7 @@ impl ItemCore {
         if freed > 0 {
             self.stock_returned();
         }
-        if !self.current(token) {
+        if !self.current(token) || self.reopening {
             return None;
         }
         self.last_view = Some(view);
@@ -515,7 +520,7 @@ impl ItemCore {
             return Some(Report::Lost);
         }
         let view = view?;
-        if !self.current(token) {
+        if !self.current(token) || self.reopening {
             return None;
         }
         if self.segments_lost && (self.busy() || token.1 != self.ops_finished) {

@@ -468,6 +468,9 @@ impl ItemCore {
                 // reopened pool's new generation without calling it a loss.)
                 let nothing_lost = holding.in_doubt == 0 && holding.generation == 0 && view.total() == holding.held;
                 if resolved || nothing_lost {
+                    // Reads begun before this may show the new generation: stale from now.
+                    self.reopening = true;
+                    self.generation_changes += 1;
                     let effect = Effect::OpenPool { grant_id: format!("reopen-{}", op.fresh), epoch: ctx.epoch };
                     return next(op, Stage::Reopen { holding }, effect);
                 }
@@ -479,13 +482,16 @@ impl ItemCore {
                 }
                 Progress::Finished(id, OpResult::Resynced)
             }
-            (Stage::Reopen { holding }, Reply::Done) => {
-                self.segments_lost = false;
-                notes.push(Note::Unfrozen);
-                next(op, Stage::ReopenRead { holding }, Effect::ReadPool)
-            }
+            (Stage::Reopen { holding }, Reply::Done) => next(op, Stage::ReopenRead { holding }, Effect::ReadPool),
             (Stage::ReopenRead { holding }, Reply::Pool(view)) => {
-                // The pool is whole again, under a new generation the rules adopt.
+                // The pool is whole again, under a new generation the rules adopt; reads
+                // begun meanwhile are stale. (Should this resync fail before here, the
+                // part stays lost and reopening: the next resync reopens again.)
+                self.segments_lost = false;
+                self.reopening = false;
+                self.set_generation(view.generation);
+                self.generation_changes += 1;
+                notes.push(Note::Unfrozen);
                 let plan = if op.kind == OpKind::Resync(ResyncWhy::Resolved) {
                     ResyncPlan::Resume { target: holding.held }
                 } else {

@@ -96,10 +96,22 @@ fn the_lost_part_waits_for_the_operator_then_is_reopened_and_the_new_generation_
     let s = feed(&mut core, &s, Reply::Holding(Holding { held: 12, generation: 0, in_doubt: 0 }), 6_001);
     let s = feed(&mut core, &s, Reply::Pool(view(12, 9)), 6_002);
     assert_eq!(s.next.as_ref().unwrap().effect, Effect::OpenPool { grant_id: "reopen-r".into(), epoch: 1 });
+    // A look or a report reading the reopened pool before the resync adopts its generation
+    // decides nothing (it is no loss); nor does one that began before the reopening.
+    let early = core.begin_read();
     let s = feed(&mut core, &s, Reply::Done, 6_003);
-    assert_eq!(s.notes, vec![Note::Unfrozen]);
     assert_eq!(s.next.as_ref().unwrap().effect, Effect::ReadPool);
+    let during = core.begin_read();
+    assert_eq!(core.on_look(view(12, 31), during, 0, ctx(6_003), &mut Vec::new()), None);
+    assert_eq!(core.report(Some(view(12, 31)), during, ctx(6_003), &mut Vec::new()), None);
+    assert_eq!(core.mode(), Mode::Selling, "a reopened part is no loss");
     let s = feed(&mut core, &s, Reply::Pool(view(12, 31)), 6_004);
+    assert_eq!(s.notes, vec![Note::Unfrozen]);
+    for stale in [early, during] {
+        assert_eq!(core.report(Some(view(12, 31)), stale, ctx(6_005), &mut Vec::new()), None, "a read of before");
+    }
+    let token = core.begin_read();
+    assert_eq!(core.report(Some(view(12, 31)), token, ctx(6_005), &mut Vec::new()), Some(Report::Counts(view(12, 31))));
     assert!(matches!(s.finished[..], [(_, OpResult::Resynced)]), "{s:?}");
     assert!(!core.segments_lost());
     assert_eq!((core.generation(), core.mode()), (31, Mode::Selling));
