@@ -183,7 +183,7 @@ async fn redis_a_lost_segment_that_held_nothing_comes_back_by_itself() {
     })
     .await;
     assert!(stocked, "never stocked");
-    let before = stock(&mut client, ITEM).await.segments[EMPTY as usize].clone();
+    let before = stock(&mut client, ITEM).await.segments[EMPTY as usize];
     assert_eq!((before.available, before.reserved, before.sold), (0, 0, 0));
     assert_ne!(before.pool_generation, 0, "the empty segment exists");
 
