@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::Ctx;
 use crate::args::quantity;
 use crate::conn::Failure;
-use crate::output::{print, q, table};
+use crate::output::{SegmentView, print, q, table};
 
 #[derive(Subcommand)]
 pub enum AgentCmd {
@@ -71,16 +71,6 @@ struct StockView {
 }
 
 #[derive(Serialize)]
-struct SegmentView {
-    segment: u32,
-    available: u64,
-    reserved: u64,
-    sold: u64,
-    /// The store lost the segment: its units are in doubt at the center.
-    lost: bool,
-}
-
-#[derive(Serialize)]
 struct AcquireView {
     item_id: String,
     user_id: String,
@@ -132,17 +122,7 @@ pub async fn run(ctx: &Ctx, cmd: AgentCmd) -> Result<(), Failure> {
                 reserved: r.reserved,
                 sold: r.sold,
                 sold_out: r.sold_out,
-                segments: r
-                    .segments
-                    .iter()
-                    .map(|g| SegmentView {
-                        segment: g.segment,
-                        available: g.available,
-                        reserved: g.reserved,
-                        sold: g.sold,
-                        lost: g.lost,
-                    })
-                    .collect(),
+                segments: r.segments.iter().map(SegmentView::from).collect(),
             };
             print(ctx.output, &view, || {
                 let mut rows = vec![vec![
@@ -154,14 +134,10 @@ pub async fn run(ctx: &Ctx, cmd: AgentCmd) -> Result<(), Failure> {
                 ]];
                 // One row per segment under the sums.
                 for g in &view.segments {
-                    let lost = if g.lost { " (lost)" } else { "" };
-                    rows.push(vec![
-                        format!("  segment {}{lost}", g.segment),
-                        g.available.to_string(),
-                        g.reserved.to_string(),
-                        g.sold.to_string(),
-                        String::new(),
-                    ]);
+                    let mut row = vec![g.label()];
+                    row.extend(g.counts());
+                    row.push(String::new());
+                    rows.push(row);
                 }
                 table(&["ITEM", "AVAILABLE", "RESERVED", "SOLD", "SOLD_OUT"], rows)
             });

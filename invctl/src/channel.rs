@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use crate::Ctx;
 use crate::conn::Failure;
-use crate::output::{fields, print, q, table};
+use crate::output::{SegmentView, fields, print, q, table};
 
 #[derive(Subcommand)]
 pub enum ChannelCmd {
@@ -49,16 +49,6 @@ struct ChannelItemView {
 }
 
 #[derive(Serialize)]
-struct SegmentView {
-    segment: u32,
-    available: u64,
-    reserved: u64,
-    sold: u64,
-    /// The store lost it: its units are in doubt.
-    lost: bool,
-}
-
-#[derive(Serialize)]
 struct ChannelView {
     channel: String,
     agent_id: String,
@@ -93,17 +83,7 @@ impl From<&pb::ChannelInfo> for ChannelView {
                     in_doubt: i.in_doubt,
                     sell_rate: per_sec(i.sell_rate_milli),
                     batch: i.current_batch,
-                    segments: i
-                        .segments
-                        .iter()
-                        .map(|g| SegmentView {
-                            segment: g.segment,
-                            available: g.available,
-                            reserved: g.reserved,
-                            sold: g.sold,
-                            lost: g.lost,
-                        })
-                        .collect(),
+                    segments: i.segments.iter().map(SegmentView::from).collect(),
                 })
                 .collect(),
         }
@@ -189,10 +169,9 @@ fn show_text(channels: &[pb::ChannelInfo], now: i64) -> String {
                 if i.current_batch == 0 { "-".into() } else { i.current_batch.to_string() },
             ]);
             // A segmented pool: a row per segment under its sums.
-            for g in &i.segments {
-                let lost = if g.lost { " (lost)" } else { "" };
-                let mut row = vec![format!("  segment {}{lost}", g.segment), String::new()];
-                row.extend([g.available, g.reserved, g.sold].map(|n| n.to_string()));
+            for g in i.segments.iter().map(SegmentView::from) {
+                let mut row = vec![g.label(), String::new()];
+                row.extend(g.counts());
                 row.extend(std::iter::repeat_n(String::new(), 4));
                 rows.push(row);
             }

@@ -11,6 +11,42 @@ pub enum Output {
     Json,
 }
 
+/// One segment of a segmented pool, as `agent stock` (the agent's view) and `channel
+/// show` (the center's, as last reported) print it.
+#[derive(Serialize)]
+pub struct SegmentView {
+    pub segment: u32,
+    pub available: u64,
+    pub reserved: u64,
+    pub sold: u64,
+    /// The store lost the segment: its units are in doubt at the center.
+    pub lost: bool,
+}
+
+impl SegmentView {
+    /// The first cell of its text row, printed under its item's sums.
+    pub fn label(&self) -> String {
+        format!("  segment {}{}", self.segment, if self.lost { " (lost)" } else { "" })
+    }
+
+    /// Its counters as text cells.
+    pub fn counts(&self) -> [String; 3] {
+        [self.available, self.reserved, self.sold].map(|n| n.to_string())
+    }
+}
+
+impl From<&inventory_proto::v1::SegmentStock> for SegmentView {
+    fn from(g: &inventory_proto::v1::SegmentStock) -> Self {
+        Self { segment: g.segment, available: g.available, reserved: g.reserved, sold: g.sold, lost: g.lost }
+    }
+}
+
+impl From<&inventory_proto::v1::SegmentCounts> for SegmentView {
+    fn from(g: &inventory_proto::v1::SegmentCounts) -> Self {
+        Self { segment: g.segment, available: g.available, reserved: g.reserved, sold: g.sold, lost: g.lost }
+    }
+}
+
 pub fn print<T: Serialize>(output: Output, view: &T, text: impl FnOnce() -> String) {
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(view).expect("views serialize")),
