@@ -6,7 +6,9 @@
 
 use std::collections::{HashMap, HashSet};
 
+use inventory_proto::v1::agent_client::AgentClient;
 use inventory_test_support::cluster::RedisCluster;
+use tonic::transport::Channel;
 
 use crate::harness::{BackgroundSale, Center, LocalAgent, StoreSpec, agent_config, buy_one, stock};
 
@@ -17,20 +19,22 @@ const CHANNELS: [&str; 2] = ["app", "web"];
 const BUYERS: usize = 300;
 const CONCURRENCY: usize = 32;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sale_on_a_redis_cluster_survives_a_master_failover_and_a_script_flush() {
-    let mut cluster = RedisCluster::start(3, 2).await;
-    let center = Center::start_postgres().await;
-    for item in ITEMS {
-        center.create_item(item, TOTAL, 1, (10, 40, 25)).await;
-    }
-    let prefix = format!("cl{}:", uuid::Uuid::new_v4().simple());
+/// One agent per channel on the cluster (keys under a fresh prefix starting with `tag`),
+/// and a client of each. Every pool write waits for a replica (`--redis-replica-acks 1`;
+/// two replicas per master, so the promoted one still has one): a failover loses no
+/// acknowledged write.
+pub(crate) async fn agents_on(
+    cluster: &RedisCluster,
+    center: &Center,
+    channels: &[&str],
+    tag: &str,
+) -> (Vec<LocalAgent>, Vec<AgentClient<Channel>>) {
+    let prefix = format!("{tag}{}:", uuid::Uuid::new_v4().simple());
     let mut agents = Vec::new();
-    for channel in CHANNELS {
+    for channel in channels {
         let spec = StoreSpec::Redis { url: "redis://unused".into(), prefix: prefix.clone() };
         let mut config = agent_config(&center.url, channel, &spec);
         config.redis_cluster = cluster.seeds();
-        // Every pool write waits for a replica: a failover loses no acknowledged sale.
         config.redis_replica_acks = 1;
         config.redis_replica_ack_timeout_ms = 1_000;
         agents.push(LocalAgent::start_with(config, None).await);
@@ -39,6 +43,17 @@ async fn a_sale_on_a_redis_cluster_survives_a_master_failover_and_a_script_flush
     for a in &agents {
         clients.push(a.client().await);
     }
+    (agents, clients)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sale_on_a_redis_cluster_survives_a_master_failover_and_a_script_flush() {
+    let mut cluster = RedisCluster::start(3, 2).await;
+    let center = Center::start_postgres().await;
+    for item in ITEMS {
+        center.create_item(item, TOTAL, 1, (10, 40, 25)).await;
+    }
+    let (agents, clients) = agents_on(&cluster, &center, &CHANNELS, "cl").await;
 
     // The pools of one item spread over the cluster's slots; kill the master of app's pool.
     let victim_key = format!("{{app:{}}}", ITEMS[0]);

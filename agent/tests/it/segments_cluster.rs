@@ -11,7 +11,7 @@ use inventory_proto::v1::agent_client::AgentClient;
 use inventory_test_support::cluster::RedisCluster;
 use tonic::transport::Channel;
 
-use crate::harness::{Center, LocalAgent, StoreSpec, acquire_req, agent_config, retryable, stock};
+use crate::harness::{Center, acquire_req, retryable, stock};
 
 const ITEM: &str = "hot-drop";
 const TOTAL: u64 = 3_000;
@@ -88,23 +88,8 @@ async fn a_segmented_sale_on_a_redis_cluster_survives_a_master_failover() {
         })
         .await
         .expect("create item");
-    let prefix = format!("sg{}:", uuid::Uuid::new_v4().simple());
-    let mut agents = Vec::new();
-    for channel in CHANNELS {
-        let spec = StoreSpec::Redis { url: "redis://unused".into(), prefix: prefix.clone() };
-        let mut config = agent_config(&center.url, channel, &spec);
-        config.redis_cluster = cluster.seeds();
-        // Every pool write (and move intent) waits for a replica (two per master, so the
-        // promoted one still has one): a failover loses no acknowledged write, so no
-        // segment's data is lost.
-        config.redis_replica_acks = 1;
-        config.redis_replica_ack_timeout_ms = 1_000;
-        agents.push(LocalAgent::start_with(config, None).await);
-    }
-    let mut clients = Vec::new();
-    for a in &agents {
-        clients.push(a.client().await);
-    }
+    // Every pool write (and move intent) waits for a replica: no segment's data is lost.
+    let (agents, clients) = crate::cluster::agents_on(&cluster, &center, &CHANNELS, "sg").await;
     // The segments spread over the masters.
     let mut masters = HashSet::new();
     for s in 0..SEGMENTS {
