@@ -153,42 +153,47 @@ impl Stocking {
     /// (opening it, a resync's refill): those create them again, empty.
     async fn perform_segmented(&self, item: &Item, effect: &Effect) -> Option<Reply> {
         let store = self.store.as_ref();
-        let intact = item.intact_pools();
-        let pools = &intact[..];
         Some(match effect {
             Effect::ReadPool => {
                 let epoch = self.link.epoch();
                 store_reply(segmented::snapshot(store, item, epoch).await.map(|s| Reply::Pool(view(&s))))
             }
-            Effect::OpenPool { grant_id, epoch } => {
-                let r = segmented::refill(store, &item.pools, grant_id, 0, *epoch, false).await;
-                if r.is_ok() {
-                    item.segments_reopened();
-                }
-                store_reply(r.map(|()| Reply::Done))
-            }
+            Effect::OpenPool { grant_id, epoch } => self.refill_segments(item, grant_id, 0, *epoch, false).await,
             Effect::Refill { grant_id, units, epoch, must_exist, after_ms } => {
                 if *after_ms > 0 {
                     tokio::time::sleep(Duration::from_millis(*after_ms)).await;
                 }
-                let pools = if *must_exist { pools } else { &item.pools[..] };
-                let r = segmented::refill(store, pools, grant_id, *units, *epoch, *must_exist).await;
-                if r.is_ok() && !*must_exist {
-                    item.segments_reopened();
-                }
-                store_reply(r.map(|()| Reply::Done))
+                self.refill_segments(item, grant_id, *units, *epoch, *must_exist).await
             }
             Effect::Take { take_id, max, epoch } => {
-                store_reply(segmented::take(store, pools, take_id, *max, *epoch).await.map(Reply::Units))
+                let r = segmented::take(store, &item.intact_pools(), take_id, *max, *epoch).await;
+                store_reply(r.map(Reply::Units))
             }
             Effect::Untake { take_id, epoch } => {
-                store_reply(segmented::untake(store, pools, take_id, *epoch).await.map(Reply::Units))
+                store_reply(segmented::untake(store, &item.intact_pools(), take_id, *epoch).await.map(Reply::Units))
             }
             Effect::RaiseFence { epoch } => {
-                store_reply(segmented::raise_fence(store, pools, *epoch).await.map(|()| Reply::Done))
+                let r = segmented::raise_fence(store, &item.intact_pools(), *epoch).await;
+                store_reply(r.map(|()| Reply::Done))
             }
             Effect::Borrow { .. } | Effect::Return { .. } | Effect::Describe => return None,
         })
+    }
+
+    /// A refill of a segmented item. One that may create the pool (`must_exist` false:
+    /// opening it, a resync's refill) goes to every segment and creates the lost ones
+    /// again, empty; a grant's goes to the intact ones only.
+    async fn refill_segments(&self, item: &Item, grant_id: &str, units: u64, epoch: u64, must_exist: bool) -> Reply {
+        let store = self.store.as_ref();
+        if must_exist {
+            let r = segmented::refill(store, &item.intact_pools(), grant_id, units, epoch, true).await;
+            return store_reply(r.map(|()| Reply::Done));
+        }
+        let r = segmented::refill(store, &item.pools, grant_id, units, epoch, false).await;
+        if r.is_ok() {
+            item.segments_reopened();
+        }
+        store_reply(r.map(|()| Reply::Done))
     }
 
     fn notes(&self, item: &Item, notes: &[Note]) {
