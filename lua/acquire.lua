@@ -11,7 +11,8 @@
 --   3 due     zset  reservation_id scored by expires_at_ms (RESERVED ones only)
 --   4 held    hash  user_id -> units held (reserved + confirmed)
 --   5 idem    hash  idempotency_key -> reservation_id
---   6 outbox  stream the pool's events (see outbox.lua, prepended to this script)
+--   6 outbox  stream the pool's events (see outbox.lua, prepended to this script with
+--             record.lua, which builds the new record)
 -- ARGV:
 --   1 user_id
 --   2 quantity
@@ -46,7 +47,7 @@ local ttl = tonumber(ARGV[6])
 -- above 2^53 would lose digits as a Lua number.
 local expect = ARGV[7]
 -- The pool's fields this call reads, in one command; written back in one HSET below.
-local fields = redis.call('HMGET', K_POOL, 'generation', 'available', 'reserved')
+local fields = redis.call('HMGET', K_POOL, 'generation', 'available', 'reserved', 'event_seq')
 local stored = fields[1] or '0'
 if expect ~= '0' and expect ~= stored then
   return {'generation', expect, stored}
@@ -90,14 +91,16 @@ if requested ~= qty then
   rec.r = requested
 end
 -- The record first, and only if the id is new: nothing else is written otherwise.
-if redis.call('HSETNX', K_RES, new_id, cjson.encode(rec)) == 0 then
+if redis.call('HSETNX', K_RES, new_id, reservation_json(rec)) == 0 then
   return {'duplicate_id'}
 end
+local seq = tonumber(fields[4] or '0') + 1
 redis.call('HSET', K_POOL, 'available', string.format('%d', available - qty),
-  'reserved', string.format('%d', tonumber(fields[3] or '0') + qty))
+  'reserved', string.format('%d', tonumber(fields[3] or '0') + qty), 'event_seq', string.format('%d', seq))
 redis.call('HINCRBY', K_HELD, user, qty)
 redis.call('ZADD', K_DUE, expires_at, new_id)
 redis.call('HSET', K_IDEM, key, new_id)
-outbox_emit(K_POOL, K_OUTBOX, outbox_max, new_id, rec, nil, now)
+outbox_add(K_OUTBOX, seq, new_id, rec, nil, now)
+outbox_trim(K_POOL, K_OUTBOX, outbox_max)
 
 return {'reserved', new_id, qty, expires_at, 0, generation}

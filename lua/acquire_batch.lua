@@ -8,9 +8,12 @@
 -- earlier ones, so a second copy of an idempotency key replays the first copy's
 -- reservation. All requests share one Redis TIME.
 --
--- The pool's counters are read once and written once at the end (one HSET; the script is
--- atomic, so nobody sees the intermediate values); everything else is written per
--- reservation as acquire.lua writes it.
+-- What the batch touches more than once is read once and written once at the end (the
+-- script is atomic, so nobody sees the intermediate values): the pool's counters and event
+-- sequence (one HSET), users' holdings (one HSET), the due set (one ZADD) and the
+-- idempotency index (one HSET); a later request reads what an earlier one wrote from the
+-- batch's own tables. Per reservation there remain the record (HSETNX, which also answers
+-- duplicate_id) and its event (XADD); the outbox is trimmed once.
 --
 -- KEYS: as acquire.lua (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
 --   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
@@ -42,30 +45,44 @@ local outbox_max = tonumber(ARGV[2])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local fields = redis.call('HMGET', K_POOL, 'generation', 'available', 'reserved')
+local fields = redis.call('HMGET', K_POOL, 'generation', 'available', 'reserved', 'event_seq')
 local available = tonumber(fields[2] or '0')
 local taken = 0
+local seq = tonumber(fields[4] or '0')
 -- Compared as decimal strings, as in acquire.lua (a u64 above 2^53 would lose digits).
 local stored = fields[1] or '0'
 local generation = tonumber(stored)
+
+-- What this batch wrote, read back by its later requests: holdings by user (and the users
+-- in first-touch order), new reservations' ids by idempotency key and records by id.
+local held_by, held_users = {}, {}
+local new_ids, new_recs = {}, {}
+local due, idem = {}, {}
 
 local function acquire(user, qty, key, new_id, limit, ttl, expect, partial)
   if expect ~= '0' and expect ~= stored then
     return {'generation', expect, stored}
   end
-  local existing = redis.call('HGET', K_IDEM, key)
-  if existing then
-    local raw = redis.call('HGET', K_RES, existing)
-    if raw then
-      local rec = cjson.decode(raw)
-      if rec.u == user and tonumber(rec.r or rec.q) == qty then
-        return {'reserved', existing, tonumber(rec.q), tonumber(rec.e), 1, generation}
-      end
-      return {'conflict'}
+  local existing = new_ids[key]
+  local rec = existing and new_recs[existing]
+  if not existing then
+    existing = redis.call('HGET', K_IDEM, key)
+    if existing then
+      local raw = redis.call('HGET', K_RES, existing)
+      rec = raw and cjson.decode(raw)
     end
   end
+  if rec then
+    if rec.u == user and tonumber(rec.r or rec.q) == qty then
+      return {'reserved', existing, tonumber(rec.q), tonumber(rec.e), 1, generation}
+    end
+    return {'conflict'}
+  end
 
-  local held = tonumber(redis.call('HGET', K_HELD, user) or '0')
+  local held = held_by[user]
+  if not held then
+    held = tonumber(redis.call('HGET', K_HELD, user) or '0')
+  end
   local room = limit - held
   if room < 0 then room = 0 end
   local requested = qty
@@ -79,20 +96,27 @@ local function acquire(user, qty, key, new_id, limit, ttl, expect, partial)
     return {'sold_out', available}
   end
   local expires_at = now + ttl
-  local rec = {s = 'reserved', q = qty, e = expires_at, u = user, k = key}
+  rec = {s = 'reserved', q = qty, e = expires_at, u = user, k = key}
   if requested ~= qty then
     rec.r = requested
   end
   -- The record first, and only if the id is new: nothing else is written otherwise.
-  if redis.call('HSETNX', K_RES, new_id, cjson.encode(rec)) == 0 then
+  if redis.call('HSETNX', K_RES, new_id, reservation_json(rec)) == 0 then
     return {'duplicate_id'}
   end
   available = available - qty
   taken = taken + qty
-  redis.call('HINCRBY', K_HELD, user, qty)
-  redis.call('ZADD', K_DUE, expires_at, new_id)
-  redis.call('HSET', K_IDEM, key, new_id)
-  outbox_emit(K_POOL, K_OUTBOX, outbox_max, new_id, rec, nil, now)
+  if not held_by[user] then
+    held_users[#held_users + 1] = user
+  end
+  held_by[user] = held + qty
+  new_ids[key], new_recs[new_id] = new_id, rec
+  due[#due + 1] = expires_at
+  due[#due + 1] = new_id
+  idem[#idem + 1] = key
+  idem[#idem + 1] = new_id
+  seq = seq + 1
+  outbox_add(K_OUTBOX, seq, new_id, rec, nil, now)
   return {'reserved', new_id, qty, expires_at, 0, generation}
 end
 
@@ -105,7 +129,16 @@ end
 
 if taken > 0 then
   redis.call('HSET', K_POOL, 'available', string.format('%d', available),
-    'reserved', string.format('%d', tonumber(fields[3] or '0') + taken))
+    'reserved', string.format('%d', tonumber(fields[3] or '0') + taken), 'event_seq', string.format('%d', seq))
+  local holdings = {}
+  for _, user in ipairs(held_users) do
+    holdings[#holdings + 1] = user
+    holdings[#holdings + 1] = string.format('%d', held_by[user])
+  end
+  redis.call('HSET', K_HELD, unpack(holdings))
+  redis.call('ZADD', K_DUE, unpack(due))
+  redis.call('HSET', K_IDEM, unpack(idem))
+  outbox_trim(K_POOL, K_OUTBOX, outbox_max)
 end
 
 return out

@@ -68,7 +68,8 @@ pub struct AgentConfig {
     pub redis_connections: usize,
     /// At most this many Acquires of one pool that arrive while a call for the pool is in
     /// flight go to Redis together, in one script call (group commit); 1 turns it off.
-    #[arg(long, env = "INVENTORY_REDIS_ACQUIRE_BATCH_MAX", default_value_t = 64)]
+    #[arg(long, env = "INVENTORY_REDIS_ACQUIRE_BATCH_MAX", default_value_t = 64,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000))]
     pub redis_acquire_batch_max: usize,
     /// Events each pool's outbox keeps at most (per pool). Past it the oldest are dropped
     /// (counted, and alerted on): a sale never fails or waits on the outbox.

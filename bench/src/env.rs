@@ -235,6 +235,18 @@ impl AgentHandle {
         store: &Store,
         nats: Option<(&str, &str)>,
     ) -> anyhow::Result<Self> {
+        Self::start_configured(rt, Self::config(center_url, channel, store, nats)).await
+    }
+
+    /// Like [`AgentHandle::start`], for loading thousands of items at once: the bound on
+    /// lookups of unknown items is lifted (what figure (iii) measures is the loading).
+    pub async fn start_stocking(rt: &Handle, center_url: &str, channel: &str, store: &Store) -> anyhow::Result<Self> {
+        let mut config = Self::config(center_url, channel, store, None);
+        config.item_lookups_per_sec = 1_000_000;
+        Self::start_configured(rt, config).await
+    }
+
+    fn config(center_url: &str, channel: &str, store: &Store, nats: Option<(&str, &str)>) -> AgentConfig {
         let mut config = match store {
             Store::Memory => {
                 AgentConfig::for_tests(channel, center_url, StoreKind::Memory, "redis://unused", "unused:")
@@ -258,6 +270,11 @@ impl AgentHandle {
             config.nats_subject_prefix = stream.to_lowercase();
             config.relay_interval_ms = 50;
         }
+        config
+    }
+
+    async fn start_configured(rt: &Handle, config: AgentConfig) -> anyhow::Result<Self> {
+        let channel = config.channel.clone();
         let app = rt.spawn(AgentApp::build(config)).await?.with_context(|| format!("start agent {channel}"))?;
         let (addr, agent) = (app.grpc_addr(), app.agent());
         let running = Running::spawn(rt, move |rx| {

@@ -3,7 +3,8 @@
 //!
 //! - [`load`]: the driver (callers, warm-up, bounds, open/closed loop, HDR histograms);
 //! - [`acquire`]: the Acquire workload and its outcome check; [`callers`]: the others;
-//!   [`batching`]: figure (ii), Borrow calls per 1,000 acquires by batching;
+//!   [`batching`]: figure (ii), Borrow calls per 1,000 acquires by batching; [`stocking`]:
+//!   figure (iii), stocking 10,000 items through one agent;
 //! - [`skew`], [`stats`], [`args`], [`report`]: pure helpers; [`auth`]: token and TLS of `acquire`; [`sysinfo`]: machine and CPU use;
 //! - [`segments`]: figure (i) of segmented stock, one segment against eight on a Redis Cluster;
 //! - [`env`]: fresh database, Redis prefix, in-process center and agents; [`suite`]: the run.
@@ -24,6 +25,7 @@ mod report;
 mod segments;
 mod skew;
 mod stats;
+mod stocking;
 mod suite;
 mod sysinfo;
 

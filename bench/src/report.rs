@@ -306,6 +306,8 @@ pub struct Report {
     pub failures: Vec<String>,
     /// Figure (ii): center calls per 1,000 acquires, fixed vs rate-following batches.
     pub batching: Vec<crate::batching::BatchingFigure>,
+    /// Figure (iii): stocking many items through one agent.
+    pub stocking: Option<crate::stocking::StockingFigure>,
 }
 
 impl Report {
@@ -330,6 +332,7 @@ impl Report {
             checks_ok,
             failures,
             batching: Vec::new(),
+            stocking: None,
         }
     }
 }

@@ -24,5 +24,6 @@ mod segments_cluster;
 #[macro_use]
 mod store_contract;
 mod store_baskets;
+mod store_durable;
 mod store_events;
 mod store_partial;

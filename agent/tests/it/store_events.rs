@@ -202,6 +202,22 @@ async fn the_outbox_bound_drops_the_oldest_and_counts_them(backend: &Backend) {
     assert_eq!(store.outbox_stats(&p).await.unwrap(), OutboxStats { kept: 4, dropped: 6, last_sequence: 10 });
     store.confirm(&p, &ids[0]).await.unwrap();
     assert_eq!(store.outbox_stats(&p).await.unwrap(), OutboxStats { kept: 4, dropped: 7, last_sequence: 11 });
+    // Eight at once (on Redis all but the first go as one batch, which trims once): the
+    // same bound, the newest kept.
+    let args: Vec<_> = (0..8)
+        .map(|i| {
+            let key = format!("together-{i}");
+            acquire_args(&format!("t{i}"), 1, &key, 100, LONG_TTL_MS)
+        })
+        .collect();
+    for answer in futures::future::join_all(args.iter().map(|a| store.acquire(&p, a))).await {
+        assert!(matches!(answer.unwrap(), AcquireResult::Reserved { replayed: false, .. }));
+    }
+    assert_eq!(store.outbox_stats(&p).await.unwrap(), OutboxStats { kept: 4, dropped: 15, last_sequence: 19 });
+    let page = store.events(&p, 0, 100).await.unwrap();
+    assert_eq!(page.events.iter().map(|e| e.sequence).collect::<Vec<_>>(), [16, 17, 18, 19]);
+    let keys: Vec<&str> = page.events.iter().map(|e| e.idempotency_key.as_str()).collect();
+    assert_eq!(keys, ["together-4", "together-5", "together-6", "together-7"]);
 }
 
 async fn refund_returns_sold_units_and_the_allowance_once(backend: &Backend) {

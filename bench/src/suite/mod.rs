@@ -13,6 +13,9 @@
 //! - h: Acquire (Redis store) once the item is sold out everywhere;
 //! - (ii), after the rounds: center Borrow calls per 1,000 acquires with fixed and with
 //!   rate-following batches at two sell rates ([`crate::batching`]).
+//! - (iii), last: stocking 10,000 items (1,000 with `--quick`) through one fresh agent on
+//!   the Redis store: seconds to load and to stock every pool, and the center calls
+//!   ([`crate::stocking`]).
 //! - j: center Borrow on PostgreSQL, the callers over 100 items;
 //! - i: c with the JetStream relay on (`--nats-url`; the NATS server at
 //!   `INVENTORY_TEST_NATS_URL`, default 127.0.0.1:4222, in a stream of its own that is
@@ -133,16 +136,33 @@ pub async fn run(opts: SuiteOptions, servers_rt: Handle) -> anyhow::Result<bool>
             }
             _ => Ok(Vec::new()),
         };
+        // (iii) last: its thousands of items would otherwise sit in every other figure's
+        // center.
+        let stocking = match &outcome {
+            Ok(()) if opts.only.is_empty() => {
+                let store = Store::Redis { url: redis.url.clone(), prefix: redis.prefix.clone(), tuning: opts.redis };
+                let items = if opts.quick { crate::stocking::QUICK_ITEMS } else { crate::stocking::ITEMS };
+                crate::stocking::measure(&servers_rt, &world.center, &store, items)
+                    .await
+                    .map(Some)
+                    .map_err(|e| format!("(iii) stocking: {e:#}"))
+            }
+            _ => Ok(None),
+        };
         world.stop().await;
-        outcome.map(|()| (results, batching))
+        outcome.map(|()| (results, batching, stocking))
     }
     .await;
     redis.delete_keys(&mut redis_conn).await;
     db.drop_database().await;
-    let ((results, mut failures), batching) = result?;
+    let ((results, mut failures), batching, stocking) = result?;
     let batching = batching.unwrap_or_else(|e| {
         failures.push(e);
         Vec::new()
+    });
+    let stocking = stocking.unwrap_or_else(|e| {
+        failures.push(e);
+        None
     });
 
     let settings = Settings {
@@ -165,8 +185,10 @@ pub async fn run(opts: SuiteOptions, servers_rt: Handle) -> anyhow::Result<bool>
     };
     let mut report = Report::new(started_at_unix_ms, Machine::detect(), settings, results, failures);
     report.batching = batching;
+    report.stocking = stocking;
     println!("{}", render(&report));
     println!("{}", crate::batching::render(&report.batching));
+    println!("{}", crate::stocking::render(report.stocking.as_ref()));
     if let Some(dir) = opts.output.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     }

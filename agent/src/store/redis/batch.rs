@@ -138,7 +138,7 @@ pub(super) async fn send_batch(
     stats.calls.fetch_add(1, Ordering::Relaxed);
     stats.requests.fetch_add(n, Ordering::Relaxed);
     stats.largest.fetch_max(n, Ordering::Relaxed);
-    let reply: Value = write(shared.conn(), config.durability, &k.pool, &call).await?;
+    let reply: Value = write(shared, config.durability, &k.pool, &call).await?;
     let replies = array("acquire_batch", reply)?;
     if replies.len() != batch.len() {
         return Err(StoreError::Protocol(format!(

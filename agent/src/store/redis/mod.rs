@@ -37,12 +37,14 @@ use tokio::sync::oneshot;
 
 mod baskets;
 mod batch;
+mod durable;
 mod orders;
 mod reply;
 mod scripts;
 
 pub use batch::BatchStats;
 use batch::{BatchConfig, BatchCounters, Handoff, Lane, PoolEntry, Waiter};
+use durable::{Durability, DurablePool, write};
 use reply::{acquire_result, array, int, state, string, transition, uint};
 use scripts::{Keys, Scripts};
 
@@ -57,6 +59,9 @@ use super::{BASKET_RETENTION, BasketWrite, Intent, StoredBasket};
 /// How many requests one `acquire_batch.lua` call carries at most: bounds how long one
 /// script call holds the (single-threaded) Redis server.
 pub const DEFAULT_ACQUIRE_BATCH_MAX: usize = 64;
+/// The most a setting may ask for: the script writes a batch's due times, holdings and
+/// idempotency keys with one command each, whose arguments Lua's `unpack` must hold.
+pub const ACQUIRE_BATCH_LIMIT: usize = 1_000;
 
 /// How many multiplexed connections a store keeps to one Redis server by default.
 pub const DEFAULT_CONNECTIONS: usize = 4;
@@ -71,13 +76,6 @@ enum Conn {
     Cluster(ClusterConnection),
 }
 
-/// How many replicas must acknowledge a write before it is answered (Redis `WAIT`).
-#[derive(Debug, Clone, Copy)]
-struct Durability {
-    replicas: u32,
-    timeout_ms: u64,
-}
-
 /// What is shared with the tasks that send batches.
 struct Shared {
     /// Connections to one server (used in turn) or one cluster connection.
@@ -85,6 +83,8 @@ struct Shared {
     next: AtomicUsize,
     scripts: Scripts,
     stats: BatchCounters,
+    /// One server's connections for writes that wait for replicas (None: a cluster).
+    durable: Option<DurablePool>,
 }
 
 impl Shared {
@@ -136,7 +136,7 @@ impl RedisPoolStore {
             let conn = ConnectionManager::new_with_config(client.clone(), config.clone()).await.map_err(map_err)?;
             conns.push(Conn::Single(conn));
         }
-        Ok(Self::with_conns(conns, key_prefix))
+        Ok(Self::with_conns(conns, Some(DurablePool::new(client)), key_prefix))
     }
 
     /// Connects to a Redis Cluster through any of its `seed_nodes` (`redis://host:port`);
@@ -154,16 +154,17 @@ impl RedisPoolStore {
             .build()
             .map_err(|e| StoreError::Unavailable(format!("bad redis cluster seed nodes {seed_nodes:?}: {e}")))?;
         let conn = client.get_async_connection().await.map_err(map_err)?;
-        Ok(Self::with_conns(vec![Conn::Cluster(conn)], key_prefix))
+        Ok(Self::with_conns(vec![Conn::Cluster(conn)], None, key_prefix))
     }
 
-    fn with_conns(conns: Vec<Conn>, key_prefix: &str) -> Self {
+    fn with_conns(conns: Vec<Conn>, durable: Option<DurablePool>, key_prefix: &str) -> Self {
         Self {
             shared: Arc::new(Shared {
                 conns,
                 next: AtomicUsize::new(0),
                 scripts: Scripts::load(),
                 stats: BatchCounters::default(),
+                durable,
             }),
             key_prefix: key_prefix.to_owned(),
             retention_ms: duration_ms(DEFAULT_RECORD_RETENTION),
@@ -175,10 +176,10 @@ impl RedisPoolStore {
     }
 
     /// At most `max` Acquires per `acquire_batch.lua` call (default
-    /// [`DEFAULT_ACQUIRE_BATCH_MAX`]); 1 turns group commit off (every Acquire is one
-    /// `acquire.lua` call, however many are in flight).
+    /// [`DEFAULT_ACQUIRE_BATCH_MAX`], at most [`ACQUIRE_BATCH_LIMIT`]); 1 turns group commit
+    /// off (every Acquire is one `acquire.lua` call, however many are in flight).
     pub fn with_acquire_batch_max(mut self, max: usize) -> Self {
-        self.batch_max = max.max(1);
+        self.batch_max = max.clamp(1, ACQUIRE_BATCH_LIMIT);
         self
     }
 
@@ -256,7 +257,7 @@ impl RedisPoolStore {
     }
 
     async fn write<T: FromRedisValue>(&self, routing_key: &str, call: &ScriptInvocation<'_>) -> Result<T, StoreError> {
-        write(self.shared.conn(), self.durability, routing_key, call).await
+        write(&self.shared, self.durability, routing_key, call).await
     }
 
     /// The store's part of [`PoolStore::acquire`]: straight through when no call of the
@@ -307,45 +308,6 @@ async fn read<T: FromRedisValue>(conn: Conn, call: &ScriptInvocation<'_>) -> Res
         Conn::Cluster(mut c) => call.invoke_async(&mut c).await,
     }
     .map_err(map_err)
-}
-
-/// Runs a script that writes the pool whose key is `routing_key`, then waits for replicas
-/// when asked to (the `WAIT` goes to the same server on the same connection, so it covers
-/// this write).
-async fn write<T: FromRedisValue>(
-    conn: Conn,
-    durability: Option<Durability>,
-    routing_key: &str,
-    call: &ScriptInvocation<'_>,
-) -> Result<T, StoreError> {
-    let Some(d) = durability else { return read(conn, call).await };
-    let mut wait = redis::cmd("WAIT");
-    wait.arg(d.replicas).arg(d.timeout_ms);
-    let (reply, acked): (T, i64) = match conn {
-        Conn::Single(mut c) => {
-            let reply = call.invoke_async(&mut c).await.map_err(map_err)?;
-            (reply, wait.query_async(&mut c).await.map_err(map_err)?)
-        }
-        Conn::Cluster(mut c) => {
-            let reply = call.invoke_async(&mut c).await.map_err(map_err)?;
-            // Route WAIT like a write of the pool's key: to the master holding its slot.
-            let route = Route::with_key(routing_key, SlotAddr::Master);
-            let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-            // Mid-failover the client's slot map may still name a replica here: then
-            // the write's durability is unknown, and the caller retries (idempotent).
-            match c.route_command(wait, routing).await.map_err(map_err)? {
-                Value::Int(n) => (reply, n),
-                other => return Err(StoreError::Unavailable(format!("WAIT for {routing_key}: {other:?}"))),
-            }
-        }
-    };
-    if acked < i64::from(d.replicas) {
-        return Err(StoreError::Unavailable(format!(
-            "write to {routing_key} acknowledged by {acked} of {} replicas within {} ms",
-            d.replicas, d.timeout_ms
-        )));
-    }
-    Ok(reply)
 }
 
 fn check_prefix(key_prefix: &str) -> Result<(), StoreError> {

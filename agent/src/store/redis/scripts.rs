@@ -36,11 +36,23 @@ macro_rules! with_outbox {
     };
 }
 
+/// An acquire script: the outbox and `lua/record.lua` (which writes a new reservation's
+/// record) joined with the script's own text.
+macro_rules! for_acquire {
+    ($name:literal) => {
+        Script::new(concat!(
+            include_str!("../../../../lua/outbox.lua"),
+            include_str!("../../../../lua/record.lua"),
+            include_str!(concat!("../../../../lua/", $name))
+        ))
+    };
+}
+
 impl Scripts {
     pub(super) fn load() -> Self {
         Self {
-            acquire: with_outbox!("acquire.lua"),
-            acquire_batch: with_outbox!("acquire_batch.lua"),
+            acquire: for_acquire!("acquire.lua"),
+            acquire_batch: for_acquire!("acquire_batch.lua"),
             confirm: with_outbox!("confirm.lua"),
             cancel: with_outbox!("cancel.lua"),
             expire: with_outbox!("expire.lua"),
