@@ -141,7 +141,7 @@ pub fn render(figure: Option<&StockingFigure>) -> String {
         "(iii) stocking {} items through one agent (Redis store; each item loaded as a buyer's first Acquire would, {} at a time)\n\
          create at the center {:.2} s; load in the agent {:.2} s; all pools stocked {:.2} s\n\
          center calls: {} DescribeItems + {} BorrowMany + {} Borrow = {} ({:.1} per 1,000 items)\n",
-        f.items,
+        crate::stats::fmt_rate(f.items as f64),
         LOADS_AT_ONCE,
         f.create_s,
         f.load_s,

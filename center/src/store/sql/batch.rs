@@ -1,14 +1,15 @@
 //! One transaction for a batch of Borrows and Returns (`store::batch` decides; this
 //! reads and writes). A fixed number of statements whatever the batch's size (chunked
 //! only past a few hundred lines): request records, the items locked in id order, the
-//! channels' sessions, the items' allocations, then one write per table.
+//! channels' sessions, the items' allocations, then one write per table (on PostgreSQL
+//! the three writes are one statement).
 
 use std::collections::{BTreeSet, HashMap};
 
-use inventory_core::ledger::ChannelSession;
+use inventory_core::ledger::{ChannelSession, ItemState};
 
 use super::rows::{alloc_from_row, item_from_row, placeholders, session_from_row, to_db};
-use super::{SqlLedger, Tx};
+use super::{Dialect, SqlLedger, Tx};
 use crate::error::CenterError;
 use crate::store::Result;
 use crate::store::batch::{self, AllocRow, AllocWrite, Answer, Op, Recorded, RequestKey, Snapshot};
@@ -55,15 +56,21 @@ impl SqlLedger {
         let channels: BTreeSet<&str> = live.iter().map(|op| op.channel.as_str()).collect();
         let snap = self.read_snapshot(&mut tx, &items, &channels).await?;
         let applied = batch::apply(ops, replays, &snap);
-        Self::write_items(&mut tx, &applied.items).await?;
-        Self::write_allocs(&mut tx, &applied.allocs).await?;
         let mut records = Vec::with_capacity(applied.record.len());
         for &i in &applied.record {
             let answer =
                 applied.answers[i].as_ref().map_err(|_| CenterError::Internal("no answer to record".into()))?;
             records.push((&ops[i], answer.to_record()?));
         }
-        if !Self::put_requests(&mut tx, &records).await? {
+        let fits = [applied.items.len(), applied.allocs.len(), records.len()].iter().all(|&n| n <= CHUNK);
+        let recorded = if self.dialect == Dialect::Postgres && fits {
+            Self::write_together(&mut tx, &applied.items, &applied.allocs, &records).await?
+        } else {
+            Self::write_items(&mut tx, &applied.items).await?;
+            Self::write_allocs(&mut tx, &applied.allocs).await?;
+            Self::put_requests(&mut tx, &records).await?
+        };
+        if !recorded {
             tx.rollback().await?;
             return Ok(None);
         }
@@ -162,29 +169,72 @@ impl SqlLedger {
         Ok(snap)
     }
 
-    /// Conditional updates: each applies only if the row still holds what was read.
-    async fn write_items(
+    /// On PostgreSQL, the three writes of [`SqlLedger::write_items`],
+    /// [`SqlLedger::write_allocs`] and [`SqlLedger::put_requests`] as one statement
+    /// (data-modifying CTEs): one round trip under the items' locks instead of three. Its
+    /// answer is theirs: `Err` when an item changed under the lock, `false` when another
+    /// transaction recorded one of the request ids first.
+    async fn write_together(
         tx: &mut Tx,
-        items: &[(String, inventory_core::ledger::ItemState, inventory_core::ledger::ItemState)],
-    ) -> Result<()> {
+        items: &[ItemWrite],
+        allocs: &[AllocWrite],
+        records: &[(&Op, String)],
+    ) -> Result<bool> {
+        let mut parts = Vec::new();
+        let mut next = 1;
+        if !items.is_empty() {
+            parts.push(format!(
+                "vi (item_id, total, available, written_off, old_total, old_available) AS (VALUES {}), \
+                 wi AS ({ITEMS_UPDATE} FROM vi {ITEMS_WHERE} RETURNING 1)",
+                value_rows(next, items.len(), 6)
+            ));
+            next += items.len() * 6;
+        }
+        if !allocs.is_empty() {
+            parts.push(format!(
+                "va (item_id, channel, granted, returned, reclaimed, sell_rate_milli) AS (VALUES {}), \
+                 wa AS ({ALLOCS_INSERT} SELECT * FROM va {ALLOCS_CONFLICT} RETURNING 1)",
+                value_rows(next, allocs.len(), 6)
+            ));
+            next += allocs.len() * 6;
+        }
+        if !records.is_empty() {
+            parts.push(format!(
+                "vr (scope, request_id, fingerprint, response, created_at_ms, channel, epoch) AS (VALUES {}), \
+                 wr AS ({REQUESTS_INSERT} SELECT * FROM vr {REQUESTS_CONFLICT} RETURNING 1)",
+                value_rows(next, records.len(), 7)
+            ));
+        }
+        if parts.is_empty() {
+            return Ok(true);
+        }
+        let count =
+            |written: bool, cte: &str| if written { format!("(SELECT count(*) FROM {cte})") } else { "0".into() };
+        let sql = format!(
+            "WITH {} SELECT {} AS items, {} AS requests",
+            parts.join(", "),
+            count(!items.is_empty(), "wi"),
+            count(!records.is_empty(), "wr")
+        );
+        let q = bind_requests(bind_allocs(bind_items(sqlx::query(&sql), items)?, allocs)?, records)?;
+        use sqlx::Row;
+        let row = q.fetch_one(&mut **tx).await?;
+        let (updated, recorded): (i64, i64) = (row.try_get("items")?, row.try_get("requests")?);
+        if updated != items.len() as i64 {
+            return Err(CenterError::Internal("an item changed under a held lock".into()));
+        }
+        Ok(recorded == records.len() as i64)
+    }
+
+    /// Conditional updates: each applies only if the row still holds what was read.
+    async fn write_items(tx: &mut Tx, items: &[ItemWrite]) -> Result<()> {
         for chunk in items.chunks(CHUNK) {
             let sql = format!(
-                "WITH v (item_id, total, available, written_off, old_total, old_available) AS (VALUES {}) \
-                 UPDATE items SET total = v.total, available = v.available, written_off = v.written_off FROM v \
-                 WHERE items.item_id = v.item_id AND items.total = v.old_total AND items.available = v.old_available",
+                "WITH vi (item_id, total, available, written_off, old_total, old_available) AS (VALUES {}) \
+                 {ITEMS_UPDATE} FROM vi {ITEMS_WHERE}",
                 value_rows(1, chunk.len(), 6)
             );
-            let mut q = sqlx::query(&sql);
-            for (id, before, after) in chunk {
-                q = q
-                    .bind(id.as_str())
-                    .bind(to_db("total", after.total)?)
-                    .bind(to_db("available", after.available)?)
-                    .bind(to_db("written_off", after.written_off)?)
-                    .bind(to_db("total", before.total)?)
-                    .bind(to_db("available", before.available)?);
-            }
-            let done = q.execute(&mut **tx).await?;
+            let done = bind_items(sqlx::query(&sql), chunk)?.execute(&mut **tx).await?;
             if done.rows_affected() != chunk.len() as u64 {
                 return Err(CenterError::Internal("an item changed under a held lock".into()));
             }
@@ -196,28 +246,8 @@ impl SqlLedger {
     /// heartbeats). A rate of -1 keeps the stored one: only rows that exist get it.
     async fn write_allocs(tx: &mut Tx, allocs: &[AllocWrite]) -> Result<()> {
         for chunk in allocs.chunks(CHUNK) {
-            let sql = format!(
-                "INSERT INTO allocations (item_id, channel, granted, returned, reclaimed, sell_rate_milli) VALUES {} \
-                 ON CONFLICT (item_id, channel) DO UPDATE SET granted = excluded.granted, \
-                 returned = excluded.returned, reclaimed = excluded.reclaimed, sell_rate_milli = CASE \
-                 WHEN excluded.sell_rate_milli < 0 THEN allocations.sell_rate_milli ELSE excluded.sell_rate_milli END",
-                value_rows(1, chunk.len(), 6)
-            );
-            let mut q = sqlx::query(&sql);
-            for w in chunk {
-                let rate = match w.sell_rate {
-                    Some(r) => to_db("sell_rate_milli", r)?,
-                    None => -1,
-                };
-                q = q
-                    .bind(w.item.as_str())
-                    .bind(w.channel.as_str())
-                    .bind(to_db("granted", w.alloc.granted)?)
-                    .bind(to_db("returned", w.alloc.returned)?)
-                    .bind(to_db("reclaimed", w.alloc.reclaimed)?)
-                    .bind(rate);
-            }
-            q.execute(&mut **tx).await?;
+            let sql = format!("{ALLOCS_INSERT} VALUES {} {ALLOCS_CONFLICT}", value_rows(1, chunk.len(), 6));
+            bind_allocs(sqlx::query(&sql), chunk)?.execute(&mut **tx).await?;
         }
         Ok(())
     }
@@ -225,31 +255,81 @@ impl SqlLedger {
     /// Records the first answers; false when another transaction recorded one of the ids
     /// first (`DO NOTHING` waits for it and does not abort this transaction).
     async fn put_requests(tx: &mut Tx, records: &[(&Op, String)]) -> Result<bool> {
-        let now = crate::clock::now_ms();
         for chunk in records.chunks(CHUNK) {
-            let sql = format!(
-                "INSERT INTO requests (scope, request_id, fingerprint, response, created_at_ms, channel, epoch) \
-                 VALUES {} ON CONFLICT (scope, request_id) DO NOTHING",
-                value_rows(1, chunk.len(), 7)
-            );
-            let mut q = sqlx::query(&sql);
-            for (op, response) in chunk {
-                let m = op.mutation();
-                q = q
-                    .bind(m.scope())
-                    .bind(op.request_id.as_str())
-                    .bind(m.fingerprint())
-                    .bind(response.as_str())
-                    .bind(now)
-                    .bind(op.channel.as_str())
-                    .bind(to_db("epoch", op.epoch)?);
-            }
-            if q.execute(&mut **tx).await?.rows_affected() != chunk.len() as u64 {
+            let sql = format!("{REQUESTS_INSERT} VALUES {} {REQUESTS_CONFLICT}", value_rows(1, chunk.len(), 7));
+            if bind_requests(sqlx::query(&sql), chunk)?.execute(&mut **tx).await?.rows_affected() != chunk.len() as u64
+            {
                 return Ok(false);
             }
         }
         Ok(true)
     }
+}
+
+type Query<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>;
+type ItemWrite = (String, ItemState, ItemState);
+
+// The three writes of a batch, as statements of their own (any engine) and as the CTEs of
+// one statement (PostgreSQL). The items' values come as `vi`.
+const ITEMS_UPDATE: &str = "UPDATE items SET total = vi.total, available = vi.available, written_off = vi.written_off";
+const ITEMS_WHERE: &str =
+    "WHERE items.item_id = vi.item_id AND items.total = vi.old_total AND items.available = vi.old_available";
+const ALLOCS_INSERT: &str = "INSERT INTO allocations (item_id, channel, granted, returned, reclaimed, sell_rate_milli)";
+const ALLOCS_CONFLICT: &str = "ON CONFLICT (item_id, channel) DO UPDATE SET granted = excluded.granted, \
+     returned = excluded.returned, reclaimed = excluded.reclaimed, sell_rate_milli = CASE \
+     WHEN excluded.sell_rate_milli < 0 THEN allocations.sell_rate_milli ELSE excluded.sell_rate_milli END";
+const REQUESTS_INSERT: &str =
+    "INSERT INTO requests (scope, request_id, fingerprint, response, created_at_ms, channel, epoch)";
+const REQUESTS_CONFLICT: &str = "ON CONFLICT (scope, request_id) DO NOTHING";
+
+/// Six values an item: id, the new total, available and written off, the old total and
+/// available (the update applies only if the row still holds those).
+fn bind_items<'q>(mut q: Query<'q>, items: &'q [ItemWrite]) -> Result<Query<'q>> {
+    for (id, before, after) in items {
+        q = q
+            .bind(id.as_str())
+            .bind(to_db("total", after.total)?)
+            .bind(to_db("available", after.available)?)
+            .bind(to_db("written_off", after.written_off)?)
+            .bind(to_db("total", before.total)?)
+            .bind(to_db("available", before.available)?);
+    }
+    Ok(q)
+}
+
+/// Six values an allocation; a sell rate of -1 keeps the stored one.
+fn bind_allocs<'q>(mut q: Query<'q>, allocs: &'q [AllocWrite]) -> Result<Query<'q>> {
+    for w in allocs {
+        let rate = match w.sell_rate {
+            Some(r) => to_db("sell_rate_milli", r)?,
+            None => -1,
+        };
+        q = q
+            .bind(w.item.as_str())
+            .bind(w.channel.as_str())
+            .bind(to_db("granted", w.alloc.granted)?)
+            .bind(to_db("returned", w.alloc.returned)?)
+            .bind(to_db("reclaimed", w.alloc.reclaimed)?)
+            .bind(rate);
+    }
+    Ok(q)
+}
+
+/// Seven values a request record.
+fn bind_requests<'q>(mut q: Query<'q>, records: &'q [(&Op, String)]) -> Result<Query<'q>> {
+    let now = crate::clock::now_ms();
+    for (op, response) in records {
+        let m = op.mutation();
+        q = q
+            .bind(m.scope())
+            .bind(op.request_id.as_str())
+            .bind(m.fingerprint())
+            .bind(response.as_str())
+            .bind(now)
+            .bind(op.channel.as_str())
+            .bind(to_db("epoch", op.epoch)?);
+    }
+    Ok(q)
 }
 
 fn busy() -> CenterError {
