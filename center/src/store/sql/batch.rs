@@ -220,10 +220,10 @@ impl SqlLedger {
         use sqlx::Row;
         let row = q.fetch_one(&mut **tx).await?;
         let (updated, recorded): (i64, i64) = (row.try_get("items")?, row.try_get("requests")?);
-        if updated != items.len() as i64 {
+        if usize::try_from(updated).ok() != Some(items.len()) {
             return Err(CenterError::Internal("an item changed under a held lock".into()));
         }
-        Ok(recorded == records.len() as i64)
+        Ok(usize::try_from(recorded).ok() == Some(records.len()))
     }
 
     /// Conditional updates: each applies only if the row still holds what was read.
