@@ -14,6 +14,7 @@
 //! per take id) and [`Pool::untake`] (up again, once per take id).
 
 mod model;
+mod shards;
 #[cfg(test)]
 mod tests;
 

@@ -1,9 +1,10 @@
 //! [`Pool`] and its operations. Every branch has its twin in a `lua/` script.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
+use super::shards::Shards;
 use super::{
     AcquireArgs, AcquireResult, EventPage, ExtendResult, OutboxStats, PoolError, PoolEvent, PoolSnapshot,
     ReservationRef, ReservationState, Transition,
@@ -76,14 +77,15 @@ pub struct Pool {
     fence: u64,
     // Looked up by id, key and user on every call: hash maps (a pool holds every
     // reservation of its retention window; ordered trees of strings cost a cache miss per
-    // level). What iterates them sorts first, so answers stay deterministic.
-    reservations: HashMap<String, Reservation>,
+    // level), split in shards so that growing one never stalls the pool for long. What
+    // iterates them sorts first, so answers stay deterministic.
+    reservations: Shards<Reservation>,
     /// RESERVED reservations by expiry.
     due: BTreeSet<(i64, String)>,
     /// Units each user holds (reserved + confirmed); users holding 0 are absent.
-    held: HashMap<String, u64>,
+    held: Shards<u64>,
     /// idempotency key -> reservation id.
-    keys: HashMap<String, String>,
+    keys: Shards<String>,
     /// grant id -> units applied.
     grants: BTreeMap<String, u64>,
     takes: BTreeMap<String, Take>,
