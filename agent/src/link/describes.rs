@@ -5,35 +5,27 @@
 //! center that answers DescribeItems UNIMPLEMENTED (an older one), each load goes alone.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use inventory_proto::v1 as pb;
 use tokio::sync::oneshot;
 use tonic::{Code, Status};
 
 use super::CenterLink;
+use super::gather::Gather;
 
 type Answer = Result<pb::DescribeItemResponse, Status>;
 
 /// Most items one DescribeItems names (the center's bound).
 const MAX_ITEMS: usize = 500;
-/// Calls in flight at once: one slow call does not hold up every load.
-const SENDERS: usize = 4;
-
 #[derive(Default)]
 pub(super) struct Describes {
-    queue: Mutex<Queue>,
+    queue: Gather<(String, oneshot::Sender<Answer>)>,
     /// The center answered DescribeItems UNIMPLEMENTED.
     refused: AtomicBool,
     /// DescribeItems calls answered so far.
     many_calls: AtomicU64,
-}
-
-#[derive(Default)]
-struct Queue {
-    waiting: Vec<(String, oneshot::Sender<Answer>)>,
-    senders: usize,
 }
 
 impl CenterLink {
@@ -43,17 +35,7 @@ impl CenterLink {
             return self.describe(item_id).await;
         }
         let (tx, rx) = oneshot::channel();
-        let start = {
-            let mut q = self.describes.queue.lock().unwrap_or_else(|e| e.into_inner());
-            q.waiting.push((item_id.to_owned(), tx));
-            let start = q.senders < SENDERS;
-            if start {
-                q.senders += 1;
-            }
-            start
-        };
-        if start {
-            // A task of its own: a caller that stops waiting must not strand the others.
+        if self.describes.queue.push((item_id.to_owned(), tx)) {
             let link = Arc::clone(self);
             tokio::spawn(async move { link.send_describes().await });
         }
@@ -67,16 +49,10 @@ impl CenterLink {
 
     /// Sends what waits, a call at a time, until nothing does.
     async fn send_describes(self: Arc<Self>) {
-        loop {
-            let batch: Vec<_> = {
-                let mut q = self.describes.queue.lock().unwrap_or_else(|e| e.into_inner());
-                if q.waiting.is_empty() {
-                    q.senders -= 1;
-                    return;
-                }
-                let n = q.waiting.len().min(MAX_ITEMS);
-                q.waiting.drain(..n).collect()
-            };
+        while let Some(batch) = self.describes.queue.next(|waiting| {
+            let n = waiting.len().min(MAX_ITEMS);
+            waiting.drain(..n).collect()
+        }) {
             self.describe_batch(batch).await;
         }
     }

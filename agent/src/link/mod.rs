@@ -2,9 +2,10 @@
 //! request ids retried on UNAVAILABLE, heartbeats, and the channel's event stream.
 
 mod describes;
+mod gather;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use inventory_core::channel::lease;
@@ -16,6 +17,8 @@ use tokio::sync::oneshot;
 use tonic::transport::Endpoint;
 use tonic::{Code, Status};
 use tracing::Instrument;
+
+use gather::Gather;
 
 /// Retries of one Borrow/Return on a retryable error, all with the same request id.
 const ATTEMPTS: u32 = 5;
@@ -44,7 +47,7 @@ pub struct CenterLink {
     /// `Bearer <token>` for the center; never logged.
     auth: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
     /// Borrows waiting to go to the center together ([`CenterLink::borrow`]).
-    coalesce: Mutex<Coalesce>,
+    coalesce: Gather<Waiting>,
     /// Whether the center serves BorrowMany: [`MANY_UNKNOWN`], [`MANY_SERVED`] or [`MANY_REFUSED`].
     borrow_many: AtomicU8,
     /// BorrowMany calls answered so far.
@@ -70,17 +73,6 @@ struct Waiting {
     /// The caller's span: the call is sent from another task, and its `traceparent` must
     /// still name the caller's Borrow span.
     span: tracing::Span,
-}
-
-/// Tasks sending Borrows at once: one slow call does not hold up every pool's Borrow.
-const SENDERS: usize = 4;
-
-#[derive(Default)]
-struct Coalesce {
-    waiting: Vec<Waiting>,
-    /// Tasks sending what waits (at most [`SENDERS`]); calls that arrive while all are
-    /// busy join one's next call.
-    senders: usize,
 }
 
 /// W3C trace context for a Borrow/Return: when spans are exported, the current span's (so
@@ -161,7 +153,7 @@ impl CenterLink {
             credential_refusals: AtomicU64::new(0),
             credentials_refused: AtomicBool::new(false),
             auth,
-            coalesce: Mutex::new(Coalesce::default()),
+            coalesce: Gather::default(),
             borrow_many: AtomicU8::new(MANY_UNKNOWN),
             borrow_many_calls: AtomicU64::new(0),
             borrow_calls: AtomicU64::new(0),
@@ -335,17 +327,7 @@ impl CenterLink {
             request_id: request_id.to_owned(),
             sell_rate_milli,
         };
-        let start = {
-            let mut c = self.coalesce.lock().unwrap_or_else(|e| e.into_inner());
-            c.waiting.push(Waiting { line, epoch, answer: tx, span: tracing::Span::current() });
-            let start = c.senders < SENDERS;
-            if start {
-                c.senders += 1;
-            }
-            start
-        };
-        if start {
-            // A task of its own: a caller that gives up does not strand the others.
+        if self.coalesce.push(Waiting { line, epoch, answer: tx, span: tracing::Span::current() }) {
             let me = Arc::clone(self);
             tokio::spawn(async move { me.send_waiting().await });
         }
@@ -364,26 +346,21 @@ impl CenterLink {
 
     /// Sends what waits, one call at a time, until nothing does.
     async fn send_waiting(self: Arc<Self>) {
-        loop {
-            let batch: Vec<Waiting> = {
-                let mut c = self.coalesce.lock().unwrap_or_else(|e| e.into_inner());
-                let Some(epoch) = c.waiting.first().map(|w| w.epoch) else {
-                    c.senders -= 1;
-                    return;
-                };
-                // One epoch per call; the others wait for the next one.
-                let mut batch = Vec::new();
-                let mut rest = Vec::new();
-                for w in c.waiting.drain(..) {
-                    if w.epoch == epoch && batch.len() < MAX_BORROW_LINES {
-                        batch.push(w);
-                    } else {
-                        rest.push(w);
-                    }
+        while let Some(batch) = self.coalesce.next(|waiting| {
+            // One epoch per call; the others wait for the next one.
+            let epoch = waiting[0].epoch;
+            let mut batch = Vec::new();
+            let mut rest = Vec::new();
+            for w in waiting.drain(..) {
+                if w.epoch == epoch && batch.len() < MAX_BORROW_LINES {
+                    batch.push(w);
+                } else {
+                    rest.push(w);
                 }
-                c.waiting = rest;
-                batch
-            };
+            }
+            *waiting = rest;
+            batch
+        }) {
             if batch.len() == 1 || self.borrow_many.load(Ordering::Acquire) == MANY_REFUSED {
                 futures::future::join_all(batch.into_iter().map(|w| self.answer_one(w))).await;
             } else {

@@ -75,6 +75,19 @@ impl Center {
 
     /// Creates an item with explicit default watermarks.
     pub async fn create_item(&self, item: &str, total: u64, per_user_limit: u64, wm: (u64, u64, u64)) {
+        self.create_segmented_item(item, total, per_user_limit, wm, 0).await;
+    }
+
+    /// Like [`Center::create_item`], the item's stock in each channel split over `segments`
+    /// pools (0: the center's default).
+    pub async fn create_segmented_item(
+        &self,
+        item: &str,
+        total: u64,
+        per_user_limit: u64,
+        wm: (u64, u64, u64),
+        segments: u32,
+    ) {
         self.admin()
             .await
             .create_item(pb::CreateItemRequest {
@@ -83,6 +96,7 @@ impl Center {
                 per_user_limit,
                 reservation_ttl_ms: 300_000,
                 watermarks: Some(pb::Watermarks { low: wm.0, high: wm.1, batch: wm.2 }),
+                segments,
                 ..Default::default()
             })
             .await

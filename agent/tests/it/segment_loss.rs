@@ -158,20 +158,7 @@ async fn redis_a_lost_segment_that_held_nothing_comes_back_by_itself() {
     const EMPTY: u32 = 3;
     let center = Center::start_postgres().await;
     // 3 units over 4 segments: segment 3's share is none.
-    center
-        .admin()
-        .await
-        .create_item(pb::CreateItemRequest {
-            item_id: ITEM.into(),
-            total: 3,
-            per_user_limit: 1,
-            reservation_ttl_ms: 300_000,
-            watermarks: Some(pb::Watermarks { low: 1, high: 12, batch: 3 }),
-            segments: SEGMENTS,
-            ..Default::default()
-        })
-        .await
-        .expect("create item");
+    center.create_segmented_item(ITEM, 3, 1, (1, 12, 3), SEGMENTS).await;
     let redis = TestRedis::create().await;
     let spec = StoreSpec::Redis { url: redis.url.clone(), prefix: redis.prefix.clone() };
     let agent = LocalAgent::start(&center.url, "app", &spec).await;

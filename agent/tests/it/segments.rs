@@ -21,20 +21,7 @@ pub(crate) const TARGET: u32 = 2;
 /// An item of 16 units in 4 segments whose first batch takes the whole total, so the
 /// center is dry once the agent stocked (4 units in each segment).
 pub(crate) async fn segmented_item(center: &Center) {
-    center
-        .admin()
-        .await
-        .create_item(pb::CreateItemRequest {
-            item_id: ITEM.into(),
-            total: TOTAL,
-            per_user_limit: 1,
-            reservation_ttl_ms: 300_000,
-            watermarks: Some(pb::Watermarks { low: 8, high: 32, batch: TOTAL }),
-            segments: SEGMENTS,
-            ..Default::default()
-        })
-        .await
-        .expect("create item");
+    center.create_segmented_item(ITEM, TOTAL, 1, (8, 32, TOTAL), SEGMENTS).await;
 }
 
 /// Users whose Acquires go to `segment`.

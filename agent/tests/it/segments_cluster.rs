@@ -74,20 +74,7 @@ async fn buy(client: &mut AgentClient<Channel>, user: &str, key: &str) -> Got {
 async fn a_segmented_sale_on_a_redis_cluster_survives_a_master_failover() {
     let mut cluster = RedisCluster::start(3, 2).await;
     let center = Center::start_postgres().await;
-    center
-        .admin()
-        .await
-        .create_item(pb::CreateItemRequest {
-            item_id: ITEM.into(),
-            total: TOTAL,
-            per_user_limit: LIMIT,
-            reservation_ttl_ms: 300_000,
-            watermarks: Some(pb::Watermarks { low: 100, high: 400, batch: 200 }),
-            segments: SEGMENTS,
-            ..Default::default()
-        })
-        .await
-        .expect("create item");
+    center.create_segmented_item(ITEM, TOTAL, LIMIT, (100, 400, 200), SEGMENTS).await;
     // Every pool write (and move intent) waits for a replica: no segment's data is lost.
     let (agents, clients) = crate::cluster::agents_on(&cluster, &center, &CHANNELS, "sg").await;
     // The segments spread over the masters.

@@ -67,21 +67,13 @@ impl DurablePool {
                 Err(e) => Err(e),
             };
         }
-        match answer {
-            Ok(answer) => {
-                self.idle.lock().unwrap_or_else(PoisonError::into_inner).push(conn);
-                Ok(answer)
-            }
-            // A server's error answer leaves the connection usable; anything else
-            // (I/O, timeout, a dropped connection) does not: it is closed, and the next
-            // write opens another.
-            Err(e) => {
-                if matches!(e.kind(), ErrorKind::Server(_)) {
-                    self.idle.lock().unwrap_or_else(PoisonError::into_inner).push(conn);
-                }
-                Err(map_err(e))
-            }
+        // An answer, or a server's error answer, leaves the connection usable; anything
+        // else (I/O, timeout, a dropped connection) does not: it is closed, and the next
+        // write opens another.
+        if answer.as_ref().map_or_else(|e| matches!(e.kind(), ErrorKind::Server(_)), |_| true) {
+            self.idle.lock().unwrap_or_else(PoisonError::into_inner).push(conn);
         }
+        answer.map_err(map_err)
     }
 }
 
