@@ -175,7 +175,8 @@ pub struct AgentConfig {
     pub buyer_registry_prefix: String,
     /// How long a claim may stay unbound to a reservation before the sweeper settles it
     /// from the pool (an agent died between the claim and the pool call). At least twice
-    /// --miss-wait-ms: the sweeper must never settle a claim whose Acquire is still running.
+    /// --miss-wait-ms, so a running Acquire's claim is rarely settled under it; one that
+    /// is (a starved process, a slow store) claims again before it answers.
     #[arg(long, env = "INVENTORY_BUYER_CLAIM_PENDING_MS", default_value_t = crate::buyers::limit::DEFAULT_PENDING_MS)]
     pub buyer_claim_pending_ms: u64,
     /// Test-only fault point: the process aborts (no cleanup, as under kill -9) when an

@@ -95,10 +95,12 @@ pub struct Metrics {
     /// Moves between the segments of a segmented item's pool.
     segment_moves: Counter,
     /// The buyer registry (global per-user limits): claims made, released, settled by the
-    /// sweeper, and calls that failed.
+    /// sweeper, lapsed under a pool call that outlived the pending bound (claimed
+    /// again before the answer), and calls that failed.
     pub buyer_claims: Counter,
     pub buyer_releases: Counter,
     pub buyer_swept: Counter,
+    pub buyer_lapsed_claims: Counter,
     pub buyer_registry_errors: Counter,
     /// Baskets: reserved (every line), failed (a line short or in error, undone),
     /// compensated (undone by recovery: the driver crashed or was too slow), and the open
@@ -144,6 +146,7 @@ impl Default for Metrics {
             buyer_claims: Counter::default(),
             buyer_releases: Counter::default(),
             buyer_swept: Counter::default(),
+            buyer_lapsed_claims: Counter::default(),
             buyer_registry_errors: Counter::default(),
             baskets_reserved: Counter::default(),
             baskets_failed: Counter::default(),
@@ -276,6 +279,11 @@ impl Metrics {
                 &self.buyer_releases,
             ),
             ("inventory_agent_buyer_swept", "Claims the buyer registry's sweeper released", &self.buyer_swept),
+            (
+                "inventory_agent_buyer_lapsed_claims",
+                "Claims found released when their pool call ended (claimed again before answering)",
+                &self.buyer_lapsed_claims,
+            ),
             (
                 "inventory_agent_buyer_registry_errors",
                 "Failed calls to the buyer registry",

@@ -5,13 +5,13 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use inventory_core::channel::{Admission, MissPlan, OpKind, Refusal};
 use inventory_core::{ItemId, UserId};
 use inventory_proto::v1 as pb;
 
-use crate::buyers::limit::{Claimed, GlobalLimits};
+use crate::buyers::limit::{AfterAcquire, Claimed, ClaimedAcquire, GlobalLimits};
 use crate::error::AgentError;
 use crate::items::{Item, Items};
 use crate::link::CenterLink;
@@ -154,6 +154,7 @@ impl Selling {
                 pool.segment, item.item_id
             )));
         }
+        let claimed_at = Instant::now();
         match self.global.claim(&item, &user, &req.idempotency_key, req.quantity, policy.per_user_limit).await? {
             Claimed::OverLimit { remaining } => {
                 self.metrics.acquire(Outcome::LimitExceeded);
@@ -196,7 +197,24 @@ impl Selling {
                 self.metrics.partial_acquire();
             }
         }
-        self.global.after_acquire(&item, &args.user_id, &args.idempotency_key, &result).await;
+        let claimed = ClaimedAcquire {
+            user: &args.user_id,
+            key: &args.idempotency_key,
+            quantity: args.quantity,
+            limit: policy.per_user_limit,
+            claimed_at,
+        };
+        if let AfterAcquire::OverLimit { remaining } = self.global.after_acquire(&item, claimed, &result).await? {
+            if let AcquireResult::Reserved { reservation_id, .. } = &result {
+                self.withdraw(&item, &pool, reservation_id).await;
+            }
+            self.metrics.acquire(Outcome::LimitExceeded);
+            return Ok(pb::AcquireResponse {
+                outcome: pb::AcquireOutcome::LimitExceeded as i32,
+                limit_remaining: remaining,
+                ..Default::default()
+            });
+        }
         let response = match result {
             AcquireResult::Reserved { reservation_id, quantity, expires_at_ms, replayed, generation } => {
                 self.metrics.acquire(Outcome::Reserved);
@@ -251,6 +269,21 @@ impl Selling {
             }
         };
         Ok(response)
+    }
+
+    /// Cancels a reservation that is not to be answered (its global claim lapsed and the
+    /// allowance went elsewhere), so its units are on sale again at once. A failed cancel
+    /// leaves it to expire: nobody was told of it.
+    async fn withdraw(&self, item: &Item, pool: &PoolKey, reservation_id: &str) {
+        match self.store.cancel(pool, reservation_id).await {
+            Ok(t) => {
+                self.events.written(pool);
+                item.with(|c| if matches!(t, Transition::Done(_)) { c.stock_returned() } else { c.touch() });
+            }
+            Err(e) => {
+                tracing::warn!(item = %item.item_id, reservation_id, error = %e, "withdrawn reservation left to expire");
+            }
+        }
     }
 
     /// The pool had too little: a follower asks the leader and waits for its refill; the

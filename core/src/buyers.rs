@@ -261,9 +261,9 @@ impl Buyer {
         if !self.due(now_ms).iter().any(|k| k == key) {
             return Settled::Untouched;
         }
-        // No record: a pending claim's Acquire never reserved (its store call is bounded
-        // by the pending bound); a held one's record outlived its retention, so it ended
-        // long ago and holds nothing.
+        // No record: a pending claim's Acquire has not reserved (if its pool call is still
+        // on its way, its bind finds the claim gone and claims again before answering); a
+        // held one's record outlived its retention, so it ended long ago and holds nothing.
         let Some(f) = found else { return Settled::Released { quantity: self.release(key) } };
         match f.state {
             ReservationState::Reserved if f.expires_at_ms > now_ms => {

@@ -157,17 +157,22 @@ pub fn free_port() -> u16 {
 }
 
 /// A private `redis-server` on a free port, without persistence, for tests that kill,
-/// flush or restart Redis. Killed when dropped.
+/// flush or restart Redis. Killed (and its directory removed) when dropped.
 pub struct RedisServer {
     pub port: u16,
     pub url: String,
+    /// Its working directory: a full resync between a master and a replica writes an RDB
+    /// file even with `--save ""`, and it must not land in the caller's directory.
+    dir: PathBuf,
     child: Option<Child>,
 }
 
 impl RedisServer {
     pub async fn start() -> Self {
         let port = free_port();
-        let mut server = Self { port, url: format!("redis://127.0.0.1:{port}"), child: None };
+        let dir = std::env::temp_dir().join(format!("inventory-redis-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("create the redis-server directory");
+        let mut server = Self { port, url: format!("redis://127.0.0.1:{port}"), dir, child: None };
         server.spawn().await;
         server
     }
@@ -175,6 +180,8 @@ impl RedisServer {
     async fn spawn(&mut self) {
         let child = Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string(), "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -207,6 +214,7 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

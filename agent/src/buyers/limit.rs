@@ -5,6 +5,7 @@
 //! settles it from the pool after the pending bound.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use inventory_core::buyers::{ClaimResult, LimitScope, RegistryFallback};
 
@@ -26,6 +27,27 @@ pub enum Claimed {
     /// The allowance is claimed under the Acquire's key.
     Held,
     /// Over the global limit: answer LIMIT_EXCEEDED with what is left.
+    OverLimit { remaining: u64 },
+}
+
+/// The Acquire a claim was made for, as [`GlobalLimits::after_acquire`] needs it.
+pub struct ClaimedAcquire<'a> {
+    pub user: &'a str,
+    pub key: &'a str,
+    /// The quantity and limit the claim was made with.
+    pub quantity: u64,
+    pub limit: u64,
+    /// When the claim was asked for (before its registry call).
+    pub claimed_at: Instant,
+}
+
+/// What the pool's answer may be given as after the registry's part.
+#[derive(Debug, PartialEq, Eq)]
+pub enum AfterAcquire {
+    /// Answer as the pool said.
+    Kept,
+    /// The claim lapsed during the pool call and the allowance went to another of the
+    /// user's Acquires: the reservation must be cancelled, the answer LIMIT_EXCEEDED.
     OverLimit { remaining: u64 },
 }
 
@@ -129,13 +151,58 @@ impl GlobalLimits {
     }
 
     /// After the pool call: a reservation binds the claim; no reservation releases it.
-    /// Best-effort: a claim left unbound is settled by the sweeper from the pool.
-    pub async fn after_acquire(&self, item: &Item, user: &str, key: &str, result: &AcquireResult) {
-        let Ok(Some(registry)) = self.registry_for(item) else { return };
+    ///
+    /// A reservation is answered only while its claim stands. The sweeper releases a claim
+    /// pending past the bound whose key the pool does not know, and a pool call still on
+    /// its way (a starved process, a slow store) looks just like that. So a bind that
+    /// finds its claim gone claims again before the reservation is answered: over the
+    /// limit then, the caller cancels the reservation nobody has seen and answers
+    /// LIMIT_EXCEEDED. A bind the registry did not answer is left to the sweeper while the
+    /// claim cannot have lapsed yet (the call took less than the pending bound); after
+    /// that nothing tells whether it did, so the answer is UNAVAILABLE (a retry with the
+    /// key claims first, then finds the same reservation in the pool).
+    pub async fn after_acquire(
+        &self,
+        item: &Item,
+        acquire: ClaimedAcquire<'_>,
+        result: &AcquireResult,
+    ) -> Result<AfterAcquire, AgentError> {
+        let Some(registry) = self.registry_for(item)? else { return Ok(AfterAcquire::Kept) };
+        let ClaimedAcquire { user, key, quantity, limit, claimed_at } = acquire;
         let id = item.item_id.as_str();
         let outcome = match result {
-            AcquireResult::Reserved { reservation_id, quantity, expires_at_ms, .. } => {
-                registry.bind(id, user, key, reservation_id, *quantity, *expires_at_ms).await.map(|_| ())
+            AcquireResult::Reserved { reservation_id, quantity: got, expires_at_ms, .. } => {
+                match registry.bind(id, user, key, reservation_id, *got, *expires_at_ms).await {
+                    Ok(true) => return Ok(AfterAcquire::Kept),
+                    Ok(false) => {
+                        self.metrics.buyer_lapsed_claims.inc();
+                        tracing::warn!(item = %id, key, "buyer registry: the claim lapsed during the pool call; claiming again");
+                        return match self.claim(item, user, key, quantity, limit).await? {
+                            Claimed::OverLimit { remaining } => Ok(AfterAcquire::OverLimit { remaining }),
+                            Claimed::NoClaim => Ok(AfterAcquire::Kept),
+                            Claimed::Held => {
+                                // Bound now, or bound by a replay of the key meanwhile.
+                                let bound = registry.bind(id, user, key, reservation_id, *got, *expires_at_ms).await;
+                                if let Err(e) = bound {
+                                    self.metrics.buyer_registry_errors.inc();
+                                    tracing::warn!(item = %id, error = %e, "buyer registry: claim left for the sweeper");
+                                }
+                                Ok(AfterAcquire::Kept)
+                            }
+                        };
+                    }
+                    Err(e) => {
+                        let pending = Duration::from_millis(self.pending_ms);
+                        if claimed_at.elapsed() >= pending && item.limit.fallback == RegistryFallback::Refuse {
+                            self.metrics.buyer_registry_errors.inc();
+                            return Err(AgentError::Unavailable(format!(
+                                "the buyer registry that keeps item {id}'s global per-user limit did not confirm the claim ({e}); \
+                                 retry with the same idempotency_key"
+                            )));
+                        }
+                        Err(e)
+                    }
+                }
             }
             // The pool holds a reservation under this key (another quantity): the claim
             // may be that reservation's; the sweeper settles it from the pool.
@@ -152,6 +219,7 @@ impl GlobalLimits {
             self.metrics.buyer_registry_errors.inc();
             tracing::warn!(item = %id, error = %e, "buyer registry: claim left for the sweeper");
         }
+        Ok(AfterAcquire::Kept)
     }
 
     /// The reservation was cancelled or refunded (the pool's change is done): its

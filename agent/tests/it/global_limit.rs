@@ -3,7 +3,7 @@
 //! between the claim and the pool call; an agent without the registry.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use inventory_proto::v1 as pb;
@@ -23,7 +23,7 @@ const IN_FLIGHT: usize = 256;
 /// the sweeper could release a claim whose pool call is still on its way.
 const PENDING_MS: &str = "4000";
 
-async fn create_global(center: &Center, item: &str, total: u64, ttl_ms: u64) {
+pub(crate) async fn create_global(center: &Center, item: &str, total: u64, ttl_ms: u64) {
     center
         .admin()
         .await
@@ -54,13 +54,13 @@ async fn agents(center: &Center, redis: &TestRedis) -> Vec<AgentProcess> {
 
 /// What one Acquire answered: a reservation id, another outcome, or a gRPC code.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Answer {
+pub(crate) enum Answer {
     Reserved(String),
     Outcome(i32),
     Code(tonic::Code),
 }
 
-async fn acquire(client: &mut AgentClient<Channel>, item: &str, user: &str, key: &str) -> Answer {
+pub(crate) async fn acquire(client: &mut AgentClient<Channel>, item: &str, user: &str, key: &str) -> Answer {
     match client.acquire(acquire_req(item, user, 1, key)).await {
         Ok(r) => {
             let r = r.into_inner();
@@ -89,7 +89,6 @@ async fn acquire_settled(client: &mut AgentClient<Channel>, item: &str, user: &s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn users_racing_on_three_channels_never_exceed_a_global_limit() {
-    let started = Instant::now();
     let redis = TestRedis::create().await;
     let center = Center::start_sqlite().await;
     create_global(&center, "drop", TOTAL, 300_000).await;
@@ -192,7 +191,6 @@ async fn users_racing_on_three_channels_never_exceed_a_global_limit() {
     assert!(rebought, "the expired reservation's allowance was never freed");
 
     drop(agents);
-    assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
 }
 
 /// Agent `app` with the registry, its Acquires of `user` aborting the process after the

@@ -411,6 +411,11 @@ impl ObservedStore {
         self.open.send_replace(true);
     }
 
+    /// Holds the Acquires that arrive from now on, until [`ObservedStore::open_gate`].
+    pub fn close_gate(&self) {
+        self.open.send_replace(false);
+    }
+
     fn count(&self, op: &'static str) {
         *self.calls.entry(op).or_default() += 1;
     }

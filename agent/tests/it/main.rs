@@ -3,6 +3,7 @@
 mod baskets;
 mod borrow_many;
 mod buyer_registry;
+mod claim_lapse;
 mod cluster;
 mod crash;
 mod event_stream;
