@@ -200,7 +200,6 @@ impl Selling {
         let claimed = ClaimedAcquire {
             user: &args.user_id,
             key: &args.idempotency_key,
-            quantity: args.quantity,
             limit: policy.per_user_limit,
             claimed_at,
         };

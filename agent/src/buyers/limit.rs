@@ -34,8 +34,7 @@ pub enum Claimed {
 pub struct ClaimedAcquire<'a> {
     pub user: &'a str,
     pub key: &'a str,
-    /// The quantity and limit the claim was made with.
-    pub quantity: u64,
+    /// The limit the claim was made under.
     pub limit: u64,
     /// When the claim was asked for (before its registry call).
     pub claimed_at: Instant,
@@ -168,7 +167,7 @@ impl GlobalLimits {
         result: &AcquireResult,
     ) -> Result<AfterAcquire, AgentError> {
         let Some(registry) = self.registry_for(item)? else { return Ok(AfterAcquire::Kept) };
-        let ClaimedAcquire { user, key, quantity, limit, claimed_at } = acquire;
+        let ClaimedAcquire { user, key, limit, claimed_at } = acquire;
         let id = item.item_id.as_str();
         let outcome = match result {
             AcquireResult::Reserved { reservation_id, quantity: got, expires_at_ms, .. } => {
@@ -177,7 +176,7 @@ impl GlobalLimits {
                     Ok(false) => {
                         self.metrics.buyer_lapsed_claims.inc();
                         tracing::warn!(item = %id, key, "buyer registry: the claim lapsed during the pool call; claiming again");
-                        return match self.claim(item, user, key, quantity, limit).await? {
+                        return match self.claim(item, user, key, *got, limit).await? {
                             Claimed::OverLimit { remaining } => Ok(AfterAcquire::OverLimit { remaining }),
                             Claimed::NoClaim => Ok(AfterAcquire::Kept),
                             Claimed::Held => {
