@@ -3,7 +3,6 @@
 //! channels never give a user more than the limit.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use inventory_agent::buyers::BuyerRegistry;
@@ -87,7 +86,6 @@ async fn users_racing_on_three_channels_with_replays_get_the_limit_once() {
     const CHANNELS: [&str; 3] = ["app", "web", "partner"];
     let redis = TestRedis::create().await;
     let reg = registry(&redis).await;
-    let began = Instant::now();
     // Each user sends the purchase on all three channels at once (a key per channel), and
     // each call twice (a replay).
     let calls = (0..USERS).flat_map(|u| CHANNELS.iter().flat_map(move |c| [(u, *c), (u, *c)]));
@@ -119,7 +117,6 @@ async fn users_racing_on_three_channels_with_replays_get_the_limit_once() {
     assert_eq!(reg.release("drop", "user-0", key).await.unwrap(), 1);
     let again = reg.claim("drop", "user-0", "order-0-again", "web", 1, 1, 60_000).await.unwrap();
     assert_eq!(again, ClaimResult::Claimed { replayed: false });
-    assert!(began.elapsed() < Duration::from_secs(30), "took {:?}", began.elapsed());
 }
 
 /// The agent died between claiming and deducting (k2), or the reservation ended without
