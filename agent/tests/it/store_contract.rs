@@ -1460,7 +1460,8 @@ async fn a_batch_refuses_a_stale_expected_generation_and_answers_the_rest(backen
     let before = redis.as_ref().map(|r| r.batch_stats());
     let answers = futures::future::join_all(requests.iter().map(|a| store.acquire(&p, a))).await;
     if let (Some(redis), Some(before)) = (redis, before) {
-        assert!(redis.batch_stats().requests > before.requests, "no batch formed");
+        let after = redis.batch_stats();
+        assert!(after.requests > before.requests, "no batch formed ({before:?} -> {after:?}): {answers:?}");
     }
     for (i, a) in answers.iter().enumerate() {
         match (i % 3, a) {
