@@ -24,7 +24,7 @@ use crate::segmented;
 use crate::stocking::Stocking;
 use crate::store::{
     AcquireArgs, AcquireResult, ExtendResult, PoolKey, PoolStore, Reservation, ReservationRef, ReservationState,
-    Transition,
+    StoreError, Transition,
 };
 
 /// A validated Acquire.
@@ -274,14 +274,8 @@ impl Selling {
     /// allowance went elsewhere), so its units are on sale again at once. A failed cancel
     /// leaves it to expire: nobody was told of it.
     async fn withdraw(&self, item: &Item, pool: &PoolKey, reservation_id: &str) {
-        match self.store.cancel(pool, reservation_id).await {
-            Ok(t) => {
-                self.events.written(pool);
-                item.with(|c| if matches!(t, Transition::Done(_)) { c.stock_returned() } else { c.touch() });
-            }
-            Err(e) => {
-                tracing::warn!(item = %item.item_id, reservation_id, error = %e, "withdrawn reservation left to expire");
-            }
+        if let Err(e) = self.cancel_in(item, pool, reservation_id).await {
+            tracing::warn!(item = %item.item_id, reservation_id, error = %e, "withdrawn reservation left to expire");
         }
     }
 
@@ -419,15 +413,21 @@ impl Selling {
     pub async fn cancel(&self, item: &ItemId, reservation_id: &str) -> Result<ReservationState, AgentError> {
         let it = self.item(item).await?;
         let pool = Self::reservation_pool(&it, reservation_id)?;
-        let t = self.store.cancel(pool, reservation_id).await?;
-        self.events.written(pool);
+        let t = self.cancel_in(&it, pool, reservation_id).await?;
         if matches!(t, Transition::Done(_))
             && let Some(r) = self.global_reservation(&it, reservation_id).await
         {
             self.global.released(&it, &r).await;
         }
-        it.with(|c| if matches!(t, Transition::Done(_)) { c.stock_returned() } else { c.touch() });
         transition_result(t, reservation_id, "cancel")
+    }
+
+    /// The pool's part of a cancel: the store call, the event feed, the rules told.
+    async fn cancel_in(&self, item: &Item, pool: &PoolKey, reservation_id: &str) -> Result<Transition, StoreError> {
+        let t = self.store.cancel(pool, reservation_id).await?;
+        self.events.written(pool);
+        item.with(|c| if matches!(t, Transition::Done(_)) { c.stock_returned() } else { c.touch() });
+        Ok(t)
     }
 
     /// CONFIRMED -> REFUNDED: the units are on sale again in the pool. After the item's
