@@ -224,6 +224,10 @@ impl Stocking {
                 Note::GrantNotRefilled { granted } => {
                     tracing::error!(item = %id, granted, "borrowed units could not be added to the pool; a resync settles them");
                 }
+                Note::Settled { borrow } => {
+                    let call = if *borrow { "borrow" } else { "return" };
+                    tracing::info!(item = %id, call, "a call of unknown outcome was answered for by its replay");
+                }
                 Note::ReturnRefused => tracing::warn!(item = %id, "return refused by the center; units put back"),
                 Note::Aligned { added, removed } => {
                     tracing::warn!(item = %id, added, removed, "resync: pool brought in line with the center");

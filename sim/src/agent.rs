@@ -109,6 +109,8 @@ impl World {
                 Note::PoolLost { .. } if self.slot(c, item).granted.is_some() => self.stats.refills_withheld += 1,
                 Note::CenterFailed { call, unknown: true } if *call != "describe" => self.stats.unknown_outcomes += 1,
                 Note::Aligned { .. } => self.stats.resync_moves += 1,
+                Note::Settled { .. } => self.stats.settled_by_replay += 1,
+
                 Note::Unfrozen => self.stats.unfrozen += 1,
                 Note::InDoubt => self.stats.held_in_doubt += 1,
                 _ => {}
@@ -199,6 +201,11 @@ impl World {
 
     /// DescribeItem: answered at once (it is read-only), or lost.
     fn describe(&mut self, c: usize, item: &str, op: OpId) -> Reply {
+        if self.center_down() {
+            self.mem(c).unanswered += 1;
+            self.log(format!("{} describe {item}: the center's database does not answer", self.name(c)));
+            return Reply::Center(CallFault::Unknown);
+        }
         if !self.calm() && self.rng.percent(self.config.faults.lose_request_pct) {
             self.mem(c).unanswered += 1;
             self.log(format!("{} describe {item}: lost", self.name(c)));

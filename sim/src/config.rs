@@ -69,12 +69,18 @@ pub struct Faults {
     /// afterwards (within [`MAX_DELAY_MS`] with bounded delays). Off, the attempts of a
     /// call given up are lost: an unknown outcome comes only from lost replies.
     pub late_attempts: bool,
+    /// The center's database stops answering for a few seconds to half a minute: calls
+    /// that reach the center meanwhile wait in their transactions and are applied when it
+    /// comes back, in any order, long after the agent gave up on them; DescribeItem and
+    /// heartbeats fail meanwhile.
+    pub outages: bool,
 }
 
 impl Faults {
-    /// Everything the rules survive together: lost, late (within the deadline),
-    /// reordered and replayed calls and their unknown outcomes, attempts landing after the
-    /// link gave up, crashes, graceful stops and restarts, stale calls of dead
+    /// Everything the rules survive together: lost, late (any time later, also after the
+    /// agent's resync), reordered and replayed calls and their unknown outcomes, attempts
+    /// landing after the link gave up, outages of the center's database (calls applied
+    /// when it returns), crashes, graceful stops and restarts, stale calls of dead
     /// incarnations, second processes fencing running agents with calls in flight, pool
     /// stores losing their data at any moment but the refill window, and reclaims of
     /// agents that stopped gracefully. Reclaims of crashed or partitioned agents, the
@@ -88,9 +94,10 @@ impl Faults {
         reclaims: Reclaims::StoppedAgents,
         pool_data_loss: true,
         rivals: Rivals::Fence,
-        bounded_delays: true,
+        bounded_delays: false,
         loss_before_refill: false,
         late_attempts: true,
+        outages: true,
     };
 }
 
@@ -147,7 +154,7 @@ impl Default for Config {
             steps: 300,
             faults: Faults::DEFAULT,
             breakage: Breakage::default(),
-            resync_at_quiescence: true,
+            resync_at_quiescence: false,
             doubt_requires_data_loss: true,
         }
     }

@@ -149,6 +149,11 @@ impl World {
                 self.log(format!("{}/{item}: {note:?}", self.name(c)));
             }
         }
+        if self.center_down() {
+            self.mem(c).unanswered += 1;
+            self.log(format!("heartbeat {}: the center's database does not answer", self.name(c)));
+            return None;
+        }
         if may_lose && !self.calm() && self.rng.percent(self.config.faults.lose_heartbeat_pct) {
             self.mem(c).unanswered += 1;
             self.log(format!("heartbeat {} lost", self.name(c)));

@@ -80,8 +80,45 @@ impl World {
         self.settle(c)
     }
 
+    /// Whether the center's database answers now.
+    pub fn center_down(&self) -> bool {
+        self.center_down_until.is_some()
+    }
+
+    /// The center's database stops answering for `ms`.
+    pub(crate) fn start_outage(&mut self, ms: i64) {
+        self.center_down_until = Some(self.now_ms + ms);
+        self.stats.outages += 1;
+        self.log(format!("center: database down for {ms} ms"));
+    }
+
+    /// The database answers again: the calls that waited for it are applied, in whatever
+    /// order they now reach it, and their replies go back (to callers that may have given
+    /// up long ago).
+    pub(crate) fn end_outage(&mut self) {
+        self.center_down_until = None;
+        let parked = std::mem::take(&mut self.parked);
+        self.log(format!("center: database back; {} calls waited for it", parked.len()));
+        for mut m in parked {
+            if let Message::Request { sent_at_ms, .. } = &mut m {
+                *sent_at_ms = self.now_ms;
+            }
+            self.stats.applied_after_outage += 1;
+            self.network.push(m);
+        }
+    }
+
     /// Delivers message `i` (any order: calls are independent streams).
     pub fn deliver(&mut self, i: usize) -> Res {
+        if self.center_down() && matches!(self.network[i], Message::Request { .. }) {
+            // Its transaction waits for the database.
+            let m = self.network.remove(i);
+            if let Message::Request { request_id, attempt, .. } = &m {
+                self.log(format!("center: {request_id} attempt {attempt} waits for the database"));
+            }
+            self.parked.push(m);
+            return Ok(());
+        }
         match self.network.remove(i) {
             Message::Request {
                 channel: c,

@@ -33,6 +33,9 @@ pub(crate) fn play(w: &mut World, ck: Checker) -> Result<(), Violation> {
 /// what they reserved; an operator resolves units in doubt.
 pub(crate) fn quiesce(w: &mut World, ck: Checker) -> Result<(), Violation> {
     w.log("--- drain: no more faults ---".to_owned());
+    if w.center_down() {
+        w.end_outage();
+    }
     w.drain(&mut |w| ck(w))?;
     for name in w.item_names() {
         for agent in w.agents.iter().filter(|a| a.mem.is_some()) {

@@ -50,6 +50,12 @@ stats! {
     resyncs_waiting_for_a_call,
     /// Borrows/Returns whose outcome stayed unknown (a resync was scheduled).
     unknown_outcomes,
+    /// Outages of the center's database...
+    outages,
+    /// ... and calls applied when it came back.
+    applied_after_outage,
+    /// Calls of unknown outcome answered for by their replay before a resync described.
+    settled_by_replay,
     /// Scheduled resyncs that asked the center.
     item_resyncs,
     /// Calls delivered because their deadline was about to pass.

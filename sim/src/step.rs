@@ -8,7 +8,7 @@ use crate::config::{HEARTBEAT_EVERY_MS, MAX_DELAY_MS, RECLAIM_GRACE_MS, Reclaims
 use crate::world::World;
 
 /// Event kinds and their weights.
-const EVENTS: [(Event, u32); 15] = [
+const EVENTS: [(Event, u32); 16] = [
     (Event::Acquire, 30),
     (Event::Confirm, 8),
     (Event::Cancel, 4),
@@ -24,6 +24,7 @@ const EVENTS: [(Event, u32); 15] = [
     (Event::AddStock, 1),
     (Event::DataLoss, 1),
     (Event::Rival, 2),
+    (Event::Outage, 1),
 ];
 
 /// What happens in one step. `Progress`: an agent carries out an effect, times out an
@@ -46,6 +47,7 @@ enum Event {
     AddStock,
     DataLoss,
     Rival,
+    Outage,
 }
 
 /// One thing an agent can do next on its own.
@@ -114,6 +116,10 @@ impl World {
                 let c = self.pick(|w, c| w.agents[c].mem.is_some()).expect("enabled");
                 self.rival(c)?;
             }
+            Event::Outage => {
+                let ms = self.rng.range(2_000, 25_000);
+                self.start_outage(i64::try_from(ms).expect("small"));
+            }
             Event::DataLoss => {
                 let c = self.rng.index(self.agents.len());
                 let item = self.pick_item();
@@ -139,6 +145,7 @@ impl World {
             Event::Reclaim => faults.reclaims != Reclaims::Never,
             Event::DataLoss => faults.pool_data_loss,
             Event::Rival => faults.rivals != Rivals::Never && any(&|w, c| w.agents[c].mem.is_some()),
+            Event::Outage => faults.outages && self.center_down_until.is_none(),
         }
     }
 
@@ -231,6 +238,9 @@ impl World {
         }
         self.now_ms += ms;
         self.log(format!("time +{ms} ms"));
+        if self.center_down_until.is_some_and(|until| self.now_ms >= until) {
+            self.end_outage();
+        }
         for c in 0..self.agents.len() {
             let due = self.agents[c].mem.as_ref().is_some_and(|m| {
                 m.started

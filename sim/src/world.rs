@@ -262,6 +262,10 @@ pub struct World {
     pub center: Center,
     pub agents: Vec<Agent>,
     pub network: Vec<Message>,
+    /// While the center's database does not answer: until when.
+    pub center_down_until: Option<i64>,
+    /// Calls that reached the center during an outage, applied when it ends.
+    pub parked: Vec<Message>,
     pub keys: Vec<KeyUse>,
     /// Reservations buyers know of: (channel, item, reservation id).
     pub reservations: Vec<(usize, String, String)>,
@@ -321,6 +325,8 @@ impl World {
             center,
             agents,
             network: Vec::new(),
+            center_down_until: None,
+            parked: Vec::new(),
             keys: Vec::new(),
             reservations: Vec::new(),
             reference: Reference::default(),

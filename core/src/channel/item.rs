@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
-use super::ops::{Op, OpKind, Queued};
+use super::ops::{Op, OpKind, Queued, Unsettled};
 use super::{Ctx, Note, Policy, PoolView, Report, Settings};
 use crate::rate::{SellRate, rate_report_changed};
 use crate::rebalance::{self, Action, Inputs};
@@ -116,12 +116,13 @@ pub struct ItemCore {
     pub(super) resync_at: Option<i64>,
     /// An operator resolved the doubt but the resync that follows could not finish yet.
     pub(super) resolution_pending: bool,
-    /// A Borrow whose outcome is unknown (the center may have granted units the pool does
-    /// not have) is not settled yet: an empty pool is then no proof of being sold out.
-    pub(super) borrow_unsettled: bool,
-    /// Likewise a Return (units taken out that the center may still count as ours): while
-    /// one is unsettled, only the scheduled resync may settle it (a late attempt may land).
-    pub(super) return_unsettled: bool,
+    /// Borrows and Returns whose outcome is unknown: an attempt may still land at the
+    /// center whenever it likes (a database that comes back, a process that resumes). Each
+    /// stays here until the center has answered for its request id (a replay, which applies
+    /// it or repeats the first answer; once answered, no late attempt can change it); until
+    /// then an empty pool is no proof of being sold out, and a resync never adds units a
+    /// Return may still take away.
+    pub(super) unsettled: Vec<Unsettled>,
     /// Something happened to the pool since the rebalancer last looked at it.
     pub(super) dirty: bool,
     pub(super) last_look_ms: Option<i64>,
@@ -165,8 +166,7 @@ impl ItemCore {
             last_starving_signal_ms: None,
             resync_at: None,
             resolution_pending: false,
-            borrow_unsettled: false,
-            return_unsettled: false,
+            unsettled: Vec::new(),
             dirty: true,
             last_look_ms: None,
             last_view: None,
@@ -278,16 +278,19 @@ impl ItemCore {
     /// Whether a Borrow or Return of the item has an outcome not settled yet: after a miss,
     /// the driver answers UNAVAILABLE (retry) rather than SOLD_OUT.
     pub fn unsettled(&self) -> bool {
-        self.borrow_unsettled || self.return_unsettled
+        !self.unsettled.is_empty()
     }
 
-    /// The center answered a call again. An unsettled Borrow is settled now rather than at
-    /// its scheduled time: a late attempt landing after the resync only leaves the pool
-    /// short (drift the scheduled resync fixes), never oversold. An unsettled Return waits
-    /// for its schedule: re-adding units whose Return then lands would sell them twice.
-    /// True when a resync became due.
+    /// How many Borrows and Returns of the item wait for the center to answer for them.
+    pub fn unsettled_calls(&self) -> usize {
+        self.unsettled.len()
+    }
+
+    /// The center answered a call again: calls of unknown outcome are settled now rather
+    /// than at their scheduled time (the resync replays each first, so a late attempt can
+    /// no longer land after it). True when a resync became due.
     pub fn on_center_answered(&mut self, now_ms: i64) -> bool {
-        if self.borrow_unsettled && !self.return_unsettled && self.resync_at.is_some_and(|at| at > now_ms) {
+        if !self.unsettled.is_empty() && self.resync_at.is_some_and(|at| at > now_ms) {
             self.resync_at = Some(now_ms);
             self.dirty = true;
             return true;

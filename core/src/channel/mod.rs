@@ -147,6 +147,8 @@ pub enum Note {
     GrantNotRefilled { granted: u64 },
     /// A Return was refused by the center; its units went back into the pool.
     ReturnRefused,
+    /// A Borrow (`borrow`) or Return of unknown outcome was answered for by its replay.
+    Settled { borrow: bool },
     /// A resync added or removed units.
     Aligned { added: u64, removed: u64 },
     /// A resync found reserved or sold units beyond what the center granted.

@@ -125,6 +125,16 @@ pub enum OpResult {
     Failed,
 }
 
+/// A Borrow or Return whose outcome is unknown, kept until the center answers a replay of
+/// it (same request id, quantity and epoch).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Unsettled {
+    pub request_id: String,
+    pub quantity: u64,
+    pub epoch: u64,
+    pub borrow: bool,
+}
+
 #[derive(Debug, Clone)]
 pub(super) struct Queued {
     pub id: OpId,
@@ -177,6 +187,10 @@ pub(super) enum Stage {
     ReturnUntake,
     // Resync
     Fence,
+    /// A call of unknown outcome (the `index`th still unsettled) is being replayed.
+    Settle {
+        index: usize,
+    },
     Describe,
     ResyncRead {
         holding: Holding,
@@ -301,11 +315,11 @@ impl ItemCore {
                 }
                 let mut op = op(Stage::Describe, ctx.epoch);
                 op.served = self.resync_at;
-                Progress::Next(op, Effect::Describe)
+                self.settle_or_describe(op, 0, ctx.now_ms)
             }
             OpKind::Resync(ResyncWhy::Resolved) => {
                 self.resolution_pending = false;
-                Progress::Next(op(Stage::Describe, ctx.epoch), Effect::Describe)
+                self.settle_or_describe(op(Stage::Describe, ctx.epoch), 0, ctx.now_ms)
             }
         }
     }
@@ -363,13 +377,19 @@ impl ItemCore {
                 // The pool may have been lost while the Borrow was out: look again.
                 next(op, Stage::BorrowReadGranted { granted }, Effect::ReadPool)
             }
-            (Stage::BorrowCall { .. }, reply) => {
+            (Stage::BorrowCall { want }, reply) => {
                 let unknown = reply == Reply::Center(CallFault::Unknown) || !matches!(reply, Reply::Center(_));
                 notes.push(Note::CenterFailed { call: "borrow", unknown });
                 if unknown {
-                    // It may have been applied: settle with the center's view later.
+                    // It may have been applied, or be applied whenever an attempt lands:
+                    // settled by a replay, then the center's view, later.
                     self.schedule_resync(ctx.now_ms + self.settings.resync_after_unknown_ms);
-                    self.borrow_unsettled = true;
+                    self.unsettled.push(Unsettled {
+                        request_id: op.fresh.clone(),
+                        quantity: want,
+                        epoch,
+                        borrow: true,
+                    });
                 }
                 self.borrow_ended(id, 0)
             }
@@ -438,12 +458,12 @@ impl ItemCore {
                 let effect = Effect::Untake { take_id: op.fresh.clone(), epoch };
                 next(op, Stage::ReturnUntake, effect)
             }
-            (Stage::ReturnCall { .. }, _) => {
+            (Stage::ReturnCall { units }, _) => {
                 // Unknown whether it applied. The units stay out of the pool (never sold
-                // twice); a resync with the center's view settles it.
+                // twice); a replay, then a resync with the center's view, settles it.
                 notes.push(Note::CenterFailed { call: "return", unknown: true });
                 self.schedule_resync(ctx.now_ms + self.settings.resync_after_unknown_ms);
-                self.return_unsettled = true;
+                self.unsettled.push(Unsettled { request_id: op.fresh.clone(), quantity: units, epoch, borrow: false });
                 Progress::Finished(id, OpResult::Returned { units: 0 })
             }
             (Stage::ReturnUntake, reply) => {
@@ -456,7 +476,26 @@ impl ItemCore {
             }
 
             // ---- Resync ----
-            (Stage::Fence, Reply::Done) => next(op, Stage::Describe, Effect::Describe),
+            (Stage::Fence, Reply::Done) => self.settle_or_describe(op, 0, ctx.now_ms),
+            (Stage::Settle { index }, reply) => {
+                let answered = match reply {
+                    Reply::Granted { .. } | Reply::Done => true,
+                    // Refused (a stale epoch, more than held) or unknown item: it never
+                    // applied, and no attempt of it can apply later.
+                    Reply::Center(CallFault::Refused | CallFault::NotFound) => true,
+                    _ => false,
+                };
+                if !answered {
+                    // The center still does not answer: the rest waits too.
+                    notes.push(Note::CenterFailed { call: "settle", unknown: true });
+                    let op = Op { stage: Stage::Describe, ..op };
+                    return Progress::Next(op, Effect::Describe);
+                }
+                let settled = self.unsettled.remove(index);
+                notes.push(Note::Settled { borrow: settled.borrow });
+                self.on_center_answered(ctx.now_ms);
+                self.settle_or_describe(op, index, ctx.now_ms)
+            }
             (Stage::Describe, Reply::Holding(holding)) => next(op, Stage::ResyncRead { holding }, Effect::ReadPool),
             (Stage::ResyncRead { holding }, Reply::Pool(view)) if self.segments_lost && self.mode == Mode::Selling => {
                 // Part of the pool is lost. Reopen it (empty) once the operator settled the
@@ -498,12 +537,13 @@ impl ItemCore {
                     ResyncPlan::Align { target: holding.held }
                 };
                 op.epoch = ctx.epoch;
-                self.align(op, plan, view, notes)
+                self.align(op, plan, view, ctx.now_ms, notes)
             }
             (Stage::ResyncRead { holding }, Reply::Pool(view)) => {
                 let resolved = op.kind == OpKind::Resync(ResyncWhy::Resolved);
-                let only_remove =
-                    matches!(op.kind, OpKind::Resync(ResyncWhy::Registration { .. })) && self.resync_at.is_some();
+                // A Return still unsettled may land and take its units from the channel's
+                // holding: adding them back now would sell them twice.
+                let only_remove = self.unsettled.iter().any(|u| !u.borrow);
                 let plan = if resolved {
                     ResyncPlan::Resume { target: holding.held }
                 } else {
@@ -516,7 +556,7 @@ impl ItemCore {
                 }
                 // Pool writes of a resync carry the channel's epoch now (the registration's).
                 op.epoch = ctx.epoch;
-                self.align(op, plan, view, notes)
+                self.align(op, plan, view, ctx.now_ms, notes)
             }
             (Stage::Align { added, removed, plan, generation }, Reply::Done | Reply::Units(_)) => {
                 let removed = match reply {
@@ -534,7 +574,7 @@ impl ItemCore {
                 if added > 0 || removed > 0 {
                     notes.push(Note::Aligned { added, removed });
                 }
-                self.resync_finished(&op, plan, generation, notes);
+                self.resync_finished(&op, plan, generation, ctx.now_ms, notes);
                 Progress::Finished(id, OpResult::Resynced)
             }
             (
@@ -557,6 +597,28 @@ impl ItemCore {
                 Progress::Finished(id, OpResult::Failed)
             }
         }
+    }
+
+    /// Replays the `index`th call of unknown outcome (and those after it, one at a time),
+    /// then asks the center for the channel's holding: once every call was answered for,
+    /// that holding is final with respect to them.
+    fn settle_or_describe(&mut self, mut op: Op, index: usize, now_ms: i64) -> Progress {
+        let Some(u) = self.unsettled.get(index) else {
+            op.stage = Stage::Describe;
+            return Progress::Next(op, Effect::Describe);
+        };
+        let effect = if u.borrow {
+            Effect::Borrow {
+                request_id: u.request_id.clone(),
+                quantity: u.quantity,
+                epoch: u.epoch,
+                sell_rate_milli: self.sell_rate_milli(now_ms),
+            }
+        } else {
+            Effect::Return { request_id: u.request_id.clone(), quantity: u.quantity, epoch: u.epoch }
+        };
+        op.stage = Stage::Settle { index };
+        Progress::Next(op, effect)
     }
 
     fn borrow_call(&mut self, op: Op, want: u64, now_ms: i64) -> Progress {
@@ -589,11 +651,11 @@ impl ItemCore {
 
     /// Carries out a resync plan: one refill or take to bring the pool to its target, or
     /// none.
-    fn align(&mut self, mut op: Op, plan: ResyncPlan, view: PoolView, notes: &mut Vec<Note>) -> Progress {
+    fn align(&mut self, mut op: Op, plan: ResyncPlan, view: PoolView, now_ms: i64, notes: &mut Vec<Note>) -> Progress {
         let target = match plan {
             ResyncPlan::Align { target } | ResyncPlan::Unfreeze { target } | ResyncPlan::Resume { target } => target,
             ResyncPlan::Lost | ResyncPlan::InDoubt => {
-                self.resync_finished(&op, plan, view.generation, notes);
+                self.resync_finished(&op, plan, view.generation, now_ms, notes);
                 return Progress::Finished(op.id, OpResult::Resynced);
             }
         };
@@ -606,7 +668,7 @@ impl ItemCore {
         } else if pool > target {
             (Effect::Take { take_id: id, max: pool - target, epoch }, 0, pool - target)
         } else {
-            self.resync_finished(&op, plan, view.generation, notes);
+            self.resync_finished(&op, plan, view.generation, now_ms, notes);
             return Progress::Finished(op.id, OpResult::Resynced);
         };
         op.stage = Stage::Align { added, removed, plan, generation: view.generation };
@@ -614,7 +676,7 @@ impl ItemCore {
     }
 
     /// What a resync concludes once the pool is aligned.
-    fn resync_finished(&mut self, op: &Op, plan: ResyncPlan, generation: u64, notes: &mut Vec<Note>) {
+    fn resync_finished(&mut self, op: &Op, plan: ResyncPlan, generation: u64, now_ms: i64, notes: &mut Vec<Note>) {
         match plan {
             ResyncPlan::Unfreeze { .. } => {
                 // The channel holds nothing of the item: a lost pool cost nothing. Sell
@@ -655,10 +717,9 @@ impl ItemCore {
         if op.served.is_some() && self.resync_at == op.served {
             self.resync_at = None;
         }
-        if self.resync_at.is_none() {
-            // Whatever was unsettled is now counted by the center's view.
-            self.borrow_unsettled = false;
-            self.return_unsettled = false;
+        if !self.unsettled.is_empty() && self.resync_at.is_none() {
+            // A call the center did not answer for: settle it at the next resync.
+            self.resync_at = Some(now_ms + self.settings.resync_after_unknown_ms);
         }
     }
 }
