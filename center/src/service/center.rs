@@ -40,6 +40,14 @@ pub struct FaultHooks {
     pub refuse_borrow_many: AtomicBool,
     /// DescribeItems answers UNIMPLEMENTED, as a center from before it did.
     pub refuse_describe_items: AtomicBool,
+    /// While true, Borrow calls wait before they are applied, and are applied once it turns
+    /// false even if their caller gave up meanwhile: as a transaction that waits for a
+    /// database that comes back commits then, or a frozen process resumes its calls.
+    pub hold_borrows: watch::Sender<bool>,
+    /// Borrow calls that waited under `hold_borrows`.
+    pub held_borrows: AtomicU32,
+    /// DescribeItem and DescribeItems calls received.
+    pub describes: AtomicU32,
 }
 
 impl FaultHooks {
@@ -188,6 +196,7 @@ impl pb::center_server::Center for CenterService {
     }
 
     async fn describe_item(&self, request: Request<pb::DescribeItemRequest>) -> Res<pb::DescribeItemResponse> {
+        self.faults.describes.fetch_add(1, Ordering::SeqCst);
         let own = own_channel(&request);
         let r = request.into_inner();
         let item = ItemId::parse("item_id", &r.item_id).map_err(CenterError::from)?;
@@ -204,6 +213,7 @@ impl pb::center_server::Center for CenterService {
     }
 
     async fn describe_items(&self, request: Request<pb::DescribeItemsRequest>) -> Res<pb::DescribeItemsResponse> {
+        self.faults.describes.fetch_add(1, Ordering::SeqCst);
         if self.faults.refuse_describe_items.load(Ordering::Relaxed) {
             return Err(Status::unimplemented("DescribeItems is not served by this center"));
         }
@@ -277,7 +287,21 @@ impl CenterService {
         let request_id = RequestId::parse("request_id", &r.request_id).map_err(CenterError::from)?;
         tracing::Span::current().record("request_id", request_id.as_str());
         let rate = BorrowRate { sell_rate_milli: rate("sell_rate_milli", r.sell_rate_milli)?, now_ms: now_ms() };
-        let out = self.store.borrow(&item, &channel, r.epoch, quantity, &request_id, rate).await?;
+        let out = if *self.faults.hold_borrows.borrow() {
+            // Applied by a task of its own, whether or not this call is still awaited.
+            self.faults.held_borrows.fetch_add(1, Ordering::SeqCst);
+            let mut gate = self.faults.hold_borrows.subscribe();
+            let (store, item, channel) = (Arc::clone(&self.store), item.clone(), channel.clone());
+            let (epoch, request_id) = (r.epoch, request_id.clone());
+            tokio::spawn(async move {
+                let _ = gate.wait_for(|held| !held).await;
+                store.borrow(&item, &channel, epoch, quantity, &request_id, rate).await
+            })
+            .await
+            .map_err(|e| CenterError::Internal(format!("held borrow: {e}")))??
+        } else {
+            self.store.borrow(&item, &channel, r.epoch, quantity, &request_id, rate).await?
+        };
         tracing::debug!(item = %item, channel = %channel, granted = out.granted, replayed = out.replayed, "borrow");
         if !out.replayed && out.granted < quantity.get() && out.center_available == 0 {
             // End of sale: this channel is short and the center is dry. Ask the others
