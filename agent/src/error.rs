@@ -67,7 +67,7 @@ impl From<AgentError> for Status {
                 tracing::debug!(error = %m, "unavailable");
                 Status::unavailable(m.clone())
             }
-            AgentError::Store(s @ (StoreError::Unavailable(_) | StoreError::Fenced(_))) => {
+            AgentError::Store(s @ (StoreError::Unavailable(_) | StoreError::Fenced(_) | StoreError::Full(_))) => {
                 tracing::debug!(error = %s, "unavailable");
                 Status::unavailable(s.to_string())
             }

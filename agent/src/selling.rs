@@ -560,9 +560,20 @@ impl Selling {
 }
 
 /// A sold-out answer while a Borrow or Return of the item has an unsettled outcome is not
-/// proof of being sold out (the center may have granted units the pool lacks): UNAVAILABLE.
+/// proof of being sold out (the center may have granted units the pool lacks), nor while
+/// the pool store refuses writes (nothing could be borrowed into it): UNAVAILABLE.
 fn unsettled(item: &Item, result: AcquireResult) -> Result<AcquireResult, AgentError> {
-    if matches!(result, AcquireResult::SoldOut { .. }) && item.with(|c| c.unsettled()) {
+    if !matches!(result, AcquireResult::SoldOut { .. }) {
+        return Ok(result);
+    }
+    if item.with(|c| c.store_refusing(crate::clock::now_ms())) {
+        return Err(AgentError::Unavailable(format!(
+            "the pool store refused to shelve stock of item {}: it is at its memory limit (maxmemory); retry with \
+             the same idempotency_key",
+            item.item_id
+        )));
+    }
+    if item.with(|c| c.unsettled()) {
         return Err(AgentError::Unavailable(format!(
             "the outcome of a call to the center about item {} is not settled yet; retry with the same idempotency_key",
             item.item_id

@@ -222,7 +222,10 @@ impl Stocking {
                     tracing::warn!(item = %id, granted, "pool fenced by a newer incarnation of the channel; its resync counts this grant")
                 }
                 Note::GrantNotRefilled { granted } => {
-                    tracing::error!(item = %id, granted, "borrowed units could not be added to the pool; a resync settles them");
+                    tracing::error!(item = %id, granted, "borrowed units could not be added to the pool");
+                }
+                Note::GrantGivenBack { granted } => {
+                    tracing::warn!(item = %id, granted, "the pool store refused the borrowed units; they went back to the center");
                 }
                 Note::Settled { borrow } => {
                     let call = if *borrow { "borrow" } else { "return" };
@@ -255,6 +258,7 @@ fn store_reply(r: Result<Reply, StoreError>) -> Reply {
         Ok(reply) => reply,
         Err(StoreError::Fenced(_)) => Reply::Store(StoreFault::Fenced),
         Err(StoreError::PoolMissing(_)) => Reply::Store(StoreFault::PoolMissing),
+        Err(StoreError::Full(_)) => Reply::Store(StoreFault::Refused),
         Err(e) => {
             tracing::debug!(error = %e, "pool store call failed");
             Reply::Store(StoreFault::Failed)

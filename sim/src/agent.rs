@@ -110,6 +110,7 @@ impl World {
                 Note::CenterFailed { call, unknown: true } if *call != "describe" => self.stats.unknown_outcomes += 1,
                 Note::Aligned { .. } => self.stats.resync_moves += 1,
                 Note::Settled { .. } => self.stats.settled_by_replay += 1,
+                Note::GrantGivenBack { .. } => self.stats.grants_given_back += 1,
 
                 Note::Unfrozen => self.stats.unfrozen += 1,
                 Note::InDoubt => self.stats.held_in_doubt += 1,
@@ -241,6 +242,11 @@ impl World {
     pub(crate) fn store(&mut self, c: usize, item: &str, effect: &Effect) -> Res<Reply> {
         let now = self.now_ms;
         let generation = self.fresh_generation();
+        if self.agents[c].store_full_until.is_some() && self.refused_when_full(c, item, effect) {
+            self.stats.store_writes_refused += 1;
+            self.log(format!("{} store {item}: {effect:?} -> refused (at its memory limit)", self.name(c)));
+            return Ok(Reply::Store(StoreFault::Refused));
+        }
         let pool = self.agents[c].pools.entry(item.to_owned()).or_default();
         let fence = pool.fence();
         let result: Result<Reply, PoolError> = match effect {
@@ -290,6 +296,22 @@ impl World {
         };
         self.log(format!("{} store {item}: {effect:?} -> {reply:?}", self.name(c)));
         Ok(reply)
+    }
+
+    /// Whether a store at its memory limit refuses `effect`: every write but a replay that
+    /// finds its grant already applied (the scripts check before their first write).
+    fn refused_when_full(&self, c: usize, item: &str, effect: &Effect) -> bool {
+        let pool = self.agents[c].pools.get(item);
+        match effect {
+            Effect::ReadPool => false,
+            Effect::OpenPool { .. } => pool.is_none_or(|p| !p.exists()),
+            Effect::Refill { grant_id, .. } => {
+                !self.reference.refills.contains_key(&(c, item.to_owned(), grant_id.clone()))
+            }
+            Effect::RaiseFence { epoch } => pool.is_some_and(|p| p.fence() < *epoch),
+            Effect::Take { .. } | Effect::Untake { .. } => true,
+            Effect::Borrow { .. } | Effect::Return { .. } | Effect::Describe => false,
+        }
     }
 
     /// What the driver does next once nothing else is in the way: a registration whose

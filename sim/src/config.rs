@@ -74,6 +74,9 @@ pub struct Faults {
     /// comes back, in any order, long after the agent gave up on them; DescribeItem and
     /// heartbeats fail meanwhile.
     pub outages: bool,
+    /// A channel's pool store reaches its memory limit for a while and refuses writes
+    /// before it writes anything (stocking writes only: Acquires are not refused).
+    pub store_full: bool,
 }
 
 impl Faults {
@@ -98,6 +101,7 @@ impl Faults {
         loss_before_refill: false,
         late_attempts: true,
         outages: true,
+        store_full: true,
     };
 }
 

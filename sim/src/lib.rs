@@ -36,8 +36,12 @@
 //! off but in the `bounded` scenario), and at quiescence only the product's own timers
 //! run (scheduled resyncs; a registration only for agents that were down).
 //!
-//! **Not modelled:** store outages and partial store operations (each script is atomic
-//! and answers); RegisterAgent during a database outage (it applies and answers in one
+//! **Stores at their memory limit** ([`Faults::store_full`]): a channel's pool store
+//! refuses stocking writes (refills, takes, fences, new pools) for a while, before writing
+//! anything; a refill replay of a grant already applied still answers.
+//!
+//! **Not modelled:** store outages, Acquires refused by a full store, and partial store
+//! operations (each script is atomic and answers); RegisterAgent during a database outage (it applies and answers in one
 //! step); clock drift; the per-user rate limit, TLS and tokens; several center
 //! replicas; a channel's replicas and their leader election (one process per channel
 //! leads, except the overlap of `shared-store`); watermark changes and closed items; the

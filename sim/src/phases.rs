@@ -36,6 +36,9 @@ pub(crate) fn quiesce(w: &mut World, ck: Checker) -> Result<(), Violation> {
     if w.center_down() {
         w.end_outage();
     }
+    for agent in &mut w.agents {
+        agent.store_full_until = None;
+    }
     w.drain(&mut |w| ck(w))?;
     for name in w.item_names() {
         for agent in w.agents.iter().filter(|a| a.mem.is_some()) {

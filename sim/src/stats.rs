@@ -54,6 +54,12 @@ stats! {
     outages,
     /// ... and calls applied when it came back.
     applied_after_outage,
+    /// Pool stores that reached their memory limit for a while...
+    stores_full,
+    /// ... stocking writes they refused...
+    store_writes_refused,
+    /// ... and grants that went back to the center because the store refused them.
+    grants_given_back,
     /// Calls of unknown outcome answered for by their replay before a resync described.
     settled_by_replay,
     /// Scheduled resyncs that asked the center.

@@ -8,7 +8,7 @@ use crate::config::{HEARTBEAT_EVERY_MS, MAX_DELAY_MS, RECLAIM_GRACE_MS, Reclaims
 use crate::world::World;
 
 /// Event kinds and their weights.
-const EVENTS: [(Event, u32); 16] = [
+const EVENTS: [(Event, u32); 17] = [
     (Event::Acquire, 30),
     (Event::Confirm, 8),
     (Event::Cancel, 4),
@@ -25,6 +25,7 @@ const EVENTS: [(Event, u32); 16] = [
     (Event::DataLoss, 1),
     (Event::Rival, 2),
     (Event::Outage, 1),
+    (Event::StoreFull, 1),
 ];
 
 /// What happens in one step. `Progress`: an agent carries out an effect, times out an
@@ -48,6 +49,7 @@ enum Event {
     DataLoss,
     Rival,
     Outage,
+    StoreFull,
 }
 
 /// One thing an agent can do next on its own.
@@ -120,6 +122,13 @@ impl World {
                 let ms = self.rng.range(2_000, 25_000);
                 self.start_outage(i64::try_from(ms).expect("small"));
             }
+            Event::StoreFull => {
+                let c = self.rng.index(self.agents.len());
+                let ms = i64::try_from(self.rng.range(500, 8_000)).expect("small");
+                self.agents[c].store_full_until = Some(self.now_ms + ms);
+                self.stats.stores_full += 1;
+                self.log(format!("{}: pool store at its memory limit for {ms} ms", self.name(c)));
+            }
             Event::DataLoss => {
                 let c = self.rng.index(self.agents.len());
                 let item = self.pick_item();
@@ -146,6 +155,7 @@ impl World {
             Event::DataLoss => faults.pool_data_loss,
             Event::Rival => faults.rivals != Rivals::Never && any(&|w, c| w.agents[c].mem.is_some()),
             Event::Outage => faults.outages && self.center_down_until.is_none(),
+            Event::StoreFull => faults.store_full,
         }
     }
 
@@ -240,6 +250,11 @@ impl World {
         self.log(format!("time +{ms} ms"));
         if self.center_down_until.is_some_and(|until| self.now_ms >= until) {
             self.end_outage();
+        }
+        for agent in &mut self.agents {
+            if agent.store_full_until.is_some_and(|until| self.now_ms >= until) {
+                agent.store_full_until = None;
+            }
         }
         for c in 0..self.agents.len() {
             let due = self.agents[c].mem.as_ref().is_some_and(|m| {

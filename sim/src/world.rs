@@ -35,6 +35,9 @@ pub struct Agent {
     /// Down after a graceful stop whose final report the center took.
     pub stopped_gracefully: bool,
     pub incarnations: u64,
+    /// The pool store is at its memory limit until then: it refuses stocking writes
+    /// (refills, takes, fences, new pools) before writing anything.
+    pub store_full_until: Option<i64>,
 }
 
 impl Agent {
@@ -316,6 +319,7 @@ impl World {
                 mem: None,
                 stopped_gracefully: false,
                 incarnations: 0,
+                store_full_until: None,
             })
             .collect();
         let mut world = Self {

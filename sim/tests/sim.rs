@@ -74,6 +74,9 @@ fn default_keeps_every_invariant() {
         // came back; calls of unknown outcome were answered for by their replays.
         assert!(stats.outages > 0 && stats.applied_after_outage > 0, "{stats:?}");
         assert!(stats.settled_by_replay > 0, "calls settled by replay: {stats:?}");
+        // Pool stores at their memory limit refused stocking writes; a grant they refused
+        // went back to the center.
+        assert!(stats.store_writes_refused > 0 && stats.grants_given_back > 0, "{stats:?}");
         // The rules' paths were taken.
         assert!(stats.unknown_outcomes > 0 && stats.item_resyncs > 0, "unknown outcomes resynced: {stats:?}");
         assert!(stats.fenced_with_calls_in_flight > 0 && stats.stale_refused_own > 0, "{stats:?}");

@@ -85,6 +85,10 @@ pub enum StoreError {
     Unavailable(String),
     #[error("pool store returned an unexpected answer: {0}")]
     Protocol(String),
+    /// The store refused a write before it wrote anything: it is at its memory limit
+    /// (Redis `maxmemory` with `noeviction`). Safe to retry with the same ids once it has room.
+    #[error("pool store refused the write: it is at its memory limit (maxmemory): {0}")]
+    Full(String),
     /// The pool does not exist in the store (never opened, or the store lost it).
     #[error("pool {0} does not exist in the store")]
     PoolMissing(String),

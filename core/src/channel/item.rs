@@ -123,6 +123,8 @@ pub struct ItemCore {
     /// then an empty pool is no proof of being sold out, and a resync never adds units a
     /// Return may still take away.
     pub(super) unsettled: Vec<Unsettled>,
+    /// The store refused a write (it is at its memory limit): no Borrow until then.
+    pub(super) store_refused_until: Option<i64>,
     /// Something happened to the pool since the rebalancer last looked at it.
     pub(super) dirty: bool,
     pub(super) last_look_ms: Option<i64>,
@@ -167,6 +169,7 @@ impl ItemCore {
             resync_at: None,
             resolution_pending: false,
             unsettled: Vec::new(),
+            store_refused_until: None,
             dirty: true,
             last_look_ms: None,
             last_view: None,
@@ -281,6 +284,12 @@ impl ItemCore {
         !self.unsettled.is_empty()
     }
 
+    /// Whether the store refused a write recently (at its memory limit): nothing is
+    /// borrowed meanwhile, and a miss is answered without asking the center.
+    pub fn store_refusing(&self, now_ms: i64) -> bool {
+        self.store_refused_until.is_some_and(|until| now_ms < until)
+    }
+
     /// How many Borrows and Returns of the item wait for the center to answer for them.
     pub fn unsettled_calls(&self) -> usize {
         self.unsettled.len()
@@ -314,8 +323,9 @@ impl ItemCore {
     /// The leader's store answered sold out: what to do before answering.
     pub fn on_miss(&mut self, quantity: u64, ctx: Ctx) -> MissPlan {
         self.dirty = true;
-        if self.segments_lost {
-            // No Borrow while part of the pool is lost (see `on_segments_lost`).
+        if self.segments_lost || self.store_refusing(ctx.now_ms) {
+            // No Borrow while part of the pool is lost (see `on_segments_lost`), nor while
+            // the store refuses writes (nothing borrowed could be shelved).
             return MissPlan::Answer;
         }
         if self.supply.center_dry {

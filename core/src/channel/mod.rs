@@ -115,6 +115,8 @@ pub struct Settings {
     pub refill_attempts: u32,
     /// Half-life of the pools' sell rate average.
     pub rate_half_life_ms: u64,
+    /// After the store refused a write (at its memory limit), no Borrow for this long.
+    pub store_refused_pause_ms: i64,
 }
 
 impl Default for Settings {
@@ -126,6 +128,7 @@ impl Default for Settings {
             lost_resync_after_ms: 1_000,
             refill_attempts: 5,
             rate_half_life_ms: crate::rate::DEFAULT_HALF_LIFE_MS,
+            store_refused_pause_ms: 2_000,
         }
     }
 }
@@ -145,6 +148,8 @@ pub enum Note {
     GrantFenced { granted: u64 },
     /// A grant could not be put into the pool after every attempt.
     GrantNotRefilled { granted: u64 },
+    /// ... and went back to the center (the store refused to shelve it).
+    GrantGivenBack { granted: u64 },
     /// A Return was refused by the center; its units went back into the pool.
     ReturnRefused,
     /// A Borrow (`borrow`) or Return of unknown outcome was answered for by its replay.

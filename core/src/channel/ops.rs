@@ -76,6 +76,9 @@ pub enum StoreFault {
     Fenced,
     /// The pool does not exist (a must-exist refill).
     PoolMissing,
+    /// The store refused the write and applied nothing (it is at its memory limit): a
+    /// refill refused on its last attempt never lands.
+    Refused,
     /// Anything else (store down, protocol error).
     Failed,
 }
@@ -178,6 +181,11 @@ pub(super) enum Stage {
     BorrowRefill {
         granted: u64,
         attempt: u32,
+    },
+    /// The grant could not be shelved (the store refused every refill): it goes back to
+    /// the center as a Return of its own.
+    BorrowGiveBack {
+        granted: u64,
     },
     // Return
     ReturnTake,
@@ -292,6 +300,9 @@ impl ItemCore {
                 }
                 if self.borrows_done != q.seen {
                     return Progress::Finished(q.id, OpResult::Skipped);
+                }
+                if self.store_refusing(ctx.now_ms) {
+                    return Progress::Finished(q.id, OpResult::Borrowed { granted: 0 });
                 }
                 Progress::Next(op(Stage::BorrowRead { want }, ctx.epoch), Effect::ReadPool)
             }
@@ -427,9 +438,23 @@ impl ItemCore {
                 }
                 self.borrow_ended(id, 0)
             }
-            (Stage::BorrowRefill { granted, attempt }, _) => {
+            (Stage::BorrowRefill { granted, attempt }, reply) => {
                 notes.push(Note::StoreFailed { what: "refill" });
+                let refused = reply == Reply::Store(StoreFault::Refused);
+                if refused {
+                    // No Borrow while the store refuses writes: every unit borrowed now
+                    // would wait at the center, held by a channel that cannot shelve it.
+                    self.store_refused_until = Some(ctx.now_ms + self.settings.store_refused_pause_ms);
+                }
                 let attempt = attempt + 1;
+                if attempt >= self.settings.refill_attempts && refused {
+                    // The last attempt was refused before it wrote, and an earlier one that
+                    // had landed would have been answered as done: the grant is not in the
+                    // pool and never will be. It goes back, exactly once, under its own id.
+                    notes.push(Note::GrantNotRefilled { granted });
+                    let effect = Effect::Return { request_id: format!("back-{}", op.fresh), quantity: granted, epoch };
+                    return next(op, Stage::BorrowGiveBack { granted }, effect);
+                }
                 if attempt >= self.settings.refill_attempts {
                     // Granted at the center but not in the pool: drift until a resync.
                     notes.push(Note::GrantNotRefilled { granted });
@@ -438,6 +463,25 @@ impl ItemCore {
                 }
                 let effect = self.refill_effect(&op, granted, attempt);
                 next(op, Stage::BorrowRefill { granted, attempt }, effect)
+            }
+
+            (Stage::BorrowGiveBack { granted }, Reply::Done) => {
+                notes.push(Note::GrantGivenBack { granted });
+                self.borrow_ended(id, 0)
+            }
+            (Stage::BorrowGiveBack { granted }, Reply::Center(CallFault::Refused | CallFault::NotFound)) => {
+                // Still the channel's and not in the pool: drift until a resync shelves it.
+                notes.push(Note::CenterFailed { call: "give back", unknown: false });
+                notes.push(Note::GrantNotRefilled { granted });
+                self.schedule_resync(ctx.now_ms + self.settings.resync_after_unknown_ms);
+                self.borrow_ended(id, 0)
+            }
+            (Stage::BorrowGiveBack { granted }, _) => {
+                notes.push(Note::CenterFailed { call: "give back", unknown: true });
+                let request_id = format!("back-{}", op.fresh);
+                self.unsettled.push(Unsettled { request_id, quantity: granted, epoch, borrow: false });
+                self.schedule_resync(ctx.now_ms + self.settings.resync_after_unknown_ms);
+                self.borrow_ended(id, 0)
             }
 
             // ---- Return ----

@@ -609,3 +609,78 @@ fn a_read_older_than_the_pools_creation_is_not_a_loss() {
     assert_eq!(core.report(Some(view(0, 0)), core.begin_read(), ctx(2, 1), &mut notes), Some(Report::Lost));
     assert_eq!(core.mode(), Mode::Lost);
 }
+
+/// A store at its memory limit refuses every refill before writing: the grant can never
+/// land, so it goes back to the center under its own request id, and no Borrow is made
+/// while the store keeps refusing (each would only strand more units at the center).
+#[test]
+fn a_grant_the_store_refuses_to_shelve_goes_back_and_borrowing_pauses() {
+    let mut core = item();
+    let (_, s) = core.submit(OpKind::Borrow { want: 10 }, "b".into(), ctx(0, 1));
+    let s = feed(&mut core, &s, Reply::Pool(view(0, 3)), ctx(0, 1));
+    let s = feed(&mut core, &s, Reply::Granted { granted: 10, center_available: 90 }, ctx(0, 1));
+    let mut s = feed(&mut core, &s, Reply::Pool(view(0, 3)), ctx(0, 1));
+    for _ in 1..Settings::default().refill_attempts {
+        s = feed(&mut core, &s, Reply::Store(StoreFault::Refused), ctx(0, 1));
+        assert!(matches!(work(&s).effect, Effect::Refill { .. }), "retried while attempts remain");
+    }
+    let s = feed(&mut core, &s, Reply::Store(StoreFault::Refused), ctx(10, 1));
+    assert_eq!(work(&s).effect, Effect::Return { request_id: "back-b".into(), quantity: 10, epoch: 1 });
+    let s = feed(&mut core, &s, Reply::Done, ctx(20, 1));
+    assert!(s.notes.contains(&Note::GrantGivenBack { granted: 10 }));
+    assert_eq!(s.finished.len(), 1);
+    assert!(!core.unsettled() && core.resync_at().is_none(), "nothing left to settle");
+    // While the store refuses writes, a Borrow does not go out and a miss borrows nothing.
+    assert!(core.store_refusing(100));
+    let (id, s) = core.submit(OpKind::Borrow { want: 10 }, "b2".into(), ctx(100, 1));
+    assert_eq!(s.finished, vec![(id, OpResult::Borrowed { granted: 0 })]);
+    assert!(s.next.is_none(), "no center call");
+    assert_eq!(core.on_miss(1, ctx(100, 1)), MissPlan::Answer);
+    // Later, it borrows again.
+    let later = 10 + Settings::default().store_refused_pause_ms;
+    assert!(!core.store_refusing(later));
+    let (_, s) = core.submit(OpKind::Borrow { want: 10 }, "b3".into(), ctx(later, 1));
+    assert_eq!(work(&s).effect, Effect::ReadPool);
+}
+
+/// A refill that failed without a definite refusal may have landed: its grant is never
+/// given back (the pool could then sell units the center lent again).
+#[test]
+fn a_grant_whose_refill_may_have_landed_is_not_given_back() {
+    let mut core = item();
+    let (_, s) = core.submit(OpKind::Borrow { want: 10 }, "b".into(), ctx(0, 1));
+    let s = feed(&mut core, &s, Reply::Pool(view(0, 3)), ctx(0, 1));
+    let s = feed(&mut core, &s, Reply::Granted { granted: 10, center_available: 90 }, ctx(0, 1));
+    let mut s = feed(&mut core, &s, Reply::Pool(view(0, 3)), ctx(0, 1));
+    for _ in 1..Settings::default().refill_attempts {
+        s = feed(&mut core, &s, Reply::Store(StoreFault::Refused), ctx(0, 1));
+    }
+    let s = feed(&mut core, &s, Reply::Store(StoreFault::Failed), ctx(0, 1));
+    assert!(s.next.is_none(), "no Return: the last attempt's outcome is unknown");
+    assert!(s.notes.contains(&Note::GrantNotRefilled { granted: 10 }));
+    assert!(core.resync_at().is_some(), "a resync settles it with the center's view");
+}
+
+/// The give-back's outcome is unknown: it is a Return like any other, replayed until the
+/// center answers for it, and no resync adds the units back meanwhile.
+#[test]
+fn a_give_back_of_unknown_outcome_is_settled_by_its_replay() {
+    let mut core = item();
+    let (_, s) = core.submit(OpKind::Borrow { want: 10 }, "b".into(), ctx(0, 1));
+    let s = feed(&mut core, &s, Reply::Pool(view(0, 3)), ctx(0, 1));
+    let s = feed(&mut core, &s, Reply::Granted { granted: 10, center_available: 90 }, ctx(0, 1));
+    let mut s = feed(&mut core, &s, Reply::Pool(view(0, 3)), ctx(0, 1));
+    for _ in 0..Settings::default().refill_attempts {
+        s = feed(&mut core, &s, Reply::Store(StoreFault::Refused), ctx(0, 1));
+    }
+    feed(&mut core, &s, Reply::Center(CallFault::Unknown), ctx(0, 1));
+    assert!(core.unsettled());
+    let at = core.resync_at().expect("scheduled");
+    let (_, s) = core.submit(OpKind::Resync(ResyncWhy::Scheduled), "s".into(), ctx(at, 1));
+    assert_eq!(work(&s).effect, Effect::Return { request_id: "back-b".into(), quantity: 10, epoch: 1 });
+    let s = feed(&mut core, &s, Reply::Done, ctx(at, 1));
+    assert!(!core.unsettled());
+    let s = feed(&mut core, &s, Reply::Holding(Holding { held: 0, generation: 3, in_doubt: 0 }), ctx(at, 1));
+    let s = feed(&mut core, &s, Reply::Pool(view(0, 3)), ctx(at, 1));
+    assert!(s.next.is_none(), "pool and holding agree");
+}

@@ -381,6 +381,9 @@ fn map_err(e: RedisError) -> StoreError {
             ) | ErrorKind::ClusterConnectionNotFound
         )
         || e.code() == Some("BUSY");
+    if e.code() == Some("OOM") {
+        return StoreError::Full(e.to_string());
+    }
     if unavailable { StoreError::Unavailable(e.to_string()) } else { StoreError::Protocol(e.to_string()) }
 }
 
