@@ -28,4 +28,5 @@ mod store_contract;
 mod store_baskets;
 mod store_durable;
 mod store_events;
+mod store_full;
 mod store_partial;
