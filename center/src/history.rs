@@ -83,6 +83,9 @@ struct Track {
     /// `held` had its current value at every sample since this time (0: since before the
     /// first sample).
     held_steady_since: i64,
+    /// The drift at the last sample, and since when every sample saw that value.
+    drift: i64,
+    drift_since: i64,
 }
 
 #[derive(Default)]
@@ -91,6 +94,8 @@ struct State {
     tracks: HashMap<(String, String), Track>,
     /// Per item: (available, held) at the last sample and when it last changed.
     activity: HashMap<String, ((u64, u64), i64)>,
+    /// Stuck drifts of every item at the last sample: (item, channel) → drift.
+    stuck: HashMap<(String, String), i64>,
     last_sample_ms: Option<i64>,
 }
 
@@ -128,7 +133,9 @@ impl History {
                 let Some(history) = weak.upgrade() else { return };
                 if let Err(e) = history.sample(store.as_ref(), crate::clock::now_ms()).await {
                     tracing::debug!(error = %e, "console history: ledger unreadable, sample skipped");
+                    continue;
                 }
+                history.relearn_lost_grants(store.as_ref()).await;
             }
         });
     }
@@ -160,6 +167,7 @@ impl History {
         let kept: HashSet<String> = ranked.into_iter().take(self.config.max_items).map(|(id, _)| id.clone()).collect();
 
         let oldest = now_ms.saturating_sub(millis(self.config.keep));
+        let mut stuck = HashMap::new();
         for record in &items {
             let with_history = kept.contains(&record.item_id);
             let mut channels = HashMap::new();
@@ -167,10 +175,18 @@ impl History {
                 let track_key = (record.item_id.clone(), (*channel).to_owned());
                 let held = a.held();
                 let since = previous.unwrap_or(0);
-                let track = state.tracks.entry(track_key).or_insert(Track { held, held_steady_since: since });
+                let drift = a.drift();
+                let fresh = Track { held, held_steady_since: since, drift, drift_since: now_ms };
+                let track = state.tracks.entry(track_key).or_insert(fresh);
                 if track.held != held {
                     // It changed after the previous sample: its report may be on its way.
-                    *track = Track { held, held_steady_since: since };
+                    *track = Track { drift_since: track.drift_since, drift: track.drift, ..fresh };
+                }
+                if track.drift != drift {
+                    (track.drift, track.drift_since) = (drift, now_ms);
+                }
+                if persists(a, track, now_ms, self.config.stuck_after) {
+                    stuck.insert((record.item_id.clone(), (*channel).to_owned()), drift);
                 }
                 if with_history {
                     let split = split_drift(a, Some(*track), now_ms, self.config.stuck_after);
@@ -195,8 +211,63 @@ impl History {
         }
         state.items.retain(|id, _| kept.contains(id));
         state.tracks.retain(|(id, _), _| ids.contains(id.as_str()));
+        state.stuck = stuck;
         state.last_sample_ms = Some(now_ms);
         Ok(())
+    }
+
+    /// Re-learns, from the pools' reports, grants the ledger lost (stuck negative drifts):
+    /// the pools are the witnesses of what they shelved ([`inventory_core::ledger::relearn`]).
+    pub async fn relearn_lost_grants(&self, store: &dyn LedgerStore) {
+        use inventory_core::ledger::Relearned;
+        for (item, channel, drift) in self.stuck_drifts() {
+            if drift >= 0 {
+                continue;
+            }
+            let (Ok(item_id), Ok(ch)) =
+                (inventory_core::ItemId::parse("item_id", &item), inventory_core::Channel::parse("channel", &channel))
+            else {
+                continue;
+            };
+            match store.relearn(&item_id, &ch, drift.unsigned_abs()).await {
+                Ok(Relearned::Units(units)) => tracing::error!(
+                    item = %item,
+                    channel = %channel,
+                    units,
+                    "the ledger counted fewer units with the channel than its pool holds (lost commits?): re-learned them from its report"
+                ),
+                Ok(Relearned::Short { units, short }) => tracing::error!(
+                    item = %item,
+                    channel = %channel,
+                    units,
+                    short,
+                    "the pools hold more than the ledger can account for: units were lent twice before the loss was seen; not lending the item"
+                ),
+                Ok(Relearned::Nothing) => {}
+                Err(e) => {
+                    tracing::warn!(item = %item, channel = %channel, error = %e, "re-learning lost grants failed")
+                }
+            }
+        }
+    }
+
+    /// The drifts the last sample found stuck: (item, channel, drift), sorted. A negative
+    /// one is a pool holding more than the ledger counts with its channel: the ledger lost
+    /// commits (or the pool shelved what it was never granted). A positive one is stock
+    /// held at the center for a channel and on none of its shelves.
+    pub fn stuck_drifts(&self) -> Vec<(String, String, i64)> {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut all: Vec<(String, String, i64)> =
+            state.stuck.iter().map(|((item, channel), d)| (item.clone(), channel.clone(), *d)).collect();
+        all.sort();
+        all
+    }
+
+    /// Units of `item` that pools hold beyond what the ledger counts with their channels
+    /// (stuck negative drifts, at the last sample): while any, the center lends none of it.
+    pub fn beyond_ledger(&self, item: &str) -> u64 {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.stuck.iter().filter(|((i, _), d)| i == item && **d < 0).map(|(_, d)| d.unsigned_abs()).sum()
     }
 
     /// Splits the drift of `allocation` (read now) with what the samples know.
@@ -206,7 +277,7 @@ impl History {
         // Held moved after the last sample: whatever it moved is in flight.
         let track = match track {
             Some(t) if t.held != allocation.held() => {
-                Some(Track { held: allocation.held(), held_steady_since: now_ms })
+                Some(Track { held: allocation.held(), held_steady_since: now_ms, ..t })
             }
             other => other,
         };
@@ -241,6 +312,19 @@ fn split_drift(a: &Allocation, track: Option<Track>, now_ms: i64, stuck_after: D
     }
 }
 
+/// Whether a drift is a broken promise rather than something in flight: the same non-zero
+/// value at every sample for `stuck_after`, `held` steady as long, and a report received
+/// since `held` last changed (the pool has spoken since, and still differs). Unlike the
+/// console's split, a channel that keeps reporting (its sell rate moving) cannot hide it.
+fn persists(a: &Allocation, track: &Track, now_ms: i64, stuck_after: Duration) -> bool {
+    let stuck_after = millis(stuck_after);
+    track.drift != 0
+        && a.in_doubt == 0
+        && now_ms - track.drift_since >= stuck_after
+        && now_ms - track.held_steady_since >= stuck_after
+        && a.reported_at_ms > track.held_steady_since
+}
+
 /// A duration in whole milliseconds (saturating: no configured period is near the limit).
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -263,7 +347,21 @@ mod tests {
     }
 
     fn track(held: u64, held_steady_since: i64) -> Option<Track> {
-        Some(Track { held, held_steady_since })
+        Some(Track { held, held_steady_since, drift: 0, drift_since: 0 })
+    }
+
+    #[test]
+    fn a_drift_that_keeps_its_value_after_a_report_persists_though_the_channel_keeps_reporting() {
+        // The ledger lost 20 units of grants at 10 s; the pool reports every second.
+        let a = allocation(20, 40, 17_500);
+        let t = Track { held: 20, held_steady_since: 10_000, drift: -20, drift_since: 10_000 };
+        assert!(persists(&a, &t, 17_600, STUCK_AFTER));
+        assert!(!persists(&a, &t, 16_000, STUCK_AFTER), "not for long enough yet");
+        // A drift whose value moved lately, or with no report since held moved, is in flight.
+        assert!(!persists(&a, &Track { drift_since: 15_000, ..t }, 17_600, STUCK_AFTER));
+        assert!(!persists(&allocation(20, 40, 9_000), &t, 17_600, STUCK_AFTER));
+        // None at all, or units in doubt: nothing to say.
+        assert!(!persists(&allocation(20, 20, 17_500), &Track { drift: 0, ..t }, 17_600, STUCK_AFTER));
     }
 
     #[test]

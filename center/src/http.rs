@@ -89,6 +89,17 @@ pub fn router_with_metrics(
 ) -> Router {
     let history = Arc::new(History::new(history));
     History::spawn_sampler(&history, Arc::clone(&store));
+    router_with_history(store, database_errors, history, rpc)
+}
+
+/// Like [`router_with_metrics`], with a sampler the caller started (the gRPC services read
+/// the same history).
+pub fn router_with_history(
+    store: Arc<dyn LedgerStore>,
+    database_errors: Arc<AtomicU64>,
+    history: Arc<History>,
+    rpc: RpcMetrics,
+) -> Router {
     let mut registry = Registry::default();
     inventory_net::metrics::register_build_info(&mut registry);
     rpc.register(&mut registry);

@@ -109,19 +109,29 @@ impl Application {
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let center =
-            CenterService::new(Arc::clone(&self.store), self.events.clone(), self.lease, self.faults, stop_rx.clone());
-        let admin = AdminService::new(Arc::clone(&self.store), self.events.clone(), self.lease);
+        // The ledger sampled every few seconds: the console's history, stuck drift, and
+        // grants the ledger lost re-learned from the pools' reports.
+        let history = Arc::new(crate::history::History::new(crate::history::HistoryConfig::default()));
+        crate::history::History::spawn_sampler(&history, Arc::clone(&self.store));
+        let center = CenterService::new(
+            Arc::clone(&self.store),
+            self.events.clone(),
+            self.lease,
+            self.faults,
+            Arc::clone(&history),
+            stop_rx.clone(),
+        );
+        let admin = AdminService::new(Arc::clone(&self.store), self.events.clone(), self.lease, Arc::clone(&history));
 
         let mut http_stop = stop_rx.clone();
         let http_stopped = async move {
             let _ = http_stop.wait_for(|s| *s).await;
         };
         let rpc = crate::http::rpc_metrics();
-        let router = crate::http::router_with_metrics(
+        let router = crate::http::router_with_history(
             Arc::clone(&self.store),
             Arc::new(std::sync::atomic::AtomicU64::new(0)),
-            crate::history::HistoryConfig::default(),
+            history,
             rpc.clone(),
         );
         // The side port speaks TLS with the gRPC port's certificate when one is set.

@@ -11,6 +11,7 @@ mod faults;
 mod global_limit;
 mod harness;
 mod late_grant;
+mod ledger_behind;
 mod many_items;
 mod metrics;
 mod partial;

@@ -26,11 +26,18 @@ pub struct AdminService {
     store: Arc<dyn LedgerStore>,
     events: EventHub,
     lease: LeaseSettings,
+    /// Stuck drift (the console's sampler): Reconcile reports it as a violation.
+    history: Arc<crate::history::History>,
 }
 
 impl AdminService {
-    pub fn new(store: Arc<dyn LedgerStore>, events: EventHub, lease: LeaseSettings) -> Self {
-        Self { store, events, lease }
+    pub fn new(
+        store: Arc<dyn LedgerStore>,
+        events: EventHub,
+        lease: LeaseSettings,
+        history: Arc<crate::history::History>,
+    ) -> Self {
+        Self { store, events, lease, history }
     }
 }
 
@@ -255,9 +262,35 @@ impl pb::admin_server::Admin for AdminService {
             Some(ItemId::parse("item_id", &r.item_id).map_err(CenterError::from)?)
         };
         let rec = self.store.reconcile(item.as_ref()).await?;
+        let mut violations: Vec<pb::Violation> = rec.check.violations.into_iter().map(pb_finding).collect();
+        // A drift nothing in flight explains is a broken promise, not noise: stock
+        // stranded at the center (positive), or pools holding what the ledger lost (negative).
+        for (item_id, channel, drift) in self.history.stuck_drifts() {
+            if item.as_ref().is_some_and(|i| i.as_str() != item_id) {
+                continue;
+            }
+            let message = if drift > 0 {
+                format!(
+                    "channel {channel} is counted with {drift} units of item {item_id} that are on none of its shelves, \
+                     and nothing in flight explains it (stranded stock)"
+                )
+            } else {
+                format!(
+                    "the pool of channel {channel} holds {} units of item {item_id} more than the ledger counts with it \
+                     (the ledger lost commits?); the item is not lent until they are re-learned",
+                    drift.unsigned_abs()
+                )
+            };
+            violations.push(pb::Violation {
+                item_id,
+                channel,
+                invariant: if drift > 0 { "stranded".into() } else { "beyond_ledger".into() },
+                detail: message,
+            });
+        }
         Ok(Response::new(pb::ReconcileResponse {
-            ok: rec.check.violations.is_empty(),
-            violations: rec.check.violations.into_iter().map(pb_finding).collect(),
+            ok: violations.is_empty(),
+            violations,
             drifts: rec.check.drifts.into_iter().map(pb_finding).collect(),
             items_checked: rec.items_checked,
             in_doubt: rec.check.in_doubt.into_iter().map(pb_finding).collect(),

@@ -61,6 +61,8 @@ pub struct CenterService {
     events: EventHub,
     lease: LeaseSettings,
     faults: Arc<FaultHooks>,
+    /// Stuck drift: an item whose pools hold more than the ledger counts is not lent.
+    history: Arc<crate::history::History>,
     /// Turns true when the center shuts down: every `WatchChannel` stream then ends.
     stop: watch::Receiver<bool>,
 }
@@ -71,9 +73,24 @@ impl CenterService {
         events: EventHub,
         lease: LeaseSettings,
         faults: Arc<FaultHooks>,
+        history: Arc<crate::history::History>,
         stop: watch::Receiver<bool>,
     ) -> Self {
-        Self { store, events, lease, faults, stop }
+        Self { store, events, lease, faults, history, stop }
+    }
+
+    /// The pools hold more of `item` than the ledger counts with their channels: the ledger
+    /// lost commits, and its `available` counts units already on shelves. Nothing of the
+    /// item is lent until the lost grants are re-learned (the console's sampler does it).
+    fn refuse_if_beyond_ledger(&self, item: &ItemId) -> Result<(), Status> {
+        let beyond = self.history.beyond_ledger(item.as_str());
+        if beyond > 0 {
+            return Err(Status::unavailable(format!(
+                "item {item}: pools hold {beyond} units more than the ledger counts (lost commits?); not lending it \
+                 until they are re-learned; retry with the same request_id"
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -286,6 +303,7 @@ impl CenterService {
         let quantity = Quantity::parse("quantity", r.quantity).map_err(CenterError::from)?;
         let request_id = RequestId::parse("request_id", &r.request_id).map_err(CenterError::from)?;
         tracing::Span::current().record("request_id", request_id.as_str());
+        self.refuse_if_beyond_ledger(&item)?;
         let rate = BorrowRate { sell_rate_milli: rate("sell_rate_milli", r.sell_rate_milli)?, now_ms: now_ms() };
         let out = if *self.faults.hold_borrows.borrow() {
             // Applied by a task of its own, whether or not this call is still awaited.
@@ -339,6 +357,9 @@ impl CenterService {
                 request_id: RequestId::parse(&field("request_id"), &l.request_id).map_err(CenterError::from)?,
                 rate: BorrowRate { sell_rate_milli: rate(&field("sell_rate_milli"), l.sell_rate_milli)?, now_ms: now },
             });
+        }
+        for l in &lines {
+            self.refuse_if_beyond_ledger(&l.item)?;
         }
         let answers = self.store.borrow_many(&channel, r.epoch, &lines).await?;
         let mut results = Vec::with_capacity(lines.len());

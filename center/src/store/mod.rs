@@ -240,6 +240,15 @@ pub trait LedgerStore: Send + Sync + 'static {
     /// Settles in-doubt units: `sold` written off, the rest back to the center. Returns
     /// the item afterwards and the units returned.
     async fn resolve_in_doubt(&self, item: &ItemId, channel: &Channel, sold: u64) -> Result<(ItemRecord, u64)>;
+    /// A channel's pool holds `expected` units beyond what the ledger counts with it (the
+    /// ledger lost commits): move them from the center's available to its grants, if its
+    /// report still says so.
+    async fn relearn(
+        &self,
+        item: &ItemId,
+        channel: &Channel,
+        expected: u64,
+    ) -> Result<inventory_core::ledger::Relearned>;
     /// Every registered channel with its session and allocations, by channel name.
     async fn channels(&self) -> Result<Vec<ChannelView>>;
     /// Closes (no more grants) or reopens an item.

@@ -5,10 +5,12 @@
 //! Invariant 1 (conservation at the center), per item, after every function here:
 //! `total = available + Σ held(channel)` where `held = granted - returned - reclaimed`.
 
+mod relearn;
 mod share;
 
 use serde::{Deserialize, Serialize};
 
+pub use relearn::{Relearned, relearn};
 pub use share::{RateShare, borrow_shared, share_of};
 
 use crate::ids::{Channel, ItemId, MAX_QUANTITY, Quantity};

@@ -188,6 +188,15 @@ impl LedgerStore for SqlLedger {
         SqlLedger::resolve_in_doubt(self, item, channel, sold).await
     }
 
+    async fn relearn(
+        &self,
+        item: &ItemId,
+        channel: &Channel,
+        expected: u64,
+    ) -> Result<inventory_core::ledger::Relearned> {
+        SqlLedger::relearn(self, item, channel, expected).await
+    }
+
     async fn channels(&self) -> Result<Vec<ChannelView>> {
         SqlLedger::channels(self).await
     }

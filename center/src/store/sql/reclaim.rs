@@ -30,6 +30,22 @@ impl SqlLedger {
         Ok((record, returned))
     }
 
+    /// Re-learns grants a channel's pool holds beyond what the ledger counts with it
+    /// ([`ledger::relearn`]), if its report still shows the `expected` excess.
+    pub(super) async fn relearn(&self, item: &ItemId, channel: &Channel, expected: u64) -> Result<ledger::Relearned> {
+        let mut tx = self.begin().await?;
+        let (before, _) = self.lock_item(&mut tx, item).await?;
+        let mut alloc = Self::alloc(&mut tx, item.as_str(), channel.as_str()).await?;
+        let mut after = before.clone();
+        let learned = ledger::relearn(&mut after, &mut alloc, expected);
+        if learned != ledger::Relearned::Nothing {
+            Self::write_item(&mut tx, item.as_str(), &before, &after).await?;
+            Self::write_movements(&mut tx, item.as_str(), channel.as_str(), &alloc).await?;
+        }
+        tx.commit().await?;
+        Ok(learned)
+    }
+
     pub(super) async fn reclaim(&self, channel: &Channel, now_ms: i64, grace_ms: u64) -> Result<ReclaimOutcome> {
         let mut tx = self.begin().await?;
         let item_rows = sqlx::query("SELECT item_id FROM allocations WHERE channel = $1 ORDER BY item_id")
