@@ -16,6 +16,7 @@
 //! nothing else writes them. `available + reserved + sold` changes only through
 //! `refill` (up) and `take_for_return` (down).
 
+pub mod health;
 pub mod memory;
 pub mod redis;
 

@@ -15,6 +15,7 @@ mod metrics;
 mod partial;
 mod paths;
 mod rate;
+mod redis_policy;
 mod relay;
 mod replicas;
 mod sale;

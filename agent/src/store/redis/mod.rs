@@ -39,6 +39,7 @@ mod baskets;
 mod batch;
 mod durable;
 mod orders;
+pub mod policy;
 mod reply;
 mod scripts;
 
@@ -55,6 +56,7 @@ use super::{
     Transition, channel_tag,
 };
 use super::{BASKET_RETENTION, BasketWrite, Intent, StoredBasket};
+use policy::RedisNodes;
 
 /// How many requests one `acquire_batch.lua` call carries at most: bounds how long one
 /// script call holds the (single-threaded) Redis server.
@@ -105,6 +107,8 @@ pub struct RedisPoolStore {
     /// Every pool this store was asked about. Grows with the channel's items (a few hundred
     /// bytes each), like the agent's item registry.
     pools: Mutex<HashMap<PoolKey, Arc<PoolEntry>>>,
+    /// The one server's URL without credentials (None: a cluster), for the policy check.
+    node: Option<String>,
 }
 
 impl std::fmt::Debug for RedisPoolStore {
@@ -136,7 +140,9 @@ impl RedisPoolStore {
             let conn = ConnectionManager::new_with_config(client.clone(), config.clone()).await.map_err(map_err)?;
             conns.push(Conn::Single(conn));
         }
-        Ok(Self::with_conns(conns, Some(DurablePool::new(client)), key_prefix))
+        let mut store = Self::with_conns(conns, Some(DurablePool::new(client)), key_prefix);
+        store.node = Some(inventory_net::without_credentials(redis_url));
+        Ok(store)
     }
 
     /// Connects to a Redis Cluster through any of its `seed_nodes` (`redis://host:port`);
@@ -172,6 +178,16 @@ impl RedisPoolStore {
             durability: None,
             batch_max: DEFAULT_ACQUIRE_BATCH_MAX,
             pools: Mutex::new(HashMap::new()),
+            node: None,
+        }
+    }
+
+    /// The store's nodes, for the policy check ([`policy::PolicyWatch`]).
+    pub fn nodes(&self) -> RedisNodes {
+        match (self.shared.conn(), &self.node) {
+            (Conn::Single(conn), Some(node)) => RedisNodes::Single { node: node.clone(), conn },
+            (Conn::Single(conn), None) => RedisNodes::Single { node: "redis".to_owned(), conn },
+            (Conn::Cluster(conn), _) => RedisNodes::Cluster(conn),
         }
     }
 
