@@ -66,7 +66,8 @@ impl Application {
                     .await?
                     .with_replica_acks(config.redis_replica_acks, acks_timeout)
                     .with_acquire_batch_max(config.redis_acquire_batch_max)
-                    .with_outbox_max(config.outbox_max_events);
+                    .with_outbox_max(config.outbox_max_events)
+                    .with_health(Arc::clone(&health));
                 // Before anything else: an evicting store must not sell.
                 watch.add("pool store", store.nodes()).await.map_err(anyhow::Error::msg)?;
                 Arc::new(store)
@@ -91,7 +92,8 @@ impl Application {
                         .await?
                         .with_replica_acks(config.redis_replica_acks, acks_timeout)
                         .with_acquire_batch_max(config.redis_acquire_batch_max)
-                        .with_outbox_max(config.outbox_max_events);
+                        .with_outbox_max(config.outbox_max_events)
+                        .with_health(Arc::clone(&health));
                 watch.add("pool store", store.nodes()).await.map_err(anyhow::Error::msg)?;
                 Arc::new(store)
             }

@@ -84,6 +84,10 @@ impl MoveIntent {
 pub enum StoreError {
     #[error("pool store unavailable: {0}")]
     Unavailable(String),
+    /// The store refused a write without making it (its memory limit, ...): the caller
+    /// may retry with the same ids once it takes writes again.
+    #[error("pool store refused the write: {0}; retry with the same idempotency_key")]
+    Refused(String),
     #[error("pool store returned an unexpected answer: {0}")]
     Protocol(String),
     /// The pool does not exist in the store (never opened, or the store lost it).

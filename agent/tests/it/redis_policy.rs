@@ -131,6 +131,46 @@ async fn a_policy_changed_at_run_time_stops_sales_until_it_is_noeviction_again()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_at_its_memory_limit_answers_unavailable_naming_it_and_sells_once_freed() {
+    let center = Center::start_sqlite().await;
+    center.create_item("m", 1_000, 5, (10, 400, 200)).await;
+    let redis = RedisServer::start().await;
+    let store = StoreSpec::Redis { url: redis.url.clone(), prefix: "inv:".into() };
+    let agent = LocalAgent::start(&center.url, "app", &store).await;
+    let mut client = agent.client().await;
+    let r = client.acquire(acquire_req("m", "u0", 1, "k0")).await.expect("sells").into_inner();
+    assert_eq!(r.outcome(), pb::AcquireOutcome::Reserved);
+    let stock = crate::harness::stock(&mut client, "m").await;
+    assert!(stock.available > 0, "a stocked pool: {stock:?}");
+
+    // The store is full (noeviction, as the agent demands): every write is refused.
+    config_set(&redis, "maxmemory", "1").await;
+    for i in 1..=5 {
+        let full = client.acquire(acquire_req("m", &format!("u{i}"), 1, &format!("k{i}"))).await;
+        let full = full.expect_err("a full store reserves nothing");
+        assert_eq!(full.code(), Code::Unavailable, "never INTERNAL: {full:?}");
+        assert!(full.message().contains("memory limit (maxmemory)"), "{}", full.message());
+        assert!(full.message().contains("retry with the same idempotency_key"), "{}", full.message());
+    }
+    assert!(wait_until(Duration::from_secs(10), || async { serving(&agent).await == Some(false) }).await);
+    let (_, body) = http_status(agent.http_addr, "/healthz").await;
+    assert!(body.contains("memory limit"), "{body}");
+    // A replay of a key that reserved still answers (it writes nothing).
+    let replay = client.acquire(acquire_req("m", "u0", 1, "k0")).await.expect("replay").into_inner();
+    assert!(replay.replayed && replay.reservation_id == r.reservation_id);
+    let after = crate::harness::stock(&mut client, "m").await;
+    assert_eq!((after.reserved, after.sold), (stock.reserved, stock.sold), "nothing reserved while full");
+
+    // Memory freed: the same keys sell, and the agent serves again.
+    config_set(&redis, "maxmemory", "0").await;
+    for i in 1..=5 {
+        let r = client.acquire(acquire_req("m", &format!("u{i}"), 1, &format!("k{i}"))).await.expect("sells");
+        assert_eq!(r.into_inner().outcome(), pb::AcquireOutcome::Reserved);
+    }
+    assert!(wait_until(Duration::from_secs(10), || async { serving(&agent).await == Some(true) }).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_that_refuses_config_is_read_through_info_and_refused_when_neither_answers() {
     let center = Center::start_sqlite().await;
     center.create_item("c", 100, 1, (10, 40, 20)).await;

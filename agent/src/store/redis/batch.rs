@@ -154,6 +154,7 @@ pub(super) async fn send_batch(
 pub(super) fn copy_err(e: &StoreError) -> StoreError {
     match e {
         StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
+        StoreError::Refused(m) => StoreError::Refused(m.clone()),
         StoreError::Protocol(m) => StoreError::Protocol(m.clone()),
         StoreError::PoolMissing(m) => StoreError::PoolMissing(m.clone()),
         StoreError::Fenced(m) => StoreError::Fenced(m.clone()),

@@ -49,6 +49,7 @@ use durable::{Durability, DurablePool, write};
 use reply::{acquire_result, array, int, state, string, transition, uint};
 use scripts::{Keys, Scripts};
 
+use super::health::StoreHealth;
 use super::memory::{DEFAULT_RECORD_RETENTION, GC_BATCH};
 use super::{
     AcquireArgs, AcquireResult, ChannelOp, ChannelReply, DEFAULT_OUTBOX_MAX, EventPage, ExtendResult, MoveIntent,
@@ -109,6 +110,8 @@ pub struct RedisPoolStore {
     pools: Mutex<HashMap<PoolKey, Arc<PoolEntry>>>,
     /// The one server's URL without credentials (None: a cluster), for the policy check.
     node: Option<String>,
+    /// Told of every write the server refused (its memory limit, ...).
+    health: Arc<StoreHealth>,
 }
 
 impl std::fmt::Debug for RedisPoolStore {
@@ -179,7 +182,14 @@ impl RedisPoolStore {
             batch_max: DEFAULT_ACQUIRE_BATCH_MAX,
             pools: Mutex::new(HashMap::new()),
             node: None,
+            health: Arc::default(),
         }
+    }
+
+    /// Reports every write the server refuses to `health` (the agent's).
+    pub fn with_health(mut self, health: Arc<StoreHealth>) -> Self {
+        self.health = health;
+        self
     }
 
     /// The store's nodes, for the policy check ([`policy::PolicyWatch`]).
@@ -189,6 +199,14 @@ impl RedisPoolStore {
             (Conn::Single(conn), None) => RedisNodes::Single { node: "redis".to_owned(), conn },
             (Conn::Cluster(conn), _) => RedisNodes::Cluster(conn),
         }
+    }
+
+    /// A refused write is told to the health as it passes.
+    fn noted<T>(&self, r: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(StoreError::Refused(why)) = &r {
+            self.health.write_refused(why);
+        }
+        r
     }
 
     /// At most `max` Acquires per `acquire_batch.lua` call (default
@@ -269,11 +287,11 @@ impl RedisPoolStore {
 
     /// Runs a script that only reads.
     async fn read<T: FromRedisValue>(&self, call: &ScriptInvocation<'_>) -> Result<T, StoreError> {
-        read(self.shared.conn(), call).await
+        self.noted(read(self.shared.conn(), call).await)
     }
 
     async fn write<T: FromRedisValue>(&self, routing_key: &str, call: &ScriptInvocation<'_>) -> Result<T, StoreError> {
-        write(&self.shared, self.durability, routing_key, call).await
+        self.noted(write(&self.shared, self.durability, routing_key, call).await)
     }
 
     /// The store's part of [`PoolStore::acquire`]: straight through when no call of the
@@ -294,9 +312,9 @@ impl RedisPoolStore {
         if let Some(waiting) = waiting {
             // The sender is dropped unanswered only if the batch's task died (the runtime
             // is shutting down): whether the batch reached Redis is then unknown.
-            return waiting.await.unwrap_or_else(|_| {
+            return self.noted(waiting.await.unwrap_or_else(|_| {
                 Err(StoreError::Unavailable("the batch carrying this acquire was abandoned".to_owned()))
-            });
+            }));
         }
         // Whatever ends this call (an answer, an error, or the caller dropping it), the
         // lane passes on to those who queued meanwhile.
@@ -377,10 +395,35 @@ fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Connection trouble (and servers that cannot serve right now) is `Unavailable`: the
-/// caller may retry with the same ids. Anything else means the store answered something
-/// this code does not expect.
+/// What Redis says when it refuses a write for its memory limit (`maxmemory` with
+/// `noeviction`): nothing of the script was written, as Redis refuses a script at its
+/// first write when it started out of memory.
+pub const OUT_OF_MEMORY: &str = "redis is at its memory limit (maxmemory)";
+
+/// A write the server refused without running it: out of memory, a failed snapshot
+/// (`stop-writes-on-bgsave-error`), too few replicas (`min-replicas-to-write`).
+fn refusal(e: &RedisError) -> Option<&'static str> {
+    let text = e.to_string();
+    let code = e.code();
+    if code == Some("OOM") || text.contains("OOM command not allowed") {
+        return Some(OUT_OF_MEMORY);
+    }
+    if code == Some("MISCONF") || text.contains("MISCONF") {
+        return Some("redis stopped writes as it cannot persist to disk (MISCONF)");
+    }
+    if code == Some("NOREPLICAS") || text.contains("NOREPLICAS") {
+        return Some("redis has fewer replicas than min-replicas-to-write (NOREPLICAS)");
+    }
+    None
+}
+
+/// Connection trouble (and servers that cannot serve right now) is `Unavailable`, a write
+/// the server refused `Refused`: the caller may retry with the same ids. Anything else
+/// means the store answered something this code does not expect.
 fn map_err(e: RedisError) -> StoreError {
+    if let Some(why) = refusal(&e) {
+        return StoreError::Refused(why.to_owned());
+    }
     let unavailable = e.is_io_error()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
