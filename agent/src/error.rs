@@ -78,7 +78,13 @@ impl From<AgentError> for Status {
                 Status::unavailable(s.to_string())
             }
             AgentError::Store(s @ StoreError::GenerationChanged { .. }) => Status::failed_precondition(s.to_string()),
-            AgentError::Store(s @ (StoreError::Protocol(_) | StoreError::PoolMissing(_))) => {
+            // The pool lost its data: nothing was written; the item is frozen until an
+            // operator settles its units (the agent's reads find it lost).
+            AgentError::Store(StoreError::PoolMissing(tag)) => Status::unavailable(format!(
+                "pool {tag} lost its data in the store; nothing was written, and selling the item waits until its \
+                 units are reconciled"
+            )),
+            AgentError::Store(s @ StoreError::Protocol(_)) => {
                 tracing::error!(error = %s, "internal error");
                 Status::internal("internal error")
             }

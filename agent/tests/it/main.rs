@@ -10,6 +10,7 @@ mod event_stream;
 mod faults;
 mod global_limit;
 mod harness;
+mod lost_structures;
 mod many_items;
 mod metrics;
 mod partial;

@@ -7,9 +7,11 @@
 //! events, written by the same script call as the change, see `lua/outbox.lua`); of one channel (replica coordination):
 //! `<prefix>{channel}:<name>` for `leader`, `lease`, `wants`; of one item's segments (their
 //! move intents): `<prefix>{channel:item}:moves`. The scripts' header comments
-//! say what each holds. All keys of a script carry one hash tag, so each call lives on one
-//! Redis Cluster slot, and every key a script touches is passed in KEYS. Request data goes
-//! in ARGV only.
+//! say what each holds. A pool's eight structures (all but `pool` and `fence`) each carry
+//! a marker from the pool's creation on (`lua/intact.lua`), so one lost on its own makes
+//! the pool read as lost instead of being re-created empty. All keys of a script carry one
+//! hash tag, so each call lives on one Redis Cluster slot, and every key a script touches
+//! is passed in KEYS. Request data goes in ARGV only.
 //!
 //! **Architecture invariant:** Rust never reads or writes pool keys directly; it builds
 //! key names, passes arguments and parses answers. The rules live in the scripts, whose
@@ -322,6 +324,7 @@ impl RedisPoolStore {
         let k = &entry.keys;
         let mut call = self.shared.scripts.acquire.key(&k.pool);
         call.key(&k.res).key(&k.due).key(&k.held).key(&k.idem).key(&k.outbox);
+        k.structures(&mut call);
         call.arg(&args.user_id).arg(args.quantity).arg(&args.idempotency_key).arg(&args.new_reservation_id);
         // 0 expects nothing: no pool has generation 0 and answered a reservation.
         call.arg(args.per_user_limit).arg(args.reservation_ttl_ms).arg(args.expect_generation.unwrap_or(0));
@@ -364,9 +367,10 @@ impl RedisPoolStore {
         let k = &entry.keys;
         let mut call = script.key(&k.pool);
         call.key(&k.res).key(&k.due).key(&k.held).key(&k.gc).key(&k.outbox);
+        k.structures(&mut call);
         call.arg(reservation_id).arg(self.retention_ms).arg(self.outbox_max);
         let reply: Value = self.write(&k.pool, &call).await?;
-        transition(what, reply)
+        transition(what, pool, reply)
     }
 
     async fn refill_script(
@@ -381,6 +385,7 @@ impl RedisPoolStore {
         let k = &entry.keys;
         let mut call = self.shared.scripts.refill.key(&k.pool);
         call.key(&k.grants).key(&k.gc).key(&k.fence).key(&k.outbox);
+        k.structures(&mut call);
         call.arg(grant_id).arg(units).arg(self.retention_ms).arg(if must_exist { "1" } else { "0" }).arg(epoch);
         let reply: Value = self.write(&k.pool, &call).await?;
         match int("refill", &reply)? {
@@ -530,9 +535,12 @@ impl PoolStore for RedisPoolStore {
         let entry = self.entry(pool);
         let k = &entry.keys;
         let mut call = self.shared.scripts.take_for_return.key(&k.pool);
-        call.key(&k.takes).key(&k.gc).key(&k.fence).arg(take_id).arg(max_units).arg(self.retention_ms).arg(epoch);
+        call.key(&k.takes).key(&k.gc).key(&k.fence);
+        k.structures(&mut call);
+        call.arg(take_id).arg(max_units).arg(self.retention_ms).arg(epoch);
         let reply: Value = self.write(&k.pool, &call).await?;
         match int("take_for_return", &reply)? {
+            -1 => Err(StoreError::PoolMissing(pool.hash_tag())),
             -2 => Err(StoreError::Fenced(pool.hash_tag())),
             _ => uint("take_for_return", &reply),
         }
@@ -542,7 +550,9 @@ impl PoolStore for RedisPoolStore {
         let entry = self.entry(pool);
         let k = &entry.keys;
         let mut call = self.shared.scripts.untake.key(&k.pool);
-        call.key(&k.takes).key(&k.fence).arg(take_id).arg(epoch);
+        call.key(&k.takes).key(&k.fence);
+        k.structures(&mut call);
+        call.arg(take_id).arg(epoch);
         let reply: Value = self.write(&k.pool, &call).await?;
         match int("untake", &reply)? {
             -2 => Err(StoreError::Fenced(pool.hash_tag())),
@@ -563,7 +573,9 @@ impl PoolStore for RedisPoolStore {
         const WHAT: &str = "snapshot";
         let entry = self.entry(pool);
         let k = &entry.keys;
-        let reply: Value = self.read(&self.shared.scripts.snapshot.key(&k.pool)).await?;
+        let mut call = self.shared.scripts.snapshot.key(&k.pool);
+        k.structures(&mut call);
+        let reply: Value = self.read(&call).await?;
         let items = array(WHAT, reply)?;
         let [available, reserved, sold, generation, now_ms] = items.as_slice() else {
             return Err(StoreError::Protocol(format!("snapshot: unexpected reply {items:?}")));
@@ -586,9 +598,12 @@ impl PoolStore for RedisPoolStore {
         let entry = self.entry(pool);
         let k = &entry.keys;
         let mut call = self.shared.scripts.reservation_state.key(&k.res);
+        call.key(&k.pool);
+        k.structures(&mut call);
         call.arg(reservation_id);
         match self.read(&call).await? {
             Value::Nil => Ok(None),
+            other if string(WHAT, &other)? == "lost" => Err(StoreError::PoolMissing(pool.hash_tag())),
             other => Ok(Some(state(WHAT, &string(WHAT, &other)?)?)),
         }
     }
