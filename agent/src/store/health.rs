@@ -10,12 +10,13 @@
 //! - **refusing writes**: the store refused a write for its memory limit (or another
 //!   refusal, [`super::StoreError::Refused`]), or a node reads above its `maxmemory`.
 //!   Nothing is stopped by the agent (the store refuses by itself, and the first write it
-//!   takes again sells again); the health says so, and it clears once every node reads
-//!   below its limit.
+//!   takes again sells again); the health says so, and it clears with the next write the
+//!   store takes, or once every node reads below its limit.
 //!
 //! Either turns the agent NOT_SERVING (gRPC health, `/healthz` 503), so a load balancer
 //! sends buyers to a replica that can serve them.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::watch;
@@ -30,13 +31,16 @@ struct State {
 #[derive(Debug)]
 pub struct StoreHealth {
     state: Mutex<State>,
+    /// Whether `state.refusing_writes` is set: lets every write that succeeds check it
+    /// without the lock.
+    refusing: AtomicBool,
     /// Bumped on every change, so the gRPC health follows without polling.
     changes: watch::Sender<u64>,
 }
 
 impl Default for StoreHealth {
     fn default() -> Self {
-        Self { state: Mutex::new(State::default()), changes: watch::channel(0).0 }
+        Self { state: Mutex::new(State::default()), refusing: AtomicBool::new(false), changes: watch::channel(0).0 }
     }
 }
 
@@ -76,6 +80,13 @@ impl StoreHealth {
         });
     }
 
+    /// The store took a write: it refuses none now.
+    pub fn write_taken(&self) {
+        if self.refusing.load(Ordering::Acquire) {
+            self.update(|s| s.refusing_writes = None);
+        }
+    }
+
     /// The policy check's reading of the nodes' memory: Some(why) while one is over its
     /// limit, None once all are below theirs (which also ends a refusal seen by a write).
     pub fn set_memory(&self, over_limit: Option<String>) {
@@ -91,6 +102,7 @@ impl StoreHealth {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
             let before = state.clone();
             f(&mut state);
+            self.refusing.store(state.refusing_writes.is_some(), Ordering::Release);
             (before, state.clone())
         };
         if before == after {
@@ -125,7 +137,8 @@ mod tests {
         h.set_evicting(Some("node x has maxmemory-policy allkeys-lru".into()));
         assert_eq!(h.sales_stopped().as_deref(), Some("node x has maxmemory-policy allkeys-lru"));
         assert_eq!(h.not_serving().as_deref(), Some("node x has maxmemory-policy allkeys-lru"));
-        h.set_memory(None);
+        h.write_taken();
+        assert_eq!(h.refusing_writes(), None, "a write taken ends the refusal");
         h.set_evicting(None);
         assert_eq!(h.not_serving(), None);
         assert!(changes.has_changed().unwrap());

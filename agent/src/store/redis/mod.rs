@@ -454,7 +454,11 @@ impl PoolStore for RedisPoolStore {
         if args.quantity == 0 {
             return Err(StoreError::Protocol("acquire quantity must be positive".to_owned()));
         }
-        self.acquire_grouped(pool, args).await
+        let answer = self.acquire_grouped(pool, args).await;
+        if matches!(answer, Ok(AcquireResult::Reserved { replayed: false, .. })) {
+            self.health.write_taken();
+        }
+        answer
     }
 
     async fn confirm(&self, pool: &PoolKey, reservation_id: &str) -> Result<Transition, StoreError> {
