@@ -1,5 +1,6 @@
-//! Builds the agent: opens the pool store, registers with the center (resyncing pools),
-//! binds both listeners, and returns an [`Application`] that knows its addresses.
+//! Builds the agent: opens the pool store (refusing a Redis that may evict keys),
+//! registers with the center (resyncing pools), binds both listeners, and returns an
+//! [`Application`] that knows its addresses.
 
 use std::future::Future;
 use std::net::SocketAddr;
