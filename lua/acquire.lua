@@ -1,6 +1,8 @@
 -- acquire.lua: one purchase attempt against one pool, atomically.
 --
--- Order of checks: the expected pool generation, idempotency key (replay or conflict),
+-- Order of checks: the pool's structures (intact.lua, prepended: a pool that lost one is
+-- answered as a pool that does not exist, without a look at its keys, so a replay never
+-- reserves anew), the expected pool generation, idempotency key (replay or conflict),
 -- per-user limit, availability. A refused, sold-out or limit answer writes nothing. Time
 -- comes from Redis TIME only.
 --
@@ -13,6 +15,7 @@
 --   5 idem    hash  idempotency_key -> reservation_id
 --   6 outbox  stream the pool's events (see outbox.lua, prepended to this script with
 --             record.lua, which builds the new record)
+--   7..14     the pool's structures, checked for their markers (intact.lua, prepended)
 -- ARGV:
 --   1 user_id
 --   2 quantity
@@ -47,6 +50,13 @@ local ttl = tonumber(ARGV[6])
 -- above 2^53 would lose digits as a Lua number.
 local expect = ARGV[7]
 -- The pool's fields this call reads, in one command; written back in one HSET below.
+local state = pool_state(K_POOL, structures_from(7))
+if state == 'partial' then
+  if expect ~= '0' then
+    return {'generation', expect, '0'}
+  end
+  return {'sold_out', 0}
+end
 local fields = redis.call('HMGET', K_POOL, 'generation', 'available', 'reserved', 'event_seq')
 local stored = fields[1] or '0'
 if expect ~= '0' and expect ~= stored then

@@ -23,6 +23,7 @@
 --   4 held    hash  user_id -> units held (reserved + confirmed)
 --   5 idem    hash  idempotency_key -> reservation_id
 --   6 outbox  stream the pool's events (see outbox.lua, prepended to this script)
+--   7..14     the pool's structures, checked for their markers (intact.lua, prepended)
 -- ARGV:
 --   1 n, the number of requests
 --   2 outbox_max: how many events the outbox keeps at most
@@ -44,6 +45,23 @@ local outbox_max = tonumber(ARGV[2])
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- A pool that lost one of its structures (intact.lua, prepended) is answered as a pool
+-- that does not exist, without a look at its keys: every request refused by an expected
+-- generation, or sold out.
+local state = pool_state(K_POOL, structures_from(7))
+if state == 'partial' then
+  local out = {}
+  for i = 1, n do
+    local expect = ARGV[2 + (i - 1) * 8 + 7]
+    if expect ~= '0' then
+      out[i] = {'generation', expect, '0'}
+    else
+      out[i] = {'sold_out', 0}
+    end
+  end
+  return out
+end
 
 local fields = redis.call('HMGET', K_POOL, 'generation', 'available', 'reserved', 'event_seq')
 local available = tonumber(fields[2] or '0')

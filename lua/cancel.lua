@@ -11,13 +11,15 @@
 --   4 held  hash  user_id -> units held (reserved + confirmed)
 --   5 gc    zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten
 --   6 outbox stream the pool's events (see outbox.lua, prepended to this script)
+--   7..14       the pool's structures, checked for their markers (intact.lua, prepended)
 -- ARGV:
 --   1 reservation_id
 --   2 retention_ms: how long a finished reservation (and its idempotency key) is remembered
 --   3 outbox_max: how many events the outbox keeps at most
 -- A transition writes its event (previous state 'reserved'); an answer that changes nothing writes none.
 -- Returns {verdict, state}: verdict 'done' | 'refused' | 'not_found', state
--- 'confirmed' | 'cancelled' | 'expired' | 'refunded' ('' with not_found).
+-- 'confirmed' | 'cancelled' | 'expired' | 'refunded' ('' with not_found); or {'lost'}
+-- when the pool lost a structure, or its hash while the record is left (nothing written).
 
 local K_POOL, K_RES, K_DUE, K_HELD, K_GC, K_OUTBOX = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local outbox_max = tonumber(ARGV[3])
@@ -27,9 +29,18 @@ local retention = tonumber(ARGV[2])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
+-- Checked before any write (intact.lua, prepended): a pool that lost one of these
+-- structures, or whose hash is gone while the record is left, is lost.
+local state = pool_state(K_POOL, structures_from(7))
+if state == 'partial' then
+  return {'lost'}
+end
 local raw = redis.call('HGET', K_RES, id)
 if not raw then
   return {'not_found', ''}
+end
+if state == 'missing' then
+  return {'lost'}
 end
 local rec = cjson.decode(raw)
 if rec.s == 'confirmed' or rec.s == 'refunded' then

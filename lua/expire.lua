@@ -18,7 +18,9 @@
 --   3 gc_batch: at most this many old records are forgotten
 --   4 outbox_max: how many events the outbox keeps at most
 -- Each expiry writes its 'expired' event.
--- Returns the number of units put back into available.
+-- Returns the number of units put back into available: 0, with nothing written, when the
+-- pool does not exist or lost one of these structures (intact.lua, prepended); the
+-- agent's reads see it lost.
 
 local K_POOL, K_RES, K_DUE, K_HELD, K_IDEM, K_GC, K_GRANTS, K_TAKES, K_OUTBOX =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
@@ -30,6 +32,10 @@ local gc_batch = tonumber(ARGV[3])
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+if pool_state(K_POOL, structures_from(2)) ~= 'ok' then
+  return 0
+end
 
 local freed = 0
 if max_count > 0 then

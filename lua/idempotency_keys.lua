@@ -7,4 +7,11 @@
 -- ARGV: none
 -- Returns the list of keys (bounded by the pool's reservations within the retention).
 
-return redis.call('HKEYS', KEYS[1])
+local keys = {}
+for _, k in ipairs(redis.call('HKEYS', KEYS[1])) do
+  -- The structure's marker (intact.lua) is not a key.
+  if string.sub(k, 1, 1) ~= ' ' then
+    keys[#keys + 1] = k
+  end
+end
+return keys

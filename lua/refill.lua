@@ -1,6 +1,12 @@
 -- refill.lua: adds units granted by the center to available, once per grant_id.
 -- Creates the pool on first use, with a generation taken from Redis TIME in microseconds
--- (nonzero, below 2^53, and different after Redis lost the pool and it is created again).
+-- (nonzero, below 2^53, and different after Redis lost the pool and it is created again),
+-- and the markers of intact.lua (prepended) in every structure. A pool that lost one of
+-- its structures counts as lost like a pool whose hash is gone: refused with must_exist,
+-- created anew without (the agent's rules open a lost pool again only once the center
+-- settled its units). Creating a pool drops what a lost one left of its reservations
+-- (res, due, held, idem) and its outbox; grant and take records stay, so a replay of a
+-- center call stays a replay.
 --
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
 --   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
@@ -9,6 +15,8 @@
 --   4 fence   string  the highest center epoch that fenced the pool (see fence.lua)
 --   5 outbox  stream  the pool's events: dropped when the pool is created, so a new
 --                     generation numbers its events from 1 again
+--   6..13     the pool's structures (res, due, held, idem, gc, grants, takes, outbox):
+--             checked for their markers; reservations and outbox emptied on creation
 -- ARGV:
 --   1 grant_id
 --   2 units
@@ -17,14 +25,17 @@
 --     pool the store lost); '0' creates it
 --   5 epoch: the caller's center epoch; refused if the pool was fenced with a later one
 -- Returns 1 if applied now, 0 if grant_id was applied before (a replay), -1 if must_exist
--- and the pool does not exist, -2 if fenced (nothing is recorded for -1 and -2).
+-- and the pool does not exist or is partly lost, -2 if fenced (nothing is recorded for -1
+-- and -2).
 
 local K_POOL, K_GRANTS, K_GC, K_FENCE, K_OUTBOX = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local K_RES, K_DUE, K_HELD, K_IDEM = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local grant_id = ARGV[1]
 local units = tonumber(ARGV[2])
 local retention = tonumber(ARGV[3])
 local must_exist = ARGV[4] == '1'
 local epoch = tonumber(ARGV[5])
+local structures = structures_from(6)
 
 if tonumber(redis.call('GET', K_FENCE) or '0') > epoch then
   return -2
@@ -33,18 +44,19 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-if must_exist and redis.call('HEXISTS', K_POOL, 'generation') == 0 then
+local state = pool_state(K_POOL, structures)
+if must_exist and state ~= 'ok' then
   return -1
+end
+if state ~= 'ok' then
+  local generation = string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2]))
+  redis.call('DEL', K_RES, K_DUE, K_HELD, K_IDEM, K_OUTBOX, K_POOL)
+  redis.call('HSET', K_POOL, 'available', 0, 'reserved', 0, 'sold', 0, 'generation', generation, 'marked', 1)
+  mark_structures(structures, generation)
 end
 if redis.call('HSETNX', K_GRANTS, grant_id, units) == 0 then
   return 0
 end
 redis.call('ZADD', K_GC, now + retention, 'g:' .. grant_id)
-if redis.call('HEXISTS', K_POOL, 'generation') == 0 then
-  local generation = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  redis.call('DEL', K_OUTBOX)
-  redis.call('HDEL', K_POOL, 'event_seq', 'events_dropped')
-  redis.call('HSET', K_POOL, 'available', 0, 'reserved', 0, 'sold', 0, 'generation', generation)
-end
 redis.call('HINCRBY', K_POOL, 'available', units)
 return 1

@@ -9,19 +9,29 @@
 --   2 res     hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
 --   3 held    hash  user_id -> units held (reserved + confirmed)
 --   4 outbox  stream the pool's events (see outbox.lua, prepended to this script)
+--   5..12     the pool's structures, checked for their markers (intact.lua, prepended)
 -- ARGV:
 --   1 reservation_id
 --   2 outbox_max: how many events the outbox keeps at most
 -- Returns {verdict, state}: verdict 'done' | 'refused' | 'not_found', state the
--- reservation's ('' with not_found).
+-- reservation's ('' with not_found); or {'lost'} when the pool lost a structure, or its
+-- hash while the record is left (nothing written).
 
 local K_POOL, K_RES, K_HELD, K_OUTBOX = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local id = ARGV[1]
 local outbox_max = tonumber(ARGV[2])
 
+-- Checked before any write (intact.lua, prepended).
+local state = pool_state(K_POOL, structures_from(5))
+if state == 'partial' then
+  return {'lost'}
+end
 local raw = redis.call('HGET', K_RES, id)
 if not raw then
   return {'not_found', ''}
+end
+if state == 'missing' then
+  return {'lost'}
 end
 local rec = cjson.decode(raw)
 if rec.s == 'refunded' then

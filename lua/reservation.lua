@@ -5,13 +5,19 @@
 --   1 res   hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key,
 --                                  r = requested quantity when fewer were reserved (allow_partial)}
 --   2 idem  hash  idempotency_key -> reservation_id
+--   3 pool  hash  generation
+--   4..11         the pool's structures, checked for their markers (intact.lua, prepended)
 -- ARGV:
 --   1 'id' | 'key'
 --   2 the reservation id or the idempotency key
 -- Returns {reservation_id, state, quantity, expires_at_ms, user_id, idempotency_key, requested}
 -- (requested: '0' when the reservation has what was asked), or
--- nil when unknown (never existed, or forgotten after its retention).
+-- nil when unknown (never existed, or forgotten after its retention), or 'lost' when the
+-- pool lost one of its structures: what it would say is not known.
 
+if pool_state(KEYS[3], structures_from(4)) == 'partial' then
+  return 'lost'
+end
 local id = ARGV[2]
 if ARGV[1] == 'key' then
   id = redis.call('HGET', KEYS[2], ARGV[2])

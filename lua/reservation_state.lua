@@ -3,11 +3,16 @@
 --
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
 --   1 res  hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
+--   2 pool hash  generation
+--   3..10      the pool's structures, checked for their markers (intact.lua, prepended)
 -- ARGV:
 --   1 reservation_id
 -- Returns 'reserved' | 'confirmed' | 'cancelled' | 'expired' | 'refunded', or nil when unknown (never
--- existed, or forgotten after its retention).
+-- existed, or forgotten after its retention), or 'lost' when the pool lost one of its structures.
 
+if pool_state(KEYS[2], structures_from(3)) == 'partial' then
+  return 'lost'
+end
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then
   return false

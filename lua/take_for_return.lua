@@ -8,13 +8,15 @@
 --   2 takes  hash  take_id -> cjson {n = units taken, b = 0|1 (put back by untake)}
 --   3 gc     zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten
 --   4 fence  string  the highest center epoch that fenced the pool (see fence.lua)
+--   5..12    the pool's structures, checked for their markers (intact.lua, prepended)
 -- ARGV:
 --   1 take_id
 --   2 max_units
 --   3 retention_ms: how long the take is remembered
 --   4 epoch: the caller's center epoch; refused if the pool was fenced with a later one
--- Returns the units taken (by this call or, on a replay, by the first one), or -2 if
--- fenced (nothing taken or recorded).
+-- Returns the units taken (by this call or, on a replay, by the first one), -2 if fenced,
+-- or -1 if the pool lost one of its structures (intact.lua, prepended); nothing is taken
+-- or recorded for -1 and -2.
 
 local K_POOL, K_TAKES, K_GC, K_FENCE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local take_id = ARGV[1]
@@ -24,6 +26,10 @@ local epoch = tonumber(ARGV[4])
 
 if tonumber(redis.call('GET', K_FENCE) or '0') > epoch then
   return -2
+end
+
+if pool_state(K_POOL, structures_from(5)) == 'partial' then
+  return -1
 end
 
 local raw = redis.call('HGET', K_TAKES, take_id)

@@ -99,6 +99,7 @@ impl Agent {
             rate_limited: Default::default(),
             miss_wait: settings.miss_wait,
             global: crate::buyers::limit::GlobalLimits::new(None, Arc::clone(&metrics)),
+            store_health: Default::default(),
             abort_after_move_take: None,
         };
         let reporting = Reporting::new(Arc::clone(&store), Arc::clone(&link), Arc::clone(&items));

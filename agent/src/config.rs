@@ -63,6 +63,18 @@ pub struct AgentConfig {
     /// How long a write waits for those acknowledgements before it answers UNAVAILABLE.
     #[arg(long, env = "INVENTORY_REDIS_REPLICA_ACK_TIMEOUT_MS", default_value_t = 500)]
     pub redis_replica_ack_timeout_ms: u64,
+    /// UNSAFE: start (and keep selling) on a Redis whose maxmemory-policy is not
+    /// noeviction, or whose policy cannot be read. An evicting Redis may drop any key of a
+    /// pool (a reservation, an idempotency key) under memory pressure, losing sales without
+    /// a trace. Without this flag the agent refuses to start on one, and stops selling
+    /// (UNAVAILABLE, NOT_SERVING) while a node's policy is changed at run time.
+    #[arg(long, env = "INVENTORY_ALLOW_EVICTING_REDIS")]
+    pub allow_evicting_redis: bool,
+    /// How often the agent reads its Redis nodes' maxmemory-policy and memory (pool store
+    /// and buyer registry).
+    #[arg(long, env = "INVENTORY_REDIS_CHECK_INTERVAL_MS", default_value_t = 2_000,
+          value_parser = clap::value_parser!(u64).range(10..))]
+    pub redis_check_interval_ms: u64,
     /// Multiplexed connections to the Redis server, used in turn (not with a cluster).
     #[arg(long, env = "INVENTORY_REDIS_CONNECTIONS", default_value_t = 4)]
     pub redis_connections: usize,
@@ -240,6 +252,8 @@ impl AgentConfig {
             redis_replica_acks: 0,
             redis_replica_ack_timeout_ms: 500,
             redis_connections: 4,
+            allow_evicting_redis: false,
+            redis_check_interval_ms: 100,
             redis_acquire_batch_max: 64,
             outbox_max_events: crate::store::DEFAULT_OUTBOX_MAX,
             leader_ttl_ms: 1_000,

@@ -19,8 +19,8 @@ pub enum AgentError {
     /// with the same idempotency key.
     #[error("{0}")]
     Unavailable(String),
-    /// The pool store failed: UNAVAILABLE when it is down or the pool was fenced (retry),
-    /// INTERNAL when it answered something unexpected.
+    /// The pool store failed: UNAVAILABLE when it is down, refused the write (its memory
+    /// limit) or the pool was fenced (retry), INTERNAL when it answered something unexpected.
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The center refuses this agent's credentials (a configuration error): UNAVAILABLE to
@@ -67,12 +67,24 @@ impl From<AgentError> for Status {
                 tracing::debug!(error = %m, "unavailable");
                 Status::unavailable(m.clone())
             }
-            AgentError::Store(s @ (StoreError::Unavailable(_) | StoreError::Fenced(_) | StoreError::Full(_))) => {
+            AgentError::Store(s @ (StoreError::Unavailable(_) | StoreError::Fenced(_))) => {
                 tracing::debug!(error = %s, "unavailable");
                 Status::unavailable(s.to_string())
             }
+            // A full store is a dependency that cannot take the call now, not an overload
+            // of this agent: UNAVAILABLE, so clients retry with the same key.
+            AgentError::Store(s @ StoreError::Refused(_)) => {
+                tracing::debug!(error = %s, "pool store refused a write");
+                Status::unavailable(s.to_string())
+            }
             AgentError::Store(s @ StoreError::GenerationChanged { .. }) => Status::failed_precondition(s.to_string()),
-            AgentError::Store(s @ (StoreError::Protocol(_) | StoreError::PoolMissing(_))) => {
+            // The pool lost its data: nothing was written; the item is frozen until an
+            // operator settles its units (the agent's reads find it lost).
+            AgentError::Store(StoreError::PoolMissing(tag)) => Status::unavailable(format!(
+                "pool {tag} lost its data in the store; nothing was written, and selling the item waits until its \
+                 units are reconciled"
+            )),
+            AgentError::Store(s @ StoreError::Protocol(_)) => {
                 tracing::error!(error = %s, "internal error");
                 Status::internal("internal error")
             }
@@ -106,5 +118,16 @@ mod tests {
         let bad = Status::from(AgentError::from(StoreError::Protocol("bad reply".into())));
         assert_eq!(bad.code(), Code::Internal);
         assert_eq!(bad.message(), "internal error", "no internals in INTERNAL");
+    }
+
+    #[test]
+    fn a_store_at_its_memory_limit_is_unavailable_and_says_so() {
+        let full = Status::from(AgentError::from(StoreError::Refused(crate::store::redis::OUT_OF_MEMORY.to_owned())));
+        assert_eq!(full.code(), Code::Unavailable);
+        assert_eq!(
+            full.message(),
+            "pool store refused the write: redis is at its memory limit (maxmemory); retry with the same \
+             idempotency_key"
+        );
     }
 }

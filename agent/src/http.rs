@@ -44,13 +44,20 @@ pub fn router(agent: Arc<Agent>) -> Router {
     Router::new().route("/healthz", get(healthz)).route("/metrics", get(metrics)).with_state(state)
 }
 
-/// Not ready while the center refuses the agent's credentials: it cannot sell, and no
-/// amount of waiting fixes that.
+/// Not ready while the center refuses the agent's credentials (it cannot sell, and no
+/// amount of waiting fixes that), while a Redis node may evict pool keys, and while the
+/// pool store refuses writes (its memory limit).
 async fn healthz(State(state): State<HttpState>) -> impl IntoResponse {
     if state.agent.link.credentials_refused() {
-        return (StatusCode::SERVICE_UNAVAILABLE, "not ready: the center refuses this agent's credentials\n");
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the center refuses this agent's credentials\n".to_owned(),
+        );
     }
-    (StatusCode::OK, "ok\n")
+    if let Some(why) = state.agent.selling.store_health.not_serving() {
+        return (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n"));
+    }
+    (StatusCode::OK, "ok\n".to_owned())
 }
 
 async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {

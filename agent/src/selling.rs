@@ -56,6 +56,9 @@ pub struct Selling {
     pub(crate) miss_wait: Duration,
     /// Items with a global per-user limit: the buyer registry.
     pub global: GlobalLimits,
+    /// What the Redis nodes' policy check and the store's refusals say: sales stop while
+    /// a node may evict keys.
+    pub store_health: Arc<crate::store::health::StoreHealth>,
     /// Test-only fault point (`--test-abort-after-move-take`): abort the process between
     /// a move's take and its refill.
     pub abort_after_move_take: segmented::AbortHook,
@@ -101,6 +104,9 @@ impl Selling {
             return Err(AgentError::Unavailable(
                 "agent's lease with the center has expired; not selling until it is renewed".into(),
             ));
+        }
+        if let Some(why) = self.store_health.sales_stopped() {
+            return Err(AgentError::Unavailable(why));
         }
         let item = self.item(&req.item).await?;
         let leading = self.role.is_leading();

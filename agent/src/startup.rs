@@ -1,5 +1,6 @@
-//! Builds the agent: opens the pool store, registers with the center (resyncing pools),
-//! binds both listeners, and returns an [`Application`] that knows its addresses.
+//! Builds the agent: opens the pool store (refusing a Redis that may evict keys),
+//! registers with the center (resyncing pools), binds both listeners, and returns an
+//! [`Application`] that knows its addresses.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -18,8 +19,10 @@ use crate::link::CenterLink;
 use crate::security::{BackendAuth, Security, UserLimits};
 use crate::service::AgentService;
 use crate::store::PoolStore;
+use crate::store::health::StoreHealth;
 use crate::store::memory::MemoryPoolStore;
 use crate::store::redis::RedisPoolStore;
+use crate::store::redis::policy::PolicyWatch;
 use crate::workers;
 use tonic::service::interceptor::InterceptedService;
 
@@ -47,6 +50,8 @@ pub struct Application {
     memory_state: Option<(Arc<MemoryPoolStore>, PathBuf)>,
     /// The broker relay, with `--nats-url`.
     relay: Option<crate::relay::Relay>,
+    /// The Redis nodes' eviction policy and memory, watched (None: no Redis).
+    policy_watch: Option<PolicyWatch>,
 }
 
 impl Application {
@@ -54,14 +59,20 @@ impl Application {
         let acks_timeout = Duration::from_millis(config.redis_replica_ack_timeout_ms);
         let mut memory_state = None;
         let mut kept_items = Vec::new();
+        let health: Arc<StoreHealth> = Arc::default();
+        let mut watch = policy_watch(&config, &health);
         let store: Arc<dyn PoolStore> = match config.store {
-            _ if !config.redis_cluster.is_empty() => Arc::new(
-                RedisPoolStore::new_cluster(&config.redis_cluster, &config.redis_prefix)
+            _ if !config.redis_cluster.is_empty() => {
+                let store = RedisPoolStore::new_cluster(&config.redis_cluster, &config.redis_prefix)
                     .await?
                     .with_replica_acks(config.redis_replica_acks, acks_timeout)
                     .with_acquire_batch_max(config.redis_acquire_batch_max)
-                    .with_outbox_max(config.outbox_max_events),
-            ),
+                    .with_outbox_max(config.outbox_max_events)
+                    .with_health(Arc::clone(&health));
+                // Before anything else: an evicting store must not sell.
+                watch.add("pool store", store.nodes()).await.map_err(anyhow::Error::msg)?;
+                Arc::new(store)
+            }
             StoreKind::Memory => match config.memory_state_path() {
                 Some(path) => {
                     let (mem, items) = MemoryPoolStore::load(&path, &config.center)
@@ -76,15 +87,19 @@ impl Application {
                 }
                 None => Arc::new(MemoryPoolStore::new().with_outbox_max(config.outbox_max_events)),
             },
-            StoreKind::Redis => Arc::new(
-                RedisPoolStore::with_connections(&config.redis_url, &config.redis_prefix, config.redis_connections)
-                    .await?
-                    .with_replica_acks(config.redis_replica_acks, acks_timeout)
-                    .with_acquire_batch_max(config.redis_acquire_batch_max)
-                    .with_outbox_max(config.outbox_max_events),
-            ),
+            StoreKind::Redis => {
+                let store =
+                    RedisPoolStore::with_connections(&config.redis_url, &config.redis_prefix, config.redis_connections)
+                        .await?
+                        .with_replica_acks(config.redis_replica_acks, acks_timeout)
+                        .with_acquire_batch_max(config.redis_acquire_batch_max)
+                        .with_outbox_max(config.outbox_max_events)
+                        .with_health(Arc::clone(&health));
+                watch.add("pool store", store.nodes()).await.map_err(anyhow::Error::msg)?;
+                Arc::new(store)
+            }
         };
-        let mut app = Self::build_with_store_keeping(config, store, kept_items).await?;
+        let mut app = Self::build_with_store_keeping(config, store, kept_items, health, watch).await?;
         app.memory_state = memory_state;
         Ok(app)
     }
@@ -92,15 +107,21 @@ impl Application {
     /// Like [`Application::build`] with a given pool store (tests wrap stores to observe
     /// or break them).
     pub async fn build_with_store(config: AgentConfig, store: Arc<dyn PoolStore>) -> anyhow::Result<Self> {
-        Self::build_with_store_keeping(config, store, Vec::new()).await
+        let health: Arc<StoreHealth> = Arc::default();
+        let watch = policy_watch(&config, &health);
+        Self::build_with_store_keeping(config, store, Vec::new(), health, watch).await
     }
 
     /// `kept_items`: items whose pools the store kept from an earlier run; the first
     /// registration resyncs them too, whether or not the center lists them as held.
+    /// `health`: what the pool store and `watch` (which has checked the pool store's nodes
+    /// if they are Redis) tell about the stores.
     async fn build_with_store_keeping(
         config: AgentConfig,
         store: Arc<dyn PoolStore>,
         kept_items: Vec<String>,
+        health: Arc<StoreHealth>,
+        mut watch: PolicyWatch,
     ) -> anyhow::Result<Self> {
         let channel = Channel::parse("channel", &config.channel)?;
         let agent_id = match &config.agent_id {
@@ -132,6 +153,7 @@ impl Application {
         let http = inventory_net::bind(config.http_listen, "--http-listen").await?;
         security.warn_if_insecure();
         let mut agent = Agent::new(store, link, settings, limits);
+        agent.selling.store_health = health;
         if let Some(url) = &config.buyer_registry_url {
             let prefix = &config.buyer_registry_prefix;
             let registry = if config.buyer_registry_cluster {
@@ -145,6 +167,7 @@ impl Application {
                 let shown: Vec<String> = url.split(',').map(inventory_net::without_credentials).collect();
                 anyhow::anyhow!("--buyer-registry-url {}: cannot connect: {e}", shown.join(","))
             })?;
+            watch.add("buyer registry", registry.nodes()).await.map_err(anyhow::Error::msg)?;
             agent.selling.global.registry = Some(registry);
             // A claim's pool call must end before the sweeper may settle it: above the
             // longest Acquire (its wait for a Borrow, twice for margin).
@@ -208,6 +231,7 @@ impl Application {
             rebalance_interval: Duration::from_millis(config.rebalance_interval_ms.max(1)),
             memory_state: None,
             relay,
+            policy_watch: (!watch.is_empty()).then_some(watch),
             store_kind: store_description(&config),
             heartbeat_interval: (config.heartbeat_interval_ms > 0)
                 .then(|| Duration::from_millis(config.heartbeat_interval_ms)),
@@ -240,6 +264,9 @@ impl Application {
             tokio::spawn(workers::buyer_sweeper(Arc::clone(&self.agent), stop_rx.clone())),
             tokio::spawn(workers::basket_sweeper(Arc::clone(&self.agent), stop_rx.clone())),
         ];
+        if let Some(watch) = self.policy_watch.take() {
+            tasks.push(tokio::spawn(watch.run(stop_rx.clone())));
+        }
         if let Some(relay) = self.relay.take() {
             let (agent, leader) = (Arc::clone(&self.agent), Arc::clone(&self.agent));
             let pools = move || agent.items().iter().flat_map(|i| i.pools.clone()).collect();
@@ -248,6 +275,11 @@ impl Application {
 
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<AgentServer<AgentService>>().await;
+        tasks.push(tokio::spawn(follow_store_health(
+            health,
+            Arc::clone(&self.agent.selling.store_health),
+            stop_rx.clone(),
+        )));
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(inventory_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -383,6 +415,36 @@ async fn relay(config: &AgentConfig, url: &str, agent: &Arc<Agent>) -> anyhow::R
         Arc::clone(&agent.relay),
         settings,
     ))
+}
+
+/// The policy check of the agent's Redis nodes, empty until a store is added.
+fn policy_watch(config: &AgentConfig, health: &Arc<StoreHealth>) -> PolicyWatch {
+    PolicyWatch::new(
+        Arc::clone(health),
+        config.allow_evicting_redis,
+        Duration::from_millis(config.redis_check_interval_ms),
+    )
+}
+
+/// The gRPC health (the server's and the Agent service's) follows the stores' health:
+/// NOT_SERVING while a node evicts or the pool store refuses writes.
+async fn follow_store_health(
+    reporter: tonic_health::server::HealthReporter,
+    store: Arc<StoreHealth>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    use tonic::server::NamedService;
+    use tonic_health::ServingStatus;
+    let mut changes = store.subscribe();
+    loop {
+        let status = if store.not_serving().is_some() { ServingStatus::NotServing } else { ServingStatus::Serving };
+        reporter.set_service_status("", status).await;
+        reporter.set_service_status(<AgentServer<AgentService> as NamedService>::NAME, status).await;
+        tokio::select! {
+            changed = changes.changed() => if changed.is_err() { return },
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
 }
 
 /// The pool store in use, for the start-up line (no credentials: Redis URLs may carry them).

@@ -258,7 +258,8 @@ fn store_reply(r: Result<Reply, StoreError>) -> Reply {
         Ok(reply) => reply,
         Err(StoreError::Fenced(_)) => Reply::Store(StoreFault::Fenced),
         Err(StoreError::PoolMissing(_)) => Reply::Store(StoreFault::PoolMissing),
-        Err(StoreError::Full(_)) => Reply::Store(StoreFault::Refused),
+        // Refused before it wrote anything (at its memory limit): a refill so refused never lands.
+        Err(StoreError::Refused(_)) => Reply::Store(StoreFault::Refused),
         Err(e) => {
             tracing::debug!(error = %e, "pool store call failed");
             Reply::Store(StoreFault::Failed)

@@ -165,14 +165,22 @@ pub struct RedisServer {
     /// file even with `--save ""`, and it must not land in the caller's directory.
     dir: PathBuf,
     child: Option<Child>,
+    /// Extra command-line settings, kept across restarts.
+    args: Vec<String>,
 }
 
 impl RedisServer {
     pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// Started with extra settings (`["--rename-command", "CONFIG", ""]`).
+    pub async fn start_with(args: &[&str]) -> Self {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("inventory-redis-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).expect("create the redis-server directory");
-        let mut server = Self { port, url: format!("redis://127.0.0.1:{port}"), dir, child: None };
+        let args = args.iter().map(|a| (*a).to_owned()).collect();
+        let mut server = Self { port, url: format!("redis://127.0.0.1:{port}"), dir, child: None, args };
         server.spawn().await;
         server
     }
@@ -182,6 +190,7 @@ impl RedisServer {
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string(), "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(&self.dir)
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -69,6 +69,8 @@ pub struct BuyerRegistry {
     conn: Conn,
     prefix: String,
     script: std::sync::Arc<Script>,
+    /// One server's URL without credentials (empty for a cluster), for the policy check.
+    node: String,
 }
 
 impl BuyerRegistry {
@@ -80,7 +82,9 @@ impl BuyerRegistry {
             .set_response_timeout(Some(CALL_TIMEOUT))
             .set_max_delay(Duration::from_secs(2));
         let conn = ConnectionManager::new_with_config(client, config).await.map_err(err)?;
-        Ok(Self::with(Conn::Single(conn), prefix))
+        let mut registry = Self::with(Conn::Single(conn), prefix);
+        registry.node = inventory_net::without_credentials(url);
+        Ok(registry)
     }
 
     /// A Redis Cluster reached through any of its `seed_nodes` (`redis://host:port`).
@@ -101,7 +105,16 @@ impl BuyerRegistry {
 
     fn with(conn: Conn, prefix: &str) -> Self {
         let script = std::sync::Arc::new(Script::new(include_str!("../../../lua/buyer.lua")));
-        Self { conn, prefix: prefix.to_owned(), script }
+        Self { conn, prefix: prefix.to_owned(), script, node: String::new() }
+    }
+
+    /// The registry's nodes, for the eviction-policy check (`store::redis::policy`).
+    pub fn nodes(&self) -> crate::store::redis::policy::RedisNodes {
+        use crate::store::redis::policy::RedisNodes;
+        match &self.conn {
+            Conn::Single(conn) => RedisNodes::Single { node: self.node.clone(), conn: conn.clone() },
+            Conn::Cluster(conn) => RedisNodes::Cluster(conn.clone()),
+        }
     }
 
     /// The buyer's hash: the hash tag keeps one buyer's claims on one slot.

@@ -16,6 +16,7 @@
 //! nothing else writes them. `available + reserved + sold` changes only through
 //! `refill` (up) and `take_for_return` (down).
 
+pub mod health;
 pub mod memory;
 pub mod redis;
 
@@ -83,12 +84,12 @@ impl MoveIntent {
 pub enum StoreError {
     #[error("pool store unavailable: {0}")]
     Unavailable(String),
+    /// The store refused a write without making it (its memory limit, ...): the caller
+    /// may retry with the same ids once it takes writes again.
+    #[error("pool store refused the write: {0}; retry with the same idempotency_key")]
+    Refused(String),
     #[error("pool store returned an unexpected answer: {0}")]
     Protocol(String),
-    /// The store refused a write before it wrote anything: it is at its memory limit
-    /// (Redis `maxmemory` with `noeviction`). Safe to retry with the same ids once it has room.
-    #[error("pool store refused the write: it is at its memory limit (maxmemory): {0}")]
-    Full(String),
     /// The pool does not exist in the store (never opened, or the store lost it).
     #[error("pool {0} does not exist in the store")]
     PoolMissing(String),

@@ -1102,14 +1102,16 @@ async fn redis_keys_carry_the_prefix_and_the_pool_hash_tag() {
         ::redis::cmd("KEYS").arg(format!("{}*", redis.prefix)).query_async(&mut conn).await.unwrap();
     keys.sort();
     let base = format!("{}{{app:sku-keys}}:", redis.prefix);
-    let expected: Vec<String> = ["gc", "grants", "held", "idem", "outbox", "pool", "res", "takes"]
+    // Every structure exists from the pool's creation on, each with its marker
+    // (`lua/intact.lua`), even the due set with no reservation due.
+    let expected: Vec<String> = ["due", "gc", "grants", "held", "idem", "outbox", "pool", "res", "takes"]
         .iter()
         .map(|n| format!("{base}{n}"))
         .collect();
     assert_eq!(keys, expected);
 
-    // After the sweeper forgot the finished records, only the counters, the holdings and
-    // the outbox (trimmed by the relay or its bound, not by the retention) remain.
+    // After the sweeper forgot the finished records, every structure is still there,
+    // holding its marker alone: a structure never vanishes while its pool lives.
     let forgot = wait_until(WAIT, || {
         let (store, p, id) = (&store, p.clone(), id.clone());
         async move {
@@ -1122,7 +1124,12 @@ async fn redis_keys_carry_the_prefix_and_the_pool_hash_tag() {
     let mut keys: Vec<String> =
         ::redis::cmd("KEYS").arg(format!("{}*", redis.prefix)).query_async(&mut conn).await.unwrap();
     keys.sort();
-    assert_eq!(keys, vec![format!("{base}held"), format!("{base}outbox"), format!("{base}pool")]);
+    assert_eq!(keys, expected);
+    for name in ["res", "idem"] {
+        let fields: Vec<String> =
+            ::redis::cmd("HKEYS").arg(format!("{base}{name}")).query_async(&mut conn).await.unwrap();
+        assert_eq!(fields, [" gen"], "{name} keeps only its marker");
+    }
 }
 
 /// A segment s > 0 of an item keeps every key under its own hash tag `{channel:item#s}`,

@@ -126,7 +126,9 @@ pub(super) async fn send_batch(
     batch: &[Waiter],
 ) -> Result<Vec<Result<AcquireResult, StoreError>>, StoreError> {
     let mut call = shared.scripts.acquire_batch.key(&k.pool);
-    call.key(&k.res).key(&k.due).key(&k.held).key(&k.idem).key(&k.outbox).arg(batch.len()).arg(config.outbox_max);
+    call.key(&k.res).key(&k.due).key(&k.held).key(&k.idem).key(&k.outbox);
+    k.structures(&mut call);
+    call.arg(batch.len()).arg(config.outbox_max);
     for w in batch {
         let a = &w.args;
         call.arg(&a.user_id).arg(a.quantity).arg(&a.idempotency_key).arg(&a.new_reservation_id);
@@ -154,7 +156,7 @@ pub(super) async fn send_batch(
 pub(super) fn copy_err(e: &StoreError) -> StoreError {
     match e {
         StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
-        StoreError::Full(m) => StoreError::Full(m.clone()),
+        StoreError::Refused(m) => StoreError::Refused(m.clone()),
         StoreError::Protocol(m) => StoreError::Protocol(m.clone()),
         StoreError::PoolMissing(m) => StoreError::PoolMissing(m.clone()),
         StoreError::Fenced(m) => StoreError::Fenced(m.clone()),

@@ -7,9 +7,11 @@
 //! events, written by the same script call as the change, see `lua/outbox.lua`); of one channel (replica coordination):
 //! `<prefix>{channel}:<name>` for `leader`, `lease`, `wants`; of one item's segments (their
 //! move intents): `<prefix>{channel:item}:moves`. The scripts' header comments
-//! say what each holds. All keys of a script carry one hash tag, so each call lives on one
-//! Redis Cluster slot, and every key a script touches is passed in KEYS. Request data goes
-//! in ARGV only.
+//! say what each holds. A pool's eight structures (all but `pool` and `fence`) each carry
+//! a marker from the pool's creation on (`lua/intact.lua`), so one lost on its own makes
+//! the pool read as lost instead of being re-created empty. All keys of a script carry one
+//! hash tag, so each call lives on one Redis Cluster slot, and every key a script touches
+//! is passed in KEYS. Request data goes in ARGV only.
 //!
 //! **Architecture invariant:** Rust never reads or writes pool keys directly; it builds
 //! key names, passes arguments and parses answers. The rules live in the scripts, whose
@@ -39,6 +41,7 @@ mod baskets;
 mod batch;
 mod durable;
 mod orders;
+pub mod policy;
 mod reply;
 mod scripts;
 
@@ -48,6 +51,7 @@ use durable::{Durability, DurablePool, write};
 use reply::{acquire_result, array, int, state, string, transition, uint};
 use scripts::{Keys, Scripts};
 
+use super::health::StoreHealth;
 use super::memory::{DEFAULT_RECORD_RETENTION, GC_BATCH};
 use super::{
     AcquireArgs, AcquireResult, ChannelOp, ChannelReply, DEFAULT_OUTBOX_MAX, EventPage, ExtendResult, MoveIntent,
@@ -55,6 +59,7 @@ use super::{
     Transition, channel_tag,
 };
 use super::{BASKET_RETENTION, BasketWrite, Intent, StoredBasket};
+use policy::RedisNodes;
 
 /// How many requests one `acquire_batch.lua` call carries at most: bounds how long one
 /// script call holds the (single-threaded) Redis server.
@@ -105,6 +110,10 @@ pub struct RedisPoolStore {
     /// Every pool this store was asked about. Grows with the channel's items (a few hundred
     /// bytes each), like the agent's item registry.
     pools: Mutex<HashMap<PoolKey, Arc<PoolEntry>>>,
+    /// The one server's URL without credentials (None: a cluster), for the policy check.
+    node: Option<String>,
+    /// Told of every write the server refused (its memory limit, ...).
+    health: Arc<StoreHealth>,
 }
 
 impl std::fmt::Debug for RedisPoolStore {
@@ -136,7 +145,9 @@ impl RedisPoolStore {
             let conn = ConnectionManager::new_with_config(client.clone(), config.clone()).await.map_err(map_err)?;
             conns.push(Conn::Single(conn));
         }
-        Ok(Self::with_conns(conns, Some(DurablePool::new(client)), key_prefix))
+        let mut store = Self::with_conns(conns, Some(DurablePool::new(client)), key_prefix);
+        store.node = Some(inventory_net::without_credentials(redis_url));
+        Ok(store)
     }
 
     /// Connects to a Redis Cluster through any of its `seed_nodes` (`redis://host:port`);
@@ -172,7 +183,32 @@ impl RedisPoolStore {
             durability: None,
             batch_max: DEFAULT_ACQUIRE_BATCH_MAX,
             pools: Mutex::new(HashMap::new()),
+            node: None,
+            health: Arc::default(),
         }
+    }
+
+    /// Reports every write the server refuses to `health` (the agent's).
+    pub fn with_health(mut self, health: Arc<StoreHealth>) -> Self {
+        self.health = health;
+        self
+    }
+
+    /// The store's nodes, for the policy check ([`policy::PolicyWatch`]).
+    pub fn nodes(&self) -> RedisNodes {
+        match (self.shared.conn(), &self.node) {
+            (Conn::Single(conn), Some(node)) => RedisNodes::Single { node: node.clone(), conn },
+            (Conn::Single(conn), None) => RedisNodes::Single { node: "redis".to_owned(), conn },
+            (Conn::Cluster(conn), _) => RedisNodes::Cluster(conn),
+        }
+    }
+
+    /// A refused write is told to the health as it passes.
+    fn noted<T>(&self, r: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(StoreError::Refused(why)) = &r {
+            self.health.write_refused(why);
+        }
+        r
     }
 
     /// At most `max` Acquires per `acquire_batch.lua` call (default
@@ -253,11 +289,11 @@ impl RedisPoolStore {
 
     /// Runs a script that only reads.
     async fn read<T: FromRedisValue>(&self, call: &ScriptInvocation<'_>) -> Result<T, StoreError> {
-        read(self.shared.conn(), call).await
+        self.noted(read(self.shared.conn(), call).await)
     }
 
     async fn write<T: FromRedisValue>(&self, routing_key: &str, call: &ScriptInvocation<'_>) -> Result<T, StoreError> {
-        write(&self.shared, self.durability, routing_key, call).await
+        self.noted(write(&self.shared, self.durability, routing_key, call).await)
     }
 
     /// The store's part of [`PoolStore::acquire`]: straight through when no call of the
@@ -278,9 +314,9 @@ impl RedisPoolStore {
         if let Some(waiting) = waiting {
             // The sender is dropped unanswered only if the batch's task died (the runtime
             // is shutting down): whether the batch reached Redis is then unknown.
-            return waiting.await.unwrap_or_else(|_| {
+            return self.noted(waiting.await.unwrap_or_else(|_| {
                 Err(StoreError::Unavailable("the batch carrying this acquire was abandoned".to_owned()))
-            });
+            }));
         }
         // Whatever ends this call (an answer, an error, or the caller dropping it), the
         // lane passes on to those who queued meanwhile.
@@ -288,6 +324,7 @@ impl RedisPoolStore {
         let k = &entry.keys;
         let mut call = self.shared.scripts.acquire.key(&k.pool);
         call.key(&k.res).key(&k.due).key(&k.held).key(&k.idem).key(&k.outbox);
+        k.structures(&mut call);
         call.arg(&args.user_id).arg(args.quantity).arg(&args.idempotency_key).arg(&args.new_reservation_id);
         // 0 expects nothing: no pool has generation 0 and answered a reservation.
         call.arg(args.per_user_limit).arg(args.reservation_ttl_ms).arg(args.expect_generation.unwrap_or(0));
@@ -330,9 +367,10 @@ impl RedisPoolStore {
         let k = &entry.keys;
         let mut call = script.key(&k.pool);
         call.key(&k.res).key(&k.due).key(&k.held).key(&k.gc).key(&k.outbox);
+        k.structures(&mut call);
         call.arg(reservation_id).arg(self.retention_ms).arg(self.outbox_max);
         let reply: Value = self.write(&k.pool, &call).await?;
-        transition(what, reply)
+        transition(what, pool, reply)
     }
 
     async fn refill_script(
@@ -347,6 +385,7 @@ impl RedisPoolStore {
         let k = &entry.keys;
         let mut call = self.shared.scripts.refill.key(&k.pool);
         call.key(&k.grants).key(&k.gc).key(&k.fence).key(&k.outbox);
+        k.structures(&mut call);
         call.arg(grant_id).arg(units).arg(self.retention_ms).arg(if must_exist { "1" } else { "0" }).arg(epoch);
         let reply: Value = self.write(&k.pool, &call).await?;
         match int("refill", &reply)? {
@@ -361,10 +400,35 @@ fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Connection trouble (and servers that cannot serve right now) is `Unavailable`: the
-/// caller may retry with the same ids. Anything else means the store answered something
-/// this code does not expect.
+/// What Redis says when it refuses a write for its memory limit (`maxmemory` with
+/// `noeviction`): nothing of the script was written, as Redis refuses a script at its
+/// first write when it started out of memory.
+pub const OUT_OF_MEMORY: &str = "redis is at its memory limit (maxmemory)";
+
+/// A write the server refused without running it: out of memory, a failed snapshot
+/// (`stop-writes-on-bgsave-error`), too few replicas (`min-replicas-to-write`).
+fn refusal(e: &RedisError) -> Option<&'static str> {
+    let text = e.to_string();
+    let code = e.code();
+    if code == Some("OOM") || text.contains("OOM command not allowed") {
+        return Some(OUT_OF_MEMORY);
+    }
+    if code == Some("MISCONF") || text.contains("MISCONF") {
+        return Some("redis stopped writes as it cannot persist to disk (MISCONF)");
+    }
+    if code == Some("NOREPLICAS") || text.contains("NOREPLICAS") {
+        return Some("redis has fewer replicas than min-replicas-to-write (NOREPLICAS)");
+    }
+    None
+}
+
+/// Connection trouble (and servers that cannot serve right now) is `Unavailable`, a write
+/// the server refused `Refused`: the caller may retry with the same ids. Anything else
+/// means the store answered something this code does not expect.
 fn map_err(e: RedisError) -> StoreError {
+    if let Some(why) = refusal(&e) {
+        return StoreError::Refused(why.to_owned());
+    }
     let unavailable = e.is_io_error()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
@@ -381,9 +445,6 @@ fn map_err(e: RedisError) -> StoreError {
             ) | ErrorKind::ClusterConnectionNotFound
         )
         || e.code() == Some("BUSY");
-    if e.code() == Some("OOM") {
-        return StoreError::Full(e.to_string());
-    }
     if unavailable { StoreError::Unavailable(e.to_string()) } else { StoreError::Protocol(e.to_string()) }
 }
 
@@ -393,7 +454,11 @@ impl PoolStore for RedisPoolStore {
         if args.quantity == 0 {
             return Err(StoreError::Protocol("acquire quantity must be positive".to_owned()));
         }
-        self.acquire_grouped(pool, args).await
+        let answer = self.acquire_grouped(pool, args).await;
+        if matches!(answer, Ok(AcquireResult::Reserved { replayed: false, .. })) {
+            self.health.write_taken();
+        }
+        answer
     }
 
     async fn confirm(&self, pool: &PoolKey, reservation_id: &str) -> Result<Transition, StoreError> {
@@ -474,9 +539,12 @@ impl PoolStore for RedisPoolStore {
         let entry = self.entry(pool);
         let k = &entry.keys;
         let mut call = self.shared.scripts.take_for_return.key(&k.pool);
-        call.key(&k.takes).key(&k.gc).key(&k.fence).arg(take_id).arg(max_units).arg(self.retention_ms).arg(epoch);
+        call.key(&k.takes).key(&k.gc).key(&k.fence);
+        k.structures(&mut call);
+        call.arg(take_id).arg(max_units).arg(self.retention_ms).arg(epoch);
         let reply: Value = self.write(&k.pool, &call).await?;
         match int("take_for_return", &reply)? {
+            -1 => Err(StoreError::PoolMissing(pool.hash_tag())),
             -2 => Err(StoreError::Fenced(pool.hash_tag())),
             _ => uint("take_for_return", &reply),
         }
@@ -486,7 +554,9 @@ impl PoolStore for RedisPoolStore {
         let entry = self.entry(pool);
         let k = &entry.keys;
         let mut call = self.shared.scripts.untake.key(&k.pool);
-        call.key(&k.takes).key(&k.fence).arg(take_id).arg(epoch);
+        call.key(&k.takes).key(&k.fence);
+        k.structures(&mut call);
+        call.arg(take_id).arg(epoch);
         let reply: Value = self.write(&k.pool, &call).await?;
         match int("untake", &reply)? {
             -2 => Err(StoreError::Fenced(pool.hash_tag())),
@@ -507,7 +577,9 @@ impl PoolStore for RedisPoolStore {
         const WHAT: &str = "snapshot";
         let entry = self.entry(pool);
         let k = &entry.keys;
-        let reply: Value = self.read(&self.shared.scripts.snapshot.key(&k.pool)).await?;
+        let mut call = self.shared.scripts.snapshot.key(&k.pool);
+        k.structures(&mut call);
+        let reply: Value = self.read(&call).await?;
         let items = array(WHAT, reply)?;
         let [available, reserved, sold, generation, now_ms] = items.as_slice() else {
             return Err(StoreError::Protocol(format!("snapshot: unexpected reply {items:?}")));
@@ -530,9 +602,12 @@ impl PoolStore for RedisPoolStore {
         let entry = self.entry(pool);
         let k = &entry.keys;
         let mut call = self.shared.scripts.reservation_state.key(&k.res);
+        call.key(&k.pool);
+        k.structures(&mut call);
         call.arg(reservation_id);
         match self.read(&call).await? {
             Value::Nil => Ok(None),
+            other if string(WHAT, &other)? == "lost" => Err(StoreError::PoolMissing(pool.hash_tag())),
             other => Ok(Some(state(WHAT, &string(WHAT, &other)?)?)),
         }
     }

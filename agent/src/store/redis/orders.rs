@@ -9,9 +9,11 @@ impl RedisPoolStore {
         let entry = self.entry(pool);
         let k = &entry.keys;
         let mut call = self.shared.scripts.refund.key(&k.pool);
-        call.key(&k.res).key(&k.held).key(&k.outbox).arg(reservation_id).arg(self.outbox_max);
+        call.key(&k.res).key(&k.held).key(&k.outbox);
+        k.structures(&mut call);
+        call.arg(reservation_id).arg(self.outbox_max);
         let reply: Value = self.write(&k.pool, &call).await?;
-        transition("refund", reply)
+        transition("refund", pool, reply)
     }
 
     pub(super) async fn extend_script(
@@ -26,6 +28,7 @@ impl RedisPoolStore {
         let k = &entry.keys;
         let mut call = self.shared.scripts.extend.key(&k.pool);
         call.key(&k.res).key(&k.due).key(&k.held).key(&k.gc).key(&k.outbox);
+        k.structures(&mut call);
         call.arg(reservation_id).arg(extend_ms).arg(ttl_ms).arg(self.retention_ms).arg(self.outbox_max);
         let reply: Value = self.write(&k.pool, &call).await?;
         let items = array(WHAT, reply)?;
@@ -35,6 +38,7 @@ impl RedisPoolStore {
             }
             [tag, s] if string(WHAT, tag)? == "refused" => Ok(ExtendResult::Refused(state(WHAT, &string(WHAT, s)?)?)),
             [tag] if string(WHAT, tag)? == "not_found" => Ok(ExtendResult::NotFound),
+            [tag] if string(WHAT, tag)? == "lost" => Err(StoreError::PoolMissing(pool.hash_tag())),
             _ => Err(StoreError::Protocol(format!("{WHAT}: unexpected reply {items:?}"))),
         }
     }
@@ -48,7 +52,8 @@ impl RedisPoolStore {
         let entry = self.entry(pool);
         let k = &entry.keys;
         let mut call = self.shared.scripts.reservation.key(&k.res);
-        call.key(&k.idem);
+        call.key(&k.idem).key(&k.pool);
+        k.structures(&mut call);
         match by {
             ReservationRef::Id(id) => call.arg("id").arg(id),
             ReservationRef::IdempotencyKey(key) => call.arg("key").arg(key),
@@ -56,6 +61,9 @@ impl RedisPoolStore {
         let reply: Value = self.read(&call).await?;
         if reply == Value::Nil {
             return Ok(None);
+        }
+        if matches!(&reply, Value::BulkString(_) | Value::SimpleString(_)) && string(WHAT, &reply)? == "lost" {
+            return Err(StoreError::PoolMissing(pool.hash_tag()));
         }
         let items = array(WHAT, reply)?;
         let [id, st, quantity, expires_at_ms, user_id, key, requested] = items.as_slice() else {

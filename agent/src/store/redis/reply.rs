@@ -35,10 +35,14 @@ pub(super) fn state(what: &str, s: &str) -> Result<ReservationState, StoreError>
     ReservationState::parse(s).ok_or_else(|| StoreError::Protocol(format!("{what}: unknown reservation state {s:?}")))
 }
 
-/// Parses `{verdict, state}` from confirm.lua and cancel.lua.
-pub(super) fn transition(what: &str, v: Value) -> Result<Transition, StoreError> {
+/// Parses `{verdict, state}` from confirm.lua, cancel.lua and refund.lua; `{'lost'}`: the
+/// pool lost its data (nothing was written).
+pub(super) fn transition(what: &str, pool: &PoolKey, v: Value) -> Result<Transition, StoreError> {
     let items = array(what, v)?;
     let verdict = items.first().map(|v| string(what, v)).transpose()?;
+    if verdict.as_deref() == Some("lost") {
+        return Err(StoreError::PoolMissing(pool.hash_tag()));
+    }
     let st = items.get(1).map(|v| string(what, v)).transpose()?;
     match (verdict.as_deref(), st.as_deref()) {
         (Some("done"), Some(s)) => Ok(Transition::Done(state(what, s)?)),

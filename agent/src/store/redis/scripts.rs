@@ -25,22 +25,35 @@ pub(super) struct Scripts {
     pub(super) moves: Script,
 }
 
-/// A script that changes reservation states: `lua/outbox.lua` (which writes the events)
-/// joined with the script's own text.
+/// A script that reads or writes a pool's structures: `lua/intact.lua` (whether the pool
+/// still has all of them) joined with the script's own text.
+macro_rules! with_intact {
+    ($name:literal) => {
+        Script::new(concat!(
+            include_str!("../../../../lua/intact.lua"),
+            include_str!(concat!("../../../../lua/", $name))
+        ))
+    };
+}
+
+/// A script that changes reservation states: `lua/intact.lua` and `lua/outbox.lua` (which
+/// writes the events) joined with the script's own text.
 macro_rules! with_outbox {
     ($name:literal) => {
         Script::new(concat!(
+            include_str!("../../../../lua/intact.lua"),
             include_str!("../../../../lua/outbox.lua"),
             include_str!(concat!("../../../../lua/", $name))
         ))
     };
 }
 
-/// An acquire script: the outbox and `lua/record.lua` (which writes a new reservation's
-/// record) joined with the script's own text.
+/// An acquire script: `lua/intact.lua`, the outbox and `lua/record.lua` (which writes a
+/// new reservation's record) joined with the script's own text.
 macro_rules! for_acquire {
     ($name:literal) => {
         Script::new(concat!(
+            include_str!("../../../../lua/intact.lua"),
             include_str!("../../../../lua/outbox.lua"),
             include_str!("../../../../lua/record.lua"),
             include_str!(concat!("../../../../lua/", $name))
@@ -56,18 +69,18 @@ impl Scripts {
             confirm: with_outbox!("confirm.lua"),
             cancel: with_outbox!("cancel.lua"),
             expire: with_outbox!("expire.lua"),
-            refill: Script::new(include_str!("../../../../lua/refill.lua")),
-            take_for_return: Script::new(include_str!("../../../../lua/take_for_return.lua")),
-            untake: Script::new(include_str!("../../../../lua/untake.lua")),
-            snapshot: Script::new(include_str!("../../../../lua/snapshot.lua")),
-            reservation_state: Script::new(include_str!("../../../../lua/reservation_state.lua")),
+            refill: with_intact!("refill.lua"),
+            take_for_return: with_intact!("take_for_return.lua"),
+            untake: with_intact!("untake.lua"),
+            snapshot: with_intact!("snapshot.lua"),
+            reservation_state: with_intact!("reservation_state.lua"),
             idempotency_keys: Script::new(include_str!("../../../../lua/idempotency_keys.lua")),
             fence: Script::new(include_str!("../../../../lua/fence.lua")),
             channel: Script::new(include_str!("../../../../lua/channel.lua")),
             basket: Script::new(include_str!("../../../../lua/basket.lua")),
             refund: with_outbox!("refund.lua"),
             extend: with_outbox!("extend.lua"),
-            reservation: Script::new(include_str!("../../../../lua/reservation.lua")),
+            reservation: with_intact!("reservation.lua"),
             events: Script::new(include_str!("../../../../lua/events.lua")),
             trim_events: Script::new(include_str!("../../../../lua/trim_events.lua")),
             moves: Script::new(include_str!("../../../../lua/moves.lua")),
@@ -87,4 +100,15 @@ pub(super) struct Keys {
     pub(super) takes: String,
     pub(super) fence: String,
     pub(super) outbox: String,
+}
+
+impl Keys {
+    /// Appends the pool's eight structures to a script's KEYS, in the order
+    /// `lua/intact.lua`'s `structures_from` reads them: every script that reads or writes
+    /// a pool checks them all for their markers before anything else.
+    pub(super) fn structures(&self, call: &mut redis::ScriptInvocation<'_>) {
+        for key in [&self.res, &self.due, &self.held, &self.idem, &self.gc, &self.grants, &self.takes, &self.outbox] {
+            call.key(key);
+        }
+    }
 }
