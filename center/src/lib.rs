@@ -9,6 +9,7 @@ pub mod clock;
 pub mod config;
 pub mod error;
 pub mod events;
+pub mod health;
 pub mod history;
 pub mod http;
 pub mod pruner;

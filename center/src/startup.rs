@@ -12,10 +12,12 @@ use tokio::net::TcpListener;
 
 use crate::config::CenterConfig;
 use crate::events::EventHub;
+use crate::health::Health;
 use crate::security::{AgentAuth, OperatorAuth, Security};
 use crate::service::admin::AdminService;
 use crate::service::center::{CenterService, FaultHooks, LeaseSettings};
 use crate::store::{self, LedgerStore};
+use tonic::server::NamedService;
 use tonic::service::interceptor::InterceptedService;
 
 /// Largest request the center decodes; its largest message is a heartbeat with a few
@@ -118,11 +120,13 @@ impl Application {
             let _ = http_stop.wait_for(|s| *s).await;
         };
         let rpc = crate::http::rpc_metrics();
+        let (verdicts, db_health) = Health::channel();
         let router = crate::http::router_with_metrics(
             Arc::clone(&self.store),
             Arc::new(std::sync::atomic::AtomicU64::new(0)),
             crate::history::HistoryConfig::default(),
             rpc.clone(),
+            db_health,
         );
         // The side port speaks TLS with the gRPC port's certificate when one is set.
         let http = match self.http_tls {
@@ -145,6 +149,10 @@ impl Application {
         });
 
         let pruner = tokio::spawn(crate::pruner::run(Arc::clone(&self.store), self.prune_interval, stop_rx.clone()));
+        // The empty name is the server as a whole.
+        let served = vec!["", CenterServer::<CenterService>::NAME, AdminServer::<AdminService>::NAME];
+        let pinger =
+            tokio::spawn(crate::health::run(Arc::clone(&self.store), health, served, verdicts, stop_rx.clone()));
 
         tracing::info!(
             grpc = %self.grpc_addr,
@@ -213,7 +221,7 @@ impl Application {
                 ),
             }
         }
-        for mut worker in reclaimer.into_iter().chain([pruner]) {
+        for mut worker in reclaimer.into_iter().chain([pruner, pinger]) {
             if tokio::time::timeout_at(deadline, &mut worker).await.is_err() {
                 worker.abort();
             }
