@@ -14,6 +14,7 @@ pub mod history;
 pub mod http;
 pub mod pruner;
 pub mod reclaimer;
+pub mod replication;
 pub mod security;
 pub mod service;
 pub mod startup;

@@ -50,6 +50,8 @@ impl Application {
     pub async fn build(config: CenterConfig) -> anyhow::Result<Self> {
         let security = Arc::new(Security::from_config(&config)?);
         let tls = Security::tls(&config)?;
+        // Before the ledger is opened: a refused database is left as it was (not migrated).
+        crate::replication::check(&config.database_url, config.require_synchronous_replication).await?;
         let ledger = store::connect(&config.database_url).await?;
         // On PostgreSQL, events reach the watchers of every center replica.
         let events = match ledger.dialect() {
