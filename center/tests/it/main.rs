@@ -6,6 +6,7 @@ mod concurrency;
 mod console;
 mod console_segments;
 mod contract;
+mod edges;
 mod health;
 mod hostile;
 mod limit_scope;
