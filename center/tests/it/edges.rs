@@ -69,10 +69,20 @@ async fn closed_after(addr: SocketAddr, send: &[u8], within: Duration) -> Option
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_without_its_http2_preface_is_closed() {
     let c = TestCenter::start(Backend::Sqlite).await;
+    // With TLS, a client that never starts its handshake is closed the same way.
+    let pki = inventory_test_support::pki::TestPki::generate();
+    let tls = TestCenter::start_with(Backend::Sqlite, |c| {
+        c.tls_cert = Some(pki.server.cert.clone());
+        c.tls_key = Some(pki.server.key.clone());
+    })
+    .await;
     let bound = PREFACE_TIMEOUT + Duration::from_secs(5);
-    let (silent, partial) =
-        tokio::join!(closed_after(c.addr, b"", bound), closed_after(c.addr, b"PRI * HTTP/2.0\r\n", bound));
-    for (what, closed) in [("silent", silent), ("partial preface", partial)] {
+    let (silent, partial, silent_tls) = tokio::join!(
+        closed_after(c.addr, b"", bound),
+        closed_after(c.addr, b"PRI * HTTP/2.0\r\n", bound),
+        closed_after(tls.addr, b"", bound)
+    );
+    for (what, closed) in [("silent", silent), ("partial preface", partial), ("silent on tls", silent_tls)] {
         let took = closed.unwrap_or_else(|| panic!("{what}: still open after {bound:?}"));
         assert!(took >= PREFACE_TIMEOUT - Duration::from_millis(100), "{what}: closed after {took:?}, too early");
     }
