@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use inventory_core::{AgentId, Channel};
+use inventory_net::edge;
 use inventory_proto::v1::agent_server::AgentServer;
 use tokio::net::TcpListener;
 
@@ -28,6 +29,9 @@ use tonic::service::interceptor::InterceptedService;
 
 /// Largest request the agent decodes: every Agent request is a few ids and numbers.
 const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+
+/// How long a call may take to start answering before it answers DEADLINE_EXCEEDED.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long start-up keeps trying to reach the center.
 const REGISTER_PATIENCE: Duration = Duration::from_secs(30);
@@ -324,15 +328,19 @@ impl Application {
         );
         let mut builder = tonic::transport::Server::builder();
         if let Some(tls) = self.server_tls {
-            builder = builder.tls_config(tls)?;
+            builder = builder.tls_config(tls.timeout(edge::PREFACE_TIMEOUT))?;
         }
         builder
-            // Acquire answers in milliseconds; anything slower is stuck.
-            .timeout(Duration::from_secs(10))
+            // Quiet connections are pinged, so a peer gone without a word is let go.
+            .http2_keepalive_interval(Some(edge::HTTP2_KEEPALIVE_INTERVAL))
+            .http2_keepalive_timeout(Some(edge::HTTP2_KEEPALIVE_TIMEOUT))
             .tcp_nodelay(true)
-            // Outside load shedding, so calls it refuses count as RESOURCE_EXHAUSTED;
-            // inside the server's timeout, so a call it cuts off counts as cancelled.
+            // Outermost, so every call counts with the code its caller saw: RESOURCE_EXHAUSTED
+            // from load shedding, DEADLINE_EXCEEDED from the timeout.
             .layer(self.agent.metrics.rpc.layer())
+            // Acquire answers in milliseconds; anything slower is stuck. DEADLINE_EXCEEDED
+            // says so, and that a retry with the same key is safe (not tonic's CANCELLED).
+            .layer(edge::RequestTimeoutLayer::new(REQUEST_TIMEOUT, "idempotency_key"))
             .layer(
                 tower::ServiceBuilder::new()
                     // Outermost: when the limit below is reached, refuse at once
@@ -350,9 +358,8 @@ impl Application {
                 BackendAuth(Arc::clone(&self.security)),
             ))
             .serve_with_incoming_shutdown(
-                // Accepted sockets get TCP_NODELAY here: the builder's tcp_nodelay does not
-                // apply to a caller-supplied listener, and Nagle's delay shows as ~40 ms stalls.
-                tonic::transport::server::TcpIncoming::from(self.grpc).with_nodelay(Some(true)),
+                // TCP_NODELAY on every accepted socket, and a deadline on the HTTP/2 preface.
+                edge::incoming(self.grpc),
                 async move {
                     let _ = drain_rx.wait_for(|s| *s).await;
                 },

@@ -17,6 +17,12 @@ pub struct CenterConfig {
     /// Ledger database: sqlite://FILE (created if missing) or postgres://...
     #[arg(long, env = "INVENTORY_DATABASE_URL", default_value = "sqlite://inventory.db")]
     pub database_url: String,
+    /// Refuse to start unless the PostgreSQL database waits for a synchronous standby on
+    /// every commit (synchronous_standby_names set, synchronous_commit on or remote_apply):
+    /// a failover to an asynchronous standby can lose grants and oversell. Without it, such
+    /// a database draws a warning. Refused with SQLite, which has no synchronous standby.
+    #[arg(long, env = "INVENTORY_REQUIRE_SYNCHRONOUS_REPLICATION")]
+    pub require_synchronous_replication: bool,
     /// How long an agent's lease lasts without a heartbeat.
     #[arg(long, env = "INVENTORY_LEASE_TTL_MS", default_value_t = 10_000)]
     pub lease_ttl_ms: u64,
@@ -69,6 +75,7 @@ impl CenterConfig {
             listen: "127.0.0.1:0".parse().expect("literal address"),
             http_listen: "127.0.0.1:0".parse().expect("literal address"),
             database_url: database_url.to_owned(),
+            require_synchronous_replication: false,
             lease_ttl_ms: 10_000,
             reclaim_grace_ms: 0,
             auto_reclaim_after_ms: 0,

@@ -1,5 +1,6 @@
-//! The HTTP side port: `/healthz`, Prometheus text on `/metrics`, the live console page on
-//! `/` and its JSON feed on `/api/items`.
+//! The HTTP side port: `/healthz` (503 while the database does not answer, see
+//! [`crate::health`]), Prometheus text on `/metrics`, the live console page on `/` and its
+//! JSON feed on `/api/items`.
 //!
 //! Every view is read from the ledger at request time (`ledgers` and `channels`: a fixed
 //! number of queries whatever the number of items); nothing here writes. The console is one
@@ -32,6 +33,7 @@ use prometheus_client::registry::Registry;
 use serde::Serialize;
 
 use crate::error::CenterError;
+use crate::health::{Health, Serving};
 use crate::history::{History, HistoryConfig};
 use crate::store::{ChannelView, ItemLedger, LedgerStore};
 
@@ -51,6 +53,8 @@ struct HttpState {
     history: Arc<History>,
     /// Build information and the per-RPC metrics: the part of `/metrics` kept between scrapes.
     registry: Arc<Registry>,
+    /// Whether the database answers, for `/healthz`.
+    health: Health,
 }
 
 /// Per-RPC metrics for the center's gRPC server: its methods are those of the API, health
@@ -77,19 +81,21 @@ pub fn router_with_error_counter(store: Arc<dyn LedgerStore>, database_errors: A
 /// Like [`router_with_error_counter`], with the console's sampling set by `history`. The
 /// sampler runs (in the current runtime) as long as the router does.
 pub fn router_with(store: Arc<dyn LedgerStore>, database_errors: Arc<AtomicU64>, history: HistoryConfig) -> Router {
-    router_with_metrics(store, database_errors, history, rpc_metrics())
+    router_with_metrics(store, database_errors, history, rpc_metrics(), Health::always())
 }
 
-/// Like [`router_with`], showing `rpc` (the metrics of the gRPC server's layer) on `/metrics`.
+/// Like [`router_with`], showing `rpc` (the metrics of the gRPC server's layer) on `/metrics`
+/// and `health` (the database pings' verdict) on `/healthz`.
 pub fn router_with_metrics(
     store: Arc<dyn LedgerStore>,
     database_errors: Arc<AtomicU64>,
     history: HistoryConfig,
     rpc: RpcMetrics,
+    health: Health,
 ) -> Router {
     let history = Arc::new(History::new(history));
     History::spawn_sampler(&history, Arc::clone(&store));
-    router_with_history(store, database_errors, history, rpc)
+    router_with_history(store, database_errors, history, rpc, health)
 }
 
 /// Like [`router_with_metrics`], with a sampler the caller started (the gRPC services read
@@ -99,14 +105,15 @@ pub fn router_with_history(
     database_errors: Arc<AtomicU64>,
     history: Arc<History>,
     rpc: RpcMetrics,
+    health: Health,
 ) -> Router {
     let mut registry = Registry::default();
     inventory_net::metrics::register_build_info(&mut registry);
     rpc.register(&mut registry);
-    let state = HttpState { store, database_errors, history, registry: Arc::new(registry) };
+    let state = HttpState { store, database_errors, history, registry: Arc::new(registry), health };
     Router::new()
         .route("/", get(console))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/api/items", get(api_items))
         .route("/api/history", get(api_history))
@@ -133,6 +140,14 @@ async fn read_ledger(store: &dyn LedgerStore) -> Result<LedgerView, CenterError>
     let mut channels = store.channels().await?;
     channels.sort_by(|a, b| a.channel.cmp(&b.channel));
     Ok(LedgerView { items, channels, overrides })
+}
+
+/// 200 while the database answers; 503 with the reason while it does not.
+async fn healthz(State(state): State<HttpState>) -> (StatusCode, String) {
+    match state.health.current() {
+        Serving::Yes => (StatusCode::OK, "ok\n".to_owned()),
+        Serving::No(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("not serving: {reason}\n")),
+    }
 }
 
 async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {

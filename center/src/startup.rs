@@ -6,21 +6,27 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use inventory_net::edge;
 use inventory_proto::v1::admin_server::AdminServer;
 use inventory_proto::v1::center_server::CenterServer;
 use tokio::net::TcpListener;
 
 use crate::config::CenterConfig;
 use crate::events::EventHub;
+use crate::health::Health;
 use crate::security::{AgentAuth, OperatorAuth, Security};
 use crate::service::admin::AdminService;
 use crate::service::center::{CenterService, FaultHooks, LeaseSettings};
 use crate::store::{self, LedgerStore};
+use tonic::server::NamedService;
 use tonic::service::interceptor::InterceptedService;
 
 /// Largest request the center decodes; its largest message is a heartbeat with a few
 /// thousand pools.
 const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// How long a call may take to start answering before it answers DEADLINE_EXCEEDED.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long in-flight calls may run on after the shutdown signal: below the 5 s a
 /// supervisor (or an agent waiting to reconnect) is promised.
@@ -48,6 +54,8 @@ impl Application {
     pub async fn build(config: CenterConfig) -> anyhow::Result<Self> {
         let security = Arc::new(Security::from_config(&config)?);
         let tls = Security::tls(&config)?;
+        // Before the ledger is opened: a refused database is left as it was (not migrated).
+        crate::replication::check(&config.database_url, config.require_synchronous_replication).await?;
         let ledger = store::connect(&config.database_url).await?;
         // On PostgreSQL, events reach the watchers of every center replica.
         let events = match ledger.dialect() {
@@ -128,11 +136,13 @@ impl Application {
             let _ = http_stop.wait_for(|s| *s).await;
         };
         let rpc = crate::http::rpc_metrics();
+        let (verdicts, db_health) = Health::channel();
         let router = crate::http::router_with_history(
             Arc::clone(&self.store),
             Arc::new(std::sync::atomic::AtomicU64::new(0)),
             history,
             rpc.clone(),
+            db_health,
         );
         // The side port speaks TLS with the gRPC port's certificate when one is set.
         let http = match self.http_tls {
@@ -155,6 +165,10 @@ impl Application {
         });
 
         let pruner = tokio::spawn(crate::pruner::run(Arc::clone(&self.store), self.prune_interval, stop_rx.clone()));
+        // The empty name is the server as a whole.
+        let served = vec!["", CenterServer::<CenterService>::NAME, AdminServer::<AdminService>::NAME];
+        let pinger =
+            tokio::spawn(crate::health::run(Arc::clone(&self.store), health, served, verdicts, stop_rx.clone()));
 
         tracing::info!(
             grpc = %self.grpc_addr,
@@ -167,15 +181,19 @@ impl Application {
         let mut grpc_stop = stop_rx.clone();
         let mut builder = tonic::transport::Server::builder();
         if let Some(tls) = self.tls {
-            builder = builder.tls_config(tls)?;
+            builder = builder.tls_config(tls.timeout(edge::PREFACE_TIMEOUT))?;
         }
         let grpc = builder
-            // A stuck call must not hold a connection forever; WatchChannel streams are
-            // exempt because the deadline covers only the call's start.
-            .timeout(Duration::from_secs(30))
-            // Around every service, health and reflection included, and inside the timeout
-            // above, so a call it cuts off counts as cancelled (what the caller saw).
+            // Quiet connections are pinged, so a peer gone without a word is let go.
+            .http2_keepalive_interval(Some(edge::HTTP2_KEEPALIVE_INTERVAL))
+            .http2_keepalive_timeout(Some(edge::HTTP2_KEEPALIVE_TIMEOUT))
+            // Around every service, health and reflection included, and outside the timeout
+            // below, so a call it cuts off counts as DEADLINE_EXCEEDED (what the caller saw).
             .layer(rpc.layer())
+            // A stuck call must not hold a connection forever; WatchChannel streams are
+            // exempt because the deadline covers only the call's start. DEADLINE_EXCEEDED
+            // (not tonic's CANCELLED): the outcome is unknown, a retry with the same id safe.
+            .layer(edge::RequestTimeoutLayer::new(REQUEST_TIMEOUT, "request_id"))
             .add_service(health_service)
             .add_service(reflection)
             // Tokens are checked before any handler runs; health and reflection stay open
@@ -189,9 +207,8 @@ impl Application {
                 OperatorAuth(Arc::clone(&self.security)),
             ))
             .serve_with_incoming_shutdown(
-                // Accepted sockets get TCP_NODELAY here: the builder's tcp_nodelay does not
-                // apply to a caller-supplied listener, and Nagle's delay shows as ~40 ms stalls.
-                tonic::transport::server::TcpIncoming::from(self.grpc).with_nodelay(Some(true)),
+                // TCP_NODELAY on every accepted socket, and a deadline on the HTTP/2 preface.
+                edge::incoming(self.grpc),
                 async move {
                     let _ = grpc_stop.wait_for(|s| *s).await;
                 },
@@ -223,7 +240,7 @@ impl Application {
                 ),
             }
         }
-        for mut worker in reclaimer.into_iter().chain([pruner]) {
+        for mut worker in reclaimer.into_iter().chain([pruner, pinger]) {
             if tokio::time::timeout_at(deadline, &mut worker).await.is_err() {
                 worker.abort();
             }

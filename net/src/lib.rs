@@ -7,6 +7,7 @@
 //! TLS handshake in its own task (a slow or hostile client cannot hold up the others),
 //! handing finished streams to the server.
 
+pub mod edge;
 pub mod metrics;
 pub mod trace;
 

@@ -85,6 +85,15 @@ impl NatsServer {
         self.spawn().await;
     }
 
+    /// SIGSTOP: the server keeps its connections open and answers nothing (what a
+    /// frozen or partitioned broker looks like to a client). [`NatsServer::kill`] still works.
+    pub fn freeze(&self) {
+        if let Some(child) = &self.child {
+            let status = Command::new("kill").args(["-STOP", &child.id().to_string()]).status();
+            assert!(status.is_ok_and(|s| s.success()), "cannot SIGSTOP nats-server {}", child.id());
+        }
+    }
+
     /// Start again after [`NatsServer::kill`].
     pub async fn start_again(&mut self) {
         if self.child.is_none() {

@@ -4,6 +4,7 @@
 //!
 //! No credentials or TLS to the broker yet: `--nats-url` is a plain `nats://` URL.
 
+use std::future::IntoFuture;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, message::PublishMessage, stream};
@@ -11,7 +12,9 @@ use async_trait::async_trait;
 use inventory_proto::v1 as pb;
 use prost::Message;
 use tokio::sync::Mutex;
+use tokio::time::Instant;
 
+use super::state::AckPrefix;
 use super::{EventSink, Published, SinkError};
 
 /// Where and how events are published.
@@ -62,7 +65,12 @@ impl JetStreamSink {
             .connect(settings.url.as_str())
             .await
             .map_err(|e| anyhow::anyhow!("--nats-url {}: {e}", inventory_net::without_credentials(&settings.url)))?;
-        let js = jetstream::context::ContextBuilder::new().timeout(settings.ack_timeout).build(client);
+        // Acknowledgements the relay stopped awaiting are held by the client's acker, with a
+        // permit of its in-flight bound each: no longer than an awaited one.
+        let js = jetstream::context::ContextBuilder::new()
+            .timeout(settings.ack_timeout)
+            .ack_timeout(settings.ack_timeout)
+            .build(client);
         Ok(Self { settings, js, stream_ready: Mutex::new(false) })
     }
 
@@ -93,37 +101,51 @@ impl EventSink for JetStreamSink {
         if let Err(e) = self.ensure_stream().await {
             return Published { acked: 0, error: Some(e) };
         }
+        let wait = self.settings.ack_timeout;
         // Pipelined: every message goes out before the first acknowledgement is awaited.
+        // One deadline covers the sends, another all the acknowledgements: a broker that
+        // died with the batch in flight costs one timeout, not one per event.
+        let sends_due = Instant::now() + wait;
         let mut pending = Vec::with_capacity(events.len());
         let mut error = None;
         for e in events {
             let subject = self.settings.subject(&e.channel, &e.item_id);
             let message = PublishMessage::build().payload(e.encode_to_vec().into()).message_id(e.event_id.as_str());
-            match self.js.send_publish(subject, message).await {
-                Ok(ack) => pending.push(ack),
-                Err(e) => {
+            match tokio::time::timeout_at(sends_due, self.js.send_publish(subject, message)).await {
+                Ok(Ok(ack)) => pending.push(ack),
+                Ok(Err(e)) => {
                     error = Some(SinkError::Unavailable(e.to_string()));
+                    break;
+                }
+                Err(_) => {
+                    error = Some(SinkError::Unavailable(format!("not sent within {} ms", wait.as_millis())));
                     break;
                 }
             }
         }
-        let mut acked = 0;
+        let acks_due = Instant::now() + wait;
+        let mut acks = AckPrefix::default();
+        let mut failed = None;
+        // Acknowledgements not awaited are dropped: the client's acker lets them go.
         for ack in pending {
-            match ack.await {
-                Ok(_) if error.is_none() => acked += 1,
-                Ok(_) => {}
-                Err(e) => {
-                    if error.is_none() {
-                        error = Some(classify(&e));
-                    }
-                }
+            let answer = match tokio::time::timeout_at(acks_due, ack.into_future()).await {
+                Ok(Ok(_)) => None,
+                Ok(Err(e)) => Some(classify(&e)),
+                Err(_) => Some(SinkError::Unavailable(format!("no acknowledgement within {} ms", wait.as_millis()))),
+            };
+            let more = acks.record(answer.is_none());
+            failed = failed.or(answer);
+            if !more {
+                break;
             }
         }
+        // The first failure in publish order: an acknowledgement's, else the send's.
+        let error = failed.or(error);
         if error.is_some() {
             // Maybe the broker came back without the stream: look again next time.
             *self.stream_ready.lock().await = false;
         }
-        Published { acked, error }
+        Published { acked: acks.acked(), error }
     }
 }
 

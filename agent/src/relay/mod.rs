@@ -70,7 +70,8 @@ pub struct Published {
 }
 
 /// A broker. Publishes a batch in order, pipelined (all sent, then the acknowledgements
-/// awaited), each event with its `event_id` as the broker's deduplication id.
+/// awaited under one deadline for the batch, up to the first that fails), each event with
+/// its `event_id` as the broker's deduplication id.
 #[async_trait]
 pub trait EventSink: Send + Sync + 'static {
     async fn publish(&self, events: &[pb::ReservationEvent]) -> Published;

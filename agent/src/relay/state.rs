@@ -1,5 +1,6 @@
 //! The relay's decisions, without I/O: where each pool's outbox is read from next, which
-//! events of a page go to the broker, what may be trimmed, and how long to back off.
+//! events of a page go to the broker, which acknowledgements count, what may be trimmed,
+//! and how long to back off.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -88,6 +89,42 @@ impl Cursors {
         }
         cursor.next = through + 1;
         Some(through)
+    }
+}
+
+/// A batch's acknowledgements, taken in publish order: only the prefix before the first
+/// one that failed (or did not come in time) counts, since the cursor moves through a
+/// contiguous run. So the first failure ends the wait: the acknowledgements after it could
+/// not move the cursor, and awaiting them only delays the next try.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct AckPrefix {
+    acked: usize,
+    broken: bool,
+}
+
+impl AckPrefix {
+    /// Records the next acknowledgement in order; returns whether the next one is still
+    /// worth awaiting.
+    pub fn record(&mut self, acknowledged: bool) -> bool {
+        if self.broken {
+            return false;
+        }
+        if acknowledged {
+            self.acked += 1;
+        } else {
+            self.broken = true;
+        }
+        !self.broken
+    }
+
+    /// Events acknowledged in order from the batch's start.
+    pub fn acked(&self) -> usize {
+        self.acked
+    }
+
+    /// Whether an acknowledgement failed.
+    pub fn broken(&self) -> bool {
+        self.broken
     }
 }
 
@@ -192,6 +229,24 @@ mod tests {
         c.acked(&pool(), 1, 1);
         c.clear();
         assert_eq!(c.from(&pool()), 1);
+    }
+
+    #[test]
+    fn only_the_acknowledged_prefix_counts_and_the_first_failure_ends_the_wait() {
+        let mut acks = AckPrefix::default();
+        assert!(acks.record(true));
+        assert!(acks.record(true));
+        assert!(!acks.record(false), "a failure ends the wait");
+        assert!(!acks.record(true), "later acknowledgements move nothing");
+        assert_eq!((acks.acked(), acks.broken()), (2, true));
+        let mut all = AckPrefix::default();
+        for _ in 0..256 {
+            assert!(all.record(true));
+        }
+        assert_eq!((all.acked(), all.broken()), (256, false));
+        let mut none = AckPrefix::default();
+        assert!(!none.record(false));
+        assert_eq!(none.acked(), 0);
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod buyer_registry;
 mod claim_lapse;
 mod cluster;
 mod crash;
+mod edges;
 mod event_stream;
 mod faults;
 mod global_limit;

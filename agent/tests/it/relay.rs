@@ -427,3 +427,70 @@ async fn orders_match_the_sale_after_two_agent_crashes_and_a_broker_restart() {
         a.kill9().await;
     }
 }
+
+/// A broker that dies with a batch in flight. The sales happen first (an agent without a
+/// relay fills the pool's outbox), so the relay's first page is a full batch; the broker
+/// is frozen (SIGSTOP: the connection stays up, nothing is acknowledged) when the relay
+/// sends it, then killed -9 and started again on its store. The pass waits out one
+/// deadline for the whole batch, not one per event (256 × 2 s), and every event is on the
+/// stream within seconds of the broker's return.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_killed_with_a_batch_in_flight_has_every_event_within_seconds_of_its_return() {
+    use inventory_agent::relay::jetstream::{JetStreamSettings, JetStreamSink};
+    use inventory_agent::relay::{EventSink, Relay, RelaySettings, RelayStatus, outbox::StoreOutbox};
+    use std::sync::Arc;
+    const SALES: u64 = 300;
+    let mut nats = NatsServer::start().await;
+    let center = Center::start_sqlite().await;
+    center.create_item("burst", 1_000, 1, (100, 800, 400)).await;
+    let agent = LocalAgent::start(&center.url, "web", &StoreSpec::Memory).await;
+    let mut client = agent.client().await;
+    for i in 0..SALES {
+        let r = client.acquire(acquire_req("burst", &format!("u{i}"), 1, &format!("k{i}"))).await;
+        assert_eq!(r.expect("acquire").into_inner().outcome(), pb::AcquireOutcome::Reserved, "buyer {i}");
+    }
+    let pool = inventory_agent::store::PoolKey::new("web", "burst");
+    assert_eq!(agent.agent.store.events(&pool, 1, 1_000).await.expect("outbox").events.len(), 300);
+
+    let (stream, prefix) = (unique_name("RELAY_INFLIGHT"), unique_name("relayinflight"));
+    let sink = JetStreamSink::connect(JetStreamSettings::new(&nats.url, &stream, &prefix)).await.expect("sink");
+    // Connected, and the stream made: the next publish goes straight out.
+    let ready = sink.publish(&[]).await;
+    assert!(ready.error.is_none(), "{:?}", ready.error);
+    let status = Arc::new(RelayStatus::default());
+    let settings = RelaySettings::default();
+    let mut relay = Relay::new(
+        Arc::new(StoreOutbox(Arc::clone(&agent.agent.store))),
+        Arc::new(sink),
+        Arc::clone(&status),
+        settings,
+    );
+
+    nats.freeze();
+    let started = std::time::Instant::now();
+    let pass = tokio::time::timeout(Duration::from_secs(10), relay.pass(std::slice::from_ref(&pool)))
+        .await
+        .unwrap_or_else(|_| panic!("a pass over a batch the broker never acknowledges still runs after 10 s"));
+    assert!(pass.failed && pass.published == 0, "{pass:?}");
+    assert!(started.elapsed() < Duration::from_secs(6), "one deadline per batch, took {:?}", started.elapsed());
+
+    nats.kill();
+    nats.start_again().await;
+    let back = std::time::Instant::now();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let pools = vec![pool.clone()];
+    let running = tokio::spawn(inventory_agent::relay::run(relay, move || pools.clone(), || true, stop_rx));
+    let published =
+        wait_until(Duration::from_secs(15), || async { status.progress(&pool).is_some_and(|p| p.published == SALES) })
+            .await;
+    let took = back.elapsed();
+    assert!(published, "{:?} acknowledged {took:?} after the broker came back", status.progress(&pool));
+    eprintln!("every event acknowledged {took:?} after the broker came back");
+    stop_tx.send_replace(true);
+    running.await.expect("the relay stops");
+    let got = read_stream(&nats.url, &stream, usize::try_from(SALES).unwrap()).await;
+    let seqs = sequences(&got);
+    assert_eq!(seqs.len(), 1, "one pool: {:?}", seqs.keys());
+    assert_eq!(seqs.values().next().unwrap(), &(1..=SALES).collect::<Vec<_>>(), "each event once, no gap");
+    agent.stop().await;
+}

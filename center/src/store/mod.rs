@@ -287,4 +287,7 @@ pub trait LedgerStore: Send + Sync + 'static {
     /// `(batches, calls)`: the group-commit transactions of Borrows and Returns run since
     /// start, and the calls they answered.
     fn group_commits(&self) -> (u64, u64);
+    /// One trivial statement through the connections the views use: does the database
+    /// answer at all (the health worker bounds it with its own timeout).
+    async fn ping(&self) -> Result<()>;
 }

@@ -6,6 +6,8 @@ mod concurrency;
 mod console;
 mod console_segments;
 mod contract;
+mod edges;
+mod health;
 mod hostile;
 mod limit_scope;
 mod lost_reply;

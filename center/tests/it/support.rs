@@ -24,6 +24,7 @@ enum Db {
 
 pub struct TestCenter {
     pub addr: SocketAddr,
+    pub http_addr: SocketAddr,
     pub database_url: String,
     pub faults: Arc<FaultHooks>,
     pub store: Arc<dyn LedgerStore>,
@@ -49,12 +50,13 @@ impl TestCenter {
         tweak(&mut config);
         let app = Application::build(config).await.expect("center starts");
         let addr = app.grpc_addr();
+        let http_addr = app.http_addr();
         let faults = app.faults();
         let store = app.store();
         let task = tokio::spawn(async move {
             app.run_until(std::future::pending()).await.expect("center runs");
         });
-        Self { addr, database_url, faults, store, task, _db: db }
+        Self { addr, http_addr, database_url, faults, store, task, _db: db }
     }
 
     pub fn url(&self) -> String {

@@ -265,4 +265,11 @@ impl LedgerStore for SqlLedger {
     fn group_commits(&self) -> (u64, u64) {
         SqlLedger::group_commits(self)
     }
+
+    async fn ping(&self) -> Result<()> {
+        // The read pool: on SQLite it does not queue behind the one writer, so a long
+        // write is not taken for a database that does not answer.
+        self.read_pool.execute("SELECT 1").await?;
+        Ok(())
+    }
 }
