@@ -280,7 +280,13 @@ impl Stocking {
         let token = item.with(|c| c.begin_read());
         let snap = segmented::snapshot(self.store.as_ref(), item, self.link.epoch()).await?;
         let mut notes = Vec::new();
-        let kind = item.with(|c| c.on_look(view(&snap), token, freed, self.ctx(), &mut notes));
+        let center_now = self.link.center_now_ms().unwrap_or(i64::MIN);
+        let kind = item.with(|c| {
+            let kind = c.on_look(view(&snap), token, freed, self.ctx(), &mut notes);
+            // No stock leaves the center before the schedule's lead starts, nor after the
+            // sale closed: a look's Borrow waits (a Return still goes).
+            kind.filter(|k| !matches!(k, OpKind::Borrow { .. }) || c.may_stock(center_now))
+        });
         self.notes(item, &notes);
         // While the center gets no answer, only heartbeats probe it (back-off): a Borrow
         // or Return per look would add calls that cannot land.

@@ -145,6 +145,7 @@ impl Application {
         });
 
         let pruner = tokio::spawn(crate::pruner::run(Arc::clone(&self.store), self.prune_interval, stop_rx.clone()));
+        let closer = tokio::spawn(crate::closer::run(Arc::clone(&self.store), self.events.clone(), stop_rx.clone()));
 
         tracing::info!(
             grpc = %self.grpc_addr,
@@ -213,7 +214,7 @@ impl Application {
                 ),
             }
         }
-        for mut worker in reclaimer.into_iter().chain([pruner]) {
+        for mut worker in reclaimer.into_iter().chain([pruner, closer]) {
             if tokio::time::timeout_at(deadline, &mut worker).await.is_err() {
                 worker.abort();
             }

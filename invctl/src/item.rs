@@ -332,6 +332,7 @@ pub async fn run(ctx: &Ctx, cmd: ItemCmd) -> Result<(), Failure> {
                         Fallback::Channel => pb::RegistryFallback::Channel,
                     }
                     .into(),
+                    ..Default::default()
                 })
                 .await?
                 .into_inner();

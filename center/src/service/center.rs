@@ -16,7 +16,7 @@ use tokio_stream::wrappers::BroadcastStream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use super::{pb_limit_scope, pb_rate_batching, pb_registry_fallback, pb_watermarks};
+use super::{pb_limit_scope, pb_rate_batching, pb_registry_fallback, pb_schedule, pb_watermarks};
 use crate::clock::now_ms;
 use crate::error::CenterError;
 use crate::events::{EventHub, LedgerEvent};
@@ -81,6 +81,10 @@ impl pb::center_server::Center for CenterService {
         let agent = AgentId::parse("agent_id", &r.agent_id).map_err(CenterError::from)?;
         let reg = self.store.register(&channel, &agent, now_ms(), self.lease.lease_ttl_ms).await?;
         tracing::info!(channel = %channel, agent = %agent, epoch = reg.session.epoch, "agent registered");
+        let schedules = self.store.schedules().await?;
+        let schedule_of = |item_id: &str| {
+            schedules.iter().find(|(id, ..)| id == item_id).map(|(id, s, closed)| pb_schedule(id.clone(), *s, *closed))
+        };
         Ok(Response::new(pb::RegisterAgentResponse {
             epoch: reg.session.epoch,
             lease_ttl_ms: self.lease.lease_ttl_ms,
@@ -88,6 +92,7 @@ impl pb::center_server::Center for CenterService {
                 .held
                 .into_iter()
                 .map(|h| pb::ChannelHolding {
+                    schedule: schedule_of(&h.item_id),
                     item_id: h.item_id,
                     held: h.held,
                     generation: h.generation,
@@ -95,6 +100,12 @@ impl pb::center_server::Center for CenterService {
                 })
                 .collect(),
             lease_expires_at_unix_ms: reg.session.lease_expires_at_ms,
+            scheduled: schedules
+                .iter()
+                .filter(|(_, _, closed)| !closed)
+                .map(|(id, s, closed)| pb_schedule(id.clone(), *s, *closed))
+                .collect(),
+            center_now_unix_ms: now_ms(),
         }))
     }
 
@@ -184,6 +195,7 @@ impl pb::center_server::Center for CenterService {
             lease_expires_at_unix_ms: out.session.lease_expires_at_ms,
             lease_ttl_ms: self.lease.lease_ttl_ms,
             in_doubt_items: out.in_doubt_items,
+            center_now_unix_ms: now_ms(),
         }))
     }
 
@@ -388,6 +400,10 @@ fn pb_describe(policy: crate::store::ItemPolicy) -> pb::DescribeItemResponse {
         generation: policy.allocation.map_or(0, |a| a.generation),
         in_doubt: policy.allocation.map_or(0, |a| a.in_doubt),
         segments: policy.item.segments,
+        opens_at_unix_ms: policy.item.plan.schedule.opens_at_ms,
+        closes_at_unix_ms: policy.item.plan.schedule.closes_at_ms,
+        prestock_lead_ms: policy.item.plan.schedule.prestock_lead_ms,
+        center_now_unix_ms: now_ms(),
     }
 }
 
@@ -416,6 +432,13 @@ async fn to_channel_event(store: &dyn LedgerStore, channel: &Channel, e: LedgerE
         }
         LedgerEvent::ReturnRequested { item_id, .. } => Event::ReturnRequested(pb::ReturnRequested { item_id }),
         LedgerEvent::InDoubtResolved { item_id, .. } => Event::InDoubtResolved(pb::InDoubtResolved { item_id }),
+        LedgerEvent::Scheduled { item_id, opens_at_ms, closes_at_ms, prestock_lead_ms, closed } => {
+            Event::ScheduleChanged(pb_schedule(
+                item_id,
+                inventory_core::schedule::Schedule { opens_at_ms, closes_at_ms, prestock_lead_ms },
+                closed,
+            ))
+        }
     };
     Some(pb::ChannelEvent { event: Some(event) })
 }

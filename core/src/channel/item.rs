@@ -8,6 +8,7 @@ use super::ops::{Op, OpKind, Queued};
 use super::{Ctx, Note, Policy, PoolView, Report, Settings};
 use crate::rate::{SellRate, rate_report_changed};
 use crate::rebalance::{self, Action, Inputs};
+use crate::schedule::{Phase, Schedule};
 use crate::watermarks::Watermarks;
 
 /// Whether the item may be sold from its pool.
@@ -81,6 +82,15 @@ pub enum Refusal {
     OverLimit { limit: u64 },
 }
 
+/// An Acquire at an instant of the center's clock ([`ItemCore::gate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Before the opening: NOT_STARTED from memory, nothing else is looked at.
+    NotStarted { opens_at_ms: i64 },
+    /// Open (or closed by its schedule: then SOLD_OUT as for a closed item).
+    Admit(Admission),
+}
+
 /// What the leader does when the store answered sold out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MissPlan {
@@ -148,6 +158,8 @@ pub struct ItemCore {
     /// The lost part is being created again: reads outside the resync doing it may show
     /// the new generation before the rules adopt it, so they decide nothing until then.
     pub(super) reopening: bool,
+    /// The sale's schedule, in the center's clock.
+    pub(super) schedule: Schedule,
     pub(super) settings: Settings,
 }
 
@@ -180,6 +192,7 @@ impl ItemCore {
             ops_finished: 0,
             segments_lost: false,
             reopening: false,
+            schedule: Schedule::default(),
             settings,
         }
     }
@@ -235,6 +248,40 @@ impl ItemCore {
 
     pub fn borrows_done(&self) -> u64 {
         self.borrows_done
+    }
+
+    pub fn schedule(&self) -> Schedule {
+        self.schedule
+    }
+
+    pub fn set_schedule(&mut self, schedule: Schedule) {
+        self.schedule = schedule;
+    }
+
+    /// The sale's phase at `center_now_ms` (the center's clock, as the driver bounds it
+    /// from below: never ahead of the center).
+    pub fn phase(&self, center_now_ms: i64) -> Phase {
+        crate::schedule::phase(&self.schedule, center_now_ms)
+    }
+
+    /// The Acquire's checks at `center_now_ms`: before the opening NOT_STARTED, and
+    /// nothing else is asked (no store, no center); from `closes_at` on as a closed item;
+    /// otherwise [`ItemCore::admit`].
+    pub fn gate(&self, idempotency_key: &str, quantity: u64, center_now_ms: i64) -> Gate {
+        match self.phase(center_now_ms) {
+            Phase::NotStarted { opens_at_ms } => Gate::NotStarted { opens_at_ms },
+            Phase::Open => Gate::Admit(self.admit(idempotency_key, quantity)),
+            Phase::Closed => Gate::Admit(match self.admit(idempotency_key, quantity) {
+                Admission::Store { .. } => Admission::SoldOut,
+                other => other,
+            }),
+        }
+    }
+
+    /// Whether the pool may borrow ahead of demand at `center_now_ms`: not before the
+    /// schedule's lead starts, nor once it closed.
+    pub fn may_stock(&self, center_now_ms: i64) -> bool {
+        self.schedule.may_stock(center_now_ms) && self.phase(center_now_ms) != Phase::Closed
     }
 
     /// The Acquire's checks before the store: mode, limit, closed, fast path.
