@@ -18,6 +18,7 @@ mod rate;
 mod relay;
 mod replicas;
 mod sale;
+mod schedule;
 mod security;
 mod segment_loss;
 mod segments;
