@@ -105,9 +105,9 @@ impl Selling {
         }
         let item = self.item(&req.item).await?;
         let leading = self.role.is_leading();
-        // The center's clock, bounded from below: a sale never opens early here, whatever
-        // this machine's clock says. Before any answer carried it, nothing scheduled opens.
-        let center_now = self.link.center_now_ms().unwrap_or(i64::MIN);
+        // The center's clock within bounds: a sale never opens early nor closes late here,
+        // whatever this machine's clock says.
+        let center_now = self.link.center_now();
         let (gate, policy, starving_want) = item.with(|c| {
             let gate = c.gate(&req.idempotency_key, req.quantity, center_now);
             // A fast SOLD_OUT's starvation signal, in the same lock. Only the leader talks
@@ -536,7 +536,7 @@ impl Selling {
 
     pub async fn get_stock(&self, item: &ItemId) -> Result<pb::GetStockResponse, AgentError> {
         let it = self.item(item).await?;
-        let center_now = self.link.center_now_ms().unwrap_or(i64::MIN);
+        let center_now = self.link.center_now();
         let not_started = matches!(it.with(|c| c.phase(center_now)), Phase::NotStarted { .. });
         let snaps = segmented::snapshots(self.store.as_ref(), &it, self.link.epoch()).await?;
         let s = segmented::sum(&snaps);

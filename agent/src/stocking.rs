@@ -280,7 +280,7 @@ impl Stocking {
         let token = item.with(|c| c.begin_read());
         let snap = segmented::snapshot(self.store.as_ref(), item, self.link.epoch()).await?;
         let mut notes = Vec::new();
-        let center_now = self.link.center_now_ms().unwrap_or(i64::MIN);
+        let center_now = self.link.center_now();
         let kind = item.with(|c| {
             let kind = c.on_look(view(&snap), token, freed, self.ctx(), &mut notes);
             // No stock leaves the center before the schedule's lead starts, nor after the

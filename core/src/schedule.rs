@@ -48,9 +48,32 @@ pub enum Phase {
 
 /// The schedule's phase at `center_now_ms`.
 pub fn phase(s: &Schedule, center_now_ms: i64) -> Phase {
-    if s.closes_at_ms > 0 && center_now_ms >= s.closes_at_ms {
+    phase_within(s, CenterNow::exact(center_now_ms))
+}
+
+/// The center's time now as an agent knows it: between two bounds (see [`CenterClock`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CenterNow {
+    pub earliest_ms: i64,
+    pub latest_ms: i64,
+}
+
+impl CenterNow {
+    /// Nothing measured yet: every scheduled item is before its opening and past its end.
+    pub const UNKNOWN: CenterNow = CenterNow { earliest_ms: i64::MIN, latest_ms: i64::MAX };
+
+    pub fn exact(ms: i64) -> Self {
+        Self { earliest_ms: ms, latest_ms: ms }
+    }
+}
+
+/// The phase when the center's time is only known within bounds: the sale opens by the
+/// earliest the center's clock may read (never early) and closes by the latest (never
+/// late); each may come one round trip of the measurement off the other way.
+pub fn phase_within(s: &Schedule, now: CenterNow) -> Phase {
+    if s.closes_at_ms > 0 && now.latest_ms >= s.closes_at_ms {
         Phase::Closed
-    } else if s.opens_at_ms > 0 && center_now_ms < s.opens_at_ms {
+    } else if s.opens_at_ms > 0 && now.earliest_ms < s.opens_at_ms {
         Phase::NotStarted { opens_at_ms: s.opens_at_ms }
     } else {
         Phase::Open
@@ -79,7 +102,7 @@ impl Schedule {
     /// Whether pools may take stock from the center at `center_now_ms`: from the start of
     /// the lead on (never before, so units stay at the center until the plan says).
     pub fn may_stock(&self, center_now_ms: i64) -> bool {
-        center_now_ms >= self.stocking_starts_at_ms()
+        self.opens_at_ms == 0 || center_now_ms >= self.stocking_starts_at_ms()
     }
 }
 
@@ -186,12 +209,12 @@ pub fn reschedule(current: &Schedule, opens_at: i64, closes_at: i64, now_ms: i64
 ///
 /// A call sent at `sent_ms` and answered at `received_ms` (the agent's clock) carries the
 /// center's time `center_ms`, read somewhere in between. Then the center's clock is ahead
-/// of the agent's by at least `center_ms − received_ms` and at most `center_ms − sent_ms`.
-/// The estimate keeps the **lower** bound: `center_now ≥ local_now + (center_ms −
-/// received_ms)` holds as long as neither clock jumped since the measurement, so an item
-/// never opens early; it opens at most one round trip (`round_trip_ms`) late. Each new
-/// measurement replaces the last, so a clock that jumped is trusted again after the next
-/// answer (a heartbeat every third of the lease).
+/// of the agent's by at least `center_ms − received_ms` and at most `center_ms − sent_ms`,
+/// so `local_now + offset_ms ≤ center_now ≤ local_now + offset_ms + round_trip_ms` as long
+/// as neither clock jumped since the measurement. Sales open by the lower bound (never
+/// early, at most one round trip late) and close by the upper one (never late, at most
+/// one round trip early). Each new measurement replaces the last, so a clock that jumped
+/// is trusted again after the next answer (a heartbeat every third of the lease).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CenterClock {
     /// Center time minus agent time, at least.
@@ -212,6 +235,12 @@ impl CenterClock {
     pub fn center_now_ms(&self, local_now_ms: i64) -> i64 {
         local_now_ms.saturating_add(self.offset_ms)
     }
+
+    /// Both bounds of the center's time now, given the agent's time now.
+    pub fn bounds(&self, local_now_ms: i64) -> CenterNow {
+        let earliest_ms = self.center_now_ms(local_now_ms);
+        CenterNow { earliest_ms, latest_ms: earliest_ms.saturating_add(self.round_trip_ms) }
+    }
 }
 
 #[cfg(test)]
@@ -230,7 +259,16 @@ mod tests {
         assert_eq!(phase(&s, NOW + 5_000), Phase::Closed);
         assert_eq!(phase(&Schedule::default(), 0), Phase::Open);
         assert!(!s.may_stock(NOW + 499) && s.may_stock(NOW + 500));
-        assert!(Schedule::default().may_stock(0));
+        assert!(Schedule::default().may_stock(0) && Schedule::default().may_stock(i64::MIN));
+        // Known only within bounds: opens by the earliest, closes by the latest.
+        let within = |earliest_ms, latest_ms| phase_within(&s, CenterNow { earliest_ms, latest_ms });
+        assert_eq!(within(NOW + 990, NOW + 1_010), Phase::NotStarted { opens_at_ms: NOW + 1_000 });
+        assert_eq!(within(NOW + 4_990, NOW + 5_010), Phase::Closed);
+        assert_eq!(within(NOW + 1_000, NOW + 4_999), Phase::Open);
+        assert_eq!(phase_within(&s, CenterNow::UNKNOWN), Phase::Closed);
+        let opens_only = Schedule { closes_at_ms: 0, ..s };
+        assert_eq!(phase_within(&opens_only, CenterNow::UNKNOWN), Phase::NotStarted { opens_at_ms: NOW + 1_000 });
+        assert_eq!(phase_within(&Schedule::default(), CenterNow::UNKNOWN), Phase::Open);
     }
 
     #[test]
@@ -286,6 +324,8 @@ mod tests {
             let truth = NOW + 1_000;
             let estimate = c.center_now_ms(local_now);
             assert!(estimate <= truth && truth - estimate <= c.round_trip_ms, "{estimate} vs {truth}");
+            let b = c.bounds(local_now);
+            assert!(b.earliest_ms <= truth && truth <= b.latest_ms, "{b:?} vs {truth}");
         }
     }
 }

@@ -193,11 +193,12 @@ impl CenterLink {
         self.clock_known.store(true, Ordering::Release);
     }
 
-    /// The center's time now, bounded from below (never ahead of the center's clock as
-    /// long as neither clock jumped since the last answer; behind it by at most that
-    /// answer's round trip). `None` before any answer carried the center's time.
-    pub fn center_now_ms(&self) -> Option<i64> {
-        self.center_clock().map(|c| c.center_now_ms(self.wall_ms()))
+    /// The center's time now, within bounds: the earliest it may read (never ahead of
+    /// the center's clock as long as neither clock jumped since the last answer) and the
+    /// latest (one round trip of that answer later). Unknown before any answer carried the
+    /// center's time.
+    pub fn center_now(&self) -> inventory_core::schedule::CenterNow {
+        self.center_clock().map_or(inventory_core::schedule::CenterNow::UNKNOWN, |c| c.bounds(self.wall_ms()))
     }
 
     /// The last measurement of the center's clock.

@@ -8,7 +8,7 @@ use super::ops::{Op, OpKind, Queued};
 use super::{Ctx, Note, Policy, PoolView, Report, Settings};
 use crate::rate::{SellRate, rate_report_changed};
 use crate::rebalance::{self, Action, Inputs};
-use crate::schedule::{Phase, Schedule};
+use crate::schedule::{CenterNow, Phase, Schedule};
 use crate::watermarks::Watermarks;
 
 /// Whether the item may be sold from its pool.
@@ -258,17 +258,17 @@ impl ItemCore {
         self.schedule = schedule;
     }
 
-    /// The sale's phase at `center_now_ms` (the center's clock, as the driver bounds it
-    /// from below: never ahead of the center).
-    pub fn phase(&self, center_now_ms: i64) -> Phase {
-        crate::schedule::phase(&self.schedule, center_now_ms)
+    /// The sale's phase at `now`, the center's clock as the driver bounds it: opened by
+    /// the earliest it may read, closed by the latest (`schedule::phase_within`).
+    pub fn phase(&self, now: CenterNow) -> Phase {
+        crate::schedule::phase_within(&self.schedule, now)
     }
 
-    /// The Acquire's checks at `center_now_ms`: before the opening NOT_STARTED, and
-    /// nothing else is asked (no store, no center); from `closes_at` on as a closed item;
-    /// otherwise [`ItemCore::admit`].
-    pub fn gate(&self, idempotency_key: &str, quantity: u64, center_now_ms: i64) -> Gate {
-        match self.phase(center_now_ms) {
+    /// The Acquire's checks at `now`: before the opening NOT_STARTED, and nothing else is
+    /// asked (no store, no center); from `closes_at` on as a closed item; otherwise
+    /// [`ItemCore::admit`].
+    pub fn gate(&self, idempotency_key: &str, quantity: u64, now: CenterNow) -> Gate {
+        match self.phase(now) {
             Phase::NotStarted { opens_at_ms } => Gate::NotStarted { opens_at_ms },
             Phase::Open => Gate::Admit(self.admit(idempotency_key, quantity)),
             Phase::Closed => Gate::Admit(match self.admit(idempotency_key, quantity) {
@@ -278,10 +278,10 @@ impl ItemCore {
         }
     }
 
-    /// Whether the pool may borrow ahead of demand at `center_now_ms`: not before the
-    /// schedule's lead starts, nor once it closed.
-    pub fn may_stock(&self, center_now_ms: i64) -> bool {
-        self.schedule.may_stock(center_now_ms) && self.phase(center_now_ms) != Phase::Closed
+    /// Whether the pool may borrow ahead of demand at `now`: not before the schedule's
+    /// lead starts, nor once it closed.
+    pub fn may_stock(&self, now: CenterNow) -> bool {
+        self.schedule.may_stock(now.earliest_ms) && self.phase(now) != Phase::Closed
     }
 
     /// The Acquire's checks before the store: mode, limit, closed, fast path.

@@ -310,17 +310,18 @@ fn admission_checks_the_limit_the_closed_flag_and_the_fast_path() {
 
 #[test]
 fn the_schedule_gates_admission_and_stocking_by_the_center_clock() {
-    use crate::schedule::Schedule;
+    use crate::schedule::{CenterNow, Schedule};
+    let at = CenterNow::exact;
     let mut core = item();
     core.set_schedule(Schedule { opens_at_ms: 10_000, closes_at_ms: 20_000, prestock_lead_ms: 3_000 });
-    assert_eq!(core.gate("k", 1, 9_999), Gate::NotStarted { opens_at_ms: 10_000 });
-    assert!(!core.may_stock(6_999) && core.may_stock(7_000), "stocking starts with the lead");
-    assert!(matches!(core.gate("k", 1, 10_000), Gate::Admit(Admission::Store { .. })));
-    assert_eq!(core.gate("k", 3, 10_000), Gate::Admit(Admission::Refuse(Refusal::OverLimit { limit: 2 })));
-    assert_eq!(core.gate("k", 1, 20_000), Gate::Admit(Admission::SoldOut), "closed by its schedule");
-    assert!(!core.may_stock(20_000));
+    assert_eq!(core.gate("k", 1, at(9_999)), Gate::NotStarted { opens_at_ms: 10_000 });
+    assert!(!core.may_stock(at(6_999)) && core.may_stock(at(7_000)), "stocking starts with the lead");
+    assert!(matches!(core.gate("k", 1, at(10_000)), Gate::Admit(Admission::Store { .. })));
+    assert_eq!(core.gate("k", 3, at(10_000)), Gate::Admit(Admission::Refuse(Refusal::OverLimit { limit: 2 })));
+    assert_eq!(core.gate("k", 1, at(20_000)), Gate::Admit(Admission::SoldOut), "closed by its schedule");
+    assert!(!core.may_stock(at(20_000)));
     core.set_schedule(Schedule::default());
-    assert!(matches!(core.gate("k", 1, 0), Gate::Admit(Admission::Store { .. })));
+    assert!(matches!(core.gate("k", 1, at(0)), Gate::Admit(Admission::Store { .. })));
 }
 
 #[test]
