@@ -171,6 +171,20 @@ pub fn parse_reserve(value: Option<u64>, total: u64) -> Result<u64, ValidationEr
     }
 }
 
+/// A channel's opening allocation: what it stocks at the start of the lead. The total less
+/// the center's reserve, split evenly over `channels` (those selling when the lead starts,
+/// by name), the first ones by name taking one more unit each of the remainder; 0 for a
+/// channel not among them (it starts from the reserve after the opening).
+pub fn opening_allocation(total: u64, reserve: u64, channels: &[&str], channel: &str) -> u64 {
+    let mut sorted: Vec<&str> = channels.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let Some(index) = sorted.iter().position(|c| *c == channel) else { return 0 };
+    let (n, index) = (u64::try_from(sorted.len()).unwrap_or(u64::MAX), u64::try_from(index).unwrap_or(u64::MAX));
+    let shared = total.saturating_sub(reserve);
+    shared / n + u64::from(index < shared % n)
+}
+
 /// Why a schedule cannot move.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RescheduleError {
@@ -295,6 +309,18 @@ mod tests {
         assert_eq!(parse_reserve(Some(0), 10).unwrap(), 0);
         assert_eq!(parse_reserve(Some(10), 10).unwrap(), 10);
         assert_eq!(parse_reserve(Some(11), 10).unwrap_err().field, "center_reserve");
+    }
+
+    #[test]
+    fn the_opening_stock_is_split_evenly_and_the_reserve_kept() {
+        let live = ["web", "app", "eu"];
+        let each: Vec<u64> = ["app", "eu", "web"].iter().map(|c| opening_allocation(1_000, 100, &live, c)).collect();
+        assert_eq!(each, [300, 300, 300]);
+        let each: Vec<u64> = ["app", "eu", "web"].iter().map(|c| opening_allocation(1_000, 99, &live, c)).collect();
+        assert_eq!(each, [301, 300, 300], "the remainder to the first by name");
+        assert_eq!(opening_allocation(1_000, 100, &live, "late"), 0, "not selling when the lead started");
+        assert_eq!(opening_allocation(10, 20, &live, "app"), 0);
+        assert_eq!(opening_allocation(10, 0, &[], "app"), 0);
     }
 
     #[test]

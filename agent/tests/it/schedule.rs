@@ -122,6 +122,7 @@ on_both_stores!(
     an_agent_clock_two_seconds_ahead_sells_nothing_early,
     rescheduling_before_the_opening_moves_the_agent_and_closes_at_stops_it,
     closes_at_closes_the_item_returns_unsold_units_and_confirmations_still_work,
+    pools_are_stocked_for_the_opening_during_the_lead_and_the_reserve_stays_at_the_center,
 );
 
 async fn before_the_opening_acquire_answers_not_started_from_memory_then_sells(kind: Kind) {
@@ -340,4 +341,80 @@ async fn closes_at_closes_the_item_returns_unsold_units_and_confirmations_still_
     assert_eq!(buy(&mut client, "after", "after-k").await.outcome(), pb::AcquireOutcome::SoldOut);
     let r = center.await_quiescence().await;
     assert!(r.ok, "{r:?}");
+}
+
+async fn pools_are_stocked_for_the_opening_during_the_lead_and_the_reserve_stays_at_the_center(kind: Kind) {
+    let center = Center::start_postgres().await;
+    let mut agents = Vec::new();
+    let mut redis = Vec::new();
+    for channel in ["app", "eu-west", "web"] {
+        let (spec, store, r) = counted(kind).await;
+        let config = agent_config(&center.url, channel, &spec);
+        agents.push((LocalAgent::start_with(config, Some(Arc::clone(&store) as Arc<dyn PoolStore>)).await, store));
+        redis.extend(r);
+    }
+    let opens_at = now_ms() + 7_000;
+    let lead_ms = 4_000;
+    center
+        .admin()
+        .await
+        .create_item(pb::CreateItemRequest {
+            item_id: ITEM.into(),
+            total: 1_000,
+            per_user_limit: 2,
+            reservation_ttl_ms: TTL_MS,
+            opens_at_unix_ms: opens_at,
+            prestock_lead_ms: lead_ms,
+            center_reserve: Some(100),
+            ..Default::default()
+        })
+        .await
+        .expect("create item");
+    let mut clients = Vec::new();
+    for (a, _) in &agents {
+        clients.push(a.client().await);
+    }
+    // Before the lead nothing leaves the center.
+    let all_loaded =
+        wait_until(Duration::from_secs(5), || async { agents.iter().all(|(a, _)| a.agent.items.get(ITEM).is_some()) })
+            .await;
+    assert!(all_loaded);
+    let view = center.ledger(ITEM).await;
+    assert!(now_ms() < opens_at - 4_000 - 200, "checked before the lead (test too slow)");
+    assert!(view.channels.iter().all(|c| c.granted == 0), "{view:?}");
+
+    // During the lead each pool takes its share of the total less the reserve, in one go.
+    let stocked = wait_until(Duration::from_secs(10), || {
+        let clients = clients.clone();
+        async move {
+            let mut all = true;
+            for mut c in clients {
+                all &= stock(&mut c, ITEM).await.available == 300;
+            }
+            all
+        }
+    })
+    .await;
+    let stocked_at = now_ms();
+    assert!(stocked, "every pool stocked: {:?}", center.ledger(ITEM).await);
+    assert!(stocked_at < opens_at, "stocked before the opening ({} ms late)", stocked_at - opens_at);
+    let view = center.ledger(ITEM).await;
+    assert_eq!(view.item.as_ref().unwrap().available, 100, "the reserve stays at the center: {view:?}");
+    let grants: Vec<(u64, u64)> = view.channels.iter().map(|c| (c.held, c.granted)).collect();
+    assert_eq!(grants, [(300, 300); 3], "one Borrow of 300 each: {view:?}");
+    // Nothing sold before the opening.
+    for (n, c) in clients.iter_mut().enumerate() {
+        let r = buy(c, &format!("early{n}"), &format!("early-k{n}")).await;
+        assert_eq!(r.outcome(), pb::AcquireOutcome::NotStarted);
+    }
+    for (a, store) in &agents {
+        assert_eq!(store.acquire_calls(), 0, "{}", a.addr);
+    }
+    // Open: every channel sells from its shelf at once.
+    for (n, c) in clients.iter_mut().enumerate() {
+        let (r, _) = buy_once_open(c, &format!("c{n}"), Duration::from_secs(15)).await;
+        assert!(reserved_at(&r) >= opens_at);
+    }
+    let view = center.ledger(ITEM).await;
+    assert_eq!(view.item.as_ref().unwrap().available, 100, "the first buyers took no center call: {view:?}");
 }

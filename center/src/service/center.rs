@@ -71,6 +71,36 @@ impl CenterService {
 
 type Res<T> = Result<Response<T>, Status>;
 
+impl CenterService {
+    /// Fills a scheduled item's opening allocation for `channel` while the item has not
+    /// opened; the live channels are read once per call (`live`).
+    async fn opening_allocation(
+        &self,
+        d: &mut pb::DescribeItemResponse,
+        channel: &Channel,
+        live: &mut Option<Vec<String>>,
+    ) -> Result<(), CenterError> {
+        let now = now_ms();
+        if d.opens_at_unix_ms <= now || d.closed {
+            return Ok(());
+        }
+        if live.is_none() {
+            let channels = self.store.channels().await?;
+            *live = Some(channels.into_iter().filter(|c| c.session.lease_live(now)).map(|c| c.channel).collect());
+        }
+        let item = ItemId::parse("item_id", &d.item_id)?;
+        let record = self.store.policy(&item, None).await?.item;
+        let names: Vec<&str> = live.iter().flatten().map(String::as_str).collect();
+        d.opening_allocation = inventory_core::schedule::opening_allocation(
+            record.state.total,
+            record.plan.center_reserve,
+            &names,
+            channel.as_str(),
+        );
+        Ok(())
+    }
+}
+
 #[tonic::async_trait]
 impl pb::center_server::Center for CenterService {
     async fn register_agent(&self, request: Request<pb::RegisterAgentRequest>) -> Res<pb::RegisterAgentResponse> {
@@ -212,7 +242,12 @@ impl pb::center_server::Center for CenterService {
             authorize(&own, c.as_str())?;
         }
         let policy = self.store.policy(&item, channel.as_ref()).await?;
-        Ok(Response::new(pb_describe(policy)))
+        let mut live = None;
+        let mut d = pb_describe(policy);
+        if let Some(c) = &channel {
+            self.opening_allocation(&mut d, c, &mut live).await?;
+        }
+        Ok(Response::new(d))
     }
 
     async fn describe_items(&self, request: Request<pb::DescribeItemsRequest>) -> Res<pb::DescribeItemsResponse> {
@@ -236,9 +271,14 @@ impl pb::center_server::Center for CenterService {
             .map_err(CenterError::from)?;
         let policies = self.store.policies(&items, &channel).await?;
         let mut out = pb::DescribeItemsResponse::default();
+        let mut live = None;
         for (item, policy) in items.iter().zip(policies) {
             match policy {
-                Some(p) => out.items.push(pb_describe(p)),
+                Some(p) => {
+                    let mut d = pb_describe(p);
+                    self.opening_allocation(&mut d, &channel, &mut live).await?;
+                    out.items.push(d);
+                }
                 None => out.not_found.push(item.to_string()),
             }
         }
@@ -404,6 +444,8 @@ fn pb_describe(policy: crate::store::ItemPolicy) -> pb::DescribeItemResponse {
         closes_at_unix_ms: policy.item.plan.schedule.closes_at_ms,
         prestock_lead_ms: policy.item.plan.schedule.prestock_lead_ms,
         center_now_unix_ms: now_ms(),
+        // Filled for a channel's scheduled item before its opening (`opening_allocation`).
+        opening_allocation: 0,
     }
 }
 

@@ -108,13 +108,21 @@ async fn a_schedule_is_stored_shown_and_delivered_to_agents(c: TestCenter) {
         .unwrap()
         .into_inner();
     assert_eq!((d.opens_at_unix_ms, d.closes_at_unix_ms, d.prestock_lead_ms), (opens, closes, 20_000));
+    // The only live channel stocks the whole total less the reserve at the lead's start.
+    assert_eq!(d.opening_allocation, 2_700);
+    let plain_d = center
+        .describe_item(pb::DescribeItemRequest { item_id: "plain".into(), channel: "app".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(plain_d.opening_allocation, 0, "an unscheduled item is stocked by its watermarks");
     assert!((d.center_now_unix_ms - now_ms()).abs() < 5_000);
     let many = center
         .describe_items(pb::DescribeItemsRequest { channel: "app".into(), item_ids: vec!["launch".into()] })
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(many.items[0].opens_at_unix_ms, opens);
+    assert_eq!((many.items[0].opens_at_unix_ms, many.items[0].opening_allocation), (opens, 2_700));
 
     // A registration lists every scheduled item not closed, held or not, and the holdings
     // carry their schedules.

@@ -160,6 +160,8 @@ pub struct ItemCore {
     pub(super) reopening: bool,
     /// The sale's schedule, in the center's clock.
     pub(super) schedule: Schedule,
+    /// The pool was stocked for the opening (or that is under way).
+    pub(super) prestocked: bool,
     pub(super) settings: Settings,
 }
 
@@ -193,6 +195,7 @@ impl ItemCore {
             segments_lost: false,
             reopening: false,
             schedule: Schedule::default(),
+            prestocked: false,
             settings,
         }
     }
@@ -282,6 +285,49 @@ impl ItemCore {
     /// lead starts, nor once it closed.
     pub fn may_stock(&self, now: CenterNow) -> bool {
         self.schedule.may_stock(now.earliest_ms) && self.phase(now) != Phase::Closed
+    }
+
+    /// Whether the driver should stock the pool for the opening now (its opening
+    /// allocation, in one Borrow): once, from the start of the schedule's lead until the
+    /// opening, so an agent that starts during the lead stocks too.
+    pub fn prestock_due(&mut self, now: CenterNow) -> bool {
+        let due = !self.prestocked
+            && self.mode == Mode::Selling
+            && !self.segments_lost
+            && matches!(self.phase(now), Phase::NotStarted { .. })
+            && self.schedule.may_stock(now.earliest_ms);
+        if due {
+            self.prestocked = true;
+        }
+        due
+    }
+
+    /// The opening's stocking did not happen (the center did not answer): due again.
+    pub fn prestock_failed(&mut self) {
+        self.prestocked = false;
+    }
+
+    /// [`ItemCore::on_look`] at `now` (the center's clock's bounds): before the opening a
+    /// look decides nothing (the opening's stocking fills the pool, and surplus above the
+    /// high watermark only counts from the opening on); once closed it borrows nothing.
+    pub fn on_look_at(
+        &mut self,
+        view: PoolView,
+        token: ReadToken,
+        freed: u64,
+        ctx: Ctx,
+        now: CenterNow,
+        notes: &mut Vec<Note>,
+    ) -> Option<OpKind> {
+        let kind = self.on_look(view, token, freed, ctx, notes);
+        match self.phase(now) {
+            Phase::NotStarted { .. } => {
+                self.above_high_since = None;
+                None
+            }
+            Phase::Closed => kind.filter(|k| !matches!(k, OpKind::Borrow { .. })),
+            Phase::Open => kind,
+        }
     }
 
     /// The Acquire's checks before the store: mode, limit, closed, fast path.
