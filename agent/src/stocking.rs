@@ -303,7 +303,8 @@ impl Stocking {
     /// allocation and borrows what the channel does not hold yet, in one Borrow. Due
     /// again at the next look when the center could not be asked.
     async fn prestock(self: &Arc<Self>, item: &Arc<Item>) {
-        let want = match self.link.describe(&item.item_id).await {
+        // Sent with the other loads and opening stocks waiting (one DescribeItems call).
+        let want = match self.link.describe_to_load(&item.item_id).await {
             Ok(d) => d.opening_allocation.saturating_sub(d.held),
             Err(s) => {
                 tracing::warn!(item = %item.item_id, code = ?s.code(), "opening stock: the center did not answer; trying again");
