@@ -186,11 +186,28 @@ impl Agent {
             }
         }
         self.also_resync.lock().unwrap_or_else(|e| e.into_inner()).retain(|id| !also.contains(id));
+        self.load_scheduled(&reg.scheduled).await;
         self.link.renew_lease(sent_at);
         self.replicas.publish_lease().await;
         let _ = self.reporting.send(self.reporting.all().await, false).await;
         tracing::info!(channel = %self.link.channel, epoch = reg.epoch, items = reg.held.len(), "registered and resynced");
         Ok(reg.epoch)
+    }
+
+    /// Loads the scheduled items the center listed (their schedules with them), so their
+    /// buyers are answered from memory before the opening; the loads go together (one
+    /// DescribeItems per few hundred). An item that fails to load loads on first use.
+    async fn load_scheduled(&self, scheduled: &[inventory_proto::v1::ItemSchedule]) {
+        let loads =
+            scheduled.iter().filter(|s| !s.closed && self.items.get(&s.item_id).is_none()).map(|s| async move {
+                let id = ItemId::parse("item_id", &s.item_id)?;
+                self.selling.item(&id).await.map(|_| ())
+            });
+        for (s, r) in scheduled.iter().zip(futures::future::join_all(loads).await) {
+            if let Err(e) = r {
+                tracing::warn!(item = %s.item_id, error = %e, "scheduled item not loaded; it loads on first use");
+            }
+        }
     }
 
     /// On shutdown: give every pool's available units back to the center, wait for every

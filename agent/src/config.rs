@@ -210,6 +210,10 @@ pub struct AgentConfig {
     /// move's take from one segment and its refill of another.
     #[arg(long, hide = true)]
     pub test_abort_after_move_take: bool,
+    /// Test hook: this agent's wall clock runs this many ms ahead (behind if negative), for
+    /// tests of the rule that a sale opens by the center's clock, never the agent's.
+    #[arg(long, hide = true, env = "INVENTORY_TEST_CLOCK_SKEW_MS", default_value_t = 0, allow_hyphen_values = true)]
+    pub test_clock_skew_ms: i64,
     /// Per-user Acquire rate (requests per second, GCRA) before RESOURCE_EXHAUSTED.
     #[arg(long, env = "INVENTORY_USER_RATE_PER_SEC", default_value_t = 5)]
     pub user_rate_per_sec: u32,
@@ -284,6 +288,7 @@ impl AgentConfig {
             basket_pending_ms: crate::baskets::DEFAULT_PENDING_MS,
             test_abort_between_basket_lines: None,
             test_abort_after_move_take: false,
+            test_clock_skew_ms: 0,
             // Generous: end-to-end tests send many requests per user.
             user_rate_per_sec: 100_000,
             user_burst: 100_000,

@@ -5,18 +5,18 @@ use std::sync::Arc;
 use inventory_core::channel::{OpKind, ResyncWhy};
 use inventory_proto::v1 as pb;
 
-use crate::items::{Items, policy_from};
+use crate::items::Items;
 use crate::link::CenterLink;
 use crate::stocking::Stocking;
 
-pub async fn apply(items: &Items, link: &CenterLink, stocking: &Arc<Stocking>, event: pb::channel_event::Event) {
+pub async fn apply(items: &Items, link: &Arc<CenterLink>, stocking: &Arc<Stocking>, event: pb::channel_event::Event) {
     use pb::channel_event::Event;
     match event {
         Event::WatermarksChanged(w) => {
             let Some(item) = items.get(&w.item_id) else { return };
-            // Re-read the whole policy (watermarks, and whether the item closed).
+            // Re-read the whole policy (watermarks, whether the item closed, its schedule).
             match link.describe(&w.item_id).await {
-                Ok(d) => item.with(|c| c.set_policy(policy_from(&d))),
+                Ok(d) => item.apply_describe(&d),
                 Err(_) => {
                     if let Some(wm) = w.watermarks {
                         item.with(|c| {
@@ -50,6 +50,7 @@ pub async fn apply(items: &Items, link: &CenterLink, stocking: &Arc<Stocking>, e
                 }
             }
         }
+        Event::ScheduleChanged(s) => schedule_changed(items, link, stocking, s).await,
         Event::ReturnRequested(r) => {
             if let Some(item) = items.get(&r.item_id) {
                 let kind = item.with(|c| c.on_return_requested());
@@ -64,15 +65,41 @@ pub async fn apply(items: &Items, link: &CenterLink, stocking: &Arc<Stocking>, e
     }
 }
 
+/// A scheduled item was created, rescheduled or closed: load it ahead of any buyer (the
+/// item's settings with it), or take the new schedule.
+async fn schedule_changed(items: &Items, link: &Arc<CenterLink>, stocking: &Arc<Stocking>, s: pb::ItemSchedule) {
+    let schedule = inventory_core::schedule::Schedule {
+        opens_at_ms: s.opens_at_unix_ms,
+        closes_at_ms: s.closes_at_unix_ms,
+        prestock_lead_ms: s.prestock_lead_ms,
+    };
+    tracing::info!(item = %s.item_id, opens_at = s.opens_at_unix_ms, closes_at = s.closes_at_unix_ms, closed = s.closed, "item schedule");
+    let Ok(id) = inventory_core::ItemId::parse("item_id", &s.item_id) else { return };
+    match items.get(&s.item_id) {
+        Some(item) => {
+            item.with(|c| c.set_schedule(schedule));
+            // The rest of the settings (a close sets the closed flag) come with a describe.
+            if let Ok(d) = link.describe(&s.item_id).await {
+                item.apply_describe(&d);
+            }
+            let _ = stocking.look(&item).await;
+        }
+        None if !s.closed => {
+            if let Err(e) = items.load(&id, link, crate::clock::now_ms()).await {
+                tracing::warn!(item = %s.item_id, error = %e, "scheduled item not loaded; it loads on first use");
+            }
+        }
+        None => {}
+    }
+}
+
 /// On (re)connecting to the event stream: re-read each item's settings and the center's
 /// stock, so nothing missed while disconnected stays stale.
 pub async fn refresh_all(items: &Items, link: &CenterLink) {
     for item in items.all() {
         if let Ok(d) = link.describe(&item.item_id).await {
-            item.with(|c| {
-                c.set_policy(policy_from(&d));
-                c.set_center_available(d.center_available);
-            });
+            item.apply_describe(&d);
+            item.with(|c| c.set_center_available(d.center_available));
         }
     }
 }

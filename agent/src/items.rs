@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use dashmap::DashMap;
 use inventory_core::buyers::{LimitScope, RegistryFallback};
 use inventory_core::channel::{ItemCore, Mode, OpId, OpResult, Policy, PoolView, Settings, Shelf};
+use inventory_core::schedule::Schedule;
 use inventory_core::watermarks::{RateBatching, Watermarks};
 use inventory_core::{Channel, ItemId};
 use inventory_proto::v1 as pb;
@@ -43,6 +44,15 @@ pub fn policy_from(d: &pb::DescribeItemResponse) -> Policy {
             target_ms: r.target_ms.max(1),
         }),
         closed: d.closed,
+    }
+}
+
+/// The item's schedule from a DescribeItem answer (the center's clock).
+pub fn schedule_from(d: &pb::DescribeItemResponse) -> Schedule {
+    Schedule {
+        opens_at_ms: d.opens_at_unix_ms,
+        closes_at_ms: d.closes_at_unix_ms,
+        prestock_lead_ms: d.prestock_lead_ms,
     }
 }
 
@@ -125,6 +135,15 @@ impl Item {
 
     pub fn with_limit(self, limit: ItemLimit) -> Self {
         Self { limit, ..self }
+    }
+
+    /// The item's settings and schedule as a DescribeItem answered them (its definition,
+    /// the limit and the segments, does not change).
+    pub fn apply_describe(&self, d: &pb::DescribeItemResponse) {
+        self.with(|c| {
+            c.set_policy(policy_from(d));
+            c.set_schedule(schedule_from(d));
+        });
     }
 
     /// The item's pool split into `segments` pools (`DescribeItem.segments`; 0 and 1: one).
@@ -358,6 +377,7 @@ impl Items {
                 )
                 .with_limit(limit_from(&d))
                 .with_segments(d.segments);
+                it.with(|c| c.set_schedule(schedule_from(&d)));
                 Ok::<_, AgentError>(Arc::new(it))
             })
             .await

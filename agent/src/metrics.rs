@@ -28,6 +28,8 @@ pub enum Outcome {
     SoldOut,
     SoldOutFast,
     LimitExceeded,
+    /// Before the item's opening (answered from memory).
+    NotStarted,
 }
 
 /// Upper bounds (seconds) of the Acquire latency histogram's buckets, besides `+Inf`.
@@ -81,6 +83,7 @@ pub struct Metrics {
     reserved: Counter,
     sold_out: Counter,
     limit_exceeded: Counter,
+    not_started: Counter,
     sold_out_fast: Counter,
     /// Acquires with allow_partial that reserved fewer units than asked.
     partial_acquires: Counter,
@@ -119,8 +122,8 @@ impl Default for Metrics {
     fn default() -> Self {
         let acquires = Family::<Labels<1>, Counter>::default();
         let outcome = |o: &'static str| acquires.get_or_create_owned(&[("outcome", o)]);
-        let (reserved, sold_out, limit_exceeded) =
-            (outcome("reserved"), outcome("sold_out"), outcome("limit_exceeded"));
+        let (reserved, sold_out, limit_exceeded, not_started) =
+            (outcome("reserved"), outcome("sold_out"), outcome("limit_exceeded"), outcome("not_started"));
         let rejected = Family::<Labels<2>, Counter>::default();
         // The usual rejections always appear (so rate() sees them start at 0); the rest
         // once they happened.
@@ -132,6 +135,7 @@ impl Default for Metrics {
             reserved,
             sold_out,
             limit_exceeded,
+            not_started,
             sold_out_fast: Counter::default(),
             partial_acquires: Counter::default(),
             acquire_latency: Histogram::new(ACQUIRE_BUCKETS_SECONDS),
@@ -177,6 +181,7 @@ impl Metrics {
                 self.sold_out.inc()
             }
             Outcome::LimitExceeded => self.limit_exceeded.inc(),
+            Outcome::NotStarted => self.not_started.inc(),
         };
     }
 

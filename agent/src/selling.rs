@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use inventory_core::channel::{Admission, MissPlan, OpKind, Refusal};
+use inventory_core::channel::{Admission, Gate, MissPlan, OpKind, Refusal};
+use inventory_core::schedule::Phase;
 use inventory_core::{ItemId, UserId};
 use inventory_proto::v1 as pb;
 
@@ -110,16 +111,34 @@ impl Selling {
         }
         let item = self.item(&req.item).await?;
         let leading = self.role.is_leading();
-        let (admission, policy, starving_want) = item.with(|c| {
-            let admission = c.admit(&req.idempotency_key, req.quantity);
+        // The center's clock within bounds: a sale never opens early nor closes late here,
+        // whatever this machine's clock says.
+        let center_now = self.link.center_now();
+        let (gate, policy, starving_want) = item.with(|c| {
+            let gate = c.gate(&req.idempotency_key, req.quantity, center_now);
             // A fast SOLD_OUT's starvation signal, in the same lock. Only the leader talks
-            // to the center; a follower's misses reach it as wants.
-            let want = match admission {
-                Admission::SoldOut if leading => c.on_fast_sold_out(req.quantity, self.stocking.ctx()),
+            // to the center; a follower's misses reach it as wants. A sale that closed by
+            // its schedule asks for nothing.
+            let want = match gate {
+                Gate::Admit(Admission::SoldOut) if leading && c.phase(center_now) == Phase::Open => {
+                    c.on_fast_sold_out(req.quantity, self.stocking.ctx())
+                }
                 _ => None,
             };
-            (admission, c.policy(), want)
+            (gate, c.policy(), want)
         });
+        let admission = match gate {
+            Gate::NotStarted { opens_at_ms } => {
+                // From memory: no store call, no center call, nothing reserved.
+                self.metrics.acquire(Outcome::NotStarted);
+                return Ok(pb::AcquireResponse {
+                    outcome: pb::AcquireOutcome::NotStarted as i32,
+                    opens_at_unix_ms: opens_at_ms,
+                    ..Default::default()
+                });
+            }
+            Gate::Admit(a) => a,
+        };
         let shelf = match admission {
             Admission::Refuse(Refusal::InDoubt) => {
                 return Err(AgentError::Unavailable(format!(
@@ -242,6 +261,7 @@ impl Selling {
                     quantity,
                     pool_generation: generation,
                     limit_remaining: 0,
+                    opens_at_unix_ms: 0,
                 }
             }
             AcquireResult::SoldOut { available } => {
@@ -522,6 +542,8 @@ impl Selling {
 
     pub async fn get_stock(&self, item: &ItemId) -> Result<pb::GetStockResponse, AgentError> {
         let it = self.item(item).await?;
+        let center_now = self.link.center_now();
+        let not_started = matches!(it.with(|c| c.phase(center_now)), Phase::NotStarted { .. });
         let snaps = segmented::snapshots(self.store.as_ref(), &it, self.link.epoch()).await?;
         let s = segmented::sum(&snaps);
         let mut outboxes = Vec::with_capacity(snaps.len());
@@ -561,6 +583,8 @@ impl Selling {
             // The broker relay fills it.
             published_event_sequence: 0,
             segments,
+            not_started,
+            opens_at_unix_ms: it.with(|c| c.schedule().opens_at_ms),
         })
     }
 }

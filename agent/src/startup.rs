@@ -183,6 +183,10 @@ impl Application {
         agent.baskets.pending_ms =
             config.basket_pending_ms.max(config.miss_wait_ms.saturating_add(500).saturating_mul(2));
         agent.baskets.abort_between_lines.clone_from(&config.test_abort_between_basket_lines);
+        if config.test_clock_skew_ms != 0 {
+            tracing::warn!(skew_ms = config.test_clock_skew_ms, "test hook: this agent's clock is skewed");
+            agent.link.set_clock_skew_ms(config.test_clock_skew_ms);
+        }
         if config.test_abort_after_move_take {
             agent.selling.abort_after_move_take = Some(crate::segmented::abort_process);
         }

@@ -289,14 +289,50 @@ impl Stocking {
         let token = item.with(|c| c.begin_read());
         let snap = segmented::snapshot(self.store.as_ref(), item, self.link.epoch()).await?;
         let mut notes = Vec::new();
-        let kind = item.with(|c| c.on_look(view(&snap), token, freed, self.ctx(), &mut notes));
+        // Before a scheduled opening a look decides nothing: the opening's stocking fills
+        // the pool, once, from the start of the lead (`prestock`).
+        let center_now = self.link.center_now();
+        let (kind, prestock) = item.with(|c| {
+            (c.on_look_at(view(&snap), token, freed, self.ctx(), center_now, &mut notes), c.prestock_due(center_now))
+        });
         self.notes(item, &notes);
+        if prestock {
+            let (me, it) = (Arc::clone(self), Arc::clone(item));
+            self.tasks.spawn(async move { me.prestock(&it).await });
+        }
         // While the center gets no answer, only heartbeats probe it (back-off): a Borrow
         // or Return per look would add calls that cannot land.
         if let Some(kind) = kind.filter(|_| self.link.reachable()) {
             self.submit(item, kind);
         }
         Ok(kind)
+    }
+
+    /// Stocks the pool for the opening: asks the center for this channel's opening
+    /// allocation and borrows what the channel does not hold yet, in one Borrow. Due
+    /// again at the next look when the center could not be asked.
+    async fn prestock(self: &Arc<Self>, item: &Arc<Item>) {
+        // Sent with the other loads and opening stocks waiting (one DescribeItems call).
+        let want = match self.link.describe_to_load(&item.item_id).await {
+            Ok(d) => d.opening_allocation.saturating_sub(d.held),
+            Err(s) => {
+                tracing::warn!(item = %item.item_id, code = ?s.code(), "opening stock: the center did not answer; trying again");
+                item.with(|c| c.prestock_failed());
+                return;
+            }
+        };
+        if want == 0 {
+            return;
+        }
+        match self.run(item, OpKind::Borrow { want }).await {
+            Some(OpResult::Borrowed { granted }) => {
+                tracing::info!(item = %item.item_id, want, granted, "stocked for the opening");
+            }
+            other => {
+                tracing::warn!(item = %item.item_id, want, result = ?other, "opening stock not borrowed; trying again");
+                item.with(|c| c.prestock_failed());
+            }
+        }
     }
 
     /// Gives up to `max` idle units of the item back to the center; the units returned.

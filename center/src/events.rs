@@ -22,6 +22,8 @@ pub enum LedgerEvent {
     ReturnRequested { item_id: String, starving: String },
     /// An operator settled `channel`'s in-doubt units of the item.
     InDoubtResolved { item_id: String, channel: String },
+    /// A scheduled item was created, its schedule moved, or it closed: every channel.
+    Scheduled { item_id: String, opens_at_ms: i64, closes_at_ms: i64, prestock_lead_ms: u64, closed: bool },
 }
 
 impl LedgerEvent {
@@ -32,6 +34,19 @@ impl LedgerEvent {
             LedgerEvent::Restocked { from_channel, .. } => from_channel.as_deref() != Some(channel),
             LedgerEvent::ReturnRequested { starving, .. } => starving != channel,
             LedgerEvent::InDoubtResolved { channel: target, .. } => target == channel,
+            LedgerEvent::Scheduled { .. } => true,
+        }
+    }
+
+    /// The item's schedule as it now stands.
+    pub fn scheduled(record: &crate::store::ItemRecord) -> Self {
+        let s = record.plan.schedule;
+        LedgerEvent::Scheduled {
+            item_id: record.item_id.clone(),
+            opens_at_ms: s.opens_at_ms,
+            closes_at_ms: s.closes_at_ms,
+            prestock_lead_ms: s.prestock_lead_ms,
+            closed: record.state.closed,
         }
     }
 }

@@ -6,6 +6,7 @@
 //! - the ledger rules themselves live in `inventory_core::ledger` (pure, no I/O).
 
 pub mod clock;
+pub mod closer;
 pub mod config;
 pub mod error;
 pub mod events;

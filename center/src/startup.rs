@@ -169,6 +169,7 @@ impl Application {
         let served = vec!["", CenterServer::<CenterService>::NAME, AdminServer::<AdminService>::NAME];
         let pinger =
             tokio::spawn(crate::health::run(Arc::clone(&self.store), health, served, verdicts, stop_rx.clone()));
+        let closer = tokio::spawn(crate::closer::run(Arc::clone(&self.store), self.events.clone(), stop_rx.clone()));
 
         tracing::info!(
             grpc = %self.grpc_addr,
@@ -240,7 +241,7 @@ impl Application {
                 ),
             }
         }
-        for mut worker in reclaimer.into_iter().chain([pruner, pinger]) {
+        for mut worker in reclaimer.into_iter().chain([pruner, pinger, closer]) {
             if tokio::time::timeout_at(deadline, &mut worker).await.is_err() {
                 worker.abort();
             }

@@ -183,6 +183,11 @@ pub enum Failure {
     },
     /// Its driver stopped (crash, or too slow) before it finished: undone by recovery.
     Interrupted,
+    /// A line's item has not opened yet (its sale's schedule).
+    NotStarted {
+        item_id: String,
+        opens_at_ms: i64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -15,6 +15,7 @@ pub mod loss;
 pub mod pool;
 pub mod rate;
 pub mod rebalance;
+pub mod schedule;
 pub mod segments;
 pub mod watermarks;
 

@@ -96,6 +96,7 @@ pub(crate) fn outcome_text(o: pb::AcquireOutcome) -> &'static str {
         pb::AcquireOutcome::Reserved => "reserved",
         pb::AcquireOutcome::SoldOut => "sold_out",
         pb::AcquireOutcome::LimitExceeded => "limit_exceeded",
+        pb::AcquireOutcome::NotStarted => "not_started",
         pb::AcquireOutcome::Unspecified => "unspecified",
     }
 }

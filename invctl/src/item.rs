@@ -9,6 +9,7 @@ use crate::args::{count, quantity};
 use crate::conn::Failure;
 use crate::output::{fields, print, q, table};
 use crate::watermark::{WatermarksView, wm_text};
+use crate::when::{self, When};
 
 #[derive(Subcommand)]
 pub enum ItemCmd {
@@ -43,6 +44,30 @@ pub enum ItemCmd {
         /// segmented pools.
         #[arg(long, default_value_t = 1)]
         segments: u32,
+        /// When the sale opens: RFC 3339, relative to this machine's clock (+30s, +2h), or
+        /// now (the default). Before it agents answer NOT_STARTED.
+        #[arg(long, value_parser = when::when, allow_hyphen_values = true)]
+        opens_at: Option<When>,
+        /// When the sale closes by itself (unsold units return to the center): RFC 3339,
+        /// +1h, or none (the default).
+        #[arg(long, value_parser = when::when, allow_hyphen_values = true)]
+        closes_at: Option<When>,
+        /// How long before the opening the channels stock their pools (30s, 2m; default 30s,
+        /// at most a day).
+        #[arg(long, value_parser = when::duration)]
+        prestock_lead: Option<u64>,
+        /// Units the center keeps back from the opening stock (default 5 % of --total).
+        #[arg(long, value_parser = count, allow_negative_numbers = true)]
+        reserve: Option<u64>,
+    },
+    /// Move an item's schedule: both times before the opening, only --closes-at after it.
+    /// A time not given stays as it is; relative times count from the center's clock.
+    Schedule {
+        item: String,
+        #[arg(long, value_parser = when::when, allow_hyphen_values = true)]
+        opens_at: Option<When>,
+        #[arg(long, value_parser = when::when, allow_hyphen_values = true)]
+        closes_at: Option<When>,
     },
     /// The ledger view of one item, per channel.
     Show { item: String },
@@ -106,6 +131,11 @@ pub struct ItemView {
     closed: bool,
     watermarks: Option<WatermarksView>,
     segments: u32,
+    /// The schedule (0: open from creation; 0: no end), ms since 1970 by the center's clock.
+    opens_at_unix_ms: i64,
+    closes_at_unix_ms: i64,
+    prestock_lead_ms: u64,
+    center_reserve: u64,
 }
 
 impl From<&pb::Item> for ItemView {
@@ -122,8 +152,82 @@ impl From<&pb::Item> for ItemView {
             closed: i.closed,
             watermarks: i.watermarks.as_ref().map(WatermarksView::from),
             segments: i.segments.max(1),
+            opens_at_unix_ms: i.opens_at_unix_ms,
+            closes_at_unix_ms: i.closes_at_unix_ms,
+            prestock_lead_ms: i.prestock_lead_ms,
+            center_reserve: i.center_reserve,
         }
     }
+}
+
+/// Where a sale stands at the center's `now_ms`, and how long until its next step.
+#[derive(Serialize)]
+struct Countdown {
+    /// `not_started`, `open` or `closed`.
+    phase: &'static str,
+    /// Until the opening (while not started).
+    opens_in_ms: Option<i64>,
+    /// Until the channels stock their pools (while that is ahead).
+    stocking_in_ms: Option<i64>,
+    /// Until the end (while open with an end).
+    closes_in_ms: Option<i64>,
+    center_now_unix_ms: i64,
+}
+
+fn countdown(i: &pb::Item, now_ms: i64) -> Countdown {
+    let (opens, closes) = (i.opens_at_unix_ms, i.closes_at_unix_ms);
+    let lead = i64::try_from(i.prestock_lead_ms).unwrap_or(i64::MAX);
+    let phase = if i.closed || (closes > 0 && now_ms >= closes) {
+        "closed"
+    } else if opens > now_ms {
+        "not_started"
+    } else {
+        "open"
+    };
+    Countdown {
+        phase,
+        opens_in_ms: (phase == "not_started").then(|| opens - now_ms),
+        stocking_in_ms: (phase == "not_started" && opens.saturating_sub(lead) > now_ms)
+            .then(|| opens.saturating_sub(lead) - now_ms),
+        closes_in_ms: (phase != "closed" && closes > 0).then(|| closes - now_ms),
+        center_now_unix_ms: now_ms,
+    }
+}
+
+fn schedule_text(i: &pb::Item, c: &Countdown) -> Vec<(&'static str, String)> {
+    let opens = match (i.opens_at_unix_ms, c.opens_in_ms) {
+        (0, _) => "at creation".to_owned(),
+        (t, Some(left)) => format!("{} (in {})", when::show(t), when::span(left)),
+        (t, None) => when::show(t),
+    };
+    let closes = match (i.closes_at_unix_ms, c.closes_in_ms) {
+        (0, _) => "no end".to_owned(),
+        (t, Some(left)) => format!("{} (in {})", when::show(t), when::span(left)),
+        (t, None) => when::show(t),
+    };
+    let lead = match c.stocking_in_ms {
+        Some(left) => format!(
+            "{} before the opening (in {})",
+            when::span(i64::try_from(i.prestock_lead_ms).unwrap_or(0)),
+            when::span(left)
+        ),
+        None => format!("{} before the opening", when::span(i64::try_from(i.prestock_lead_ms).unwrap_or(0))),
+    };
+    vec![
+        ("sale", c.phase.replace('_', " ")),
+        ("opens", opens),
+        ("closes", closes),
+        ("stocking", lead),
+        ("center reserve", i.center_reserve.to_string()),
+    ]
+}
+
+#[derive(Serialize)]
+struct Scheduled {
+    #[serde(flatten)]
+    item: ItemView,
+    #[serde(flatten)]
+    countdown: Countdown,
 }
 
 #[derive(Serialize)]
@@ -195,6 +299,8 @@ impl From<&pb::ChannelAllocation> for AllocationView {
 struct ItemDetail {
     #[serde(flatten)]
     item: ItemView,
+    #[serde(flatten)]
+    countdown: Countdown,
     channels: Vec<AllocationView>,
 }
 
@@ -235,8 +341,8 @@ fn limit_text(i: &pb::Item) -> String {
     }
 }
 
-fn detail_text(i: &pb::Item, channels: &[pb::ChannelAllocation]) -> String {
-    let mut text = fields(&[
+fn detail_text(i: &pb::Item, channels: &[pb::ChannelAllocation], c: &Countdown) -> String {
+    let mut rows = vec![
         ("item", i.item_id.clone()),
         ("total", i.total.to_string()),
         ("center available", i.available.to_string()),
@@ -246,7 +352,9 @@ fn detail_text(i: &pb::Item, channels: &[pb::ChannelAllocation]) -> String {
         ("watermarks", wm_text(&i.watermarks)),
         ("segments", i.segments.max(1).to_string()),
         ("state", if i.closed { "closed".into() } else { "open".into() }),
-    ]);
+    ];
+    rows.extend(schedule_text(i, c));
+    let mut text = fields(&rows);
     if !channels.is_empty() {
         let rows = channels
             .iter()
@@ -293,6 +401,13 @@ fn detail_text(i: &pb::Item, channels: &[pb::ChannelAllocation]) -> String {
     text
 }
 
+/// This machine's clock, for relative times at creation (the item's countdowns use the
+/// center's).
+fn local_now_ms() -> i64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+}
+
 pub async fn run(ctx: &Ctx, cmd: ItemCmd) -> Result<(), Failure> {
     let mut admin = ctx.conn.admin(&ctx.center).await?;
     match cmd {
@@ -307,7 +422,12 @@ pub async fn run(ctx: &Ctx, cmd: ItemCmd) -> Result<(), Failure> {
             high,
             batch,
             segments,
+            opens_at,
+            closes_at,
+            prestock_lead,
+            reserve,
         } => {
+            let now = local_now_ms();
             let watermarks = match (low, high, batch) {
                 (Some(low), Some(high), Some(batch)) => Some(pb::Watermarks { low, high, batch }),
                 _ => None,
@@ -332,6 +452,10 @@ pub async fn run(ctx: &Ctx, cmd: ItemCmd) -> Result<(), Failure> {
                         Fallback::Channel => pb::RegistryFallback::Channel,
                     }
                     .into(),
+                    opens_at_unix_ms: opens_at.map_or(0, |w| w.resolve(now)),
+                    closes_at_unix_ms: closes_at.map_or(0, |w| w.resolve(now)),
+                    prestock_lead_ms: prestock_lead.unwrap_or(0),
+                    center_reserve: reserve,
                 })
                 .await?
                 .into_inner();
@@ -346,9 +470,28 @@ pub async fn run(ctx: &Ctx, cmd: ItemCmd) -> Result<(), Failure> {
             let i = r.item.unwrap_or_default();
             let view = ItemDetail {
                 item: ItemView::from(&i),
+                countdown: countdown(&i, r.center_now_unix_ms),
                 channels: r.channels.iter().map(AllocationView::from).collect(),
             };
-            print(ctx.output, &view, || detail_text(&i, &r.channels));
+            print(ctx.output, &view, || detail_text(&i, &r.channels, &view.countdown));
+        }
+        ItemCmd::Schedule { item, opens_at, closes_at } => {
+            // Times not given stay as they are; relative ones count from the center's clock.
+            let r = admin.get_item(pb::GetItemRequest { item_id: item.clone() }).await?.into_inner();
+            let (current, now) = (r.item.unwrap_or_default(), r.center_now_unix_ms);
+            let r = admin
+                .set_schedule(pb::SetScheduleRequest {
+                    item_id: item,
+                    opens_at_unix_ms: opens_at.map_or(current.opens_at_unix_ms, |w| w.resolve(now)),
+                    closes_at_unix_ms: closes_at.map_or(current.closes_at_unix_ms, |w| w.resolve(now)),
+                })
+                .await?
+                .into_inner();
+            let i = r.item.unwrap_or_default();
+            let view = Scheduled { item: ItemView::from(&i), countdown: countdown(&i, r.center_now_unix_ms) };
+            print(ctx.output, &view, || {
+                format!("item {} scheduled\n{}", q(&i.item_id), fields(&schedule_text(&i, &view.countdown)))
+            });
         }
         ItemCmd::List => {
             let r = admin.list_items(pb::ListItemsRequest {}).await?.into_inner();

@@ -17,6 +17,7 @@ mod orders;
 mod output;
 mod reconcile;
 mod watermark;
+mod when;
 
 use std::process::ExitCode;
 

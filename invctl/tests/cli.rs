@@ -744,3 +744,75 @@ async fn channel_show_lists_a_segmented_pools_segments_and_the_lost_one() {
     let segments = &v[0]["items"][0]["segments"];
     assert_eq!((segments[0]["sold"].as_u64(), segments[1]["lost"].as_bool()), (Some(1), Some(true)), "{v}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sale_is_planned_moved_and_shown_with_a_countdown() {
+    let c = start_center().await;
+    let args = [
+        "item",
+        "create",
+        "launch",
+        "--total",
+        "3000",
+        "--opens-at",
+        "+1h",
+        "--closes-at",
+        "+2h",
+        "--prestock-lead",
+        "20s",
+        "--reserve",
+        "300",
+    ];
+    let o = invctl(&c.url, &args).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = invctl(&c.url, &["item", "show", "launch"]).await;
+    let text = stdout(&o);
+    for needle in ["not started", "(in 59m", "20.0s before the opening (in 59m"] {
+        assert!(text.contains(needle), "{needle:?} in {text}");
+    }
+    assert!(text.lines().any(|l| l.starts_with("center reserve") && l.ends_with(" 300")), "{text}");
+    let o = invctl(&c.url, &["--output", "json", "item", "show", "launch"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json output");
+    assert_eq!(
+        (v["phase"].as_str(), v["prestock_lead_ms"].as_u64(), v["center_reserve"].as_u64()),
+        (Some("not_started"), Some(20_000), Some(300))
+    );
+    let opens_in = v["opens_in_ms"].as_i64().expect("a countdown");
+    assert!((3_500_000..=3_600_000).contains(&opens_in), "{v}");
+    assert_eq!(v["stocking_in_ms"].as_i64(), Some(opens_in - 20_000));
+    let closes_in = v["closes_in_ms"].as_i64().expect("an end");
+    assert!((7_100_000..=7_200_000).contains(&closes_in), "{v}");
+
+    // Moved later than its end: refused by name; with the end removed: moved.
+    let o = invctl(&c.url, &["item", "schedule", "launch", "--opens-at", "2099-01-01T00:00:00Z"]).await;
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("closes_at_unix_ms"), "{}", stderr(&o));
+    let args = ["item", "schedule", "launch", "--opens-at", "2099-01-01T00:00:00Z", "--closes-at", "none"];
+    let o = invctl(&c.url, &args).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("2099-01-01T00:00:00Z (in "), "{}", stdout(&o));
+    assert!(stdout(&o).contains("no end"), "{}", stdout(&o));
+
+    // Opened now; from then on the opening stays and only the end moves.
+    let o = invctl(&c.url, &["item", "schedule", "launch", "--opens-at", "now"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = invctl(&c.url, &["--output", "json", "item", "show", "launch"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json output");
+    assert_eq!((v["phase"].as_str(), v["opens_at_unix_ms"].as_i64()), (Some("open"), Some(0)));
+    let o = invctl(&c.url, &["item", "schedule", "launch", "--opens-at", "+1h"]).await;
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("only closes_at_unix_ms may move"), "{}", stderr(&o));
+    let o = invctl(&c.url, &["item", "schedule", "launch", "--closes-at", "+30m"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("(in 29m"), "{}", stdout(&o));
+
+    // Bad times and durations are named before anything is sent.
+    let o = invctl(&c.url, &["item", "create", "x", "--total", "1", "--opens-at", "tomorrow"]).await;
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--opens-at") && stderr(&o).contains("RFC 3339"), "{}", stderr(&o));
+    let o = invctl(&c.url, &["item", "create", "x", "--total", "1", "--prestock-lead", "2days"]).await;
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--prestock-lead"), "{}", stderr(&o));
+    let o = invctl(&c.url, &["item", "create", "x", "--total", "1", "--prestock-lead", "2d"]).await;
+    assert!(stderr(&o).contains("prestock_lead_ms"), "the center's bound, by name: {}", stderr(&o));
+}

@@ -134,6 +134,10 @@ impl Baskets {
                     expires_at_ms: r.expires_at_unix_ms,
                     pool_generation: r.pool_generation,
                 }),
+                Ok(r) if r.outcome == pb::AcquireOutcome::NotStarted as i32 => {
+                    failed = Some((Failure::NotStarted { item_id, opens_at_ms: r.opens_at_unix_ms }, None));
+                    break;
+                }
                 Ok(r) if r.outcome == pb::AcquireOutcome::LimitExceeded as i32 => {
                     failed = Some((Failure::LimitExceeded { item_id, remaining: r.limit_remaining }, None));
                     break;
@@ -258,6 +262,7 @@ fn interrupted(id: &str) -> AgentError {
 fn reserved_answer(id: &str, intent: &Intent, replayed: bool) -> pb::AcquireBasketResponse {
     let held = intent.held().unwrap_or_default();
     pb::AcquireBasketResponse {
+        opens_at_unix_ms: 0,
         outcome: pb::AcquireOutcome::Reserved as i32,
         basket_id: id.to_owned(),
         reservations: basket::per_line(&intent.lines, held)
@@ -277,17 +282,23 @@ fn reserved_answer(id: &str, intent: &Intent, replayed: bool) -> pb::AcquireBask
 }
 
 fn failure_answer(f: &Failure) -> pb::AcquireBasketResponse {
-    let (outcome, item, remaining) = match f {
+    let (outcome, item, remaining, opens_at) = match f {
         Failure::LimitExceeded { item_id, remaining } => {
-            (pb::AcquireOutcome::LimitExceeded, item_id.clone(), *remaining)
+            (pb::AcquireOutcome::LimitExceeded, item_id.clone(), *remaining, 0)
         }
-        Failure::SoldOut { item_id } | Failure::Error { item_id } => (pb::AcquireOutcome::SoldOut, item_id.clone(), 0),
-        Failure::Interrupted => (pb::AcquireOutcome::SoldOut, String::new(), 0),
+        Failure::SoldOut { item_id } | Failure::Error { item_id } => {
+            (pb::AcquireOutcome::SoldOut, item_id.clone(), 0, 0)
+        }
+        Failure::Interrupted => (pb::AcquireOutcome::SoldOut, String::new(), 0, 0),
+        Failure::NotStarted { item_id, opens_at_ms } => {
+            (pb::AcquireOutcome::NotStarted, item_id.clone(), 0, *opens_at_ms)
+        }
     };
     pb::AcquireBasketResponse {
         outcome: outcome as i32,
         short_item_id: item,
         limit_remaining: remaining,
+        opens_at_unix_ms: opens_at,
         ..Default::default()
     }
 }

@@ -65,10 +65,14 @@ impl CenterLink {
             channel: self.channel.to_string(),
             item_ids: batch.iter().map(|(id, _)| id.clone()).collect(),
         };
+        let wall_sent = self.wall_ms();
         let r = self.client.clone().describe_items(self.req(req)).await.map(|r| r.into_inner());
         self.note_credentials(&r);
         match r {
             Ok(answer) => {
+                if let Some(first) = answer.items.first() {
+                    self.observe_clock(wall_sent, first.center_now_unix_ms);
+                }
                 self.describes.many_calls.fetch_add(1, Ordering::Relaxed);
                 let found: HashMap<String, pb::DescribeItemResponse> =
                     answer.items.into_iter().map(|d| (d.item_id.clone(), d)).collect();

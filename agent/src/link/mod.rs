@@ -56,6 +56,13 @@ pub struct CenterLink {
     borrow_calls: AtomicU64,
     /// Item loads waiting to go to the center together ([`CenterLink::describe_to_load`]).
     describes: describes::Describes,
+    /// The last bound on the center's clock (`inventory_core::schedule::CenterClock`):
+    /// offset and round trip; `clock_known` once an answer carried the center's time.
+    clock_offset_ms: AtomicI64,
+    clock_round_trip_ms: AtomicI64,
+    clock_known: AtomicBool,
+    /// Test hook (`--test-clock-skew-ms`): this agent's wall clock runs this far ahead.
+    clock_skew_ms: AtomicI64,
 }
 
 const MANY_UNKNOWN: u8 = 0;
@@ -158,6 +165,47 @@ impl CenterLink {
             borrow_many_calls: AtomicU64::new(0),
             borrow_calls: AtomicU64::new(0),
             describes: describes::Describes::default(),
+            clock_offset_ms: AtomicI64::new(0),
+            clock_round_trip_ms: AtomicI64::new(0),
+            clock_known: AtomicBool::new(false),
+            clock_skew_ms: AtomicI64::new(0),
+        })
+    }
+
+    /// Test hook: make this agent's wall clock run `skew_ms` ahead (behind if negative).
+    pub fn set_clock_skew_ms(&self, skew_ms: i64) {
+        self.clock_skew_ms.store(skew_ms, Ordering::Relaxed);
+    }
+
+    /// The agent's wall clock, ms since 1970 (skewed by the test hook, if set).
+    pub fn wall_ms(&self) -> i64 {
+        crate::clock::now_ms().saturating_add(self.clock_skew_ms.load(Ordering::Relaxed))
+    }
+
+    /// An answer sent at `sent_ms` (the agent's wall clock) carried the center's time.
+    fn observe_clock(&self, sent_ms: i64, center_ms: i64) {
+        if center_ms <= 0 {
+            return; // an older center: no time in its answers
+        }
+        let c = inventory_core::schedule::CenterClock::measure(sent_ms, self.wall_ms(), center_ms);
+        self.clock_offset_ms.store(c.offset_ms, Ordering::Relaxed);
+        self.clock_round_trip_ms.store(c.round_trip_ms, Ordering::Relaxed);
+        self.clock_known.store(true, Ordering::Release);
+    }
+
+    /// The center's time now, within bounds: the earliest it may read (never ahead of
+    /// the center's clock as long as neither clock jumped since the last answer) and the
+    /// latest (one round trip of that answer later). Unknown before any answer carried the
+    /// center's time.
+    pub fn center_now(&self) -> inventory_core::schedule::CenterNow {
+        self.center_clock().map_or(inventory_core::schedule::CenterNow::UNKNOWN, |c| c.bounds(self.wall_ms()))
+    }
+
+    /// The last measurement of the center's clock.
+    pub fn center_clock(&self) -> Option<inventory_core::schedule::CenterClock> {
+        self.clock_known.load(Ordering::Acquire).then(|| inventory_core::schedule::CenterClock {
+            offset_ms: self.clock_offset_ms.load(Ordering::Relaxed),
+            round_trip_ms: self.clock_round_trip_ms.load(Ordering::Relaxed),
         })
     }
 
@@ -278,6 +326,7 @@ impl CenterLink {
     /// ([`CenterLink::renew_lease`] with the send time) once pools are back in line.
     pub async fn register(&self) -> Result<pb::RegisterAgentResponse, Status> {
         self.drop_lease();
+        let wall_sent = self.wall_ms();
         let r = self
             .client
             .clone()
@@ -289,6 +338,7 @@ impl CenterLink {
             .map(|r| r.into_inner());
         self.note_credentials(&r);
         let r = r?;
+        self.observe_clock(wall_sent, r.center_now_unix_ms);
         self.epoch.store(r.epoch, Ordering::Release);
         self.lease_ttl_ms.store(r.lease_ttl_ms, Ordering::Release);
         Ok(r)
@@ -296,8 +346,12 @@ impl CenterLink {
 
     pub async fn describe(&self, item_id: &str) -> Result<pb::DescribeItemResponse, Status> {
         let req = pb::DescribeItemRequest { item_id: item_id.to_owned(), channel: self.channel.to_string() };
+        let wall_sent = self.wall_ms();
         let r = self.client.clone().describe_item(self.req(req)).await.map(|r| r.into_inner());
         self.note_credentials(&r);
+        if let Ok(d) = &r {
+            self.observe_clock(wall_sent, d.center_now_unix_ms);
+        }
         r
     }
 
@@ -498,10 +552,12 @@ impl CenterLink {
     ) -> Result<pb::HeartbeatResponse, Status> {
         let req = pb::HeartbeatRequest { channel: self.channel.to_string(), epoch: self.epoch(), pools, last_report };
         let sent_at = self.now_ms();
+        let wall_sent = self.wall_ms();
         let r = self.client.clone().heartbeat(self.req(req)).await.map(|r| r.into_inner());
         self.note(&r);
-        if r.is_ok() {
+        if let Ok(answer) = &r {
             self.renew_lease(sent_at);
+            self.observe_clock(wall_sent, answer.center_now_unix_ms);
         }
         r
     }

@@ -23,6 +23,7 @@ mod redis_policy;
 mod relay;
 mod replicas;
 mod sale;
+mod schedule;
 mod security;
 mod segment_loss;
 mod segments;

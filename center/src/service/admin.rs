@@ -5,6 +5,7 @@ use std::sync::Arc;
 use inventory_core::buyers::{LimitScope, RegistryFallback};
 use inventory_core::ids::MAX_QUANTITY;
 use inventory_core::ledger::Finding;
+use inventory_core::schedule;
 use inventory_core::watermarks::{RateBatching, WatermarkError, Watermarks};
 use inventory_core::{Channel, ItemId, Quantity, RequestId, ValidationError};
 use inventory_proto::v1 as pb;
@@ -16,7 +17,7 @@ use crate::clock::now_ms;
 use crate::error::CenterError;
 use crate::events::{EventHub, LedgerEvent};
 use crate::service::center::LeaseSettings;
-use crate::store::{LedgerStore, LimitSettings, NewItem};
+use crate::store::{LedgerStore, LimitSettings, NewItem, SalePlan};
 
 pub const DEFAULT_RESERVATION_TTL_MS: u64 = 300_000;
 pub const MIN_RESERVATION_TTL_MS: u64 = 100;
@@ -43,8 +44,9 @@ impl AdminService {
 
 type Res<T> = Result<Response<T>, Status>;
 
-/// Parses CreateItem into a validated [`NewItem`], applying the documented defaults.
-pub fn parse_new_item(r: &pb::CreateItemRequest) -> Result<NewItem, CenterError> {
+/// Parses CreateItem into a validated [`NewItem`], applying the documented defaults;
+/// `now_ms` (the center's clock) for the schedule's checks.
+pub fn parse_new_item(r: &pb::CreateItemRequest, now_ms: i64) -> Result<NewItem, CenterError> {
     let item_id = ItemId::parse("item_id", &r.item_id)?;
     let total = Quantity::parse("total", r.total)?;
     let per_user_limit = match r.per_user_limit {
@@ -79,7 +81,11 @@ pub fn parse_new_item(r: &pb::CreateItemRequest) -> Result<NewItem, CenterError>
     };
     let segments = inventory_core::segments::parse("segments", r.segments)?;
     let limit = parse_limit(r)?;
-    Ok(NewItem { item_id, total, per_user_limit, reservation_ttl_ms, watermarks, rate_batching, segments, limit })
+    let plan = SalePlan {
+        schedule: schedule::parse(r.opens_at_unix_ms, r.closes_at_unix_ms, r.prestock_lead_ms, now_ms)?,
+        center_reserve: schedule::parse_reserve(r.center_reserve, total.get())?,
+    };
+    Ok(NewItem { item_id, total, per_user_limit, reservation_ttl_ms, watermarks, rate_batching, segments, limit, plan })
 }
 
 fn parse_limit(r: &pb::CreateItemRequest) -> Result<LimitSettings, CenterError> {
@@ -130,10 +136,15 @@ fn pb_finding(f: Finding) -> pb::Violation {
 #[tonic::async_trait]
 impl pb::admin_server::Admin for AdminService {
     async fn create_item(&self, request: Request<pb::CreateItemRequest>) -> Res<pb::CreateItemResponse> {
-        let new = parse_new_item(request.get_ref())?;
-        let (record, created) = self.store.create_item(&new, now_ms()).await?;
+        let now = now_ms();
+        let new = parse_new_item(request.get_ref(), now)?;
+        let (record, created) = self.store.create_item(&new, now).await?;
         if created {
-            tracing::info!(item = %new.item_id, total = new.total.get(), "item created");
+            tracing::info!(item = %new.item_id, total = new.total.get(), opens_at = new.plan.schedule.opens_at_ms, closes_at = new.plan.schedule.closes_at_ms, "item created");
+            if record.plan.schedule.is_scheduled() {
+                // Agents load it now, before any buyer asks.
+                self.events.publish(LedgerEvent::scheduled(&record));
+            }
         }
         Ok(Response::new(pb::CreateItemResponse { item: Some(pb_item(&record)), created }))
     }
@@ -197,7 +208,7 @@ impl pb::admin_server::Admin for AdminService {
                 }
             })
             .collect();
-        Ok(Response::new(pb::GetItemResponse { item: Some(pb_item(&ledger.item)), channels }))
+        Ok(Response::new(pb::GetItemResponse { item: Some(pb_item(&ledger.item)), channels, center_now_unix_ms: now }))
     }
 
     async fn list_items(&self, _request: Request<pb::ListItemsRequest>) -> Res<pb::ListItemsResponse> {
@@ -359,11 +370,32 @@ impl pb::admin_server::Admin for AdminService {
     async fn close_item(&self, request: Request<pb::CloseItemRequest>) -> Res<pb::CloseItemResponse> {
         let r = request.into_inner();
         let item = ItemId::parse("item_id", &r.item_id).map_err(CenterError::from)?;
+        if !r.closed {
+            let closes_at = self.store.policy(&item, None).await?.item.plan.schedule.closes_at_ms;
+            if closes_at > 0 && closes_at <= now_ms() {
+                return Err(CenterError::Precondition(format!(
+                    "item {:?} closed by its schedule at closes_at_unix_ms {closes_at}; move it later with SetSchedule first",
+                    item.as_str()
+                ))
+                .into());
+            }
+        }
         let record = self.store.set_closed(&item, r.closed).await?;
         tracing::info!(item = %item, closed = r.closed, "item closed state changed");
         // Agents re-read the item's settings; a reopened item may sell again.
         self.events.publish(LedgerEvent::Watermarks { item_id: item.to_string(), channel: None });
         Ok(Response::new(pb::CloseItemResponse { item: Some(pb_item(&record)) }))
+    }
+
+    async fn set_schedule(&self, request: Request<pb::SetScheduleRequest>) -> Res<pb::SetScheduleResponse> {
+        let r = request.into_inner();
+        let item = ItemId::parse("item_id", &r.item_id).map_err(CenterError::from)?;
+        let now = now_ms();
+        let record = self.store.set_schedule(&item, r.opens_at_unix_ms, r.closes_at_unix_ms, now).await?;
+        let s = record.plan.schedule;
+        tracing::info!(item = %item, opens_at = s.opens_at_ms, closes_at = s.closes_at_ms, "schedule set");
+        self.events.publish(LedgerEvent::scheduled(&record));
+        Ok(Response::new(pb::SetScheduleResponse { item: Some(pb_item(&record)), center_now_unix_ms: now }))
     }
 
     async fn resolve_in_doubt(&self, request: Request<pb::ResolveInDoubtRequest>) -> Res<pb::ResolveInDoubtResponse> {

@@ -16,7 +16,7 @@ use tokio_stream::wrappers::BroadcastStream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use super::{pb_limit_scope, pb_rate_batching, pb_registry_fallback, pb_watermarks};
+use super::{pb_limit_scope, pb_rate_batching, pb_registry_fallback, pb_schedule, pb_watermarks};
 use crate::clock::now_ms;
 use crate::error::CenterError;
 use crate::events::{EventHub, LedgerEvent};
@@ -96,6 +96,36 @@ impl CenterService {
 
 type Res<T> = Result<Response<T>, Status>;
 
+impl CenterService {
+    /// Fills a scheduled item's opening allocation for `channel` while the item has not
+    /// opened; the live channels are read once per call (`live`).
+    async fn opening_allocation(
+        &self,
+        d: &mut pb::DescribeItemResponse,
+        channel: &Channel,
+        live: &mut Option<Vec<String>>,
+    ) -> Result<(), CenterError> {
+        let now = now_ms();
+        if d.opens_at_unix_ms <= now || d.closed {
+            return Ok(());
+        }
+        if live.is_none() {
+            let channels = self.store.channels().await?;
+            *live = Some(channels.into_iter().filter(|c| c.session.lease_live(now)).map(|c| c.channel).collect());
+        }
+        let item = ItemId::parse("item_id", &d.item_id)?;
+        let record = self.store.policy(&item, None).await?.item;
+        let names: Vec<&str> = live.iter().flatten().map(String::as_str).collect();
+        d.opening_allocation = inventory_core::schedule::opening_allocation(
+            record.state.total,
+            record.plan.center_reserve,
+            &names,
+            channel.as_str(),
+        );
+        Ok(())
+    }
+}
+
 #[tonic::async_trait]
 impl pb::center_server::Center for CenterService {
     async fn register_agent(&self, request: Request<pb::RegisterAgentRequest>) -> Res<pb::RegisterAgentResponse> {
@@ -106,6 +136,10 @@ impl pb::center_server::Center for CenterService {
         let agent = AgentId::parse("agent_id", &r.agent_id).map_err(CenterError::from)?;
         let reg = self.store.register(&channel, &agent, now_ms(), self.lease.lease_ttl_ms).await?;
         tracing::info!(channel = %channel, agent = %agent, epoch = reg.session.epoch, "agent registered");
+        let schedules = self.store.schedules().await?;
+        let schedule_of = |item_id: &str| {
+            schedules.iter().find(|(id, ..)| id == item_id).map(|(id, s, closed)| pb_schedule(id.clone(), *s, *closed))
+        };
         Ok(Response::new(pb::RegisterAgentResponse {
             epoch: reg.session.epoch,
             lease_ttl_ms: self.lease.lease_ttl_ms,
@@ -113,6 +147,7 @@ impl pb::center_server::Center for CenterService {
                 .held
                 .into_iter()
                 .map(|h| pb::ChannelHolding {
+                    schedule: schedule_of(&h.item_id),
                     item_id: h.item_id,
                     held: h.held,
                     generation: h.generation,
@@ -120,6 +155,12 @@ impl pb::center_server::Center for CenterService {
                 })
                 .collect(),
             lease_expires_at_unix_ms: reg.session.lease_expires_at_ms,
+            scheduled: schedules
+                .iter()
+                .filter(|(_, _, closed)| !closed)
+                .map(|(id, s, closed)| pb_schedule(id.clone(), *s, *closed))
+                .collect(),
+            center_now_unix_ms: now_ms(),
         }))
     }
 
@@ -209,6 +250,7 @@ impl pb::center_server::Center for CenterService {
             lease_expires_at_unix_ms: out.session.lease_expires_at_ms,
             lease_ttl_ms: self.lease.lease_ttl_ms,
             in_doubt_items: out.in_doubt_items,
+            center_now_unix_ms: now_ms(),
         }))
     }
 
@@ -226,7 +268,12 @@ impl pb::center_server::Center for CenterService {
             authorize(&own, c.as_str())?;
         }
         let policy = self.store.policy(&item, channel.as_ref()).await?;
-        Ok(Response::new(pb_describe(policy)))
+        let mut live = None;
+        let mut d = pb_describe(policy);
+        if let Some(c) = &channel {
+            self.opening_allocation(&mut d, c, &mut live).await?;
+        }
+        Ok(Response::new(d))
     }
 
     async fn describe_items(&self, request: Request<pb::DescribeItemsRequest>) -> Res<pb::DescribeItemsResponse> {
@@ -251,9 +298,14 @@ impl pb::center_server::Center for CenterService {
             .map_err(CenterError::from)?;
         let policies = self.store.policies(&items, &channel).await?;
         let mut out = pb::DescribeItemsResponse::default();
+        let mut live = None;
         for (item, policy) in items.iter().zip(policies) {
             match policy {
-                Some(p) => out.items.push(pb_describe(p)),
+                Some(p) => {
+                    let mut d = pb_describe(p);
+                    self.opening_allocation(&mut d, &channel, &mut live).await?;
+                    out.items.push(d);
+                }
                 None => out.not_found.push(item.to_string()),
             }
         }
@@ -433,6 +485,12 @@ fn pb_describe(policy: crate::store::ItemPolicy) -> pb::DescribeItemResponse {
         generation: policy.allocation.map_or(0, |a| a.generation),
         in_doubt: policy.allocation.map_or(0, |a| a.in_doubt),
         segments: policy.item.segments,
+        opens_at_unix_ms: policy.item.plan.schedule.opens_at_ms,
+        closes_at_unix_ms: policy.item.plan.schedule.closes_at_ms,
+        prestock_lead_ms: policy.item.plan.schedule.prestock_lead_ms,
+        center_now_unix_ms: now_ms(),
+        // Filled for a channel's scheduled item before its opening (`opening_allocation`).
+        opening_allocation: 0,
     }
 }
 
@@ -461,6 +519,13 @@ async fn to_channel_event(store: &dyn LedgerStore, channel: &Channel, e: LedgerE
         }
         LedgerEvent::ReturnRequested { item_id, .. } => Event::ReturnRequested(pb::ReturnRequested { item_id }),
         LedgerEvent::InDoubtResolved { item_id, .. } => Event::InDoubtResolved(pb::InDoubtResolved { item_id }),
+        LedgerEvent::Scheduled { item_id, opens_at_ms, closes_at_ms, prestock_lead_ms, closed } => {
+            Event::ScheduleChanged(pb_schedule(
+                item_id,
+                inventory_core::schedule::Schedule { opens_at_ms, closes_at_ms, prestock_lead_ms },
+                closed,
+            ))
+        }
     };
     Some(pb::ChannelEvent { event: Some(event) })
 }

@@ -47,6 +47,20 @@ pub(crate) fn pb_item(r: &ItemRecord) -> pb::Item {
         segments: r.segments,
         limit_scope: pb_limit_scope(r.limit.scope).into(),
         registry_fallback: pb_registry_fallback(r.limit.fallback).into(),
+        opens_at_unix_ms: r.plan.schedule.opens_at_ms,
+        closes_at_unix_ms: r.plan.schedule.closes_at_ms,
+        prestock_lead_ms: r.plan.schedule.prestock_lead_ms,
+        center_reserve: r.plan.center_reserve,
+    }
+}
+
+pub(crate) fn pb_schedule(item_id: String, s: inventory_core::schedule::Schedule, closed: bool) -> pb::ItemSchedule {
+    pb::ItemSchedule {
+        item_id,
+        opens_at_unix_ms: s.opens_at_ms,
+        closes_at_unix_ms: s.closes_at_ms,
+        prestock_lead_ms: s.prestock_lead_ms,
+        closed,
     }
 }
 

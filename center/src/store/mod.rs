@@ -14,6 +14,7 @@ use async_trait::async_trait;
 use inventory_core::buyers::{LimitScope, RegistryFallback};
 use inventory_core::ledger::{Allocation, ChannelSession, Check, ItemState};
 use inventory_core::loss::PoolReport;
+use inventory_core::schedule::Schedule;
 use inventory_core::watermarks::{RateBatching, Watermarks};
 use inventory_core::{AgentId, Channel, ItemId, Quantity, RequestId};
 use serde::{Deserialize, Serialize};
@@ -35,7 +36,17 @@ pub struct ItemRecord {
     /// Pool segments per channel (1: one pool).
     pub segments: u32,
     pub limit: LimitSettings,
+    pub plan: SalePlan,
     pub held: u64,
+}
+
+/// The plan of an item's sale: its schedule (the center's clock) and the units the center
+/// keeps back from the opening stock. Settings, not the definition: the schedule moves
+/// with SetSchedule, and a repeated CreateItem does not compare them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SalePlan {
+    pub schedule: Schedule,
+    pub center_reserve: u64,
 }
 
 /// Where the item's per-user limit applies, and what agents do without the registry.
@@ -185,6 +196,7 @@ pub struct NewItem {
     /// Pool segments per channel, 1..=[`inventory_core::segments::MAX_SEGMENTS`].
     pub segments: u32,
     pub limit: LimitSettings,
+    pub plan: SalePlan,
 }
 
 #[async_trait]
@@ -253,6 +265,15 @@ pub trait LedgerStore: Send + Sync + 'static {
     async fn channels(&self) -> Result<Vec<ChannelView>>;
     /// Closes (no more grants) or reopens an item.
     async fn set_closed(&self, item: &ItemId, closed: bool) -> Result<ItemRecord>;
+    /// Moves the item's schedule by `inventory_core::schedule::reschedule` at `now_ms`,
+    /// under the item's row lock. INVALID_ARGUMENT or FAILED_PRECONDITION as it says.
+    async fn set_schedule(&self, item: &ItemId, opens_at_ms: i64, closes_at_ms: i64, now_ms: i64)
+    -> Result<ItemRecord>;
+    /// Closes every open item whose `closes_at` is at or before `now_ms`; the items this
+    /// call closed (another center replica's call closes each only once).
+    async fn close_due(&self, now_ms: i64) -> Result<Vec<ItemRecord>>;
+    /// `(item_id, schedule, closed)` of every item with a schedule, by item.
+    async fn schedules(&self) -> Result<Vec<(String, Schedule, bool)>>;
     /// The channel's current session, if it ever registered.
     async fn session(&self, channel: &Channel) -> Result<Option<ChannelSession>>;
     async fn policy(&self, item: &ItemId, channel: Option<&Channel>) -> Result<ItemPolicy>;

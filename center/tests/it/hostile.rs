@@ -29,7 +29,8 @@ fn hostile_strings() -> Vec<(&'static str, String)> {
 async fn ledger_state(admin: &mut AdminClient<Channel>) -> String {
     let items = admin.list_items(pb::ListItemsRequest {}).await.unwrap().into_inner();
     let channels = admin.list_channels(pb::ListChannelsRequest::default()).await.unwrap().into_inner();
-    let item = admin.get_item(pb::GetItemRequest { item_id: "i".into() }).await.unwrap().into_inner();
+    let mut item = admin.get_item(pb::GetItemRequest { item_id: "i".into() }).await.unwrap().into_inner();
+    item.center_now_unix_ms = 0; // the center's clock moves
     let wm = admin.get_watermarks(pb::GetWatermarksRequest { item_id: "i".into() }).await.unwrap().into_inner();
     // Lease times move with heartbeats; nothing here sends any, so the whole view is stable.
     format!("{items:?}{channels:?}{item:?}{wm:?}")

@@ -18,6 +18,7 @@ mod remove_channel;
 mod replicas;
 mod reports;
 mod requests;
+mod schedule;
 mod security;
 mod shutdown;
 mod startup_errors;

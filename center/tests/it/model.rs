@@ -100,6 +100,7 @@ async fn run(store: &dyn LedgerStore, ops: &[Op]) {
         rate_batching: None,
         segments: 1,
         limit: Default::default(),
+        plan: Default::default(),
     };
     store.create_item(&new, 0).await.unwrap();
     let channels: Vec<Channel> = CHANNELS.iter().map(|c| Channel::parse("channel", c).unwrap()).collect();

@@ -8,6 +8,7 @@ use super::ops::{Op, OpKind, Queued, Unsettled};
 use super::{Ctx, Note, Policy, PoolView, Report, Settings};
 use crate::rate::{SellRate, rate_report_changed};
 use crate::rebalance::{self, Action, Inputs};
+use crate::schedule::{CenterNow, Phase, Schedule};
 use crate::watermarks::Watermarks;
 
 /// Whether the item may be sold from its pool.
@@ -81,6 +82,15 @@ pub enum Refusal {
     OverLimit { limit: u64 },
 }
 
+/// An Acquire at an instant of the center's clock ([`ItemCore::gate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Before the opening: NOT_STARTED from memory, nothing else is looked at.
+    NotStarted { opens_at_ms: i64 },
+    /// Open (or closed by its schedule: then SOLD_OUT as for a closed item).
+    Admit(Admission),
+}
+
 /// What the leader does when the store answered sold out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MissPlan {
@@ -151,6 +161,10 @@ pub struct ItemCore {
     /// The lost part is being created again: reads outside the resync doing it may show
     /// the new generation before the rules adopt it, so they decide nothing until then.
     pub(super) reopening: bool,
+    /// The sale's schedule, in the center's clock.
+    pub(super) schedule: Schedule,
+    /// The pool was stocked for the opening (or that is under way).
+    pub(super) prestocked: bool,
     pub(super) settings: Settings,
 }
 
@@ -183,6 +197,8 @@ impl ItemCore {
             ops_finished: 0,
             segments_lost: false,
             reopening: false,
+            schedule: Schedule::default(),
+            prestocked: false,
             settings,
         }
     }
@@ -238,6 +254,83 @@ impl ItemCore {
 
     pub fn borrows_done(&self) -> u64 {
         self.borrows_done
+    }
+
+    pub fn schedule(&self) -> Schedule {
+        self.schedule
+    }
+
+    pub fn set_schedule(&mut self, schedule: Schedule) {
+        self.schedule = schedule;
+    }
+
+    /// The sale's phase at `now`, the center's clock as the driver bounds it: opened by
+    /// the earliest it may read, closed by the latest (`schedule::phase_within`).
+    pub fn phase(&self, now: CenterNow) -> Phase {
+        crate::schedule::phase_within(&self.schedule, now)
+    }
+
+    /// The Acquire's checks at `now`: before the opening NOT_STARTED, and nothing else is
+    /// asked (no store, no center); from `closes_at` on as a closed item; otherwise
+    /// [`ItemCore::admit`].
+    pub fn gate(&self, idempotency_key: &str, quantity: u64, now: CenterNow) -> Gate {
+        match self.phase(now) {
+            Phase::NotStarted { opens_at_ms } => Gate::NotStarted { opens_at_ms },
+            Phase::Open => Gate::Admit(self.admit(idempotency_key, quantity)),
+            Phase::Closed => Gate::Admit(match self.admit(idempotency_key, quantity) {
+                Admission::Store { .. } => Admission::SoldOut,
+                other => other,
+            }),
+        }
+    }
+
+    /// Whether the pool may borrow ahead of demand at `now`: not before the schedule's
+    /// lead starts, nor once it closed.
+    pub fn may_stock(&self, now: CenterNow) -> bool {
+        self.schedule.may_stock(now.earliest_ms) && self.phase(now) != Phase::Closed
+    }
+
+    /// Whether the driver should stock the pool for the opening now (its opening
+    /// allocation, in one Borrow): once, from the start of the schedule's lead until the
+    /// opening, so an agent that starts during the lead stocks too.
+    pub fn prestock_due(&mut self, now: CenterNow) -> bool {
+        let due = !self.prestocked
+            && self.mode == Mode::Selling
+            && !self.segments_lost
+            && matches!(self.phase(now), Phase::NotStarted { .. })
+            && self.schedule.may_stock(now.earliest_ms);
+        if due {
+            self.prestocked = true;
+        }
+        due
+    }
+
+    /// The opening's stocking did not happen (the center did not answer): due again.
+    pub fn prestock_failed(&mut self) {
+        self.prestocked = false;
+    }
+
+    /// [`ItemCore::on_look`] at `now` (the center's clock's bounds): before the opening a
+    /// look decides nothing (the opening's stocking fills the pool, and surplus above the
+    /// high watermark only counts from the opening on); once closed it borrows nothing.
+    pub fn on_look_at(
+        &mut self,
+        view: PoolView,
+        token: ReadToken,
+        freed: u64,
+        ctx: Ctx,
+        now: CenterNow,
+        notes: &mut Vec<Note>,
+    ) -> Option<OpKind> {
+        let kind = self.on_look(view, token, freed, ctx, notes);
+        match self.phase(now) {
+            Phase::NotStarted { .. } => {
+                self.above_high_since = None;
+                None
+            }
+            Phase::Closed => kind.filter(|k| !matches!(k, OpKind::Borrow { .. })),
+            Phase::Open => kind,
+        }
     }
 
     /// The Acquire's checks before the store: mode, limit, closed, fast path.

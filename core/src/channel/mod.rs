@@ -32,7 +32,7 @@ mod segment_loss_tests;
 #[cfg(test)]
 mod tests;
 
-pub use item::{Admission, ItemCore, MissPlan, Mode, ReadToken, Refusal, Shelf, Supply};
+pub use item::{Admission, Gate, ItemCore, MissPlan, Mode, ReadToken, Refusal, Shelf, Supply};
 pub use ops::{CallFault, Effect, OpId, OpKind, OpResult, Reply, ResyncWhy, StoreFault, Work};
 pub use plan::{ResyncPlan, resync_plan};
 

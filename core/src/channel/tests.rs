@@ -331,6 +331,51 @@ fn admission_checks_the_limit_the_closed_flag_and_the_fast_path() {
 }
 
 #[test]
+fn the_schedule_gates_admission_and_stocking_by_the_center_clock() {
+    use crate::schedule::{CenterNow, Schedule};
+    let at = CenterNow::exact;
+    let mut core = item();
+    core.set_schedule(Schedule { opens_at_ms: 10_000, closes_at_ms: 20_000, prestock_lead_ms: 3_000 });
+    assert_eq!(core.gate("k", 1, at(9_999)), Gate::NotStarted { opens_at_ms: 10_000 });
+    assert!(!core.may_stock(at(6_999)) && core.may_stock(at(7_000)), "stocking starts with the lead");
+    assert!(matches!(core.gate("k", 1, at(10_000)), Gate::Admit(Admission::Store { .. })));
+    assert_eq!(core.gate("k", 3, at(10_000)), Gate::Admit(Admission::Refuse(Refusal::OverLimit { limit: 2 })));
+    assert_eq!(core.gate("k", 1, at(20_000)), Gate::Admit(Admission::SoldOut), "closed by its schedule");
+    assert!(!core.may_stock(at(20_000)));
+    core.set_schedule(Schedule::default());
+    assert!(matches!(core.gate("k", 1, at(0)), Gate::Admit(Admission::Store { .. })));
+}
+
+#[test]
+fn before_the_opening_only_the_opening_stock_fills_the_pool_once() {
+    use crate::schedule::{CenterNow, Schedule};
+    let at = CenterNow::exact;
+    let mut core = item();
+    core.set_schedule(Schedule { opens_at_ms: 10_000, closes_at_ms: 0, prestock_lead_ms: 3_000 });
+    assert!(!core.prestock_due(at(6_999)), "not before the lead");
+    assert!(core.prestock_due(at(7_000)));
+    assert!(!core.prestock_due(at(7_100)), "once");
+    core.prestock_failed();
+    assert!(core.prestock_due(at(7_200)), "again after a failure");
+    // A look before the opening decides nothing, even with the pool far above high...
+    let mut notes = Vec::new();
+    let token = core.begin_read();
+    assert_eq!(core.on_look_at(view(300, 1), token, 0, ctx(8_000, 1), at(8_000), &mut notes), None);
+    let token = core.begin_read();
+    assert_eq!(core.on_look_at(view(300, 1), token, 0, ctx(9_999, 1), at(9_999), &mut notes), None);
+    // ... and surplus counts from the opening on.
+    let token = core.begin_read();
+    assert_eq!(core.on_look_at(view(300, 1), token, 0, ctx(10_000, 1), at(10_000), &mut notes), None);
+    let token = core.begin_read();
+    let later = 10_000 + i64::try_from(Settings::default().return_sustain_ms).unwrap();
+    assert!(matches!(
+        core.on_look_at(view(300, 1), token, 0, ctx(later, 1), at(later), &mut notes),
+        Some(OpKind::Return { .. })
+    ));
+    assert!(!core.prestock_due(at(10_000)), "not once open");
+}
+
+#[test]
 fn a_refill_is_never_hidden_by_an_older_sold_out_answer() {
     let mut core = item();
     core.set_center_available(0);

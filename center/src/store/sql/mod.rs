@@ -205,6 +205,24 @@ impl LedgerStore for SqlLedger {
         SqlLedger::set_closed(self, item, closed).await
     }
 
+    async fn set_schedule(
+        &self,
+        item: &ItemId,
+        opens_at_ms: i64,
+        closes_at_ms: i64,
+        now_ms: i64,
+    ) -> Result<ItemRecord> {
+        SqlLedger::set_schedule(self, item, opens_at_ms, closes_at_ms, now_ms).await
+    }
+
+    async fn close_due(&self, now_ms: i64) -> Result<Vec<ItemRecord>> {
+        SqlLedger::close_due(self, now_ms).await
+    }
+
+    async fn schedules(&self) -> Result<Vec<(String, inventory_core::schedule::Schedule, bool)>> {
+        SqlLedger::schedules(self).await
+    }
+
     async fn session(&self, channel: &Channel) -> Result<Option<ChannelSession>> {
         SqlLedger::session(self, channel).await
     }

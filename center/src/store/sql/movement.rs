@@ -2,8 +2,10 @@
 //! (Borrow and Return run in batches: `batch`, `group`).
 
 use inventory_core::ledger::{self, ItemState, Mutation};
+use inventory_core::schedule::{self, RescheduleError, Schedule};
 use inventory_core::watermarks::{RateBatching, Watermarks};
 use inventory_core::{Channel, ItemId, Quantity, RequestId};
+use sqlx::Row;
 
 use super::SqlLedger;
 use super::rows::to_db;
@@ -18,8 +20,8 @@ impl SqlLedger {
         let inserted = sqlx::query(
             "INSERT INTO items (item_id, total, available, per_user_limit, reservation_ttl_ms, closed, \
              wm_low, wm_high, wm_batch, created_at_ms, rate_batching, rate_min_batch, rate_max_batch, rate_target_ms, segments, \
-             limit_scope, registry_fallback) \
-             VALUES ($1, $2, $3, $4, $5, 0, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
+             limit_scope, registry_fallback, opens_at_ms, closes_at_ms, prestock_lead_ms, center_reserve) \
+             VALUES ($1, $2, $3, $4, $5, 0, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) \
              ON CONFLICT (item_id) DO NOTHING",
         )
         .bind(new.item_id.as_str())
@@ -38,6 +40,10 @@ impl SqlLedger {
         .bind(i64::from(new.segments))
         .bind(new.limit.scope.number())
         .bind(new.limit.fallback.number())
+        .bind(new.plan.schedule.opens_at_ms)
+        .bind(new.plan.schedule.closes_at_ms)
+        .bind(to_db("prestock_lead_ms", new.plan.schedule.prestock_lead_ms)?)
+        .bind(to_db("center_reserve", new.plan.center_reserve)?)
         .execute(&mut *tx)
         .await?
         .rows_affected()
@@ -110,6 +116,81 @@ impl SqlLedger {
         let record = self.item_record(&mut tx, item).await?;
         tx.commit().await?;
         Ok(record)
+    }
+
+    pub(super) async fn set_schedule(
+        &self,
+        item: &ItemId,
+        opens_at_ms: i64,
+        closes_at_ms: i64,
+        now_ms: i64,
+    ) -> Result<ItemRecord> {
+        let mut tx = self.begin().await?;
+        self.lock_item(&mut tx, item).await?;
+        let current = self.item_record(&mut tx, item).await?;
+        let moved = schedule::reschedule(&current.plan.schedule, opens_at_ms, closes_at_ms, now_ms).map_err(|e| match e {
+            RescheduleError::Invalid(v) => CenterError::from(v),
+            RescheduleError::Opened { opens_at_ms } => CenterError::Precondition(format!(
+                "item {:?} opened at {opens_at_ms}: only closes_at_unix_ms may move (pass opens_at_unix_ms {opens_at_ms} or 0)",
+                item.as_str()
+            )),
+        })?;
+        sqlx::query("UPDATE items SET opens_at_ms = $1, closes_at_ms = $2 WHERE item_id = $3")
+            .bind(moved.opens_at_ms)
+            .bind(moved.closes_at_ms)
+            .bind(item.as_str())
+            .execute(&mut *tx)
+            .await?;
+        let record = self.item_record(&mut tx, item).await?;
+        tx.commit().await?;
+        Ok(record)
+    }
+
+    pub(super) async fn close_due(&self, now_ms: i64) -> Result<Vec<ItemRecord>> {
+        let due: Vec<String> = sqlx::query_scalar(
+            "SELECT item_id FROM items WHERE closed = 0 AND closes_at_ms > 0 AND closes_at_ms <= $1 ORDER BY item_id",
+        )
+        .bind(now_ms)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut closed = Vec::with_capacity(due.len());
+        for id in due {
+            let item = ItemId::parse("item_id", &id)?;
+            let mut tx = self.begin().await?;
+            self.lock_item(&mut tx, &item).await?;
+            // Only the first closer (of several center replicas, or a CloseItem) changes it.
+            let changed = sqlx::query(
+                "UPDATE items SET closed = 1 WHERE item_id = $1 AND closed = 0 AND closes_at_ms > 0 AND closes_at_ms <= $2",
+            )
+            .bind(item.as_str())
+            .bind(now_ms)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+                == 1;
+            let record = self.item_record(&mut tx, &item).await?;
+            tx.commit().await?;
+            if changed {
+                closed.push(record);
+            }
+        }
+        Ok(closed)
+    }
+
+    pub(super) async fn schedules(&self) -> Result<Vec<(String, Schedule, bool)>> {
+        let rows = sqlx::query(
+            "SELECT item_id, opens_at_ms, closes_at_ms, prestock_lead_ms, center_reserve, closed FROM items \
+             WHERE opens_at_ms > 0 OR closes_at_ms > 0 ORDER BY item_id",
+        )
+        .fetch_all(&self.read_pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let id: String = row.try_get("item_id")?;
+                let closed = row.try_get::<i64, _>("closed")? != 0;
+                Ok((id, super::rows::plan_from_row(row)?.schedule, closed))
+            })
+            .collect()
     }
 
     pub(super) async fn set_watermarks(&self, item: &ItemId, channel: Option<&Channel>, wm: Watermarks) -> Result<()> {

@@ -10,12 +10,12 @@ use sqlx::any::AnyRow;
 use super::{SqlLedger, Tx};
 use crate::error::CenterError;
 pub(super) use crate::store::batch::stale_or_unknown;
-use crate::store::{ItemRecord, LimitSettings, Result};
+use crate::store::{ItemRecord, LimitSettings, Result, SalePlan};
 use inventory_core::buyers::{LimitScope, RegistryFallback};
 
 pub(super) const ITEM_SELECT: &str = "SELECT item_id, total, available, per_user_limit, reservation_ttl_ms, closed, \
      wm_low, wm_high, wm_batch, written_off, rate_batching, rate_min_batch, rate_max_batch, rate_target_ms, segments, \
-     limit_scope, registry_fallback FROM items";
+     limit_scope, registry_fallback, opens_at_ms, closes_at_ms, prestock_lead_ms, center_reserve FROM items";
 pub(super) const SESSION_SELECT: &str =
     "SELECT channel, epoch, agent_id, lease_expires_at_ms, last_heartbeat_ms FROM channels";
 pub(super) const ALLOC_SELECT: &str = "SELECT item_id, channel, granted, returned, reclaimed, reported_available, \
@@ -72,6 +72,18 @@ pub(super) fn item_from_row(row: &AnyRow) -> Result<ItemRow> {
         },
         limit_from_row(row)?,
     ))
+}
+
+/// The sale's plan of an item row (columns of migration 0010).
+pub(super) fn plan_from_row(row: &AnyRow) -> Result<SalePlan> {
+    Ok(SalePlan {
+        schedule: inventory_core::schedule::Schedule {
+            opens_at_ms: row.try_get("opens_at_ms")?,
+            closes_at_ms: row.try_get("closes_at_ms")?,
+            prestock_lead_ms: col(row, "prestock_lead_ms")?,
+        },
+        center_reserve: col(row, "center_reserve")?,
+    })
 }
 
 fn limit_from_row(row: &AnyRow) -> Result<LimitSettings> {
@@ -218,7 +230,8 @@ impl SqlLedger {
             .ok_or_else(|| CenterError::item_not_found(item.as_str()))?;
         let (item_id, state, watermarks, rate_batching, segments, limit) = item_from_row(&row)?;
         let held = self.sum_held(tx, &item_id).await?;
-        Ok(ItemRecord { item_id, state, watermarks, rate_batching, segments, limit, held })
+        let plan = plan_from_row(&row)?;
+        Ok(ItemRecord { item_id, state, watermarks, rate_batching, segments, limit, plan, held })
     }
 
     pub(super) async fn override_for(tx: &mut Tx, item: &str, channel: &str) -> Result<Option<Watermarks>> {

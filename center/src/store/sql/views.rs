@@ -9,7 +9,9 @@ use inventory_core::{Channel, ItemId};
 use sqlx::Row;
 
 use super::SqlLedger;
-use super::rows::{ALLOC_SELECT, ITEM_SELECT, SESSION_SELECT, alloc_from_row, col, item_from_row, session_from_row};
+use super::rows::{
+    ALLOC_SELECT, ITEM_SELECT, SESSION_SELECT, alloc_from_row, col, item_from_row, plan_from_row, session_from_row,
+};
 use crate::error::CenterError;
 use crate::store::{ChannelRecord, ChannelView, ItemLedger, ItemPolicy, ItemRecord, Reconciliation, Result};
 
@@ -104,6 +106,7 @@ impl SqlLedger {
         const SELECT: &str = "SELECT i.item_id, i.total, i.available, i.per_user_limit, i.reservation_ttl_ms, \
              i.closed, i.wm_low, i.wm_high, i.wm_batch, i.written_off, i.rate_batching, i.rate_min_batch, \
              i.rate_max_batch, i.rate_target_ms, i.segments, i.limit_scope, i.registry_fallback, \
+             i.opens_at_ms, i.closes_at_ms, i.prestock_lead_ms, i.center_reserve, \
              (SELECT CAST(COALESCE(SUM(CASE WHEN h.granted - h.returned - h.reclaimed > 0 \
                  THEN h.granted - h.returned - h.reclaimed ELSE 0 END), 0) AS BIGINT) \
               FROM allocations h WHERE h.item_id = i.item_id) AS held_sum, \
@@ -138,7 +141,16 @@ impl SqlLedger {
                 None => Allocation::default(),
             };
             // A channel's own fixed watermarks override the item's rate-following batches.
-            let record = ItemRecord { item_id, state, watermarks, rate_batching, segments, limit, held };
+            let record = ItemRecord {
+                item_id,
+                state,
+                watermarks,
+                rate_batching,
+                segments,
+                limit,
+                plan: plan_from_row(row)?,
+                held,
+            };
             let policy = ItemPolicy {
                 watermarks: own.unwrap_or(record.watermarks),
                 rate_batching: if own.is_some() { None } else { record.rate_batching },
@@ -228,7 +240,16 @@ impl SqlLedger {
                         }
                     })
                     .collect();
-                let item = ItemRecord { item_id, state, watermarks, rate_batching, segments, limit, held };
+                let item = ItemRecord {
+                    item_id,
+                    state,
+                    watermarks,
+                    rate_batching,
+                    segments,
+                    limit,
+                    plan: plan_from_row(row)?,
+                    held,
+                };
                 Ok((ItemLedger { item, channels }, overrides))
             })
             .collect()
@@ -252,7 +273,16 @@ impl SqlLedger {
                     .iter()
                     .filter(|(i, _, _)| *i == item_id)
                     .fold(0u64, |sum, (_, _, a)| sum.saturating_add(a.held()));
-                Ok(ItemRecord { item_id, state, watermarks, rate_batching, segments, limit, held })
+                Ok(ItemRecord {
+                    item_id,
+                    state,
+                    watermarks,
+                    rate_batching,
+                    segments,
+                    limit,
+                    plan: plan_from_row(row)?,
+                    held,
+                })
             })
             .collect()
     }
