@@ -21,6 +21,7 @@
 //! **Architecture invariant:** nothing here does I/O, reads a clock, spawns, or draws a
 //! random number; fresh ids come in from the driver.
 
+mod effects;
 mod item;
 pub mod lease;
 pub mod ops;
@@ -29,6 +30,8 @@ mod plan;
 mod rate_tests;
 #[cfg(test)]
 mod segment_loss_tests;
+#[cfg(test)]
+mod settle_tests;
 #[cfg(test)]
 mod tests;
 

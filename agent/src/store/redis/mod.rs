@@ -34,12 +34,13 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, ServerErrorKind, Value};
+use redis::{ErrorKind, FromRedisValue, Script, ScriptInvocation, ServerErrorKind, Value};
 use tokio::sync::oneshot;
 
 mod baskets;
 mod batch;
 mod durable;
+mod errors;
 mod orders;
 pub mod policy;
 mod reply;
@@ -48,6 +49,8 @@ mod scripts;
 pub use batch::BatchStats;
 use batch::{BatchConfig, BatchCounters, Handoff, Lane, PoolEntry, Waiter};
 use durable::{Durability, DurablePool, write};
+pub use errors::OUT_OF_MEMORY;
+use errors::map_err;
 use reply::{acquire_result, array, int, state, string, transition, uint};
 use scripts::{Keys, Scripts};
 
@@ -398,54 +401,6 @@ impl RedisPoolStore {
 
 fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// What Redis says when it refuses a write for its memory limit (`maxmemory` with
-/// `noeviction`): nothing of the script was written, as Redis refuses a script at its
-/// first write when it started out of memory.
-pub const OUT_OF_MEMORY: &str = "redis is at its memory limit (maxmemory)";
-
-/// A write the server refused without running it: out of memory, a failed snapshot
-/// (`stop-writes-on-bgsave-error`), too few replicas (`min-replicas-to-write`).
-fn refusal(e: &RedisError) -> Option<&'static str> {
-    let text = e.to_string();
-    let code = e.code();
-    if code == Some("OOM") || text.contains("OOM command not allowed") {
-        return Some(OUT_OF_MEMORY);
-    }
-    if code == Some("MISCONF") || text.contains("MISCONF") {
-        return Some("redis stopped writes as it cannot persist to disk (MISCONF)");
-    }
-    if code == Some("NOREPLICAS") || text.contains("NOREPLICAS") {
-        return Some("redis has fewer replicas than min-replicas-to-write (NOREPLICAS)");
-    }
-    None
-}
-
-/// Connection trouble (and servers that cannot serve right now) is `Unavailable`, a write
-/// the server refused `Refused`: the caller may retry with the same ids. Anything else
-/// means the store answered something this code does not expect.
-fn map_err(e: RedisError) -> StoreError {
-    if let Some(why) = refusal(&e) {
-        return StoreError::Refused(why.to_owned());
-    }
-    let unavailable = e.is_io_error()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.is_timeout()
-        || e.is_unrecoverable_error()
-        || matches!(
-            e.kind(),
-            ErrorKind::Server(
-                ServerErrorKind::BusyLoading
-                    | ServerErrorKind::TryAgain
-                    | ServerErrorKind::ClusterDown
-                    | ServerErrorKind::MasterDown
-                    | ServerErrorKind::ReadOnly
-            ) | ErrorKind::ClusterConnectionNotFound
-        )
-        || e.code() == Some("BUSY");
-    if unavailable { StoreError::Unavailable(e.to_string()) } else { StoreError::Protocol(e.to_string()) }
 }
 
 #[async_trait]
