@@ -420,7 +420,6 @@ impl ItemCore {
                 }
                 let settled = self.unsettled.remove(index);
                 notes.push(Note::Settled { borrow: settled.borrow });
-                self.on_center_answered(ctx.now_ms);
                 self.settle_or_describe(op, index, ctx.now_ms)
             }
             (Stage::Describe, Reply::Holding(holding)) => next(op, Stage::ResyncRead { holding }, Effect::ReadPool),
