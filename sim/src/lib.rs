@@ -48,8 +48,9 @@
 //! record retention sweep; item loading (items are fixed per run).
 //!
 //! **Scenarios** ([`scenarios`]): `default` has every fault the rules survive together;
-//! `bounded` is the same with every call landing within its deadline, no outages, and a
-//! registration of every agent at quiescence; the others add or isolate one: `fence` (second processes, no data loss), `data-loss`,
+//! `bounded` is the same with every call landing within its deadline, no outages or full
+//! stores, and a registration of every agent at quiescence (the default before those
+//! faults; the broken centers below run under it); the others add or isolate one: `fence` (second processes, no data loss), `data-loss`,
 //! `false-doubt` (no data loss: nothing may go in doubt), `no-resync` (no registration at
 //! quiescence: scheduled resyncs alone settle drift), `reclaim` and `partition` (reclaims
 //! of crashed or partitioned agents), `loss-before-refill` (a pool lost between a grant's
@@ -95,6 +96,11 @@ pub struct Scenario {
 pub fn scenarios() -> Vec<Scenario> {
     let base = Config::default();
     let faults = Faults::DEFAULT;
+    // The default before calls could land any time later, the center's database stop, or
+    // a pool store fill up: every call lands within its deadline, and every agent
+    // registers and resyncs at quiescence.
+    let bounded_faults = Faults { bounded_delays: true, outages: false, store_full: false, ..faults };
+    let bounded = Config { resync_at_quiescence: true, faults: bounded_faults, ..base };
     let reclaim = Faults { reclaims: Reclaims::LeaseExpired, ..faults };
     let partition =
         Faults { crashes: false, stops: false, lose_heartbeat_pct: 40, reclaims: Reclaims::LeaseExpired, ..faults };
@@ -111,17 +117,10 @@ pub fn scenarios() -> Vec<Scenario> {
             config: base,
             regression_seeds: &[12, 66, 74, 833, 991, 1375],
         },
-        // The default before calls could land any time later and the center's database
-        // could stop: every call lands within its deadline, and every agent registers and
-        // resyncs at quiescence.
         Scenario {
             name: "bounded",
             test: "bounded_keeps_every_invariant",
-            config: Config {
-                resync_at_quiescence: true,
-                faults: Faults { bounded_delays: true, outages: false, ..faults },
-                ..base
-            },
+            config: bounded,
             regression_seeds: &[12, 66, 74, 833, 991],
         },
         with("fence", "fence_keeps_every_invariant", Faults { pool_data_loss: false, ..faults }, &[19, 1661]),
@@ -154,21 +153,22 @@ pub fn scenarios() -> Vec<Scenario> {
         ),
         // With second processes sharing the pool store: one process's item queue keeps its
         // own stale calls from doing visible harm, another process's resync does not wait
-        // for them, so only the center's epoch check stands in the way.
+        // for them, so only the center's epoch check stands in the way. (The broken centers
+        // run under the bounded faults, where their damage shows as units counted twice.)
         Scenario {
             name: "broken-epoch-check",
             test: "a_center_without_the_epoch_check_is_caught",
             config: Config {
-                faults: Faults { rivals: Rivals::SharedStore, ..faults },
+                faults: Faults { rivals: Rivals::SharedStore, ..bounded_faults },
                 breakage: Breakage { skip_epoch_check: true, ..Breakage::default() },
-                ..base
+                ..bounded
             },
             regression_seeds: &[],
         },
         Scenario {
             name: "broken-replays",
             test: "a_center_that_applies_replays_is_caught",
-            config: Config { breakage: Breakage { apply_replays: true, ..Breakage::default() }, ..base },
+            config: Config { breakage: Breakage { apply_replays: true, ..Breakage::default() }, ..bounded },
             regression_seeds: &[],
         },
     ]
