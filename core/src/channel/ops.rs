@@ -12,13 +12,22 @@ use super::{Ctx, Holding, Mode, Note, PoolView, Step};
 pub use super::effects::{CallFault, Effect, OpId, OpKind, OpResult, Reply, ResyncWhy, StoreFault, Work};
 
 /// A Borrow or Return whose outcome is unknown, kept until the center answers a replay of
-/// it (same request id, quantity and epoch).
+/// it (same request id, quantity and epoch) and the resync that replayed it has aligned
+/// the pool with the holding that counts it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Unsettled {
     pub request_id: String,
     pub quantity: u64,
     pub epoch: u64,
     pub borrow: bool,
+    /// The center answered for it; the pool is aligned when the resync ends.
+    pub answered: bool,
+}
+
+impl Unsettled {
+    pub(super) fn new(request_id: String, quantity: u64, epoch: u64, borrow: bool) -> Self {
+        Self { request_id, quantity, epoch, borrow, answered: false }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -278,12 +287,7 @@ impl ItemCore {
                     // It may have been applied, or be applied whenever an attempt lands:
                     // settled by a replay, then the center's view, later.
                     self.schedule_resync(ctx.now_ms + self.settings.resync_after_unknown_ms);
-                    self.unsettled.push(Unsettled {
-                        request_id: op.fresh.clone(),
-                        quantity: want,
-                        epoch,
-                        borrow: true,
-                    });
+                    self.unsettled.push(Unsettled::new(op.fresh.clone(), want, epoch, true));
                 }
                 self.borrow_ended(id, 0)
             }
@@ -362,7 +366,7 @@ impl ItemCore {
             (Stage::BorrowGiveBack { granted }, _) => {
                 notes.push(Note::CenterFailed { call: "give back", unknown: true });
                 let request_id = format!("back-{}", op.fresh);
-                self.unsettled.push(Unsettled { request_id, quantity: granted, epoch, borrow: false });
+                self.unsettled.push(Unsettled::new(request_id, granted, epoch, false));
                 self.schedule_resync(ctx.now_ms + self.settings.resync_after_unknown_ms);
                 self.borrow_ended(id, 0)
             }
@@ -390,7 +394,7 @@ impl ItemCore {
                 // twice); a replay, then a resync with the center's view, settles it.
                 notes.push(Note::CenterFailed { call: "return", unknown: true });
                 self.schedule_resync(ctx.now_ms + self.settings.resync_after_unknown_ms);
-                self.unsettled.push(Unsettled { request_id: op.fresh.clone(), quantity: units, epoch, borrow: false });
+                self.unsettled.push(Unsettled::new(op.fresh.clone(), units, epoch, false));
                 Progress::Finished(id, OpResult::Returned { units: 0 })
             }
             (Stage::ReturnUntake, reply) => {
@@ -418,9 +422,12 @@ impl ItemCore {
                     let op = Op { stage: Stage::Describe, ..op };
                     return Progress::Next(op, Effect::Describe);
                 }
-                let settled = self.unsettled.remove(index);
+                // Still unsettled for the selling side until this resync has aligned the
+                // pool: an empty pool is no proof of being sold out before the refill.
+                let settled = &mut self.unsettled[index];
+                settled.answered = true;
                 notes.push(Note::Settled { borrow: settled.borrow });
-                self.settle_or_describe(op, index, ctx.now_ms)
+                self.settle_or_describe(op, index + 1, ctx.now_ms)
             }
             (Stage::Describe, Reply::Holding(holding)) => next(op, Stage::ResyncRead { holding }, Effect::ReadPool),
             (Stage::ResyncRead { holding }, Reply::Pool(view)) if self.segments_lost && self.mode == Mode::Selling => {
@@ -469,7 +476,7 @@ impl ItemCore {
                 let resolved = op.kind == OpKind::Resync(ResyncWhy::Resolved);
                 // A Return still unsettled may land and take its units from the channel's
                 // holding: adding them back now would sell them twice.
-                let only_remove = self.unsettled.iter().any(|u| !u.borrow);
+                let only_remove = self.unsettled.iter().any(|u| !u.borrow && !u.answered);
                 let plan = if resolved {
                     ResyncPlan::Resume { target: holding.held }
                 } else {
@@ -528,8 +535,9 @@ impl ItemCore {
     /// Replays the `index`th call of unknown outcome (and those after it, one at a time),
     /// then asks the center for the channel's holding: once every call was answered for,
     /// that holding is final with respect to them.
-    fn settle_or_describe(&mut self, mut op: Op, index: usize, now_ms: i64) -> Progress {
-        let Some(u) = self.unsettled.get(index) else {
+    fn settle_or_describe(&mut self, mut op: Op, from: usize, now_ms: i64) -> Progress {
+        let next = self.unsettled.iter().enumerate().skip(from).find(|(_, u)| !u.answered).map(|(i, _)| i);
+        let Some((index, u)) = next.map(|i| (i, &self.unsettled[i])) else {
             op.stage = Stage::Describe;
             return Progress::Next(op, Effect::Describe);
         };
@@ -643,6 +651,8 @@ impl ItemCore {
         if op.served.is_some() && self.resync_at == op.served {
             self.resync_at = None;
         }
+        // The pool is aligned with a holding that counts every call answered for.
+        self.unsettled.retain(|u| !u.answered);
         if !self.unsettled.is_empty() && self.resync_at.is_none() {
             // A call the center did not answer for: settle it at the next resync.
             self.resync_at = Some(now_ms + self.settings.resync_after_unknown_ms);

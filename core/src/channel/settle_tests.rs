@@ -28,7 +28,9 @@ fn after_a_lost_borrow_reply_an_empty_pool_is_not_sold_out_until_settled() {
     );
     let s = feed(&mut core, &s, Reply::Granted { granted: 10, center_available: 0 }, ctx(300, 1));
     assert!(s.notes.contains(&Note::Settled { borrow: true }));
-    assert!(!core.unsettled(), "answered for: no attempt of it can land later");
+    // Answered for (no attempt of it can land later), but the grant is not on the shelf
+    // until this resync aligns the pool: an empty pool still proves nothing.
+    assert!(core.unsettled(), "unsettled for the selling side until the pool is aligned");
     assert_eq!(work(&s).effect, Effect::Describe);
     let s = feed(&mut core, &s, Reply::Holding(Holding { held: 10, generation: 3, in_doubt: 0 }), ctx(300, 1));
     let s = feed(&mut core, &s, Reply::Pool(view(0, 3)), ctx(300, 1));
@@ -111,12 +113,12 @@ fn a_registration_settles_a_call_of_unknown_outcome_before_it_aligns() {
     // center answers the first answer if it applied, else refuses it for good.
     assert_eq!(work(&s).effect, Effect::Borrow { request_id: "b1".into(), quantity: 10, epoch: 1, sell_rate_milli: 0 });
     let s = feed(&mut core, &s, Reply::Center(CallFault::Refused), ctx(10, 2));
-    assert!(!core.unsettled());
     let s = feed(&mut core, &s, Reply::Holding(Holding { held: 20, generation: 3, in_doubt: 0 }), ctx(10, 2));
     let s = feed(&mut core, &s, Reply::Pool(view(4, 3)), ctx(10, 2));
     assert!(matches!(work(&s).effect, Effect::Refill { units: 16, must_exist: false, .. }));
     let s = feed(&mut core, &s, Reply::Done, ctx(10, 2));
     assert!(s.notes.contains(&Note::Aligned { added: 16, removed: 0 }));
+    assert!(!core.unsettled(), "answered for, and the pool aligned with the holding that counts it");
 }
 
 #[test]
@@ -211,8 +213,8 @@ fn a_give_back_of_unknown_outcome_is_settled_by_its_replay() {
     let (_, s) = core.submit(OpKind::Resync(ResyncWhy::Scheduled), "s".into(), ctx(at, 1));
     assert_eq!(work(&s).effect, Effect::Return { request_id: "back-b".into(), quantity: 10, epoch: 1 });
     let s = feed(&mut core, &s, Reply::Done, ctx(at, 1));
-    assert!(!core.unsettled());
     let s = feed(&mut core, &s, Reply::Holding(Holding { held: 0, generation: 3, in_doubt: 0 }), ctx(at, 1));
     let s = feed(&mut core, &s, Reply::Pool(view(0, 3)), ctx(at, 1));
     assert!(s.next.is_none(), "pool and holding agree");
+    assert!(!core.unsettled());
 }
