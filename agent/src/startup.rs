@@ -67,12 +67,8 @@ impl Application {
         let mut watch = policy_watch(&config, &health);
         let store: Arc<dyn PoolStore> = match config.store {
             _ if !config.redis_cluster.is_empty() => {
-                let store = RedisPoolStore::new_cluster(&config.redis_cluster, &config.redis_prefix)
-                    .await?
-                    .with_replica_acks(config.redis_replica_acks, acks_timeout)
-                    .with_acquire_batch_max(config.redis_acquire_batch_max)
-                    .with_outbox_max(config.outbox_max_events)
-                    .with_health(Arc::clone(&health));
+                let store = RedisPoolStore::new_cluster(&config.redis_cluster, &config.redis_prefix).await?;
+                let store = tune(store, &config, acks_timeout, &health);
                 // Before anything else: an evicting store must not sell.
                 watch.add("pool store", store.nodes()).await.map_err(anyhow::Error::msg)?;
                 Arc::new(store)
@@ -94,11 +90,8 @@ impl Application {
             StoreKind::Redis => {
                 let store =
                     RedisPoolStore::with_connections(&config.redis_url, &config.redis_prefix, config.redis_connections)
-                        .await?
-                        .with_replica_acks(config.redis_replica_acks, acks_timeout)
-                        .with_acquire_batch_max(config.redis_acquire_batch_max)
-                        .with_outbox_max(config.outbox_max_events)
-                        .with_health(Arc::clone(&health));
+                        .await?;
+                let store = tune(store, &config, acks_timeout, &health);
                 watch.add("pool store", store.nodes()).await.map_err(anyhow::Error::msg)?;
                 Arc::new(store)
             }
@@ -470,4 +463,18 @@ fn store_description(config: &AgentConfig) -> String {
             None => "memory".to_owned(),
         },
     }
+}
+
+/// The flags every Redis pool store takes, whether on one server or a cluster.
+fn tune(
+    store: RedisPoolStore,
+    config: &AgentConfig,
+    acks_timeout: Duration,
+    health: &Arc<StoreHealth>,
+) -> RedisPoolStore {
+    store
+        .with_replica_acks(config.redis_replica_acks, acks_timeout)
+        .with_acquire_batch_max(config.redis_acquire_batch_max)
+        .with_outbox_max(config.outbox_max_events)
+        .with_health(Arc::clone(health))
 }

@@ -304,6 +304,13 @@ pub async fn stock(client: &mut AgentClient<Channel>, item: &str) -> pb::GetStoc
 
 /// A plain HTTP/1.1 GET over TCP (enough for /metrics; no client crate needed).
 pub async fn http_get(addr: SocketAddr, path: &str) -> String {
+    let (status, body) = http_status(addr, path).await;
+    assert_eq!(status, 200, "GET {path}: {body}");
+    body
+}
+
+/// The status code and body of a plain HTTP/1.1 GET (any status).
+pub async fn http_status(addr: SocketAddr, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect http");
     let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
@@ -312,8 +319,15 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> String {
     stream.read_to_end(&mut raw).await.expect("read response");
     let text = String::from_utf8(raw).expect("utf-8 response");
     let (head, body) = text.split_once("\r\n\r\n").expect("http response");
-    assert!(head.starts_with("HTTP/1.1 200"), "GET {path}: {head}");
-    body.to_owned()
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("status code");
+    (status, body.to_owned())
+}
+
+/// `CONFIG SET name value` on a private redis-server.
+pub async fn config_set(redis: &inventory_test_support::RedisServer, name: &str, value: &str) {
+    let client = redis::Client::open(redis.url.as_str()).expect("redis url");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("connect to the private redis");
+    let _: () = redis::cmd("CONFIG").arg("SET").arg(name).arg(value).query_async(&mut conn).await.expect("CONFIG SET");
 }
 
 /// The value of one sample in Prometheus text, by its full name with labels.

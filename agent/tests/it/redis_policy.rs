@@ -3,7 +3,6 @@
 //! naming the limit, and the agent's health says so. Each test has a private
 //! `redis-server`, so its settings touch nobody else.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use inventory_proto::v1 as pb;
@@ -13,27 +12,7 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-use crate::harness::{Center, LocalAgent, StoreSpec, acquire_req, agent_config};
-
-async fn config_set(redis: &RedisServer, name: &str, value: &str) {
-    let client = redis::Client::open(redis.url.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let _: () = redis::cmd("CONFIG").arg("SET").arg(name).arg(value).query_async(&mut conn).await.unwrap();
-}
-
-/// The status line and body of an HTTP GET (any status).
-async fn http_status(addr: SocketAddr, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect http");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.expect("send request");
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await.expect("read response");
-    let text = String::from_utf8(raw).expect("utf-8 response");
-    let (head, body) = text.split_once("\r\n\r\n").expect("http response");
-    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("status code");
-    (status, body.to_owned())
-}
+use crate::harness::{Center, LocalAgent, StoreSpec, acquire_req, agent_config, config_set, http_status};
 
 async fn grpc_health(agent: &LocalAgent) -> ServingStatus {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", agent.addr)).unwrap().connect().await;

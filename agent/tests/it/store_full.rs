@@ -8,16 +8,10 @@ use std::time::{Duration, Instant};
 use inventory_proto::v1 as pb;
 use inventory_test_support::{RedisServer, wait_until};
 
-use crate::harness::{Center, LocalAgent, StoreSpec, acquire_req, agent_config, buy_one, stock};
+use crate::harness::{Center, LocalAgent, StoreSpec, acquire_req, agent_config, buy_one, config_set, stock};
 
 const TOTAL: u64 = 200;
 const BATCH: u64 = 20;
-
-async fn config_set(redis: &RedisServer, key: &str, value: &str) {
-    let client = redis::Client::open(redis.url.as_str()).expect("redis url");
-    let mut conn = client.get_multiplexed_async_connection().await.expect("connect to the private redis");
-    let _: () = redis::cmd("CONFIG").arg("SET").arg(key).arg(value).query_async(&mut conn).await.expect("CONFIG SET");
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_redis_does_not_drain_the_center_and_the_sale_ends_once_memory_is_freed() {
