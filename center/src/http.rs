@@ -193,7 +193,7 @@ impl std::fmt::Debug for LedgerMetrics {
 }
 
 /// One family: its descriptor, then a sample per label set.
-fn family<L, M>(
+pub(crate) fn family<L, M>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
@@ -353,6 +353,8 @@ impl Collector for LedgerMetrics {
             }),
         )?;
 
+        crate::readiness::encode_schedule(e, self.view.as_ref(), self.now_ms)?;
+
         let secs = |ms: i64| ms as f64 / 1000.0;
         let channel = |c: &ChannelView| [("channel", c.channel.clone())];
         family(
@@ -424,6 +426,9 @@ pub struct ApiItem {
     /// (reserved units may still come back if their reservations expire).
     pub sold_out_everywhere: bool,
     pub channels: Vec<ApiChannel>,
+    /// A scheduled item's plan, countdown and channels' readiness (absent unscheduled).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<crate::readiness::ApiSchedule>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -542,6 +547,7 @@ pub fn api_view(view: &LedgerView, history: &History, now_ms: i64) -> ApiItems {
                 watermarks: api_wm(&l.item.watermarks),
                 sold_out_everywhere,
                 channels,
+                schedule: crate::readiness::api_schedule(view, l, now_ms),
             }
         })
         .collect();
@@ -606,7 +612,7 @@ mod tests {
         assert!(text.lines().any(|l| l == "inventory_center_database_up 0"), "{text}");
         assert!(text.lines().any(|l| l == "inventory_center_database_errors_total 3"), "{text}");
         let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
-        assert_eq!(families, 19, "every family is announced even without samples:\n{text}");
+        assert_eq!(families, 23, "every family is announced even without samples:\n{text}");
         let empty = LedgerView { items: Vec::new(), channels: Vec::new(), overrides: HashMap::new() };
         assert_eq!(render(Some(empty), 0, (0, 0), 0).lines().filter(|l| l.starts_with("# TYPE ")).count(), families);
     }

@@ -14,6 +14,7 @@ pub mod health;
 pub mod history;
 pub mod http;
 pub mod pruner;
+pub mod readiness;
 pub mod reclaimer;
 pub mod replication;
 pub mod security;

@@ -302,6 +302,50 @@ struct ItemDetail {
     #[serde(flatten)]
     countdown: Countdown,
     channels: Vec<AllocationView>,
+    /// Before a scheduled item's opening: each channel's readiness (empty otherwise).
+    readiness: Vec<ReadinessView>,
+}
+
+/// One channel's readiness for the opening, as the center computed it.
+#[derive(Serialize)]
+struct ReadinessView {
+    channel: String,
+    /// Its opening allocation, as the center would answer it now.
+    allocated: u64,
+    /// What it holds of the item.
+    stocked: u64,
+    /// Its lease is live.
+    agent_attached: bool,
+    /// Attached and stocked to its allocation.
+    ready: bool,
+}
+
+impl From<&pb::ChannelReadiness> for ReadinessView {
+    fn from(r: &pb::ChannelReadiness) -> Self {
+        Self {
+            channel: r.channel.clone(),
+            allocated: r.allocated,
+            stocked: r.stocked,
+            agent_attached: r.agent_attached,
+            ready: r.agent_attached && r.stocked >= r.allocated,
+        }
+    }
+}
+
+fn readiness_text(readiness: &[ReadinessView]) -> String {
+    let rows = readiness
+        .iter()
+        .map(|r| {
+            let state = match (r.agent_attached, r.ready) {
+                (false, _) => "no agent attached".to_owned(),
+                (true, true) => "ready".to_owned(),
+                (true, false) => format!("short by {}", r.allocated - r.stocked),
+            };
+            let agent = if r.agent_attached { "attached" } else { "-" };
+            vec![r.channel.clone(), r.allocated.to_string(), r.stocked.to_string(), agent.into(), state]
+        })
+        .collect();
+    table(&["CHANNEL", "ALLOCATED", "STOCKED", "AGENT", "READINESS"], rows)
 }
 
 pub fn items_table(items: &[pb::Item]) -> String {
@@ -472,8 +516,16 @@ pub async fn run(ctx: &Ctx, cmd: ItemCmd) -> Result<(), Failure> {
                 item: ItemView::from(&i),
                 countdown: countdown(&i, r.center_now_unix_ms),
                 channels: r.channels.iter().map(AllocationView::from).collect(),
+                readiness: r.readiness.iter().map(ReadinessView::from).collect(),
             };
-            print(ctx.output, &view, || detail_text(&i, &r.channels, &view.countdown));
+            print(ctx.output, &view, || {
+                let mut text = detail_text(&i, &r.channels, &view.countdown);
+                if !view.readiness.is_empty() {
+                    text.push_str("\nreadiness for the opening\n");
+                    text.push_str(&readiness_text(&view.readiness));
+                }
+                text
+            });
         }
         ItemCmd::Schedule { item, opens_at, closes_at } => {
             // Times not given stay as they are; relative ones count from the center's clock.

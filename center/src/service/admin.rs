@@ -208,7 +208,29 @@ impl pb::admin_server::Admin for AdminService {
                 }
             })
             .collect();
-        Ok(Response::new(pb::GetItemResponse { item: Some(pb_item(&ledger.item)), channels, center_now_unix_ms: now }))
+        // Readiness needs every registered channel: read only while the item is before its opening.
+        let readiness = if crate::readiness::before_opening(&ledger.item, now) {
+            let sessions = self.store.channels().await?;
+            let sessions = sessions.iter().map(|c| (c.channel.as_str(), &c.session));
+            crate::readiness::readiness(&ledger.item, &ledger.channels, sessions, now).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let readiness = readiness
+            .into_iter()
+            .map(|r| pb::ChannelReadiness {
+                channel: r.channel,
+                allocated: r.allocated,
+                stocked: r.stocked,
+                agent_attached: r.agent_attached,
+            })
+            .collect();
+        Ok(Response::new(pb::GetItemResponse {
+            item: Some(pb_item(&ledger.item)),
+            channels,
+            center_now_unix_ms: now,
+            readiness,
+        }))
     }
 
     async fn list_items(&self, _request: Request<pb::ListItemsRequest>) -> Res<pb::ListItemsResponse> {

@@ -4,6 +4,7 @@ mod batching;
 mod center_crash;
 mod concurrency;
 mod console;
+mod console_schedule;
 mod console_segments;
 mod contract;
 mod edges;
