@@ -816,3 +816,61 @@ async fn a_sale_is_planned_moved_and_shown_with_a_countdown() {
     let o = invctl(&c.url, &["item", "create", "x", "--total", "1", "--prestock-lead", "2d"]).await;
     assert!(stderr(&o).contains("prestock_lead_ms"), "the center's bound, by name: {}", stderr(&o));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn item_show_lists_each_channels_readiness_beside_the_countdown() {
+    use inventory_proto::v1 as pb;
+    use inventory_proto::v1::center_client::CenterClient;
+
+    let c = start_center().await;
+    // Opens in an hour, its channels stock from an hour before: the lead has begun.
+    let args = ["item", "create", "drop", "--total", "1000", "--opens-at", "+1h", "--prestock-lead", "2h"];
+    let o = invctl(&c.url, &args).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    // Two channels attached; app stocks its share of the 950 beyond the default reserve.
+    let mut center = CenterClient::connect(c.url.clone()).await.expect("connect center");
+    let mut epochs = Vec::new();
+    for channel in ["app", "web"] {
+        let reg = pb::RegisterAgentRequest { channel: channel.into(), agent_id: format!("{channel}-1") };
+        epochs.push(center.register_agent(reg).await.expect("register").into_inner().epoch);
+    }
+    let borrow = pb::BorrowRequest {
+        item_id: "drop".into(),
+        channel: "app".into(),
+        epoch: epochs[0],
+        quantity: 475,
+        request_id: "app-open".into(),
+        ..Default::default()
+    };
+    assert_eq!(center.borrow(borrow).await.expect("borrow").into_inner().granted, 475);
+
+    let o = invctl(&c.url, &["item", "show", "drop"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("not started") && text.contains("(in 59m"), "the countdown: {text}");
+    let (_, readiness) = text.split_once("readiness for the opening\n").expect("a readiness table");
+    let rows: Vec<Vec<&str>> = readiness.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows[0], ["CHANNEL", "ALLOCATED", "STOCKED", "AGENT", "READINESS"], "{text}");
+    assert_eq!(rows[1], ["app", "475", "475", "attached", "ready"], "{text}");
+    assert_eq!(rows[2], ["web", "475", "0", "attached", "short", "by", "475"], "{text}");
+
+    let o = invctl(&c.url, &["--output", "json", "item", "show", "drop"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json output");
+    assert_eq!(v["phase"], "not_started");
+    assert_eq!(
+        v["readiness"],
+        serde_json::json!([
+            {"channel": "app", "allocated": 475, "stocked": 475, "agent_attached": true, "ready": true},
+            {"channel": "web", "allocated": 475, "stocked": 0, "agent_attached": true, "ready": false},
+        ])
+    );
+
+    // Once open, the plan is spent: no readiness.
+    let o = invctl(&c.url, &["item", "schedule", "drop", "--opens-at", "now"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = invctl(&c.url, &["--output", "json", "item", "show", "drop"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json output");
+    assert_eq!((v["phase"].as_str(), v["readiness"].as_array().map(Vec::len)), (Some("open"), Some(0)));
+    let o = invctl(&c.url, &["item", "show", "drop"]).await;
+    assert!(!stdout(&o).contains("readiness for the opening"), "{}", stdout(&o));
+}
