@@ -98,7 +98,7 @@ impl SimulatedAgent {
         self.report_of(ITEM, available, reserved, sold).await
     }
 
-    async fn report_of(&mut self, item: &str, available: u64, reserved: u64, sold: u64) {
+    pub(crate) async fn report_of(&mut self, item: &str, available: u64, reserved: u64, sold: u64) {
         // Fields added to PoolReport later (generation, ...) keep their defaults.
         #[allow(clippy::needless_update)]
         let pool = pb::PoolReport { item_id: item.into(), available, reserved, sold, ..Default::default() };

@@ -56,6 +56,8 @@ async fn a_scheduled_item_counts_down_and_shows_each_channels_readiness_short_on
     let mut web = SimulatedAgent::register(&center, "web").await;
     // Two live channels share the 900 units beyond the reserve; only app has stocked.
     assert_eq!(app.borrow_of("launch", 450).await, 450);
+    // Its pool holds them, as its heartbeat says (no drift to turn red on a slow machine).
+    app.report_of("launch", 450, 0, 0).await;
 
     let view = admin.get_item(pb::GetItemRequest { item_id: "launch".into() }).await.unwrap().into_inner();
     assert_eq!(readiness(&view), [("app", 450, 450, true), ("web", 450, 0, true)]);
@@ -122,6 +124,7 @@ async fn a_scheduled_item_counts_down_and_shows_each_channels_readiness_short_on
 
     // Web stocks: nothing is red any more.
     assert_eq!(web.borrow_of("launch", 450).await, 450);
+    web.report_of("launch", 450, 0, 0).await;
     let dom = dump_dom(&url).await;
     let section = element(&dom, r#"<section class="item" data-item="launch">"#, "</section>");
     assert!(row(section, "web").contains(r#"<td data-field="state">ready</td>"#), "{section}");
