@@ -332,14 +332,17 @@ impl From<&pb::ChannelReadiness> for ReadinessView {
     }
 }
 
-fn readiness_text(readiness: &[ReadinessView]) -> String {
+/// `in_lead`: the channels' stocking time has come, so a channel short of its allocation
+/// is late rather than waiting for it.
+fn readiness_text(readiness: &[ReadinessView], in_lead: bool) -> String {
     let rows = readiness
         .iter()
         .map(|r| {
             let state = match (r.agent_attached, r.ready) {
                 (false, _) => "no agent attached".to_owned(),
                 (true, true) => "ready".to_owned(),
-                (true, false) => format!("short by {}", r.allocated - r.stocked),
+                (true, false) if in_lead => format!("short by {}", r.allocated - r.stocked),
+                (true, false) => format!("stocks {} at the lead", r.allocated - r.stocked),
             };
             let agent = if r.agent_attached { "attached" } else { "-" };
             vec![r.channel.clone(), r.allocated.to_string(), r.stocked.to_string(), agent.into(), state]
@@ -522,7 +525,7 @@ pub async fn run(ctx: &Ctx, cmd: ItemCmd) -> Result<(), Failure> {
                 let mut text = detail_text(&i, &r.channels, &view.countdown);
                 if !view.readiness.is_empty() {
                     text.push_str("\nreadiness for the opening\n");
-                    text.push_str(&readiness_text(&view.readiness));
+                    text.push_str(&readiness_text(&view.readiness, view.countdown.stocking_in_ms.is_none()));
                 }
                 text
             });

@@ -873,4 +873,11 @@ async fn item_show_lists_each_channels_readiness_beside_the_countdown() {
     assert_eq!((v["phase"].as_str(), v["readiness"].as_array().map(Vec::len)), (Some("open"), Some(0)));
     let o = invctl(&c.url, &["item", "show", "drop"]).await;
     assert!(!stdout(&o).contains("readiness for the opening"), "{}", stdout(&o));
+
+    // Before its lead a channel not yet stocked is waiting for it, not short.
+    let args = ["item", "create", "later", "--total", "10", "--opens-at", "+1h", "--reserve", "0"];
+    assert!(invctl(&c.url, &args).await.status.success());
+    let text = stdout(&invctl(&c.url, &["item", "show", "later"]).await);
+    let web = text.lines().find(|l| l.starts_with("web ")).unwrap_or_else(|| panic!("no row of web: {text}"));
+    assert!(web.ends_with("stocks 5 at the lead"), "{text}");
 }
