@@ -320,7 +320,7 @@ async fn buy(client: &mut AgentClient<Channel>, user: &str) -> bool {
 }
 
 /// A screenshot of the page for people: saved under the temp dir, path printed.
-async fn screenshot(url: &str, name: &str) {
+pub(crate) async fn screenshot(url: &str, name: &str) {
     let shot = std::env::temp_dir().join(name);
     let _ = std::fs::remove_file(&shot);
     let profile = fresh_dir("shot");

@@ -10,7 +10,7 @@ use inventory_center::CenterConfig;
 use inventory_proto::v1 as pb;
 use inventory_test_support::free_port;
 
-use crate::console::{SimulatedAgent, chromium_present, dump_dom, element, http_get};
+use crate::console::{SimulatedAgent, chromium_present, dump_dom, element, http_get, screenshot};
 use crate::support::{Backend, TestCenter};
 
 fn now_ms() -> i64 {
@@ -121,6 +121,8 @@ async fn a_scheduled_item_counts_down_and_shows_each_channels_readiness_short_on
     assert!(row(later, "web").contains("stocks 5 at the lead") && !later.contains(r#"data-alarm=""#), "{later}");
     let plain = element(&dom, r#"<section class="item" data-item="plain">"#, "</section>");
     assert!(!plain.contains("data-schedule") && plain.contains(">open</span>"), "{plain}");
+
+    screenshot(&url, "inventory-console-schedule.png").await;
 
     // Web stocks: nothing is red any more.
     assert_eq!(web.borrow_of("launch", 450).await, 450);
