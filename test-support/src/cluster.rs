@@ -48,6 +48,8 @@ pub struct NodeInfo {
     pub id: String,
     pub port: u16,
     pub master: bool,
+    /// The id of the master a replica follows ("-" for a master).
+    pub master_id: String,
     /// Up and serving (not marked fail or disconnected).
     pub healthy: bool,
     /// Slot ranges served (masters only).
@@ -170,6 +172,36 @@ impl RedisCluster {
         self.nodes.iter_mut().find(|n| n.port == port).expect("node on port").kill();
     }
 
+    /// The ports of the replicas of the master on `port`.
+    pub async fn replicas_of(&self, port: u16) -> Vec<u16> {
+        let info = self.nodes_info().await;
+        let Some(master) = info.iter().find(|n| n.port == port) else { return Vec::new() };
+        info.iter().filter(|n| !n.master && n.master_id == master.id).map(|n| n.port).collect()
+    }
+
+    /// SIGSTOP the node on `port`: it holds its connections and answers nothing (nor
+    /// replicates) until [`RedisCluster::thaw`].
+    pub fn freeze(&self, port: u16) {
+        self.signal(port, "-STOP");
+    }
+
+    /// SIGCONT the node on `port`.
+    pub fn thaw(&self, port: u16) {
+        self.signal(port, "-CONT");
+    }
+
+    fn signal(&self, port: u16, signal: &str) {
+        let node = self.nodes.iter().find(|n| n.port == port).expect("node on port");
+        let pid = node.child.as_ref().expect("a live node").id();
+        let status = Command::new("kill").arg(signal).arg(pid.to_string()).status().expect("run kill");
+        assert!(status.success(), "kill {signal} {pid} failed");
+    }
+
+    /// `CLIENT LIST` of the node on `port` (None when it does not answer).
+    pub async fn client_list(&self, port: u16) -> Option<String> {
+        query(port, &["CLIENT", "LIST"]).await
+    }
+
     /// Waits until another node serves `key`'s slot (a replica was promoted) and the cluster
     /// is whole again with `masters` masters. Returns the new master's port.
     pub async fn await_failover(&self, key: &str, old_master: u16, masters: usize) -> u16 {
@@ -256,6 +288,7 @@ fn parse_nodes(text: &str) -> Vec<NodeInfo> {
                 id: f[0].to_owned(),
                 port,
                 master: flags.contains("master"),
+                master_id: f[3].to_owned(),
                 healthy: !flags.contains("fail") && f[7] == "connected",
                 slots,
             })

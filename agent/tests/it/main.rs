@@ -5,6 +5,7 @@ mod borrow_many;
 mod buyer_registry;
 mod claim_lapse;
 mod cluster;
+mod cluster_durable;
 mod crash;
 mod edges;
 mod event_stream;

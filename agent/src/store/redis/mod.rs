@@ -33,7 +33,6 @@ use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{ErrorKind, FromRedisValue, Script, ScriptInvocation, ServerErrorKind, Value};
 use tokio::sync::oneshot;
 
@@ -48,7 +47,7 @@ mod scripts;
 
 pub use batch::BatchStats;
 use batch::{BatchConfig, BatchCounters, Handoff, Lane, PoolEntry, Waiter};
-use durable::{Durability, DurablePool, write};
+use durable::{ClusterNodes, Durability, DurablePool, DurableWrites, write};
 pub use errors::OUT_OF_MEMORY;
 use errors::map_err;
 use reply::{acquire_result, array, int, state, string, transition, uint};
@@ -91,8 +90,9 @@ struct Shared {
     next: AtomicUsize,
     scripts: Scripts,
     stats: BatchCounters,
-    /// One server's connections for writes that wait for replicas (None: a cluster).
-    durable: Option<DurablePool>,
+    /// Where writes that wait for replicas go: one server's connections of their own, or
+    /// each cluster master's.
+    durable: DurableWrites,
 }
 
 impl Shared {
@@ -148,7 +148,7 @@ impl RedisPoolStore {
             let conn = ConnectionManager::new_with_config(client.clone(), config.clone()).await.map_err(map_err)?;
             conns.push(Conn::Single(conn));
         }
-        let mut store = Self::with_conns(conns, Some(DurablePool::new(client)), key_prefix);
+        let mut store = Self::with_conns(conns, DurableWrites::Single(DurablePool::new(client)), key_prefix);
         store.node = Some(inventory_net::without_credentials(redis_url));
         Ok(store)
     }
@@ -168,10 +168,11 @@ impl RedisPoolStore {
             .build()
             .map_err(|e| StoreError::Unavailable(format!("bad redis cluster seed nodes {seed_nodes:?}: {e}")))?;
         let conn = client.get_async_connection().await.map_err(map_err)?;
-        Ok(Self::with_conns(vec![Conn::Cluster(conn)], None, key_prefix))
+        let durable = DurableWrites::Cluster(ClusterNodes::new(seed_nodes)?);
+        Ok(Self::with_conns(vec![Conn::Cluster(conn)], durable, key_prefix))
     }
 
-    fn with_conns(conns: Vec<Conn>, durable: Option<DurablePool>, key_prefix: &str) -> Self {
+    fn with_conns(conns: Vec<Conn>, durable: DurableWrites, key_prefix: &str) -> Self {
         Self {
             shared: Arc::new(Shared {
                 conns,
