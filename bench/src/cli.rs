@@ -42,6 +42,9 @@ pub enum Command {
     /// The Redis limit of one hot item, one segment against several, on a private
     /// 3-master Redis Cluster it starts (acquire.lua straight from Rust, no agent).
     Segments(crate::segments::SegmentsArgs),
+    /// Figure (iv) of the suite alone: the opening second of a scheduled sale beside an
+    /// unscheduled one (starts its own center and agents; local PostgreSQL and Redis).
+    Opening(crate::opening::OpeningArgs),
 }
 
 #[derive(Debug, Clone, clap::Args)]

@@ -4,7 +4,8 @@
 //! - [`load`]: the driver (callers, warm-up, bounds, open/closed loop, HDR histograms);
 //! - [`acquire`]: the Acquire workload and its outcome check; [`callers`]: the others;
 //!   [`batching`]: figure (ii), Borrow calls per 1,000 acquires by batching; [`stocking`]:
-//!   figure (iii), stocking 10,000 items through one agent;
+//!   figure (iii), stocking 10,000 items through one agent; [`opening`]: figure (iv), the
+//!   opening second of a scheduled sale beside an unscheduled one;
 //! - [`skew`], [`stats`], [`args`], [`report`]: pure helpers; [`auth`]: token and TLS of `acquire`; [`sysinfo`]: machine and CPU use;
 //! - [`segments`]: figure (i) of segmented stock, one segment against eight on a Redis Cluster;
 //! - [`env`]: fresh database, Redis prefix, in-process center and agents; [`suite`]: the run.
@@ -21,6 +22,7 @@ mod cli;
 mod env;
 mod light;
 mod load;
+mod opening;
 mod report;
 mod segments;
 mod skew;
@@ -39,6 +41,12 @@ fn main() -> anyhow::Result<()> {
     let ok = match cli.command {
         cli::Command::Acquire(args) => client.block_on(cli::acquire(args))?,
         cli::Command::Segments(args) => client.block_on(segments::run(args))?,
+        cli::Command::Opening(args) => {
+            let servers = runtime("bench-servers", 2)?;
+            let ok = client.block_on(opening::run_alone(args, servers.handle().clone()));
+            servers.shutdown_timeout(std::time::Duration::from_secs(5));
+            ok?
+        }
         cli::Command::Suite(args) => {
             let options = args.options()?;
             // Servers get their own worker threads, as separate processes would.

@@ -308,6 +308,8 @@ pub struct Report {
     pub batching: Vec<crate::batching::BatchingFigure>,
     /// Figure (iii): stocking many items through one agent.
     pub stocking: Option<crate::stocking::StockingFigure>,
+    /// Figure (iv): the opening second, scheduled and unscheduled.
+    pub opening: Option<crate::opening::OpeningFigure>,
 }
 
 impl Report {
@@ -333,6 +335,7 @@ impl Report {
             failures,
             batching: Vec::new(),
             stocking: None,
+            opening: None,
         }
     }
 }

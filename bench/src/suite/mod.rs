@@ -16,6 +16,10 @@
 //! - (iii), last: stocking 10,000 items (1,000 with `--quick`) through one fresh agent on
 //!   the Redis store: seconds to load and to stock every pool, and the center calls
 //!   ([`crate::stocking`]).
+//! - (iv), after (iii): the opening second ([`crate::opening`]): a scheduled item of 5,000
+//!   units over 3 channels on Redis, stocked during its lead and bought by 50 steady callers
+//!   and a burst of 1,000 already calling at the opening, beside the same item unscheduled
+//!   and first used at the burst; on a database and center of its own.
 //! - j: center Borrow on PostgreSQL, the callers over 100 items;
 //! - i: c with the JetStream relay on (`--nats-url`; the NATS server at
 //!   `INVENTORY_TEST_NATS_URL`, default 127.0.0.1:4222, in a stream of its own that is
@@ -150,12 +154,22 @@ pub async fn run(opts: SuiteOptions, servers_rt: Handle) -> anyhow::Result<bool>
             _ => Ok(None),
         };
         world.stop().await;
-        outcome.map(|()| (results, batching, stocking))
+        // (iv) on a center of its own, once the others' agents are gone.
+        let opening = match &outcome {
+            Ok(()) if opts.only.is_empty() => {
+                crate::opening::measure(&servers_rt, &redis.url, &redis.prefix, opts.quick)
+                    .await
+                    .map(Some)
+                    .map_err(|e| format!("(iv) opening: {e:#}"))
+            }
+            _ => Ok(None),
+        };
+        outcome.map(|()| (results, batching, stocking, opening))
     }
     .await;
     redis.delete_keys(&mut redis_conn).await;
     db.drop_database().await;
-    let ((results, mut failures), batching, stocking) = result?;
+    let ((results, mut failures), batching, stocking, opening) = result?;
     let batching = batching.unwrap_or_else(|e| {
         failures.push(e);
         Vec::new()
@@ -183,12 +197,25 @@ pub async fn run(opts: SuiteOptions, servers_rt: Handle) -> anyhow::Result<bool>
         postgres_version: versions.1,
         client: opts.client,
     };
+    let opening = opening.unwrap_or_else(|e| {
+        failures.push(e);
+        None
+    });
     let mut report = Report::new(started_at_unix_ms, Machine::detect(), settings, results, failures);
     report.batching = batching;
     report.stocking = stocking;
+    if let Some(o) = &opening {
+        for run in [&o.scheduled, &o.unscheduled] {
+            if run.oversold > 0 || run.sold < run.units {
+                report.checks_ok = false;
+            }
+        }
+    }
+    report.opening = opening;
     println!("{}", render(&report));
     println!("{}", crate::batching::render(&report.batching));
     println!("{}", crate::stocking::render(report.stocking.as_ref()));
+    println!("{}", crate::opening::render(report.opening.as_ref()));
     if let Some(dir) = opts.output.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     }
