@@ -164,6 +164,7 @@ impl World {
                 self.stats.registration_adds_withheld += 1;
             }
         }
+        self.prestock_ended(c, item, id, &result);
         self.log(format!("{} {kind:?} of {item} ends: {result:?}", self.name(c)));
     }
 
@@ -344,6 +345,7 @@ impl World {
         for c in 0..self.agents.len() {
             self.settle(c)?;
         }
+        self.follow_rollbacks();
         Ok(())
     }
 }

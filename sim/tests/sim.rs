@@ -228,3 +228,9 @@ fn broken_centers_do_visible_damage() {
         println!("scenario {name}: visible at seed {}: {}", f.seed, f.violation);
     }
 }
+
+#[test]
+fn an_agent_that_trusts_its_own_clock_is_caught() {
+    // Agents whose clocks run up to 3 s from the center's open and close by their own.
+    assert_caught("broken-clock", "S");
+}
