@@ -13,7 +13,9 @@
 //! counted it) or is overdue (no report for `stuck_after` since `held` last changed).
 //! Agents report a changed pool every third of their lease (about 3.3 s by default), so
 //! a drift that outlives `stuck_after` (7 s by default) is not in flight. Units in doubt
-//! are shown apart and never count as drift.
+//! are shown apart and never count as drift. Whether a drift *persists* (a ledger behind
+//! its pools, which stops lending and is re-learned) is `inventory_core::ledger::behind`,
+//! which the simulator's center runs too.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, Weak};

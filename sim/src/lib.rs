@@ -52,6 +52,17 @@
 //! agent that had not heard a schedule's move yet is counted apart,
 //! `stats.sold_on_stale_schedule`).
 //!
+//! **A ledger rolled back** ([`Faults::ledger_rollback`], [`rollback`]; scenario
+//! `ledger-rollback`): the center's database goes back to a copy taken 1–40 steps
+//! earlier (grants, returns, reports, request ids and channel epochs of those steps lost)
+//! and the center restarts on it; its sampler runs the product's drift rule
+//! (`ledger::behind`) every 2 s, refuses Borrows of an item while a pool holds units
+//! beyond the ledger, and re-learns them (`ledger::relearn`); at quiescence the product's
+//! timers run on for 14 s so it can. Units sold from two shelves before the loss is seen
+//! are counted (`oversold_after_rollback`), as are units left stranded with a channel
+//! (lost Returns, grants refused by a pool fenced above an epoch the ledger handed out
+//! again). Known to stall the sale: an epoch handed out again below the pools' fence.
+//!
 //! **Not modelled:** store outages, Acquires refused by a full store, and partial store
 //! operations (each script is atomic and answers); RegisterAgent during a database outage (it applies and answers in one
 //! step); clocks that drift or jump between two measurements (a skew is fixed per

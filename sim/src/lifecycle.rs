@@ -96,6 +96,7 @@ impl World {
             startup,
         });
         self.measure_clock(c);
+        self.note_epoch_reuse(c, epoch);
         self.log(format!("{name} registers: epoch {epoch}, holds {held:?}"));
         for h in held {
             self.submit(c, &h.item, OpKind::Resync(ResyncWhy::Registration { epoch }), Awaiter::Registration)?;

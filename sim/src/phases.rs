@@ -42,6 +42,7 @@ pub(crate) fn quiesce(w: &mut World, ck: Checker) -> Result<(), Violation> {
         agent.store_full_until = None;
     }
     w.drain(&mut |w| ck(w))?;
+    crate::rollback::let_the_center_sample(w, ck)?;
     for name in w.item_names() {
         for agent in w.agents.iter().filter(|a| a.mem.is_some()) {
             let in_pool = agent.pools.get(&name).map_or(0, |p| p.counts().sum());

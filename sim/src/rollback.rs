@@ -23,6 +23,8 @@ use std::collections::{BTreeMap, VecDeque};
 use inventory_core::ledger::{self, DriftTrack, Relearned};
 
 use crate::center::Center;
+use crate::config::{HEARTBEAT_EVERY_MS, Violation};
+use crate::phases::Checker;
 use crate::world::World;
 
 /// How many copies of the ledger are kept (one before each random step): a rollback loses
@@ -51,8 +53,11 @@ pub struct LedgerHistory {
     /// The most units buyers held over the total at any step.
     pub oversold: u64,
     /// Reference model: (channel index, item) -> units a rollback put back with the channel
-    /// (its Returns' commits lost) that its pool no longer holds and nothing has settled.
+    /// (its Returns' commits lost), or granted under a reused epoch its pool refused, that
+    /// its pool does not hold and nothing has settled.
     pub stranded: BTreeMap<(usize, String), u64>,
+    /// Channels a rolled-back ledger handed an epoch their pools were fenced above.
+    pub epoch_reused: Vec<usize>,
 }
 
 impl World {
@@ -167,7 +172,13 @@ impl World {
         if self.ledger.allowance.is_empty() {
             return;
         }
+        let busy: Vec<(usize, String)> =
+            self.ledger.allowance.keys().filter(|(c, item)| self.grant_may_land(*c, item)).cloned().collect();
         for ((c, item), left) in self.ledger.allowance.iter_mut() {
+            if busy.contains(&(*c, item.clone())) {
+                // A grant the lost commits answered may still be shelved.
+                continue;
+            }
             let agent = &self.agents[*c];
             let in_pool = agent.pools.get(item).map_or(0, |p| p.counts().sum());
             let lost_sold = self.reference.lost_sold.get(&(*c, item.clone())).copied().unwrap_or(0);
@@ -198,6 +209,46 @@ impl World {
             over += committed.saturating_sub(item.state.total + item.state.written_off);
         }
         self.ledger.oversold = self.ledger.oversold.max(over);
+    }
+
+    /// Whether a grant may still reach channel `c`'s pool of `item`: its operation is under
+    /// way (a call out, a reply on the wire, a grant not yet shelved). A resync never
+    /// shelves more than the center counts, so only these can add units beyond it.
+    fn grant_may_land(&self, c: usize, item: &str) -> bool {
+        let Some(slot) = self.agents[c].mem.as_ref().and_then(|m| m.items.get(item)) else { return false };
+        let reply = self
+            .network
+            .iter()
+            .any(|m| matches!(m, crate::world::Message::Reply { channel, item: i, .. } if *channel == c && i == item));
+        slot.call.is_some() || slot.work.is_some() || slot.granted.is_some() || reply
+    }
+
+    /// A registration answered `epoch`: after a rollback the ledger may hand out an epoch
+    /// the channel's pools were already fenced with (or above). The pools then refuse the
+    /// running agent's refills as if it were an older process, while the center goes on
+    /// granting under that epoch: those grants stay with the channel and on no shelf.
+    pub(crate) fn note_epoch_reuse(&mut self, c: usize, epoch: u64) {
+        if self.ledger.lost.is_empty() && self.stats.ledger_rollbacks == 0 {
+            return;
+        }
+        let fence = self.agents[c].pools.values().map(inventory_core::pool::Pool::fence).max().unwrap_or(0);
+        if fence >= epoch && !self.ledger.epoch_reused.contains(&c) {
+            self.ledger.epoch_reused.push(c);
+            self.stats.epochs_reused_by_rollbacks += 1;
+            self.log(format!(
+                "{}: the rolled-back ledger hands out epoch {epoch}; its pools are fenced at {fence}",
+                self.name(c)
+            ));
+        }
+    }
+
+    /// A grant the pool refused as fenced: after an epoch reused by a rolled-back ledger,
+    /// counted apart (units granted that no pool shelves).
+    pub(crate) fn grant_fenced(&mut self, c: usize, item: &str, granted: u64) {
+        if self.ledger.epoch_reused.contains(&c) && granted > 0 {
+            self.stats.units_granted_to_fenced_pools += granted;
+            *self.ledger.stranded.entry((c, item.to_owned())).or_default() += granted;
+        }
     }
 
     /// The run's figures of rollbacks: the most units sold over the total, and units still
@@ -240,4 +291,21 @@ impl World {
     pub fn lost_to_rollbacks(&self, item: &str) -> u64 {
         self.ledger.lost.get(item).copied().unwrap_or(0)
     }
+}
+
+/// At quiescence after rollbacks, the product's timers run on for a while (heartbeats,
+/// the center's sampler), long enough for a drift to persist and be re-learned: what the
+/// center does by itself once the storm is over.
+pub(crate) fn let_the_center_sample(w: &mut World, ck: Checker) -> Result<(), Violation> {
+    if w.stats.ledger_rollbacks == 0 {
+        return Ok(());
+    }
+    w.log("--- the center samples its ledger while agents heartbeat ---".to_owned());
+    for _ in 0..(2 * STUCK_AFTER_MS / HEARTBEAT_EVERY_MS) {
+        w.step += 1;
+        w.advance(HEARTBEAT_EVERY_MS)?;
+        ck(w)?;
+        w.drain(&mut |w| ck(w))?;
+    }
+    Ok(())
 }

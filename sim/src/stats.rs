@@ -151,5 +151,9 @@ stats! {
     /// ... and of those, units still held for a channel at the end with no pool holding them
     /// (stranded: the sale ended without them).
     units_left_stranded_by_rollbacks,
+    /// Registrations a rolled-back ledger answered with an epoch the channel's pools were
+    /// already fenced with, and units then granted that the pools refused as fenced.
+    epochs_reused_by_rollbacks,
+    units_granted_to_fenced_pools,
     sold,
 }
