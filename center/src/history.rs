@@ -171,12 +171,11 @@ impl History {
                 let known = state.tracks.get(&track_key).copied();
                 let track = DriftTrack::observe(known, a, previous, now_ms);
                 state.tracks.insert(track_key, track);
-                let track = &track;
                 if track.persists(a, now_ms, millis(self.config.stuck_after)) {
                     stuck.insert((record.item_id.clone(), (*channel).to_owned()), drift);
                 }
                 if with_history {
-                    let split = split_drift(a, Some(*track), now_ms, self.config.stuck_after);
+                    let split = split_drift(a, Some(track), now_ms, self.config.stuck_after);
                     let sample = ChannelSample {
                         available: a.reported.available,
                         reserved: a.reported.reserved,
