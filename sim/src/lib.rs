@@ -81,7 +81,10 @@
 //! quiescence: scheduled resyncs alone settle drift), `reclaim` and `partition` (reclaims
 //! of crashed or partitioned agents), `loss-before-refill` (a pool lost between a grant's
 //! check and its refill), `shared-store` (two processes aligning one pool store). Each
-//! keeps every invariant. `broken-epoch-check` and `broken-replays` break the center on
+//! keeps every invariant (all but `bounded` with schedules). `ledger-rollback` adds
+//! ledger rollbacks to the default; it keeps every invariant except where a rolled-back
+//! ledger hands out an epoch again below the pools' fence (the sale stalls: a known gap,
+//! see [`rollback`]). `broken-epoch-check` and `broken-replays` break the center on
 //! purpose and must be caught; `broken-clock` makes agents take their own clock for the
 //! center's, and must be caught selling outside the schedule.
 

@@ -16,7 +16,13 @@
 //! ([`World::rollback_allowance`]); over all pools, buyers may hold more than the total by
 //! at most what the rollbacks took (units lent again before the loss was seen and sold
 //! from both shelves: `stats.oversold_after_rollback`, the most seen in a run). Anything
-//! beyond either is a violation.
+//! beyond either is a violation. Units the ledger counts with a channel that no pool holds
+//! are stranded: a lost Return's commit, or grants under an epoch handed out again below
+//! the pools' fence (`stats.units_left_stranded_by_rollbacks`); the sale ends without
+//! them. The second also stalls a sale whenever the center's whole stock drains into such
+//! grants, or such a channel cannot open a pool: invariant 7 breaks there (the product's
+//! gap: a registration answered with an epoch at or below its pools' fence should
+//! register again until it passes it).
 
 use std::collections::{BTreeMap, VecDeque};
 
