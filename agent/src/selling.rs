@@ -317,7 +317,7 @@ impl Selling {
     ) -> Result<AcquireResult, AgentError> {
         if !self.role.is_leading() {
             item.with(|c| c.touch());
-            if self.replicas.wait_for_stock(item, args.quantity).await {
+            if self.replicas.wait_for_stock(item, args.quantity).await && self.still_open(item) {
                 return self.acquire_in(item, pool, args).await;
             }
             return Ok(missed);
@@ -340,7 +340,7 @@ impl Selling {
             MissPlan::Borrow { want } => {
                 let done = self.stocking.submit(item, OpKind::Borrow { want });
                 let mut result = missed;
-                if matches!(tokio::time::timeout(self.miss_wait, done).await, Ok(Ok(_))) {
+                if matches!(tokio::time::timeout(self.miss_wait, done).await, Ok(Ok(_))) && self.still_open(item) {
                     result = self.acquire_in(item, pool, args).await?;
                 }
                 if matches!(result, AcquireResult::SoldOut { .. }) && !self.link.reachable() {
@@ -352,6 +352,13 @@ impl Selling {
                 unsettled(item, result)
             }
         }
+    }
+
+    /// Whether an Acquire that waited for stock may try the pool again: its sale may have
+    /// reached its end (or its opening moved later) during the wait (`ItemCore::may_retry`).
+    fn still_open(&self, item: &Item) -> bool {
+        let center_now = self.link.center_now();
+        item.with(|c| c.may_retry(center_now))
     }
 
     /// One store Acquire in the user's segment. A segmented item's segment that is short

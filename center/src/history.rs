@@ -13,13 +13,15 @@
 //! counted it) or is overdue (no report for `stuck_after` since `held` last changed).
 //! Agents report a changed pool every third of their lease (about 3.3 s by default), so
 //! a drift that outlives `stuck_after` (7 s by default) is not in flight. Units in doubt
-//! are shown apart and never count as drift.
+//! are shown apart and never count as drift. Whether a drift *persists* (a ledger behind
+//! its pools, which stops lending and is re-learned) is `inventory_core::ledger::behind`,
+//! which the simulator's center runs too.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use inventory_core::ledger::Allocation;
+use inventory_core::ledger::{Allocation, DriftTrack};
 use serde::Serialize;
 
 use crate::store::LedgerStore;
@@ -76,17 +78,8 @@ pub struct HistoryView {
     pub items: HashMap<String, Vec<Sample>>,
 }
 
-/// What the sampler knows of one channel's allocation of one item.
-#[derive(Debug, Clone, Copy)]
-struct Track {
-    held: u64,
-    /// `held` had its current value at every sample since this time (0: since before the
-    /// first sample).
-    held_steady_since: i64,
-    /// The drift at the last sample, and since when every sample saw that value.
-    drift: i64,
-    drift_since: i64,
-}
+/// What the sampler knows of one channel's allocation of one item (`ledger::behind`).
+type Track = DriftTrack;
 
 #[derive(Default)]
 struct State {
@@ -174,22 +167,15 @@ impl History {
             for (channel, a) in by_item.get(record.item_id.as_str()).map(Vec::as_slice).unwrap_or_default() {
                 let track_key = (record.item_id.clone(), (*channel).to_owned());
                 let held = a.held();
-                let since = previous.unwrap_or(0);
                 let drift = a.drift();
-                let fresh = Track { held, held_steady_since: since, drift, drift_since: now_ms };
-                let track = state.tracks.entry(track_key).or_insert(fresh);
-                if track.held != held {
-                    // It changed after the previous sample: its report may be on its way.
-                    *track = Track { drift_since: track.drift_since, drift: track.drift, ..fresh };
-                }
-                if track.drift != drift {
-                    (track.drift, track.drift_since) = (drift, now_ms);
-                }
-                if persists(a, track, now_ms, self.config.stuck_after) {
+                let known = state.tracks.get(&track_key).copied();
+                let track = DriftTrack::observe(known, a, previous, now_ms);
+                state.tracks.insert(track_key, track);
+                if track.persists(a, now_ms, millis(self.config.stuck_after)) {
                     stuck.insert((record.item_id.clone(), (*channel).to_owned()), drift);
                 }
                 if with_history {
-                    let split = split_drift(a, Some(*track), now_ms, self.config.stuck_after);
+                    let split = split_drift(a, Some(track), now_ms, self.config.stuck_after);
                     let sample = ChannelSample {
                         available: a.reported.available,
                         reserved: a.reported.reserved,
@@ -267,7 +253,7 @@ impl History {
     /// (stuck negative drifts, at the last sample): while any, the center lends none of it.
     pub fn beyond_ledger(&self, item: &str) -> u64 {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        state.stuck.iter().filter(|((i, _), d)| i == item && **d < 0).map(|(_, d)| d.unsigned_abs()).sum()
+        inventory_core::ledger::beyond_ledger(state.stuck.iter().filter(|((i, _), _)| i == item).map(|(_, d)| *d))
     }
 
     /// Splits the drift of `allocation` (read now) with what the samples know.
@@ -312,19 +298,6 @@ fn split_drift(a: &Allocation, track: Option<Track>, now_ms: i64, stuck_after: D
     }
 }
 
-/// Whether a drift is a broken promise rather than something in flight: the same non-zero
-/// value at every sample for `stuck_after`, `held` steady as long, and a report received
-/// since `held` last changed (the pool has spoken since, and still differs). Unlike the
-/// console's split, a channel that keeps reporting (its sell rate moving) cannot hide it.
-fn persists(a: &Allocation, track: &Track, now_ms: i64, stuck_after: Duration) -> bool {
-    let stuck_after = millis(stuck_after);
-    track.drift != 0
-        && a.in_doubt == 0
-        && now_ms - track.drift_since >= stuck_after
-        && now_ms - track.held_steady_since >= stuck_after
-        && a.reported_at_ms > track.held_steady_since
-}
-
 /// A duration in whole milliseconds (saturating: no configured period is near the limit).
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -348,20 +321,6 @@ mod tests {
 
     fn track(held: u64, held_steady_since: i64) -> Option<Track> {
         Some(Track { held, held_steady_since, drift: 0, drift_since: 0 })
-    }
-
-    #[test]
-    fn a_drift_that_keeps_its_value_after_a_report_persists_though_the_channel_keeps_reporting() {
-        // The ledger lost 20 units of grants at 10 s; the pool reports every second.
-        let a = allocation(20, 40, 17_500);
-        let t = Track { held: 20, held_steady_since: 10_000, drift: -20, drift_since: 10_000 };
-        assert!(persists(&a, &t, 17_600, STUCK_AFTER));
-        assert!(!persists(&a, &t, 16_000, STUCK_AFTER), "not for long enough yet");
-        // A drift whose value moved lately, or with no report since held moved, is in flight.
-        assert!(!persists(&a, &Track { drift_since: 15_000, ..t }, 17_600, STUCK_AFTER));
-        assert!(!persists(&allocation(20, 40, 9_000), &t, 17_600, STUCK_AFTER));
-        // None at all, or units in doubt: nothing to say.
-        assert!(!persists(&allocation(20, 20, 17_500), &Track { drift: 0, ..t }, 17_600, STUCK_AFTER));
     }
 
     #[test]

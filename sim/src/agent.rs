@@ -111,6 +111,7 @@ impl World {
                 Note::Aligned { .. } => self.stats.resync_moves += 1,
                 Note::Settled { .. } => self.stats.settled_by_replay += 1,
                 Note::GrantGivenBack { .. } => self.stats.grants_given_back += 1,
+                Note::GrantFenced { granted } => self.grant_fenced(c, item, *granted),
 
                 Note::Unfrozen => self.stats.unfrozen += 1,
                 Note::InDoubt => self.stats.held_in_doubt += 1,
@@ -164,6 +165,7 @@ impl World {
                 self.stats.registration_adds_withheld += 1;
             }
         }
+        self.prestock_ended(c, item, id, &result);
         self.log(format!("{} {kind:?} of {item} ends: {result:?}", self.name(c)));
     }
 
@@ -344,6 +346,7 @@ impl World {
         for c in 0..self.agents.len() {
             self.settle(c)?;
         }
+        self.follow_rollbacks();
         Ok(())
     }
 }

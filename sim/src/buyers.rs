@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use inventory_core::channel::{Admission, MissPlan, OpKind, Refusal};
+use inventory_core::channel::{Admission, Gate, MissPlan, OpKind, Refusal};
 
 use crate::agent::{Awaiter, Res};
 use crate::config::{MISS_WAIT_MS, Violation};
@@ -62,7 +62,16 @@ impl World {
             self.log(format!("{what} -> unavailable (the agent's lease expired)"));
             return Ok(());
         }
-        let shelf = match self.slot(c, item).core.admit(key, quantity) {
+        let center_now = self.center_now(c);
+        let admission = match self.slot(c, item).core.gate(key, quantity, center_now) {
+            Gate::NotStarted { opens_at_ms } => {
+                self.stats.not_started_answers += 1;
+                self.log(format!("{what} -> not started (opens at {opens_at_ms}, from memory)"));
+                return Ok(());
+            }
+            Gate::Admit(admission) => admission,
+        };
+        let shelf = match admission {
             Admission::Refuse(r @ (Refusal::Lost | Refusal::InDoubt)) => {
                 self.log(format!("{what} -> unavailable ({r:?})"));
                 return Ok(());
@@ -123,8 +132,13 @@ impl World {
         let w = self.mem(c).wakeups.remove(i);
         let (item, miss) = (w.item, w.miss);
         let what = format!("acquire {}/{item} {} x{} key {} (retry)", self.name(c), miss.user, miss.quantity, miss.key);
+        let center_now = self.center_now(c);
         let available = if w.finished_at_ms - miss.at_ms > MISS_WAIT_MS {
             self.log(format!("{what}: the caller stopped waiting"));
+            miss.available
+        } else if !self.slot(c, &item).core.may_retry(center_now) {
+            self.stats.retries_past_the_schedule += 1;
+            self.log(format!("{what}: the sale is not open any more; answers the miss"));
             miss.available
         } else {
             let r = self.reserve(c, &item, &miss.user, miss.quantity, &miss.key, Some(miss.key_use), &what)?;
@@ -232,6 +246,7 @@ impl World {
                 }
                 if !*replayed {
                     self.reservations.push((c, item.to_owned(), reservation_id.clone()));
+                    self.judge_reservation(c, item);
                 }
                 Ok(None)
             }

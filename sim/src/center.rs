@@ -116,6 +116,11 @@ pub enum CenterEvent {
         item: String,
         channel: String,
     },
+    /// The item's schedule was set, moved or reached its end (`ScheduleChanged`).
+    ScheduleChanged {
+        item: String,
+        schedule: inventory_core::schedule::Schedule,
+    },
 }
 
 impl CenterEvent {
@@ -125,6 +130,7 @@ impl CenterEvent {
             CenterEvent::Restocked { from_channel, .. } => from_channel.as_deref() != Some(channel),
             CenterEvent::ReturnRequested { starving, .. } => starving != channel,
             CenterEvent::InDoubtResolved { channel: target, .. } => target == channel,
+            CenterEvent::ScheduleChanged { .. } => true,
         }
     }
 }

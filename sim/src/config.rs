@@ -77,6 +77,13 @@ pub struct Faults {
     /// A channel's pool store reaches its memory limit for a while and refuses writes
     /// before it writes anything (stocking writes only: Acquires are not refused).
     pub store_full: bool,
+    /// Scheduled items (an opening ahead, a lead, a reserve, sometimes an end), moved by
+    /// the operator and closed by the center, and agents' clocks skewed from the center's
+    /// (`crate::schedules`).
+    pub schedules: bool,
+    /// The center's database goes back to an earlier state (its last commits lost, epochs
+    /// too), and the center restarts on it (`crate::rollback`).
+    pub ledger_rollback: bool,
 }
 
 impl Faults {
@@ -102,6 +109,8 @@ impl Faults {
         late_attempts: true,
         outages: true,
         store_full: true,
+        schedules: true,
+        ledger_rollback: false,
     };
 }
 
@@ -135,6 +144,9 @@ pub struct Breakage {
     pub skip_epoch_check: bool,
     /// The center ignores its request table: a replayed Borrow/Return applies again.
     pub apply_replays: bool,
+    /// Agents take their own clock for the center's (no offset measured): a skewed agent
+    /// opens and closes its sales by the wrong clock.
+    pub trust_agent_clock: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

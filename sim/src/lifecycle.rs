@@ -26,7 +26,9 @@ impl World {
             rate_batching: it.rate_batching,
             closed: false,
         };
-        ItemCore::new(policy, it.state.available, settings())
+        let mut core = ItemCore::new(policy, it.state.available, settings());
+        core.set_schedule(self.loaded_schedule(item));
+        core
     }
 
     /// A new process: every item loaded fresh, then the start-up registration.
@@ -93,6 +95,8 @@ impl World {
             failed: false,
             startup,
         });
+        self.measure_clock(c);
+        self.note_epoch_reuse(c, epoch);
         self.log(format!("{name} registers: epoch {epoch}, holds {held:?}"));
         for h in held {
             self.submit(c, &h.item, OpKind::Resync(ResyncWhy::Registration { epoch }), Awaiter::Registration)?;
@@ -168,6 +172,7 @@ impl World {
                 self.stats.generation_changes += count(answer.generation_changed.len());
                 self.stats.lost_pools_without_units += count(answer.lost_without_units.len());
                 let until = lease::lease_until(sent_at, LEASE_TTL_MS, LEASE_MARGIN_MS);
+                self.measure_clock(c);
                 let mem = self.mem(c);
                 mem.lease_until_ms = mem.lease_until_ms.max(until);
                 for (item, r, rate) in reports {
@@ -217,14 +222,19 @@ impl World {
         };
         let view = self.view(c, item);
         let ctx = self.ctx(c);
+        let center_now = self.center_now(c);
         let mut notes = Vec::new();
         let core = &mut self.slot(c, item).core;
         let token = core.begin_read();
-        let kind = core.on_look(view, token, freed, ctx, &mut notes);
+        let kind = core.on_look_at(view, token, freed, ctx, center_now, &mut notes);
+        let prestock = core.prestock_due(center_now);
         for note in notes {
             self.log(format!("{}/{item}: {note:?}", self.name(c)));
         }
         self.log(format!("rebalance {}/{item}: {view:?}, freed {freed} -> {kind:?}", self.name(c)));
+        if prestock {
+            self.prestock(c, item)?;
+        }
         if let Some(kind) = kind {
             self.submit(c, item, kind, Awaiter::Nobody)?;
         }
@@ -260,6 +270,7 @@ impl World {
             CenterEvent::InDoubtResolved { item, .. } => {
                 self.submit(c, &item, OpKind::Resync(ResyncWhy::Resolved), Awaiter::Watcher)?;
             }
+            CenterEvent::ScheduleChanged { item, schedule } => self.slot(c, &item).core.set_schedule(schedule),
         }
         self.settle(c)
     }
@@ -269,6 +280,7 @@ impl World {
     pub fn crash(&mut self, c: usize) {
         let calls = self.agents[c].mem.take().map_or(0, |m| m.items.values().filter(|s| s.call.is_some()).count());
         self.stats.crashes += 1;
+        self.forget_prestocks(c);
         self.log(format!("{} crashes ({calls} calls in flight abandoned)", self.name(c)));
     }
 
@@ -287,6 +299,7 @@ impl World {
         let answer = self.send_reports(c, true, true, false);
         self.agents[c].stopped_gracefully = matches!(answer, Some(Ok(_)));
         self.agents[c].mem = None;
+        self.forget_prestocks(c);
         self.log(format!("{} exits", self.name(c)));
         Ok(())
     }

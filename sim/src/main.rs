@@ -1,10 +1,13 @@
-//! `inventory-sim [--scenario NAME] [--seed START] [--seeds N] [--steps N] [--trace] [--state-only]`
+//! `inventory-sim [--scenario NAME] [--seed START] [--seeds N] [--steps N] [--trace] [--state-only] [--keep-going]`
 //!
 //! Runs N seeds from START (default 0 and 1000) of a scenario (default `default`) and
 //! prints the first failing seed with its trace, or a summary. With `--trace`, runs the
 //! one seed START and prints its whole trace. With `--state-only`, judges only the visible
-//! state (`check::check_state`), not the reference model's bookkeeping.
+//! state (`check::check_state`), not the reference model's bookkeeping. With
+//! `--keep-going`, runs every seed, prints a line per failing one, the failing seeds by
+//! invariant and the totals of the others.
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -13,7 +16,7 @@ use inventory_sim::{Checker, Stats, check, run_checked, scenario, scenarios};
 fn usage() -> String {
     let names: Vec<&str> = scenarios().iter().map(|s| s.name).collect();
     format!(
-        "usage: inventory-sim [--scenario NAME] [--seed START] [--seeds N] [--steps N] [--trace] [--state-only]\nscenarios: {}",
+        "usage: inventory-sim [--scenario NAME] [--seed START] [--seeds N] [--steps N] [--trace] [--state-only] [--keep-going]\nscenarios: {}",
         names.join(", ")
     )
 }
@@ -21,6 +24,7 @@ fn usage() -> String {
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let (mut name, mut start, mut count, mut steps, mut trace) = ("default".to_owned(), 0u64, 1000u64, None, false);
+    let mut keep_going = false;
     let mut checker: Checker = check::check_step;
     while let Some(arg) = args.next() {
         let mut value = |flag: &str| args.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -35,6 +39,10 @@ fn main() -> ExitCode {
             }
             "--trace" => {
                 trace = true;
+                Ok(())
+            }
+            "--keep-going" => {
+                keep_going = true;
                 Ok(())
             }
             "--state-only" => {
@@ -79,15 +87,33 @@ fn main() -> ExitCode {
     }
     let began = Instant::now();
     let mut total = Stats::default();
+    let mut broken: BTreeMap<&'static str, Vec<u64>> = BTreeMap::new();
     for seed in start..start.saturating_add(count) {
         match run_checked(seed, &sc, checker) {
             Ok(outcome) => total.add(&outcome.stats),
+            Err(failure) if keep_going => {
+                let detail: String = failure.violation.detail.chars().take(160).collect();
+                println!(
+                    "seed {seed} broke invariant {} at step {}: {detail}",
+                    failure.violation.invariant, failure.step
+                );
+                broken.entry(failure.violation.invariant).or_default().push(seed);
+            }
             Err(failure) => {
                 println!("{failure}");
                 println!("first failing seed: {seed} ({} seeds passed before it)", seed - start);
                 return ExitCode::FAILURE;
             }
         }
+    }
+    if !broken.is_empty() {
+        let n: usize = broken.values().map(Vec::len).sum();
+        println!(
+            "scenario {name}: {n} of seeds {start}..{} broke an invariant in {:.1?}: {broken:?}\ntotals of the others: {total:?}",
+            start.saturating_add(count),
+            began.elapsed()
+        );
+        return ExitCode::FAILURE;
     }
     println!(
         "scenario {name}: seeds {start}..{} kept every invariant in {:.1?}\ntotals: {total:?}",

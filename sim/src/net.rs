@@ -134,6 +134,12 @@ impl World {
             } => {
                 let ch = self.agents[c].channel.clone();
                 let breakage = self.config.breakage;
+                if borrow && self.lending_stopped(&item) {
+                    // UNAVAILABLE: the link retries, with the same request id.
+                    self.stats.borrows_refused_beyond_ledger += 1;
+                    self.log(format!("center: borrow {ch}/{item} {request_id}: not lending (pools beyond the ledger)"));
+                    return Ok(());
+                }
                 let result = if borrow {
                     let (rate, shared) = ((sell_rate_milli, self.now_ms), self.center.shared_borrows);
                     let result = self.center.borrow(&item, &ch, epoch, quantity, &request_id, rate, &breakage);

@@ -20,12 +20,14 @@ pub(crate) fn play(w: &mut World, ck: Checker) -> Result<(), Violation> {
     quiesce(w, ck)?;
     if w.config.resync_at_quiescence {
         check::check_quiescent(w)?;
-        sell_out(w, ck)
+        sell_out(w, ck)?;
     } else {
         // Running agents kept their drift: can the stock still be sold (7)? Then 2.
         sell_out(w, ck)?;
-        check::check_quiescent(w)
+        check::check_quiescent(w)?;
     }
+    w.end_of_run_rollback_stats();
+    Ok(())
 }
 
 /// Quiescence: everything in flight lands; agents that are down restart and running
@@ -40,6 +42,7 @@ pub(crate) fn quiesce(w: &mut World, ck: Checker) -> Result<(), Violation> {
         agent.store_full_until = None;
     }
     w.drain(&mut |w| ck(w))?;
+    crate::rollback::let_the_center_sample(w, ck)?;
     for name in w.item_names() {
         for agent in w.agents.iter().filter(|a| a.mem.is_some()) {
             let in_pool = agent.pools.get(&name).map_or(0, |p| p.counts().sum());
@@ -170,9 +173,27 @@ pub(crate) fn sell_out(w: &mut World, ck: Checker) -> Result<(), Violation> {
         pay_pending(w, ck)?;
         let sold: u64 = items.iter().map(|i| check::sold(w, i)).sum();
         w.stats.sold = sold;
-        // Units ever sold: the total, plus what was written off after it was sold.
-        let total: u64 = items.iter().map(|i| w.center.item(i).state.total + w.center.item(i).state.written_off).sum();
-        if sold >= total {
+        // Units ever sold: the total, plus what was written off after it was sold. Items
+        // closed by their schedule sell nothing more: what they did not sell is left out.
+        // Items a rolled-back ledger no longer lends (units lent twice) sell nothing more
+        // from the center either.
+        let open: Vec<&String> = items.iter().filter(|i| !w.closed_by_schedule(i) && !w.lending_stopped(i)).collect();
+        // Units a rolled-back ledger left with channels that gave them back are on no shelf.
+        let total: u64 = open
+            .iter()
+            .map(|i| {
+                let state = &w.center.item(i).state;
+                (state.total + state.written_off).saturating_sub(w.stranded_by_rollbacks(i))
+            })
+            .sum();
+        let sold_open: u64 = open.iter().map(|i| check::sold(w, i)).sum();
+        if sold_open >= total {
+            w.stats.closed_units_on_shelves = items
+                .iter()
+                .filter(|i| w.closed_by_schedule(i))
+                .flat_map(|i| w.agents.iter().filter_map(|a| a.pools.get(i.as_str())))
+                .map(|p| p.available())
+                .sum();
             return Ok(());
         }
         idle_rounds = if sold > before { 0 } else { idle_rounds + 1 };

@@ -105,5 +105,55 @@ stats! {
     /// Units by which running agents' pools differed from the center once everything in
     /// flight had landed: they wait for a resync.
     drift_waiting_for_resync,
+    /// Items created with a schedule...
+    scheduled_items,
+    /// ... that opened, by the center's clock...
+    openings,
+    /// ... whose opening the operator moved before it came...
+    reschedules,
+    /// ... whose end the operator moved after the opening (earlier: an early close)...
+    ends_moved,
+    early_closes,
+    /// ... and that the center closed when their end came.
+    closes_by_schedule,
+    /// Acquires answered NOT_STARTED from memory.
+    not_started_answers,
+    /// Opening stocks borrowed during the lead.
+    prestocks,
+    /// Reservations made against the center's schedule by an agent that had not yet heard
+    /// the schedule's move (the notification's window).
+    sold_on_stale_schedule,
+    /// Acquires that waited for their Borrow while the sale closed or its opening moved
+    /// later, and answered their miss instead of trying the pool again.
+    retries_past_the_schedule,
+    /// Units left on the shelves of items closed by their schedule at the end of a run.
+    closed_units_on_shelves,
+    /// The center's ledger went back to an earlier state...
+    ledger_rollbacks,
+    /// ... taking this many units from the channels' `held`...
+    units_lost_by_rollbacks,
+    /// ... Borrows refused meanwhile because pools held units beyond the ledger...
+    borrows_refused_beyond_ledger,
+    /// ... drifts re-learned from the pools' reports, and their units...
+    relearns,
+    units_relearned,
+    /// ... relearns that came up short (the units had been lent again), and by how much...
+    relearns_short,
+    units_lent_twice,
+    /// ... runs whose buyers held more than the total at some step (units sold from two
+    /// shelves), and the most units over the total in each, summed...
+    runs_oversold_after_rollback,
+    oversold_after_rollback,
+    /// ... units still beyond the ledger at the end (the item no longer lent)...
+    units_left_beyond_ledger,
+    /// ... units a rollback put back with channels that had given them back (lost Returns)...
+    units_returned_again_by_rollbacks,
+    /// ... and of those, units still held for a channel at the end with no pool holding them
+    /// (stranded: the sale ended without them).
+    units_left_stranded_by_rollbacks,
+    /// Registrations a rolled-back ledger answered with an epoch the channel's pools were
+    /// already fenced with, and units then granted that the pools refused as fenced.
+    epochs_reused_by_rollbacks,
+    units_granted_to_fenced_pools,
     sold,
 }

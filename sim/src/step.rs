@@ -8,7 +8,7 @@ use crate::config::{HEARTBEAT_EVERY_MS, MAX_DELAY_MS, RECLAIM_GRACE_MS, Reclaims
 use crate::world::World;
 
 /// Event kinds and their weights.
-const EVENTS: [(Event, u32); 17] = [
+const EVENTS: [(Event, u32); 19] = [
     (Event::Acquire, 30),
     (Event::Confirm, 8),
     (Event::Cancel, 4),
@@ -26,6 +26,8 @@ const EVENTS: [(Event, u32); 17] = [
     (Event::Rival, 2),
     (Event::Outage, 1),
     (Event::StoreFull, 1),
+    (Event::Schedule, 2),
+    (Event::LedgerRollback, 1),
 ];
 
 /// What happens in one step. `Progress`: an agent carries out an effect, times out an
@@ -50,6 +52,10 @@ enum Event {
     Rival,
     Outage,
     StoreFull,
+    /// The operator moves a schedule (`crate::schedules`).
+    Schedule,
+    /// The center's ledger goes back to an earlier state (`crate::rollback`).
+    LedgerRollback,
 }
 
 /// One thing an agent can do next on its own.
@@ -74,6 +80,7 @@ impl World {
 
     /// One random event.
     pub fn random_step(&mut self) -> Res {
+        self.keep_ledger_copy();
         let weights: Vec<u32> = EVENTS.iter().map(|(e, w)| if self.enabled(*e) { *w } else { 0 }).collect();
         let event = EVENTS[self.rng.weighted(&weights)].0;
         match event {
@@ -134,6 +141,8 @@ impl World {
                 let item = self.pick_item();
                 self.lose_pool(c, &item);
             }
+            Event::Schedule => self.random_reschedule(),
+            Event::LedgerRollback => self.roll_ledger_back(),
         }
         self.settle_all()
     }
@@ -156,6 +165,8 @@ impl World {
             Event::Rival => faults.rivals != Rivals::Never && any(&|w, c| w.agents[c].mem.is_some()),
             Event::Outage => faults.outages && self.center_down_until.is_none(),
             Event::StoreFull => faults.store_full,
+            Event::Schedule => faults.schedules && !self.sched.plans.is_empty(),
+            Event::LedgerRollback => faults.ledger_rollback && !self.ledger.snapshots.is_empty(),
         }
     }
 
@@ -251,6 +262,8 @@ impl World {
         if self.center_down_until.is_some_and(|until| self.now_ms >= until) {
             self.end_outage();
         }
+        self.close_due();
+        self.sample_ledger();
         for agent in &mut self.agents {
             if agent.store_full_until.is_some_and(|until| self.now_ms >= until) {
                 agent.store_full_until = None;

@@ -13,6 +13,8 @@ use inventory_core::{Channel, ItemId};
 use crate::center::{Answer, Center, CenterEvent, CenterItem, Holding, Refusal, qty};
 use crate::config::{CHANNELS, Config, ITEMS, Violation};
 use crate::rng::Rng;
+use crate::rollback::LedgerHistory;
+use crate::schedules::Schedules;
 use crate::stats::Stats;
 
 /// Records are never forgotten in a run (the real retention is 24 h, far beyond one).
@@ -273,6 +275,10 @@ pub struct World {
     /// Reservations buyers know of: (channel, item, reservation id).
     pub reservations: Vec<(usize, String, String)>,
     pub reference: Reference,
+    /// Scheduled items and the agents' clocks.
+    pub sched: Schedules,
+    /// Copies of the ledger for rollbacks, and the center's drift sampler.
+    pub ledger: LedgerHistory,
     pub stats: Stats,
     pub trace: Vec<String>,
     pub step: usize,
@@ -334,6 +340,8 @@ impl World {
             keys: Vec::new(),
             reservations: Vec::new(),
             reference: Reference::default(),
+            sched: Schedules::default(),
+            ledger: LedgerHistory::default(),
             stats: Stats::default(),
             trace: Vec::new(),
             step: 0,
@@ -357,6 +365,7 @@ impl World {
             })
             .collect();
         world.log(format!("world: channels {:?}; {}", &CHANNELS[..n_channels], summary.join("; ")));
+        world.plan_schedules();
         world
     }
 

@@ -284,6 +284,15 @@ impl ItemCore {
         }
     }
 
+    /// Whether an Acquire admitted earlier may try the pool again at `now` (after waiting
+    /// for its Borrow, up to the miss wait): only while the sale is still open. It was
+    /// admitted by [`ItemCore::gate`] before its wait; in the meantime the sale may have
+    /// reached its end, or a move of the schedule heard since may have put the opening
+    /// later. Otherwise the Acquire answers the miss it had.
+    pub fn may_retry(&self, now: CenterNow) -> bool {
+        self.phase(now) == Phase::Open
+    }
+
     /// Whether the pool may borrow ahead of demand at `now`: not before the schedule's
     /// lead starts, nor once it closed.
     pub fn may_stock(&self, now: CenterNow) -> bool {

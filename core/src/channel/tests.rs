@@ -303,6 +303,22 @@ fn the_schedule_gates_admission_and_stocking_by_the_center_clock() {
 }
 
 #[test]
+fn an_acquire_waiting_for_its_borrow_retries_only_while_the_sale_is_open() {
+    use crate::schedule::{CenterNow, Schedule};
+    let at = CenterNow::exact;
+    let mut core = item();
+    core.set_schedule(Schedule { opens_at_ms: 10_000, closes_at_ms: 20_000, prestock_lead_ms: 3_000 });
+    assert!(matches!(core.gate("k", 1, at(19_000)), Gate::Admit(Admission::Store { .. })));
+    assert!(core.may_retry(at(19_999)));
+    assert!(!core.may_retry(CenterNow { earliest_ms: 19_990, latest_ms: 20_000 }), "the end came during the wait");
+    // The opening moved later while the Acquire waited.
+    core.set_schedule(Schedule { opens_at_ms: 30_000, closes_at_ms: 40_000, prestock_lead_ms: 3_000 });
+    assert!(!core.may_retry(at(19_000)));
+    core.set_schedule(Schedule::default());
+    assert!(core.may_retry(at(19_000)));
+}
+
+#[test]
 fn before_the_opening_only_the_opening_stock_fills_the_pool_once() {
     use crate::schedule::{CenterNow, Schedule};
     let at = CenterNow::exact;

@@ -5,11 +5,13 @@
 //! Invariant 1 (conservation at the center), per item, after every function here:
 //! `total = available + Σ held(channel)` where `held = granted - returned - reclaimed`.
 
+pub mod behind;
 mod relearn;
 mod share;
 
 use serde::{Deserialize, Serialize};
 
+pub use behind::{DriftTrack, beyond_ledger};
 pub use relearn::{Relearned, relearn};
 pub use share::{RateShare, borrow_shared, share_of};
 
