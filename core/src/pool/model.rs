@@ -100,6 +100,11 @@ pub struct Pool {
     /// Events dropped by the outbox bound.
     #[serde(default)]
     events_dropped: u64,
+    /// The pool's write sequence: raised by every call that changes it, never lowered, and
+    /// carried over to the pool's next generation, so a copy restored from before a write
+    /// the store acknowledged reads below what its caller saw (see [`super::went_back`]).
+    #[serde(default)]
+    write_seq: u64,
     /// The outbox bound; `None` is [`DEFAULT_OUTBOX_MAX`]. Set by the store, not saved.
     #[serde(skip)]
     outbox_max: Option<u64>,
@@ -125,6 +130,7 @@ impl Pool {
 
     /// Appends the event of a transition, dropping the oldest kept events past the bound.
     fn emit(&mut self, id: &str, r: &Reservation, previous: Option<ReservationState>, now_ms: i64) {
+        self.wrote();
         self.event_sequence = self.event_sequence.saturating_add(1);
         self.events.push_back(PoolEvent {
             sequence: self.event_sequence,
@@ -335,6 +341,7 @@ impl Pool {
             r.expires_at_ms = new;
             self.due.remove(&(old, reservation_id.to_owned()));
             self.due.insert((new, reservation_id.to_owned()));
+            self.write_seq = self.write_seq.saturating_add(1);
         }
         Ok(ExtendResult::Extended { expires_at_ms: new })
     }
@@ -464,6 +471,7 @@ impl Pool {
             self.events_dropped = 0;
         }
         self.available = available;
+        self.wrote();
         Ok(true)
     }
 
@@ -502,6 +510,7 @@ impl Pool {
         let units = max_units.min(self.available);
         self.available -= units;
         self.takes.insert(take_id.to_owned(), Take { units, put_back: false });
+        self.wrote();
         self.gc.insert((now_ms.saturating_add(retention_ms), Forgettable::Take(take_id.to_owned())));
         Ok(units)
     }
@@ -517,6 +526,7 @@ impl Pool {
         let available = add(self.available, take.units, "pool available")?;
         self.available = available;
         self.takes.insert(take_id.to_owned(), Take { put_back: true, ..take });
+        self.wrote();
         Ok(take.units)
     }
 
@@ -535,7 +545,43 @@ impl Pool {
     /// with `now_ms`.
     pub fn snapshot(&self, now_ms: i64) -> PoolSnapshot {
         let c = self.counts();
-        PoolSnapshot { available: c.available, reserved: c.reserved, sold: c.sold, generation: self.generation, now_ms }
+        PoolSnapshot {
+            available: c.available,
+            reserved: c.reserved,
+            sold: c.sold,
+            generation: self.generation,
+            now_ms,
+            write_seq: self.write_seq,
+        }
+    }
+
+    /// The write sequence (see the field): what the store's caller keeps as its floor.
+    pub fn write_seq(&self) -> u64 {
+        self.write_seq
+    }
+
+    fn wrote(&mut self) {
+        self.write_seq = self.write_seq.saturating_add(1);
+    }
+
+    /// A pool found below `floor` ([`super::went_back`]) is a lost pool: it reads as one
+    /// that does not exist, its reservations, keys and outbox dropped (grant and take
+    /// records and the fence kept, as a store keeps them), its write sequence raised to the
+    /// floor so the next generation continues above what was seen. `true` if it was behind.
+    pub fn drop_if_behind(&mut self, floor: u64) -> bool {
+        if !super::went_back(floor, self.write_seq) {
+            return false;
+        }
+        *self = Pool {
+            fence: self.fence,
+            grants: std::mem::take(&mut self.grants),
+            takes: std::mem::take(&mut self.takes),
+            gc: std::mem::take(&mut self.gc),
+            write_seq: floor,
+            outbox_max: self.outbox_max,
+            ..Pool::default()
+        };
+        true
     }
 
     /// The counters as the ledger sees them: all 0 for a pool that does not exist.
