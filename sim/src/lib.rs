@@ -40,7 +40,12 @@
 //! refuses stocking writes (refills, takes, fences, new pools) for a while, before writing
 //! anything; a refill replay of a grant already applied still answers.
 //!
-//! **Not modelled:** store outages, Acquires refused by a full store, and partial store
+//! **Pool stores going back in time** (`rollback`): a store saves a copy of a pool and
+//! later puts it back (same generation, older contents); the agent's store layer keeps
+//! the highest write sequence its calls saw per pool and drops a pool below it as lost.
+//!
+//! **Not modelled:** a pool rolled back while its agent is down or restarted since the
+//! copy (a restarted agent knows no floor), store outages, Acquires refused by a full store, and partial store
 //! operations (each script is atomic and answers); RegisterAgent during a database outage (it applies and answers in one
 //! step); clock drift; the per-user rate limit, TLS and tokens; several center
 //! replicas; a channel's replicas and their leader election (one process per channel
@@ -68,6 +73,7 @@ pub mod net;
 pub mod operators;
 pub mod phases;
 pub mod rng;
+pub mod rollback;
 pub mod stats;
 pub mod step;
 pub mod world;
@@ -99,7 +105,8 @@ pub fn scenarios() -> Vec<Scenario> {
     // The default before calls could land any time later, the center's database stop, or
     // a pool store fill up: every call lands within its deadline, and every agent
     // registers and resyncs at quiescence.
-    let bounded_faults = Faults { bounded_delays: true, outages: false, store_full: false, ..faults };
+    let bounded_faults =
+        Faults { bounded_delays: true, outages: false, store_full: false, pool_rollback: false, ..faults };
     let bounded = Config { resync_at_quiescence: true, faults: bounded_faults, ..base };
     let reclaim = Faults { reclaims: Reclaims::LeaseExpired, ..faults };
     let partition =
@@ -123,12 +130,17 @@ pub fn scenarios() -> Vec<Scenario> {
             config: bounded,
             regression_seeds: &[12, 66, 74, 833, 991],
         },
-        with("fence", "fence_keeps_every_invariant", Faults { pool_data_loss: false, ..faults }, &[19, 1661]),
+        with(
+            "fence",
+            "fence_keeps_every_invariant",
+            Faults { pool_data_loss: false, pool_rollback: false, ..faults },
+            &[19, 1661],
+        ),
         with("data-loss", "data_loss_keeps_every_invariant", Faults { rivals: Rivals::Never, ..faults }, &[199, 2554]),
         with(
             "false-doubt",
             "false_doubt_keeps_every_invariant",
-            Faults { pool_data_loss: false, rivals: Rivals::Never, ..faults },
+            Faults { pool_data_loss: false, pool_rollback: false, rivals: Rivals::Never, ..faults },
             &[0],
         ),
         Scenario {

@@ -8,7 +8,7 @@ use crate::config::{HEARTBEAT_EVERY_MS, MAX_DELAY_MS, RECLAIM_GRACE_MS, Reclaims
 use crate::world::World;
 
 /// Event kinds and their weights.
-const EVENTS: [(Event, u32); 17] = [
+const EVENTS: [(Event, u32); 18] = [
     (Event::Acquire, 30),
     (Event::Confirm, 8),
     (Event::Cancel, 4),
@@ -23,6 +23,7 @@ const EVENTS: [(Event, u32); 17] = [
     (Event::Reclaim, 3),
     (Event::AddStock, 1),
     (Event::DataLoss, 1),
+    (Event::Rollback, 2),
     (Event::Rival, 2),
     (Event::Outage, 1),
     (Event::StoreFull, 1),
@@ -47,6 +48,7 @@ enum Event {
     Reclaim,
     AddStock,
     DataLoss,
+    Rollback,
     Rival,
     Outage,
     StoreFull,
@@ -134,6 +136,11 @@ impl World {
                 let item = self.pick_item();
                 self.lose_pool(c, &item);
             }
+            Event::Rollback => {
+                let c = self.rng.index(self.agents.len());
+                let item = self.pick_item();
+                self.roll_back_pool(c, &item);
+            }
         }
         self.settle_all()
     }
@@ -153,6 +160,7 @@ impl World {
             Event::Restart => any(&|w, c| w.agents[c].mem.is_none()),
             Event::Reclaim => faults.reclaims != Reclaims::Never,
             Event::DataLoss => faults.pool_data_loss,
+            Event::Rollback => faults.pool_rollback,
             Event::Rival => faults.rivals != Rivals::Never && any(&|w, c| w.agents[c].mem.is_some()),
             Event::Outage => faults.outages && self.center_down_until.is_none(),
             Event::StoreFull => faults.store_full,
