@@ -165,6 +165,29 @@ impl RedisCluster {
             .expect("a master serves the slot")
     }
 
+    /// A replica of the master on `port`.
+    pub async fn replica_of(&self, port: u16) -> u16 {
+        let text = query(port, &["INFO", "replication"]).await.expect("INFO replication");
+        // slave0:ip=127.0.0.1,port=NNNN,state=online,...
+        text.lines()
+            .find_map(|l| l.strip_prefix("slave0:")?.split(',').find_map(|f| f.strip_prefix("port=")?.parse().ok()))
+            .unwrap_or_else(|| panic!("the master on port {port} has no replica: {text}"))
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT (`false`) the node on `port`.
+    pub fn freeze(&self, port: u16, frozen: bool) {
+        let node = self.nodes.iter().find(|n| n.port == port).expect("node on port");
+        let pid = node.child.as_ref().expect("a live node").id().to_string();
+        let status =
+            Command::new("kill").args([if frozen { "-STOP" } else { "-CONT" }, &pid]).status().expect("run kill");
+        assert!(status.success(), "kill -STOP/-CONT {pid}");
+    }
+
+    /// One command to the node on `port` (`None`: no answer).
+    pub async fn command(&self, port: u16, args: &[&str]) -> Option<String> {
+        query(port, args).await
+    }
+
     /// SIGKILL the node on `port`.
     pub fn kill(&mut self, port: u16) {
         self.nodes.iter_mut().find(|n| n.port == port).expect("node on port").kill();
