@@ -114,6 +114,8 @@ fn add(x: u64, by: u64, what: &'static str) -> Result<u64, PoolError> {
     x.checked_add(by).ok_or(PoolError::Overflow(what))
 }
 
+mod seq;
+
 fn sub(x: u64, by: u64, what: &'static str) -> Result<u64, PoolError> {
     x.checked_sub(by).ok_or(PoolError::Overflow(what))
 }
@@ -553,35 +555,6 @@ impl Pool {
             now_ms,
             write_seq: self.write_seq,
         }
-    }
-
-    /// The write sequence (see the field): what the store's caller keeps as its floor.
-    pub fn write_seq(&self) -> u64 {
-        self.write_seq
-    }
-
-    fn wrote(&mut self) {
-        self.write_seq = self.write_seq.saturating_add(1);
-    }
-
-    /// A pool found below `floor` ([`super::went_back`]) is a lost pool: it reads as one
-    /// that does not exist, its reservations, keys and outbox dropped (grant and take
-    /// records and the fence kept, as a store keeps them), its write sequence raised to the
-    /// floor so the next generation continues above what was seen. `true` if it was behind.
-    pub fn drop_if_behind(&mut self, floor: u64) -> bool {
-        if !super::went_back(floor, self.write_seq) {
-            return false;
-        }
-        *self = Pool {
-            fence: self.fence,
-            grants: std::mem::take(&mut self.grants),
-            takes: std::mem::take(&mut self.takes),
-            gc: std::mem::take(&mut self.gc),
-            write_seq: floor,
-            outbox_max: self.outbox_max,
-            ..Pool::default()
-        };
-        true
     }
 
     /// The counters as the ledger sees them: all 0 for a pool that does not exist.
