@@ -71,5 +71,6 @@ if expires_at ~= tonumber(rec.e) then
   rec.e = expires_at
   redis.call('HSET', K_RES, id, cjson.encode(rec))
   redis.call('ZADD', K_DUE, expires_at, id)
+  pool_wrote()
 end
 return {'extended', expires_at}

@@ -14,6 +14,44 @@
 -- A marker's name starts with a space, which no reservation id, idempotency key, user id
 -- (0x21-0x7E), grant id or take id can. A pool hash without `marked` (created before the
 -- markers) is only checked for its generation.
+--
+-- A pool that went back in time (Redis restarted from an older snapshot, a lagging replica
+-- promoted) has every structure and the same generation, with older contents. So the pool
+-- hash carries a write sequence, `wseq`, raised once by every call that changed the pool
+-- (`pool_wrote`, then `pool_reply`), never lowered, and carried over to the pool's next
+-- generation. The store appends the highest sequence its own writes of the pool were
+-- answered with, its floor, as the LAST ARGV of every script below (scripts index ARGV
+-- from 1 and never count it). A pool below the floor lost writes that were acknowledged:
+-- it is answered as partly lost, and `behind` = the floor is written into its hash so
+-- every other caller (another replica of the channel, an agent restarted without a floor)
+-- finds it lost too, until refill.lua creates the pool anew. The store wraps each script
+-- so its reply is {wseq, reply}: wseq the pool's sequence after this call's own change, 0
+-- when it changed nothing (a read, a replay, a refusal: only the caller's own
+-- acknowledged writes raise its floor).
+
+local WSEQ_FLOOR = tonumber(ARGV[#ARGV]) or 0
+-- The pool hash this call found intact (raised by pool_reply if the call wrote), and its
+-- sequence as found (also for a lost pool, so its next generation continues above it).
+local wseq_pool, wseq_found, wseq_wrote = nil, 0, false
+
+local function pool_wrote()
+  wseq_wrote = true
+end
+
+-- The reply of the wrapped script: {wseq, reply}.
+local function pool_reply(reply)
+  if wseq_wrote and wseq_pool then
+    return {redis.call('HINCRBY', wseq_pool, 'wseq', 1), reply}
+  end
+  return {0, reply}
+end
+
+-- refill.lua, creating the pool: its sequence continues above both the floor and the
+-- lost pool's.
+local function pool_created(k_pool)
+  redis.call('HSET', k_pool, 'wseq', string.format('%d', math.max(WSEQ_FLOOR, wseq_found)))
+  wseq_pool = k_pool
+end
 
 local MARK = ' gen'
 
@@ -27,14 +65,24 @@ local function has_mark(key, kind, gen)
 end
 
 -- The pool's state: 'ok', 'missing' (no pool hash) or 'partial' (created with markers and
--- one of `structures`, {key, 'hash' | 'zset' | 'stream'} pairs, has lost its own); and
+-- one of `structures`, {key, 'hash' | 'zset' | 'stream'} pairs, has lost its own; or its
+-- write sequence is below the caller's floor, or was found so before); and
 -- the generation as stored (a decimal string), nil when missing. A partial pool is a lost
 -- pool, answered as one: nothing of it is read or written.
 local function pool_state(k_pool, structures)
-  local v = redis.call('HMGET', k_pool, 'generation', 'marked')
+  local v = redis.call('HMGET', k_pool, 'generation', 'marked', 'wseq', 'behind')
   local gen = v[1]
   if not gen then
     return 'missing', nil
+  end
+  wseq_found = math.max(tonumber(v[3] or '0'), tonumber(v[4] or '0'))
+  if v[4] then
+    return 'partial', gen
+  end
+  if tonumber(v[3] or '0') < WSEQ_FLOOR then
+    redis.call('HSET', k_pool, 'behind', string.format('%d', WSEQ_FLOOR))
+    wseq_found = math.max(wseq_found, WSEQ_FLOOR)
+    return 'partial', gen
   end
   if v[2] then
     for _, s in ipairs(structures) do
@@ -43,6 +91,7 @@ local function pool_state(k_pool, structures)
       end
     end
   end
+  wseq_pool = k_pool
   return 'ok', gen
 end
 

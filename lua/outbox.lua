@@ -16,6 +16,7 @@
 -- oldest entries as trimming after every event would.
 
 local function outbox_add(k_outbox, seq, id, rec, previous, now)
+  pool_wrote()
   redis.call('XADD', k_outbox, string.format('%d-0', seq), 'r', id, 'k', rec.k, 'u', rec.u,
     'q', string.format('%d', rec.q), 's', rec.s, 'p', previous or '', 't', string.format('%d', now))
 end

@@ -24,6 +24,7 @@
 --   4 must_exist: '1' to refuse a pool that does not exist (a grant must never recreate a
 --     pool the store lost); '0' creates it
 --   5 epoch: the caller's center epoch; refused if the pool was fenced with a later one
+-- ARGV[6] is the caller's floor (intact.lua). The reply is wrapped: {wseq, reply}.
 -- Returns 1 if applied now, 0 if grant_id was applied before (a replay), -1 if must_exist
 -- and the pool does not exist or is partly lost, -2 if fenced (nothing is recorded for -1
 -- and -2).
@@ -53,10 +54,13 @@ if state ~= 'ok' then
   redis.call('DEL', K_RES, K_DUE, K_HELD, K_IDEM, K_OUTBOX, K_POOL)
   redis.call('HSET', K_POOL, 'available', 0, 'reserved', 0, 'sold', 0, 'generation', generation, 'marked', 1)
   mark_structures(structures, generation)
+  pool_created(K_POOL)
+  pool_wrote()
 end
 if redis.call('HSETNX', K_GRANTS, grant_id, units) == 0 then
   return 0
 end
 redis.call('ZADD', K_GC, now + retention, 'g:' .. grant_id)
 redis.call('HINCRBY', K_POOL, 'available', units)
+pool_wrote()
 return 1

@@ -46,5 +46,6 @@ if taken > 0 then
   redis.call('HINCRBY', K_POOL, 'available', -taken)
 end
 redis.call('HSET', K_TAKES, take_id, cjson.encode({n = taken, b = 0}))
+pool_wrote()
 redis.call('ZADD', K_GC, now + retention, 't:' .. take_id)
 return taken

@@ -37,4 +37,5 @@ end
 rec.b = 1
 redis.call('HSET', K_TAKES, take_id, cjson.encode(rec))
 redis.call('HINCRBY', K_POOL, 'available', units)
+pool_wrote()
 return units

@@ -56,7 +56,9 @@ impl World {
     }
 
     /// The pool as a store snapshot reads it (generation 0: it does not exist).
-    pub(crate) fn view(&self, c: usize, item: &str) -> PoolView {
+    pub(crate) fn view(&mut self, c: usize, item: &str) -> PoolView {
+        self.guard_pool(c, item);
+        self.saw_pool(c, item);
         self.agents[c].pools.get(item).map(|p| PoolView::from(&p.snapshot(self.now_ms))).unwrap_or_default()
     }
 
@@ -249,6 +251,7 @@ impl World {
             self.log(format!("{} store {item}: {effect:?} -> refused (at its memory limit)", self.name(c)));
             return Ok(Reply::Store(StoreFault::Refused));
         }
+        self.guard_pool(c, item);
         let pool = self.agents[c].pools.entry(item.to_owned()).or_default();
         let fence = pool.fence();
         let result: Result<Reply, PoolError> = match effect {
@@ -296,6 +299,7 @@ impl World {
             Err(PoolError::Missing) => Reply::Store(StoreFault::PoolMissing),
             Err(e) => return Err(broken(e)),
         };
+        self.saw_pool(c, item);
         self.log(format!("{} store {item}: {effect:?} -> {reply:?}", self.name(c)));
         Ok(reply)
     }

@@ -194,6 +194,7 @@ impl World {
         let state = self.center.item(item).state.clone();
         let now = self.now_ms;
         let new_id = self.fresh_id("r");
+        self.guard_pool(c, item);
         let pool = self.agents[c].pools.entry(item.to_owned()).or_default();
         let args = AcquireArgs {
             user_id: user.to_owned(),
@@ -208,6 +209,7 @@ impl World {
             allow_partial: false,
         };
         let result = pool.acquire(&args, now).map_err(broken)?;
+        self.saw_pool(c, item);
         let losses = self.reference.pool_losses.get(&(c, item.to_owned())).copied().unwrap_or(0);
         match &result {
             AcquireResult::Reserved { reservation_id, replayed, quantity: got, .. } => {
@@ -298,6 +300,7 @@ impl World {
             return Ok(());
         }
         let now = self.now_ms;
+        self.guard_pool(c, item);
         let pool = self.agents[c].pools.entry(item.to_owned()).or_default();
         let t = if confirm {
             pool.confirm(id, now, RECORD_RETENTION_MS)

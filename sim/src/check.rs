@@ -79,10 +79,10 @@ pub fn check_state(w: &World) -> Res {
         // 3: what buyers hold, over every pool (and what lost pools had sold), never
         // exceeds the total.
         let mut committed: u128 = 0;
-        for (c, agent) in w.agents.iter().enumerate() {
-            let Some(pool) = agent.pools.get(name) else { continue };
+        for c in 0..w.agents.len() {
+            let Some(pool) = w.pool_seen(c, name) else { continue };
             committed += u128::from(pool.reserved()) + u128::from(pool.sold());
-            committed += u128::from(w.reference.lost_sold.get(&(c, name.clone())).copied().unwrap_or(0));
+            committed += u128::from(w.lost_sold(c, name));
         }
         // Units written off as sold left the total but may still show as sold in a pool.
         let ever = u128::from(item.state.total) + u128::from(item.state.written_off);
@@ -101,7 +101,7 @@ pub fn check_state(w: &World) -> Res {
         // channel holds, except units just reclaimed that the agent has not yet resynced
         // (still available in the pool, the resync takes them out).
         for (c, agent) in w.agents.iter().enumerate() {
-            let Some(pool) = agent.pools.get(name) else { continue };
+            let Some(pool) = w.pool_seen(c, name) else { continue };
             let in_pool = u128::from(pool.counts().sum());
             let written_off = u128::from(w.reference.written_off.get(&(c, name.clone())).copied().unwrap_or(0));
             // Written-off units are sold units the channel no longer holds; units a rolled-back
@@ -110,7 +110,7 @@ pub fn check_state(w: &World) -> Res {
                 u128::from(w.center.held(name, agent.name())) + written_off + u128::from(w.rollback_allowance(c, name));
             // Units sold from pool data that was later lost are still the channel's: they
             // are in doubt (invariant 8), never back at the center or in the pool.
-            let lost_sold = u128::from(w.reference.lost_sold.get(&(c, name.clone())).copied().unwrap_or(0));
+            let lost_sold = u128::from(w.lost_sold(c, name));
             let bought = u128::from(pool.reserved()) + u128::from(pool.sold()) + lost_sold;
             if bought > held {
                 return Err(Violation::new(
@@ -183,8 +183,8 @@ pub fn check_state(w: &World) -> Res {
 
 /// Pool counters agree with the reservations, and no user holds more than the limit (5).
 fn check_pools(w: &World, item: &str, limit: u64) -> Res {
-    for agent in &w.agents {
-        let Some(pool) = agent.pools.get(item) else { continue };
+    for (c, agent) in w.agents.iter().enumerate() {
+        let Some(pool) = w.pool_seen(c, item) else { continue };
         let (mut reserved, mut sold) = (0u128, 0u128);
         let mut per_user: BTreeMap<&str, u128> = BTreeMap::new();
         for (_, r) in pool.reservations() {
@@ -245,8 +245,8 @@ pub fn check_quiescent(w: &World) -> Res {
     for name in w.center.items.keys() {
         for (c, agent) in w.agents.iter().enumerate() {
             let key = (c, name.clone());
-            let lost = w.reference.lost_sold.get(&key).copied().unwrap_or(0);
-            let in_pool = agent.pools.get(name).map_or(0, |p| p.counts().sum()) + lost;
+            let lost = w.lost_sold(c, name);
+            let in_pool = w.pool_seen(c, name).map_or(0, |p| p.counts().sum()) + lost;
             let held = w.center.held(name, agent.name()) + w.reference.written_off.get(&key).copied().unwrap_or(0);
             // Units a rolled-back ledger lent again before it saw the loss cannot be
             // re-learned (the relearn came up short): the pool keeps them beyond the ledger

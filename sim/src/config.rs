@@ -56,6 +56,9 @@ pub struct Faults {
     pub reclaims: Reclaims,
     /// A pool's store loses its data (Redis restarted without persistence).
     pub pool_data_loss: bool,
+    /// A pool's store goes back to an earlier snapshot of the pool: same generation, older
+    /// contents (Redis restarted from an older RDB, a lagging replica promoted).
+    pub pool_rollback: bool,
     /// Second processes of a running agent's channel registering, fencing it.
     pub rivals: Rivals,
     /// Calls and replies land or are gone within [`MAX_DELAY_MS`] of being sent (off: a
@@ -103,6 +106,7 @@ impl Faults {
         stops: true,
         reclaims: Reclaims::StoppedAgents,
         pool_data_loss: true,
+        pool_rollback: true,
         rivals: Rivals::Fence,
         bounded_delays: false,
         loss_before_refill: false,

@@ -63,7 +63,13 @@
 //! (lost Returns, grants refused by a pool fenced above an epoch the ledger handed out
 //! again). Known to stall the sale: an epoch handed out again below the pools' fence.
 //!
-//! **Not modelled:** store outages, Acquires refused by a full store, and partial store
+//! **Pool stores going back in time** ([`Faults::pool_rollback`], [`pool_rollback`]): a
+//! store saves a copy of a pool and later puts it back (same generation, older contents);
+//! the agent's store layer keeps the highest write sequence its calls saw per pool and
+//! drops a pool below it as lost.
+//!
+//! **Not modelled:** a pool rolled back while its agent is down or restarted since the
+//! copy (a restarted agent knows no floor), store outages, Acquires refused by a full store, and partial store
 //! operations (each script is atomic and answers); RegisterAgent during a database outage (it applies and answers in one
 //! step); clocks that drift or jump between two measurements (a skew is fixed per
 //! channel); CloseItem and reopening (items close only by their schedule); channel shares,
@@ -97,6 +103,7 @@ pub mod lifecycle;
 pub mod net;
 pub mod operators;
 pub mod phases;
+pub mod pool_rollback;
 pub mod rng;
 pub mod rollback;
 pub mod schedules;
@@ -131,7 +138,14 @@ pub fn scenarios() -> Vec<Scenario> {
     // The default before calls could land any time later, the center's database stop, or
     // a pool store fill up: every call lands within its deadline, and every agent
     // registers and resyncs at quiescence.
-    let bounded_faults = Faults { bounded_delays: true, outages: false, store_full: false, schedules: false, ..faults };
+    let bounded_faults = Faults {
+        bounded_delays: true,
+        outages: false,
+        store_full: false,
+        schedules: false,
+        pool_rollback: false,
+        ..faults
+    };
     let bounded = Config { resync_at_quiescence: true, faults: bounded_faults, ..base };
     let reclaim = Faults { reclaims: Reclaims::LeaseExpired, ..faults };
     let partition =
@@ -155,12 +169,17 @@ pub fn scenarios() -> Vec<Scenario> {
             config: bounded,
             regression_seeds: &[12, 66, 74, 833, 991],
         },
-        with("fence", "fence_keeps_every_invariant", Faults { pool_data_loss: false, ..faults }, &[19, 1661]),
+        with(
+            "fence",
+            "fence_keeps_every_invariant",
+            Faults { pool_data_loss: false, pool_rollback: false, ..faults },
+            &[19, 1661],
+        ),
         with("data-loss", "data_loss_keeps_every_invariant", Faults { rivals: Rivals::Never, ..faults }, &[199, 2554]),
         with(
             "false-doubt",
             "false_doubt_keeps_every_invariant",
-            Faults { pool_data_loss: false, rivals: Rivals::Never, ..faults },
+            Faults { pool_data_loss: false, pool_rollback: false, rivals: Rivals::Never, ..faults },
             &[0],
         ),
         Scenario {

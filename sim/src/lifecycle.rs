@@ -65,6 +65,7 @@ impl World {
             started: false,
             stopping: None,
             wakeups: Vec::new(),
+            floors: BTreeMap::new(),
         });
         self.log(format!("{} starts (incarnation {})", self.name(c), self.agents[c].incarnations));
         self.register(c, true)?;
@@ -216,6 +217,7 @@ impl World {
         for kind in self.slot(c, item).core.due_resyncs(now) {
             self.submit(c, item, kind, Awaiter::Nobody)?;
         }
+        self.guard_pool(c, item);
         let freed = match self.agents[c].pools.get_mut(item) {
             Some(pool) => pool.expire_due(1_000, now, RECORD_RETENTION_MS).map_err(broken)?,
             None => 0,

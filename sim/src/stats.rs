@@ -74,6 +74,10 @@ stats! {
     pool_losses_unrecorded,
     /// ... while a Borrow of the pool was out.
     pool_losses_during_borrow,
+    /// Pools a store put back to an earlier copy (same generation, older contents)...
+    pool_rollbacks,
+    /// ... and pools the agent's store layer found below its floor (lost).
+    rollbacks_caught,
     /// Items an agent stopped selling because a heartbeat answer listed them in doubt.
     frozen_by_center,
     /// Pools the center marked lost because a report came with another generation.

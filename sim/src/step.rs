@@ -8,7 +8,7 @@ use crate::config::{HEARTBEAT_EVERY_MS, MAX_DELAY_MS, RECLAIM_GRACE_MS, Reclaims
 use crate::world::World;
 
 /// Event kinds and their weights.
-const EVENTS: [(Event, u32); 19] = [
+const EVENTS: [(Event, u32); 20] = [
     (Event::Acquire, 30),
     (Event::Confirm, 8),
     (Event::Cancel, 4),
@@ -23,6 +23,7 @@ const EVENTS: [(Event, u32); 19] = [
     (Event::Reclaim, 3),
     (Event::AddStock, 1),
     (Event::DataLoss, 1),
+    (Event::PoolRollback, 2),
     (Event::Rival, 2),
     (Event::Outage, 1),
     (Event::StoreFull, 1),
@@ -49,6 +50,8 @@ enum Event {
     Reclaim,
     AddStock,
     DataLoss,
+    /// A pool store goes back to an earlier copy of a pool (`crate::pool_rollback`).
+    PoolRollback,
     Rival,
     Outage,
     StoreFull,
@@ -143,6 +146,11 @@ impl World {
             }
             Event::Schedule => self.random_reschedule(),
             Event::LedgerRollback => self.roll_ledger_back(),
+            Event::PoolRollback => {
+                let c = self.rng.index(self.agents.len());
+                let item = self.pick_item();
+                self.roll_back_pool(c, &item);
+            }
         }
         self.settle_all()
     }
@@ -162,6 +170,7 @@ impl World {
             Event::Restart => any(&|w, c| w.agents[c].mem.is_none()),
             Event::Reclaim => faults.reclaims != Reclaims::Never,
             Event::DataLoss => faults.pool_data_loss,
+            Event::PoolRollback => faults.pool_rollback,
             Event::Rival => faults.rivals != Rivals::Never && any(&|w, c| w.agents[c].mem.is_some()),
             Event::Outage => faults.outages && self.center_down_until.is_none(),
             Event::StoreFull => faults.store_full,

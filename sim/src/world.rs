@@ -40,6 +40,9 @@ pub struct Agent {
     /// The pool store is at its memory limit until then: it refuses stocking writes
     /// (refills, takes, fences, new pools) before writing anything.
     pub store_full_until: Option<i64>,
+    /// Copies of pools the store saved (a snapshot), with the agent's incarnation then,
+    /// to go back to ([`World::roll_back_pool`]).
+    pub saved: BTreeMap<String, (u64, Pool)>,
 }
 
 impl Agent {
@@ -74,6 +77,8 @@ pub struct AgentMem {
     pub stopping: Option<Stopping>,
     /// Acquires whose Borrow finished, to try the pool once more.
     pub wakeups: Vec<Wakeup>,
+    /// The store layer's floor per pool: the highest write sequence its calls saw.
+    pub floors: BTreeMap<String, u64>,
 }
 
 impl AgentMem {
@@ -326,6 +331,7 @@ impl World {
                 stopped_gracefully: false,
                 incarnations: 0,
                 store_full_until: None,
+                saved: BTreeMap::new(),
             })
             .collect();
         let mut world = Self {

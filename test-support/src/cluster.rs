@@ -167,6 +167,20 @@ impl RedisCluster {
             .expect("a master serves the slot")
     }
 
+    /// A replica of the master on `port`.
+    pub async fn replica_of(&self, port: u16) -> u16 {
+        let text = query(port, &["INFO", "replication"]).await.expect("INFO replication");
+        // slave0:ip=127.0.0.1,port=NNNN,state=online,...
+        text.lines()
+            .find_map(|l| l.strip_prefix("slave0:")?.split(',').find_map(|f| f.strip_prefix("port=")?.parse().ok()))
+            .unwrap_or_else(|| panic!("the master on port {port} has no replica: {text}"))
+    }
+
+    /// One command to the node on `port` (`None`: no answer).
+    pub async fn command(&self, port: u16, args: &[&str]) -> Option<String> {
+        query(port, args).await
+    }
+
     /// SIGKILL the node on `port`.
     pub fn kill(&mut self, port: u16) {
         self.nodes.iter_mut().find(|n| n.port == port).expect("node on port").kill();
@@ -195,11 +209,6 @@ impl RedisCluster {
         let pid = node.child.as_ref().expect("a live node").id();
         let status = Command::new("kill").arg(signal).arg(pid.to_string()).status().expect("run kill");
         assert!(status.success(), "kill {signal} {pid} failed");
-    }
-
-    /// `CLIENT LIST` of the node on `port` (None when it does not answer).
-    pub async fn client_list(&self, port: u16) -> Option<String> {
-        query(port, &["CLIENT", "LIST"]).await
     }
 
     /// Waits until another node serves `key`'s slot (a replica was promoted) and the cluster

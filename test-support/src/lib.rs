@@ -213,6 +213,13 @@ impl RedisServer {
         }
     }
 
+    /// Kill -9 and start again on the same port and directory: the server loads what it
+    /// last saved there (an explicit `SAVE`), as a Redis restarted from an older snapshot.
+    pub async fn restart(&mut self) {
+        self.kill();
+        self.spawn().await;
+    }
+
     /// Kill -9 and start again on the same port, empty (no persistence).
     pub async fn restart_empty(&mut self) {
         self.kill();

@@ -52,7 +52,7 @@ async fn a_cluster_write_is_acknowledged_by_its_own_masters_replicas_or_not_at_a
         async move { store.refill(&p, "grant-3", 7, 0).await }
     });
     let waiting = wait_until(WAIT, || async {
-        cluster.client_list(master).await.is_some_and(|clients| clients.contains("cmd=wait"))
+        cluster.command(master, &["CLIENT", "LIST"]).await.is_some_and(|clients| clients.contains("cmd=wait"))
     })
     .await;
     assert!(waiting, "the write's WAIT never blocked on the pool's master");

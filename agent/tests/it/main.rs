@@ -23,6 +23,7 @@ mod rate;
 mod redis_policy;
 mod relay;
 mod replicas;
+mod rolled_back;
 mod sale;
 mod schedule;
 mod security;

@@ -192,6 +192,18 @@ pub struct PoolSnapshot {
     pub generation: u64,
     /// The store's clock, in ms since the Unix epoch.
     pub now_ms: i64,
+    /// The pool's write sequence: raised by every write, never lowered, carried over to a
+    /// new generation (0 from a store that does not keep one).
+    pub write_seq: u64,
+}
+
+/// Whether a pool went back in time: its write sequence is below `floor`, the highest one
+/// its caller saw acknowledged (restored from an older snapshot, a lagging replica
+/// promoted). Such a pool lost acknowledged writes under the same generation, so it is a
+/// lost pool: its units in doubt at the center, nothing of it read or written, reopened
+/// with a new generation once an operator settled them.
+pub fn went_back(floor: u64, write_seq: u64) -> bool {
+    write_seq < floor
 }
 
 /// A call the pool refuses. Nothing was changed or recorded.

@@ -100,6 +100,11 @@ pub struct Pool {
     /// Events dropped by the outbox bound.
     #[serde(default)]
     events_dropped: u64,
+    /// The pool's write sequence: raised by every call that changes it, never lowered, and
+    /// carried over to the pool's next generation, so a copy restored from before a write
+    /// the store acknowledged reads below what its caller saw (see [`super::went_back`]).
+    #[serde(default)]
+    write_seq: u64,
     /// The outbox bound; `None` is [`DEFAULT_OUTBOX_MAX`]. Set by the store, not saved.
     #[serde(skip)]
     outbox_max: Option<u64>,
@@ -108,6 +113,8 @@ pub struct Pool {
 fn add(x: u64, by: u64, what: &'static str) -> Result<u64, PoolError> {
     x.checked_add(by).ok_or(PoolError::Overflow(what))
 }
+
+mod seq;
 
 fn sub(x: u64, by: u64, what: &'static str) -> Result<u64, PoolError> {
     x.checked_sub(by).ok_or(PoolError::Overflow(what))
@@ -125,6 +132,7 @@ impl Pool {
 
     /// Appends the event of a transition, dropping the oldest kept events past the bound.
     fn emit(&mut self, id: &str, r: &Reservation, previous: Option<ReservationState>, now_ms: i64) {
+        self.wrote();
         self.event_sequence = self.event_sequence.saturating_add(1);
         self.events.push_back(PoolEvent {
             sequence: self.event_sequence,
@@ -335,6 +343,7 @@ impl Pool {
             r.expires_at_ms = new;
             self.due.remove(&(old, reservation_id.to_owned()));
             self.due.insert((new, reservation_id.to_owned()));
+            self.write_seq = self.write_seq.saturating_add(1);
         }
         Ok(ExtendResult::Extended { expires_at_ms: new })
     }
@@ -464,6 +473,7 @@ impl Pool {
             self.events_dropped = 0;
         }
         self.available = available;
+        self.wrote();
         Ok(true)
     }
 
@@ -502,6 +512,7 @@ impl Pool {
         let units = max_units.min(self.available);
         self.available -= units;
         self.takes.insert(take_id.to_owned(), Take { units, put_back: false });
+        self.wrote();
         self.gc.insert((now_ms.saturating_add(retention_ms), Forgettable::Take(take_id.to_owned())));
         Ok(units)
     }
@@ -517,6 +528,7 @@ impl Pool {
         let available = add(self.available, take.units, "pool available")?;
         self.available = available;
         self.takes.insert(take_id.to_owned(), Take { put_back: true, ..take });
+        self.wrote();
         Ok(take.units)
     }
 
@@ -535,7 +547,14 @@ impl Pool {
     /// with `now_ms`.
     pub fn snapshot(&self, now_ms: i64) -> PoolSnapshot {
         let c = self.counts();
-        PoolSnapshot { available: c.available, reserved: c.reserved, sold: c.sold, generation: self.generation, now_ms }
+        PoolSnapshot {
+            available: c.available,
+            reserved: c.reserved,
+            sold: c.sold,
+            generation: self.generation,
+            now_ms,
+            write_seq: self.write_seq,
+        }
     }
 
     /// The counters as the ledger sees them: all 0 for a pool that does not exist.

@@ -204,7 +204,10 @@ fn refill_applies_once_per_grant_id_and_creates_the_pool_with_the_given_generati
     assert_eq!(p.refill("g1", 4, 1, 42, 0, RETAIN), Ok(true));
     assert_eq!(p.refill("g1", 4, 1, 43, 0, RETAIN), Ok(false));
     assert_eq!(p.refill("g2", 1, 1, 43, 0, RETAIN), Ok(true));
-    assert_eq!(p.snapshot(9), PoolSnapshot { available: 5, reserved: 0, sold: 0, generation: 42, now_ms: 9 });
+    assert_eq!(
+        p.snapshot(9),
+        PoolSnapshot { available: 5, reserved: 0, sold: 0, generation: 42, now_ms: 9, write_seq: 2 }
+    );
     // A refill of 0 units creates the pool too; generation 0 is never stored.
     let mut q = Pool::new();
     assert_eq!(q.refill("open", 0, 0, 0, 0, RETAIN), Ok(true));
@@ -470,4 +473,39 @@ fn a_segmented_pools_outbox_is_its_fullest_segment_with_every_drop() {
     assert_eq!(OutboxStats::fullest(&[]), OutboxStats::default());
     assert_eq!(OutboxStats::fullest(&[s(3, 1, 9)]), s(3, 1, 9));
     assert_eq!(OutboxStats::fullest(&[s(3, 1, 9), s(80, 0, 4), s(0, 2, 0)]), s(80, 3, 9));
+}
+
+#[test]
+fn a_pool_restored_from_before_a_write_its_caller_saw_is_lost_and_its_next_generation_continues_above() {
+    let mut p = Pool::new();
+    p.refill("g1", 10, 1, 42, 0, RETAIN).unwrap();
+    let copy = p.clone();
+    let args = AcquireArgs {
+        user_id: "u".into(),
+        quantity: 3,
+        idempotency_key: "k".into(),
+        new_reservation_id: "r".into(),
+        per_user_limit: 10,
+        reservation_ttl_ms: 1_000,
+        expect_generation: None,
+        allow_partial: false,
+    };
+    p.acquire(&args, 1).unwrap();
+    let floor = p.write_seq();
+    assert!(floor > copy.write_seq(), "every write raises the sequence");
+    assert!(!p.clone().drop_if_behind(floor), "the live pool is not behind");
+
+    // The store went back to the copy: same generation, older contents.
+    let mut restored = copy;
+    assert_eq!(restored.generation(), 42);
+    assert!(super::went_back(floor, restored.snapshot(2).write_seq));
+    assert!(restored.drop_if_behind(floor));
+    assert!(!restored.exists(), "a pool behind reads as lost");
+    assert_eq!(restored.refill_existing("g2", 1, 1, 2, RETAIN), Err(PoolError::Missing));
+    assert_eq!(restored.refill("g1", 10, 1, 77, 2, RETAIN), Ok(false), "a grant stays a replay");
+    assert_eq!(restored.refill("open", 0, 1, 77, 2, RETAIN), Ok(true));
+    assert_eq!(restored.generation(), 77, "reopened with a new generation");
+    assert_eq!(restored.reservation_state("r"), None);
+    assert!(restored.write_seq() > floor, "the new generation continues above the floor");
+    assert!(!restored.drop_if_behind(floor));
 }

@@ -28,6 +28,38 @@ pub(super) struct PoolEntry {
     pub(super) pool: PoolKey,
     pub(super) keys: Keys,
     pub(super) lane: Mutex<Lane>,
+    /// The highest write sequence this store's own writes of the pool were answered with
+    /// (`lua/intact.lua`): a pool found below it went back in time.
+    pub(super) floor: AtomicU64,
+}
+
+impl PoolEntry {
+    pub(super) fn new(pool: PoolKey, keys: Keys) -> Self {
+        Self { pool, keys, lane: Mutex::new(Lane::default()), floor: AtomicU64::new(0) }
+    }
+
+    /// Appends the floor as the script's last ARGV, where `lua/intact.lua` reads it.
+    pub(super) fn floor_arg(&self, call: &mut ScriptInvocation<'_>) {
+        call.arg(self.floor.load(Ordering::Acquire));
+    }
+
+    /// The reply of a script wrapped by `lua/intact.lua`'s `pool_reply`, `{wseq, reply}`:
+    /// the reply, the floor raised to `wseq` (0 when the call changed nothing).
+    pub(super) fn acknowledged(&self, v: Value) -> Result<Value, StoreError> {
+        let (wseq, reply) = unwrap_seq(v)?;
+        self.floor.fetch_max(wseq, Ordering::AcqRel);
+        Ok(reply)
+    }
+}
+
+/// `{wseq, reply}` split; a Lua nil reply leaves the table with one element.
+pub(super) fn unwrap_seq(v: Value) -> Result<(u64, Value), StoreError> {
+    let mut items = array("pool script", v)?.into_iter();
+    let wseq = match items.next() {
+        Some(Value::Int(n)) => u64::try_from(n).unwrap_or(0),
+        other => return Err(StoreError::Protocol(format!("pool script: unexpected write sequence {other:?}"))),
+    };
+    Ok((wseq, items.next().unwrap_or(Value::Nil)))
 }
 
 /// The Acquires of one pool: whether a script call for the pool is in flight, and those
@@ -96,7 +128,7 @@ pub(super) async fn send_batches(
     mut batch: Vec<Waiter>,
 ) {
     loop {
-        let answers = send_batch(&entry.pool, &entry.keys, &shared, config, &batch).await;
+        let answers = send_batch(&entry, &shared, config, &batch).await;
         match answers {
             Ok(answers) => {
                 for (waiter, answer) in batch.drain(..).zip(answers) {
@@ -119,12 +151,12 @@ pub(super) async fn send_batches(
 
 /// One call of acquire_batch.lua: one answer per waiter, in order.
 pub(super) async fn send_batch(
-    pool: &PoolKey,
-    k: &Keys,
+    entry: &PoolEntry,
     shared: &Shared,
     config: BatchConfig,
     batch: &[Waiter],
 ) -> Result<Vec<Result<AcquireResult, StoreError>>, StoreError> {
+    let (pool, k) = (&entry.pool, &entry.keys);
     let mut call = shared.scripts.acquire_batch.key(&k.pool);
     call.key(&k.res).key(&k.due).key(&k.held).key(&k.idem).key(&k.outbox);
     k.structures(&mut call);
@@ -135,13 +167,14 @@ pub(super) async fn send_batch(
         call.arg(a.per_user_limit).arg(a.reservation_ttl_ms).arg(a.expect_generation.unwrap_or(0));
         call.arg(u8::from(a.allow_partial));
     }
+    entry.floor_arg(&mut call);
     let stats = &shared.stats;
     let n = u64::try_from(batch.len()).unwrap_or(u64::MAX);
     stats.calls.fetch_add(1, Ordering::Relaxed);
     stats.requests.fetch_add(n, Ordering::Relaxed);
     stats.largest.fetch_max(n, Ordering::Relaxed);
     let reply: Value = write(shared, config.durability, &k.pool, &call).await?;
-    let replies = array("acquire_batch", reply)?;
+    let replies = array("acquire_batch", entry.acknowledged(reply)?)?;
     if replies.len() != batch.len() {
         return Err(StoreError::Protocol(format!(
             "acquire_batch: {} replies for {} requests",

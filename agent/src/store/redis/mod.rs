@@ -46,7 +46,7 @@ mod reply;
 mod scripts;
 
 pub use batch::BatchStats;
-use batch::{BatchConfig, BatchCounters, Handoff, Lane, PoolEntry, Waiter};
+use batch::{BatchConfig, BatchCounters, Handoff, PoolEntry, Waiter, unwrap_seq};
 use durable::{ClusterNodes, Durability, DurablePool, DurableWrites, write};
 pub use errors::OUT_OF_MEMORY;
 use errors::map_err;
@@ -262,8 +262,7 @@ impl RedisPoolStore {
         if let Some(e) = pools.get(pool) {
             return Arc::clone(e);
         }
-        let entry =
-            Arc::new(PoolEntry { pool: pool.clone(), keys: self.make_keys(pool), lane: Mutex::new(Lane::default()) });
+        let entry = Arc::new(PoolEntry::new(pool.clone(), self.make_keys(pool)));
         pools.insert(pool.clone(), Arc::clone(&entry));
         entry
     }
@@ -333,8 +332,9 @@ impl RedisPoolStore {
         // 0 expects nothing: no pool has generation 0 and answered a reservation.
         call.arg(args.per_user_limit).arg(args.reservation_ttl_ms).arg(args.expect_generation.unwrap_or(0));
         call.arg(self.outbox_max).arg(u8::from(args.allow_partial));
+        entry.floor_arg(&mut call);
         let reply: Value = self.write(&k.pool, &call).await?;
-        acquire_result(reply, pool, &args.new_reservation_id)
+        acquire_result(entry.acknowledged(reply)?, pool, &args.new_reservation_id)
     }
 
     fn batch(&self) -> BatchConfig {
@@ -373,8 +373,9 @@ impl RedisPoolStore {
         call.key(&k.res).key(&k.due).key(&k.held).key(&k.gc).key(&k.outbox);
         k.structures(&mut call);
         call.arg(reservation_id).arg(self.retention_ms).arg(self.outbox_max);
+        entry.floor_arg(&mut call);
         let reply: Value = self.write(&k.pool, &call).await?;
-        transition(what, pool, reply)
+        transition(what, pool, entry.acknowledged(reply)?)
     }
 
     async fn refill_script(
@@ -391,7 +392,8 @@ impl RedisPoolStore {
         call.key(&k.grants).key(&k.gc).key(&k.fence).key(&k.outbox);
         k.structures(&mut call);
         call.arg(grant_id).arg(units).arg(self.retention_ms).arg(if must_exist { "1" } else { "0" }).arg(epoch);
-        let reply: Value = self.write(&k.pool, &call).await?;
+        entry.floor_arg(&mut call);
+        let reply: Value = entry.acknowledged(self.write(&k.pool, &call).await?)?;
         match int("refill", &reply)? {
             -1 => Err(StoreError::PoolMissing(pool.hash_tag())),
             -2 => Err(StoreError::Fenced(pool.hash_tag())),
@@ -465,9 +467,11 @@ impl PoolStore for RedisPoolStore {
         let mut call = self.shared.scripts.expire.key(&k.pool);
         call.key(&k.res).key(&k.due).key(&k.held).key(&k.idem).key(&k.gc).key(&k.grants).key(&k.takes).key(&k.outbox);
         call.arg(max).arg(self.retention_ms).arg(GC_BATCH).arg(self.outbox_max);
+        entry.floor_arg(&mut call);
         // An expiry lost in a failover is found due again (with its event, as the outbox
-        // is lost with it): no need to wait for replicas.
-        let reply: Value = self.read(&call).await?;
+        // is lost with it): no need to wait for replicas, and, not waited for, it does not
+        // raise the floor (a failover losing only it is no loss).
+        let (_, reply) = unwrap_seq(self.read(&call).await?)?;
         uint("expire_due", &reply)
     }
 
@@ -498,7 +502,8 @@ impl PoolStore for RedisPoolStore {
         call.key(&k.takes).key(&k.gc).key(&k.fence);
         k.structures(&mut call);
         call.arg(take_id).arg(max_units).arg(self.retention_ms).arg(epoch);
-        let reply: Value = self.write(&k.pool, &call).await?;
+        entry.floor_arg(&mut call);
+        let reply: Value = entry.acknowledged(self.write(&k.pool, &call).await?)?;
         match int("take_for_return", &reply)? {
             -1 => Err(StoreError::PoolMissing(pool.hash_tag())),
             -2 => Err(StoreError::Fenced(pool.hash_tag())),
@@ -513,7 +518,8 @@ impl PoolStore for RedisPoolStore {
         call.key(&k.takes).key(&k.fence);
         k.structures(&mut call);
         call.arg(take_id).arg(epoch);
-        let reply: Value = self.write(&k.pool, &call).await?;
+        entry.floor_arg(&mut call);
+        let reply: Value = entry.acknowledged(self.write(&k.pool, &call).await?)?;
         match int("untake", &reply)? {
             -2 => Err(StoreError::Fenced(pool.hash_tag())),
             _ => uint("untake", &reply),
@@ -535,9 +541,10 @@ impl PoolStore for RedisPoolStore {
         let k = &entry.keys;
         let mut call = self.shared.scripts.snapshot.key(&k.pool);
         k.structures(&mut call);
-        let reply: Value = self.read(&call).await?;
+        entry.floor_arg(&mut call);
+        let (_, reply) = unwrap_seq(self.read(&call).await?)?;
         let items = array(WHAT, reply)?;
-        let [available, reserved, sold, generation, now_ms] = items.as_slice() else {
+        let [available, reserved, sold, generation, now_ms, write_seq] = items.as_slice() else {
             return Err(StoreError::Protocol(format!("snapshot: unexpected reply {items:?}")));
         };
         Ok(PoolSnapshot {
@@ -546,6 +553,7 @@ impl PoolStore for RedisPoolStore {
             sold: uint(WHAT, sold)?,
             generation: uint(WHAT, generation)?,
             now_ms: int(WHAT, now_ms)?,
+            write_seq: uint(WHAT, write_seq)?,
         })
     }
 
@@ -561,7 +569,8 @@ impl PoolStore for RedisPoolStore {
         call.key(&k.pool);
         k.structures(&mut call);
         call.arg(reservation_id);
-        match self.read(&call).await? {
+        entry.floor_arg(&mut call);
+        match unwrap_seq(self.read(&call).await?)?.1 {
             Value::Nil => Ok(None),
             other if string(WHAT, &other)? == "lost" => Err(StoreError::PoolMissing(pool.hash_tag())),
             other => Ok(Some(state(WHAT, &string(WHAT, &other)?)?)),

@@ -12,8 +12,9 @@ impl RedisPoolStore {
         call.key(&k.res).key(&k.held).key(&k.outbox);
         k.structures(&mut call);
         call.arg(reservation_id).arg(self.outbox_max);
+        entry.floor_arg(&mut call);
         let reply: Value = self.write(&k.pool, &call).await?;
-        transition("refund", pool, reply)
+        transition("refund", pool, entry.acknowledged(reply)?)
     }
 
     pub(super) async fn extend_script(
@@ -30,8 +31,9 @@ impl RedisPoolStore {
         call.key(&k.res).key(&k.due).key(&k.held).key(&k.gc).key(&k.outbox);
         k.structures(&mut call);
         call.arg(reservation_id).arg(extend_ms).arg(ttl_ms).arg(self.retention_ms).arg(self.outbox_max);
+        entry.floor_arg(&mut call);
         let reply: Value = self.write(&k.pool, &call).await?;
-        let items = array(WHAT, reply)?;
+        let items = array(WHAT, entry.acknowledged(reply)?)?;
         match items.as_slice() {
             [tag, at] if string(WHAT, tag)? == "extended" => {
                 Ok(ExtendResult::Extended { expires_at_ms: int(WHAT, at)? })
@@ -58,7 +60,8 @@ impl RedisPoolStore {
             ReservationRef::Id(id) => call.arg("id").arg(id),
             ReservationRef::IdempotencyKey(key) => call.arg("key").arg(key),
         };
-        let reply: Value = self.read(&call).await?;
+        entry.floor_arg(&mut call);
+        let (_, reply) = super::batch::unwrap_seq(self.read(&call).await?)?;
         if reply == Value::Nil {
             return Ok(None);
         }

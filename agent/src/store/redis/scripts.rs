@@ -29,10 +29,19 @@ pub(super) struct Scripts {
 /// still has all of them) joined with the script's own text.
 macro_rules! with_intact {
     ($name:literal) => {
-        Script::new(concat!(
-            include_str!("../../../../lua/intact.lua"),
-            include_str!(concat!("../../../../lua/", $name))
-        ))
+        Script::new(concat!(include_str!("../../../../lua/intact.lua"), wrapped!($name)))
+    };
+}
+
+/// A pool script's own text as the body of a function whose reply `lua/intact.lua`'s
+/// `pool_reply` wraps as `{wseq, reply}` (raising the pool's write sequence if it wrote).
+macro_rules! wrapped {
+    ($name:literal) => {
+        concat!(
+            "local function pool_script()\n",
+            include_str!(concat!("../../../../lua/", $name)),
+            "\nend\nreturn pool_reply(pool_script())\n"
+        )
     };
 }
 
@@ -43,7 +52,7 @@ macro_rules! with_outbox {
         Script::new(concat!(
             include_str!("../../../../lua/intact.lua"),
             include_str!("../../../../lua/outbox.lua"),
-            include_str!(concat!("../../../../lua/", $name))
+            wrapped!($name)
         ))
     };
 }
@@ -56,7 +65,7 @@ macro_rules! for_acquire {
             include_str!("../../../../lua/intact.lua"),
             include_str!("../../../../lua/outbox.lua"),
             include_str!("../../../../lua/record.lua"),
-            include_str!(concat!("../../../../lua/", $name))
+            wrapped!($name)
         ))
     };
 }

@@ -1,0 +1,113 @@
+//! A pool store that goes back in time (a Redis restarted from an older snapshot, a
+//! lagging replica promoted): the fault saves a copy of a pool, later puts it back with
+//! the same generation and older contents; and the agent's store layer that tells such a
+//! pool from a live one, as `agent/src/store/redis` does with `lua/intact.lua`: the
+//! highest write sequence the agent's own calls saw is its floor, and a pool below it
+//! is lost (`core::pool::went_back`), read as one that does not exist before anything of
+//! it is read or written.
+
+use std::borrow::Cow;
+
+use inventory_core::pool::{Pool, went_back};
+
+use crate::world::World;
+
+/// Whether the agent's store layer compares a pool's write sequence with its floor (off
+/// only to show what a rolled-back pool does without it).
+pub const CHECK_FLOOR: bool = true;
+
+impl World {
+    /// Before every call of the agent's process on the pool: a pool below the floor is
+    /// dropped as lost (what it had sold stays sold, as for a pool whose data is lost).
+    pub(crate) fn guard_pool(&mut self, c: usize, item: &str) {
+        let floor = self.floor(c, item);
+        let Some(pool) = self.agents[c].pools.get_mut(item) else { return };
+        let (sold, existed) = (pool.sold(), pool.exists());
+        if !pool.drop_if_behind(floor) {
+            return;
+        }
+        if !existed {
+            return; // a pool the store lost outright: only its sequence continues
+        }
+        *self.reference.lost_sold.entry((c, item.to_owned())).or_default() += sold;
+        self.stats.rollbacks_caught += 1;
+        self.log(format!("{} store {item}: behind its floor {floor}: lost", self.name(c)));
+    }
+
+    /// The store layer's floor of the pool (0 while the agent is down, or when the check
+    /// is off).
+    fn floor(&self, c: usize, item: &str) -> u64 {
+        let floor = self.agents[c].mem.as_ref().and_then(|m| m.floors.get(item).copied()).unwrap_or(0);
+        if CHECK_FLOOR { floor } else { 0 }
+    }
+
+    /// The pool as the agent's store layer reads it: one below its floor is lost (read as
+    /// not existing), whether or not a call has found it so yet. The checker looks at
+    /// pools through this, as the agent sells from them.
+    pub fn pool_seen(&self, c: usize, item: &str) -> Option<Cow<'_, Pool>> {
+        let pool = self.agents[c].pools.get(item)?;
+        let floor = self.floor(c, item);
+        if !went_back(floor, pool.write_seq()) {
+            return Some(Cow::Borrowed(pool));
+        }
+        let mut dropped = pool.clone();
+        dropped.drop_if_behind(floor);
+        Some(Cow::Owned(dropped))
+    }
+
+    /// Units sold from pool data since lost, with those of a pool below its floor.
+    pub fn lost_sold(&self, c: usize, item: &str) -> u64 {
+        let lost = self.reference.lost_sold.get(&(c, item.to_owned())).copied().unwrap_or(0);
+        let behind = self.agents[c].pools.get(item).filter(|p| went_back(self.floor(c, item), p.write_seq()));
+        lost + behind.map_or(0, Pool::sold)
+    }
+
+    /// After every call of the agent's process on the pool: its floor rises to the
+    /// pool's write sequence (every call here is answered at once).
+    pub(crate) fn saw_pool(&mut self, c: usize, item: &str) {
+        let Some(seq) = self.agents[c].pools.get(item).map(inventory_core::pool::Pool::write_seq) else { return };
+        if let Some(mem) = self.agents[c].mem.as_mut() {
+            let floor = mem.floors.entry(item.to_owned()).or_default();
+            *floor = (*floor).max(seq);
+        }
+    }
+
+    /// The fault: the first time, the store saves a copy of the pool (a snapshot); the
+    /// next, it puts the copy back if the pool still has its generation and was written
+    /// since (same generation, older contents). Only while the agent that saw those
+    /// writes runs: a pool rolled back while its agent is down (or restarted since the
+    /// copy) is caught only if the agent learns a floor from the center, not modelled.
+    pub(crate) fn roll_back_pool(&mut self, c: usize, item: &str) {
+        let incarnation = self.agents[c].incarnations;
+        let Some(pool) = self.agents[c].pools.get(item).cloned() else { return };
+        let live = self.agents[c].mem.is_some();
+        match self.agents[c].saved.remove(item) {
+            None => {
+                if pool.exists() && live {
+                    self.agents[c].saved.insert(item.to_owned(), (incarnation, pool));
+                    self.log(format!("{} store saves a snapshot of {item}", self.name(c)));
+                }
+            }
+            Some((saved_in, copy)) => {
+                let same = copy.generation() == pool.generation() && copy.write_seq() < pool.write_seq();
+                if !(same && live && saved_in == incarnation) {
+                    return;
+                }
+                // What buyers hold as sold is the live pool's sold; the copy's are counted
+                // as they are found lost (or still sold from the copy, without the check).
+                let lost = self.reference.lost_sold.entry((c, item.to_owned())).or_default();
+                *lost = (*lost + pool.sold()).saturating_sub(copy.sold());
+                let forgotten = pool.sold().saturating_sub(copy.sold());
+                *self.reference.pool_losses.entry((c, item.to_owned())).or_default() += 1;
+                self.stats.pool_rollbacks += 1;
+                self.log(format!(
+                    "pool {}/{item} goes back to its snapshot (write {} -> {}, {forgotten} sold units forgotten)",
+                    self.name(c),
+                    pool.write_seq(),
+                    copy.write_seq()
+                ));
+                self.agents[c].pools.insert(item.to_owned(), copy);
+            }
+        }
+    }
+}
