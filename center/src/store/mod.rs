@@ -12,7 +12,7 @@ mod sql;
 
 use async_trait::async_trait;
 use inventory_core::buyers::{LimitScope, RegistryFallback};
-use inventory_core::ledger::{Allocation, ChannelSession, Check, ItemState};
+use inventory_core::ledger::{Allocation, ChannelSession, ChannelShares, Check, ItemState};
 use inventory_core::loss::PoolReport;
 use inventory_core::schedule::Schedule;
 use inventory_core::watermarks::{RateBatching, Watermarks};
@@ -37,6 +37,8 @@ pub struct ItemRecord {
     pub segments: u32,
     pub limit: LimitSettings,
     pub plan: SalePlan,
+    /// The operator's plan per channel (weights, caps, floors); empty without one.
+    pub shares: ChannelShares,
     pub held: u64,
 }
 
@@ -118,9 +120,16 @@ pub struct BorrowRate {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BorrowOutcome {
     pub granted: u64,
+    /// What the center could still grant this channel: its available, less the floors it
+    /// keeps for other channels, at most the room under the channel's cap (0 at the cap:
+    /// the agent then treats the center as dry for it).
     pub center_available: u64,
     #[serde(skip)]
     pub replayed: bool,
+    /// The grant was trimmed by the channel's cap: the center is not dry for the others,
+    /// so no ReturnRequested.
+    #[serde(skip)]
+    pub capped: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -197,6 +206,7 @@ pub struct NewItem {
     pub segments: u32,
     pub limit: LimitSettings,
     pub plan: SalePlan,
+    pub shares: ChannelShares,
 }
 
 #[async_trait]
