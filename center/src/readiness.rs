@@ -3,14 +3,14 @@
 //! center would answer now, what the channel holds of the item, and whether an agent is
 //! attached (its lease is live).
 //!
-//! Read-only: the allocation is `inventory_core::schedule::opening_allocation`, the rule
-//! DescribeItem applies, over the channels whose lease is live at `now_ms`, so what is
-//! shown is what a channel asking now would be told. Shown only while the item has not
+//! Read-only: the allocation is `ItemRecord::opening_allocation` (by the item's shares, or
+//! an even split without any), the rule DescribeItem applies, over the channels whose
+//! lease is live at `now_ms`, so what is shown is what a channel asking now would be told. Shown only while the item has not
 //! opened (and is not closed): after the opening the ordinary rules stock the pools and
 //! the allocation means nothing.
 
 use inventory_core::ledger::ChannelSession;
-use inventory_core::schedule::{Phase, opening_allocation, phase};
+use inventory_core::schedule::{Phase, phase};
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -62,7 +62,7 @@ pub fn readiness<'a>(
             .iter()
             .map(|(name, attached)| ChannelReadiness {
                 channel: (*name).to_owned(),
-                allocated: opening_allocation(item.state.total, item.plan.center_reserve, &live, name),
+                allocated: item.opening_allocation(&live, name),
                 stocked: held(name),
                 agent_attached: *attached,
             })
@@ -198,6 +198,7 @@ mod tests {
                 schedule: Schedule { opens_at_ms, closes_at_ms: 0, prestock_lead_ms: 30_000 },
                 center_reserve: 100,
             },
+            shares: Default::default(),
             held: 300,
         }
     }

@@ -22,9 +22,42 @@ pub fn quantity(s: &str) -> Result<u64, String> {
     }
 }
 
+/// `--share CHANNEL=WEIGHT[:cap=N][:floor=N]`: one channel's part of an item's plan.
+pub fn share(s: &str) -> Result<inventory_proto::v1::ChannelShare, String> {
+    let usage = "expected CHANNEL=WEIGHT[:cap=N][:floor=N], e.g. partner=20:cap=300:floor=100";
+    let (channel, rest) = s.split_once('=').ok_or_else(|| format!("{s:?}: {usage}"))?;
+    if channel.is_empty() {
+        return Err(format!("{s:?}: the channel is missing; {usage}"));
+    }
+    let mut parts = rest.split(':');
+    let weight = count(parts.next().unwrap_or_default()).map_err(|e| format!("weight {e}"))?;
+    let mut share = inventory_proto::v1::ChannelShare { channel: channel.to_owned(), weight, ..Default::default() };
+    for part in parts {
+        match part.split_once('=') {
+            Some(("cap", n)) => share.cap_units = count(n).map_err(|e| format!("cap {e}"))?,
+            Some(("floor", n)) => share.floor_units = count(n).map_err(|e| format!("floor {e}"))?,
+            _ => return Err(format!("{part:?}: {usage}")),
+        }
+    }
+    Ok(share)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shares_read_weight_cap_and_floor() {
+        let s = share("partner=20:cap=300:floor=100").unwrap();
+        assert_eq!((s.channel.as_str(), s.weight, s.cap_units, s.floor_units), ("partner", 20, 300, 100));
+        let s = share("app=50").unwrap();
+        assert_eq!((s.weight, s.cap_units, s.floor_units), (50, 0, 0));
+        assert!(share("app").unwrap_err().contains("CHANNEL=WEIGHT"));
+        assert!(share("=5").unwrap_err().contains("channel is missing"));
+        assert!(share("app=-1").unwrap_err().contains("weight cannot be negative"));
+        assert!(share("app=1:limit=3").unwrap_err().contains("\"limit=3\""));
+        assert!(share("app=1:cap=x").unwrap_err().starts_with("cap "));
+    }
 
     #[test]
     fn negative_zero_and_garbage_are_named() {

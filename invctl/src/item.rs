@@ -5,7 +5,7 @@ use inventory_proto::v1 as pb;
 use serde::Serialize;
 
 use crate::Ctx;
-use crate::args::{count, quantity};
+use crate::args::{count, quantity, share};
 use crate::conn::Failure;
 use crate::output::{fields, print, q, table};
 use crate::watermark::{WatermarksView, wm_text};
@@ -59,6 +59,11 @@ pub enum ItemCmd {
         /// Units the center keeps back from the opening stock (default 5 % of --total).
         #[arg(long, value_parser = count, allow_negative_numbers = true)]
         reserve: Option<u64>,
+        /// A channel's part of the plan, repeated per channel: CHANNEL=WEIGHT, optionally
+        /// :cap=N (it never holds more) and :floor=N (kept for it while it sells), e.g.
+        /// --share app=50 --share partner=20:cap=300:floor=100. None: an even split, no caps.
+        #[arg(long = "share", value_parser = share, allow_hyphen_values = true)]
+        shares: Vec<pb::ChannelShare>,
     },
     /// Move an item's schedule: both times before the opening, only --closes-at after it.
     /// A time not given stays as it is; relative times count from the center's clock.
@@ -136,6 +141,35 @@ pub struct ItemView {
     closes_at_unix_ms: i64,
     prestock_lead_ms: u64,
     center_reserve: u64,
+    /// The plan per channel (cap 0: none), by channel.
+    channel_shares: Vec<ShareView>,
+}
+
+#[derive(Serialize)]
+struct ShareView {
+    channel: String,
+    weight: u64,
+    cap_units: u64,
+    floor_units: u64,
+}
+
+/// `app 50, partner 20 (cap 300, floor 100)`, or how the stock is split without shares.
+fn shares_text(i: &pb::Item) -> String {
+    if i.channel_shares.is_empty() {
+        return "none: an even split over the channels selling, no caps".into();
+    }
+    let one = |s: &pb::ChannelShare| {
+        let mut limits = Vec::new();
+        if s.cap_units > 0 {
+            limits.push(format!("cap {}", s.cap_units));
+        }
+        if s.floor_units > 0 {
+            limits.push(format!("floor {}", s.floor_units));
+        }
+        let limits = if limits.is_empty() { String::new() } else { format!(" ({})", limits.join(", ")) };
+        format!("{} {}{limits}", s.channel, s.weight)
+    };
+    i.channel_shares.iter().map(one).collect::<Vec<_>>().join(", ")
 }
 
 impl From<&pb::Item> for ItemView {
@@ -156,6 +190,16 @@ impl From<&pb::Item> for ItemView {
             closes_at_unix_ms: i.closes_at_unix_ms,
             prestock_lead_ms: i.prestock_lead_ms,
             center_reserve: i.center_reserve,
+            channel_shares: i
+                .channel_shares
+                .iter()
+                .map(|s| ShareView {
+                    channel: s.channel.clone(),
+                    weight: s.weight,
+                    cap_units: s.cap_units,
+                    floor_units: s.floor_units,
+                })
+                .collect(),
         }
     }
 }
@@ -219,6 +263,7 @@ fn schedule_text(i: &pb::Item, c: &Countdown) -> Vec<(&'static str, String)> {
         ("closes", closes),
         ("stocking", lead),
         ("center reserve", i.center_reserve.to_string()),
+        ("shares", shares_text(i)),
     ]
 }
 
@@ -473,6 +518,7 @@ pub async fn run(ctx: &Ctx, cmd: ItemCmd) -> Result<(), Failure> {
             closes_at,
             prestock_lead,
             reserve,
+            shares,
         } => {
             let now = local_now_ms();
             let watermarks = match (low, high, batch) {
@@ -503,6 +549,7 @@ pub async fn run(ctx: &Ctx, cmd: ItemCmd) -> Result<(), Failure> {
                     closes_at_unix_ms: closes_at.map_or(0, |w| w.resolve(now)),
                     prestock_lead_ms: prestock_lead.unwrap_or(0),
                     center_reserve: reserve,
+                    channel_shares: shares,
                 })
                 .await?
                 .into_inner();

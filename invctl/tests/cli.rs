@@ -881,3 +881,52 @@ async fn item_show_lists_each_channels_readiness_beside_the_countdown() {
     let web = text.lines().find(|l| l.starts_with("web ")).unwrap_or_else(|| panic!("no row of web: {text}"));
     assert!(web.ends_with("stocks 5 at the lead"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channel_shares_are_created_and_shown() {
+    let c = start_center().await;
+    let args = [
+        "item",
+        "create",
+        "launch",
+        "--total",
+        "3000",
+        "--opens-at",
+        "+1h",
+        "--reserve",
+        "300",
+        "--share",
+        "app=50",
+        "--share",
+        "web=30",
+        "--share",
+        "partner=20:cap=300:floor=100",
+    ];
+    let o = invctl(&c.url, &args).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = invctl(&c.url, &["item", "show", "launch"]).await;
+    let text = stdout(&o);
+    let line = text.lines().find(|l| l.starts_with("shares")).unwrap_or_default();
+    assert!(line.ends_with("app 50, partner 20 (cap 300, floor 100), web 30"), "{text}");
+    let o = invctl(&c.url, &["--output", "json", "item", "show", "launch"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json output");
+    let partner = &v["channel_shares"][1];
+    assert_eq!(
+        (partner["channel"].as_str(), partner["weight"].as_u64(), partner["cap_units"].as_u64()),
+        (Some("partner"), Some(20), Some(300)),
+        "{v}"
+    );
+    assert_eq!(partner["floor_units"].as_u64(), Some(100), "{v}");
+
+    // A malformed share is named before anything is sent; the center's checks by field.
+    let o = invctl(&c.url, &["item", "create", "x", "--total", "10", "--share", "app"]).await;
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--share") && stderr(&o).contains("CHANNEL=WEIGHT"), "{}", stderr(&o));
+    let o = invctl(&c.url, &["item", "create", "x", "--total", "10", "--share", "app=1:cap=2:floor=3"]).await;
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("channel_shares[0].floor_units"), "{}", stderr(&o));
+    let o = invctl(&c.url, &["item", "create", "y", "--total", "10"]).await;
+    assert!(o.status.success());
+    let o = invctl(&c.url, &["item", "show", "y"]).await;
+    assert!(stdout(&o).contains("none: an even split"), "{}", stdout(&o));
+}

@@ -30,6 +30,7 @@ mod security;
 mod segment_loss;
 mod segments;
 mod segments_cluster;
+mod shares;
 #[macro_use]
 mod store_contract;
 mod store_baskets;

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use inventory_core::buyers::{LimitScope, RegistryFallback};
 use inventory_core::ids::MAX_QUANTITY;
-use inventory_core::ledger::Finding;
+use inventory_core::ledger::{ChannelShare, ChannelShares, Finding};
 use inventory_core::schedule;
 use inventory_core::watermarks::{RateBatching, WatermarkError, Watermarks};
 use inventory_core::{Channel, ItemId, Quantity, RequestId, ValidationError};
@@ -85,7 +85,33 @@ pub fn parse_new_item(r: &pb::CreateItemRequest, now_ms: i64) -> Result<NewItem,
         schedule: schedule::parse(r.opens_at_unix_ms, r.closes_at_unix_ms, r.prestock_lead_ms, now_ms)?,
         center_reserve: schedule::parse_reserve(r.center_reserve, total.get())?,
     };
-    Ok(NewItem { item_id, total, per_user_limit, reservation_ttl_ms, watermarks, rate_batching, segments, limit, plan })
+    let shares = parse_shares(&r.channel_shares, total.get(), plan.center_reserve)?;
+    Ok(NewItem {
+        item_id,
+        total,
+        per_user_limit,
+        reservation_ttl_ms,
+        watermarks,
+        rate_batching,
+        segments,
+        limit,
+        plan,
+        shares,
+    })
+}
+
+/// `channel_shares`, checked against the total and the reserve (`ChannelShares::parse`).
+fn parse_shares(raw: &[pb::ChannelShare], total: u64, reserve: u64) -> Result<ChannelShares, CenterError> {
+    let shares: Vec<ChannelShare> = raw
+        .iter()
+        .map(|s| ChannelShare {
+            channel: s.channel.clone(),
+            weight: s.weight,
+            cap_units: s.cap_units,
+            floor_units: s.floor_units,
+        })
+        .collect();
+    Ok(ChannelShares::parse(&shares, total, reserve)?)
 }
 
 fn parse_limit(r: &pb::CreateItemRequest) -> Result<LimitSettings, CenterError> {

@@ -116,12 +116,7 @@ impl CenterService {
         let item = ItemId::parse("item_id", &d.item_id)?;
         let record = self.store.policy(&item, None).await?.item;
         let names: Vec<&str> = live.iter().flatten().map(String::as_str).collect();
-        d.opening_allocation = inventory_core::schedule::opening_allocation(
-            record.state.total,
-            record.plan.center_reserve,
-            &names,
-            channel.as_str(),
-        );
+        d.opening_allocation = record.opening_allocation(&names, channel.as_str());
         Ok(())
     }
 }
@@ -373,7 +368,7 @@ impl CenterService {
             self.store.borrow(&item, &channel, r.epoch, quantity, &request_id, rate).await?
         };
         tracing::debug!(item = %item, channel = %channel, granted = out.granted, replayed = out.replayed, "borrow");
-        if !out.replayed && out.granted < quantity.get() && out.center_available == 0 {
+        if !out.replayed && !out.capped && out.granted < quantity.get() && out.center_available == 0 {
             // End of sale: this channel is short and the center is dry. Ask the others
             // to give back what they are not selling.
             self.events
@@ -423,7 +418,7 @@ impl CenterService {
             };
             match answer {
                 Ok(out) => {
-                    if !out.replayed && out.granted < line.quantity.get() && out.center_available == 0 {
+                    if !out.replayed && !out.capped && out.granted < line.quantity.get() && out.center_available == 0 {
                         self.events.publish(LedgerEvent::ReturnRequested {
                             item_id: line.item.to_string(),
                             starving: channel.to_string(),

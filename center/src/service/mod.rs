@@ -51,6 +51,16 @@ pub(crate) fn pb_item(r: &ItemRecord) -> pb::Item {
         closes_at_unix_ms: r.plan.schedule.closes_at_ms,
         prestock_lead_ms: r.plan.schedule.prestock_lead_ms,
         center_reserve: r.plan.center_reserve,
+        channel_shares: r
+            .shares
+            .iter()
+            .map(|s| pb::ChannelShare {
+                channel: s.channel.clone(),
+                weight: s.weight,
+                cap_units: s.cap_units,
+                floor_units: s.floor_units,
+            })
+            .collect(),
     }
 }
 

@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use inventory_core::ledger::{self, Allocation, ChannelSession, ItemState, Mutation, RateShare};
+use inventory_core::ledger::{self, Allocation, ChannelSession, ChannelShares, ItemState, Mutation, Peer, RateShare};
 use inventory_core::{Channel, ItemId, Quantity, RequestId};
 
 use super::{BorrowOutcome, BorrowRate, Result, ReturnOutcome};
@@ -142,11 +142,20 @@ pub struct AllocRow {
     pub lease_expires_at_ms: i64,
 }
 
-/// What the transaction read under the items' locks: the items, the sessions of the
-/// batch's channels, and every allocation of the items.
+/// The part of an item's plan every Borrow keeps: its channel shares and its opening.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ItemPlan {
+    pub shares: ChannelShares,
+    pub opens_at_ms: i64,
+}
+
+/// What the transaction read under the items' locks: the items (and their plans), the
+/// sessions of the batch's channels, and every allocation of the items.
 #[derive(Debug, Default)]
 pub struct Snapshot {
     pub items: HashMap<String, ItemState>,
+    /// By item; an item without an entry has no plan.
+    pub plans: HashMap<String, ItemPlan>,
     pub sessions: HashMap<String, ChannelSession>,
     /// By `(item, channel)`.
     pub allocs: BTreeMap<(String, String), AllocRow>,
@@ -216,17 +225,26 @@ pub fn apply(ops: &[Op], replays: Vec<Option<Result<Answer>>>, snap: &Snapshot) 
         let (mut after, mut alloc) = (item.clone(), row.alloc);
         let answer = match op.kind {
             OpKind::Borrow(rate) => {
+                let plan = snap.plans.get(op.item.as_str()).cloned().unwrap_or_default();
+                let limits = plan_limits(&plan, &allocs, &akey, alloc.held(), rate.now_ms);
                 let mut share = RateShare::default();
-                if op.quantity.get() > after.available && rate.sell_rate_milli > 0 {
+                let usable = after.available.saturating_sub(limits.kept);
+                if op.quantity.get().min(limits.room) > usable && rate.sell_rate_milli > 0 {
                     share = RateShare {
                         own_milli: rate.sell_rate_milli,
-                        others_milli: others_rates(&allocs, &akey, rate.now_ms),
+                        others_milli: others_rates(&allocs, &akey, &plan.shares, rate.now_ms),
                     };
                 }
-                let granted = ledger::borrow_shared(&mut after, &mut alloc, op.quantity, share);
+                let granted = ledger::borrow_planned(&mut after, &mut alloc, op.quantity, share, limits);
                 alloc.sell_rate_milli = rate.sell_rate_milli;
                 rates_given.insert(akey.clone(), rate.sell_rate_milli);
-                Ok(Answer::Borrow(BorrowOutcome { granted, center_available: after.available, replayed: false }))
+                let room = limits.room.saturating_sub(granted);
+                Ok(Answer::Borrow(BorrowOutcome {
+                    granted,
+                    center_available: after.available.saturating_sub(limits.kept).min(room),
+                    replayed: false,
+                    capped: op.quantity.get() > limits.room,
+                }))
             }
             OpKind::Return => ledger::give_back(&mut after, &mut alloc, &op.channel, op.quantity)
                 .map(|()| Answer::Return(ReturnOutcome { center_available: after.available, replayed: false }))
@@ -276,13 +294,49 @@ pub fn stale_or_unknown(channel: &Channel, session: Option<&ChannelSession>, epo
     }
 }
 
-/// The sell rates of the item's other channels whose lease is live.
-fn others_rates(allocs: &BTreeMap<(String, String), AllocRow>, own: &(String, String), now_ms: i64) -> u64 {
+/// The item's allocations, other than `own`'s.
+fn others<'a>(
+    allocs: &'a BTreeMap<(String, String), AllocRow>,
+    own: &'a (String, String),
+) -> impl Iterator<Item = (&'a str, &'a AllocRow)> {
     allocs
         .range((own.0.clone(), String::new())..)
         .take_while(|((item, _), _)| *item == own.0)
-        .filter(|((_, channel), row)| *channel != own.1 && row.lease_expires_at_ms > now_ms)
+        .filter(|((_, channel), _)| *channel != own.1)
+        .map(|((_, channel), row)| (channel.as_str(), row))
+}
+
+/// The sell rates of the item's other channels whose lease is live and that are below
+/// their cap (a channel at its cap takes no more, so claims no share).
+fn others_rates(
+    allocs: &BTreeMap<(String, String), AllocRow>,
+    own: &(String, String),
+    shares: &ChannelShares,
+    now_ms: i64,
+) -> u64 {
+    others(allocs, own)
+        .filter(|(channel, row)| row.lease_expires_at_ms > now_ms && !ledger::at_cap(shares, channel, row.alloc.held()))
         .fold(0u64, |sum, (_, row)| sum.saturating_add(row.alloc.sell_rate_milli))
+}
+
+/// The cap and the floors kept for a Borrow of `own` holding `held` (`ledger::limits`),
+/// the other channels as the batch left them.
+fn plan_limits(
+    plan: &ItemPlan,
+    allocs: &BTreeMap<(String, String), AllocRow>,
+    own: &(String, String),
+    held: u64,
+    now_ms: i64,
+) -> ledger::Limits {
+    let peers = others(allocs, own).map(|(channel, row)| {
+        let peer = Peer {
+            held: row.alloc.held(),
+            lease_live: row.lease_expires_at_ms > now_ms,
+            reported_at_ms: row.alloc.reported_at_ms,
+        };
+        (channel, peer)
+    });
+    ledger::limits(&plan.shares, &own.1, held, peers, now_ms, plan.opens_at_ms)
 }
 
 #[cfg(test)]
@@ -367,7 +421,7 @@ mod tests {
     fn recorded_requests_answer_from_their_record() {
         let ops = [op("i", "app", 5, "a", true), op("i", "app", 9, "b", true)];
         let mut recorded = HashMap::new();
-        let first = Answer::Borrow(BorrowOutcome { granted: 5, center_available: 42, replayed: false });
+        let first = Answer::Borrow(BorrowOutcome { granted: 5, center_available: 42, replayed: false, capped: false });
         let m = ops[0].mutation();
         recorded.insert(
             request_key(&m, &ops[0].request_id),

@@ -12,7 +12,7 @@ mod sql;
 
 use async_trait::async_trait;
 use inventory_core::buyers::{LimitScope, RegistryFallback};
-use inventory_core::ledger::{Allocation, ChannelSession, Check, ItemState};
+use inventory_core::ledger::{Allocation, ChannelSession, ChannelShares, Check, ItemState};
 use inventory_core::loss::PoolReport;
 use inventory_core::schedule::Schedule;
 use inventory_core::watermarks::{RateBatching, Watermarks};
@@ -37,7 +37,22 @@ pub struct ItemRecord {
     pub segments: u32,
     pub limit: LimitSettings,
     pub plan: SalePlan,
+    /// The operator's plan per channel (weights, caps, floors); empty without one.
+    pub shares: ChannelShares,
     pub held: u64,
+}
+
+impl ItemRecord {
+    /// The opening allocation of `channel` among the `live` channels: by the item's
+    /// shares (weights, caps, floors), or an even split without any.
+    pub fn opening_allocation(&self, live: &[&str], channel: &str) -> u64 {
+        let (total, reserve) = (self.state.total, self.plan.center_reserve);
+        if self.shares.is_empty() {
+            inventory_core::schedule::opening_allocation(total, reserve, live, channel)
+        } else {
+            self.shares.opening_allocation(total, reserve, live, channel)
+        }
+    }
 }
 
 /// The plan of an item's sale: its schedule (the center's clock) and the units the center
@@ -118,9 +133,16 @@ pub struct BorrowRate {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BorrowOutcome {
     pub granted: u64,
+    /// What the center could still grant this channel: its available, less the floors it
+    /// keeps for other channels, at most the room under the channel's cap (0 at the cap:
+    /// the agent then treats the center as dry for it).
     pub center_available: u64,
     #[serde(skip)]
     pub replayed: bool,
+    /// The grant was trimmed by the channel's cap: the center is not dry for the others,
+    /// so no ReturnRequested.
+    #[serde(skip)]
+    pub capped: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -197,6 +219,7 @@ pub struct NewItem {
     pub segments: u32,
     pub limit: LimitSettings,
     pub plan: SalePlan,
+    pub shares: ChannelShares,
 }
 
 #[async_trait]

@@ -21,6 +21,7 @@ mod reports;
 mod requests;
 mod schedule;
 mod security;
+mod shares;
 mod shutdown;
 mod startup_errors;
 mod support;

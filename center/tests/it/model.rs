@@ -101,6 +101,7 @@ async fn run(store: &dyn LedgerStore, ops: &[Op]) {
         segments: 1,
         limit: Default::default(),
         plan: Default::default(),
+        shares: Default::default(),
     };
     store.create_item(&new, 0).await.unwrap();
     let channels: Vec<Channel> = CHANNELS.iter().map(|c| Channel::parse("channel", c).unwrap()).collect();

@@ -6,12 +6,17 @@
 //! `total = available + Σ held(channel)` where `held = granted - returned - reclaimed`.
 
 pub mod behind;
+mod caps;
 mod relearn;
 mod share;
 
 use serde::{Deserialize, Serialize};
 
 pub use behind::{DriftTrack, beyond_ledger};
+pub use caps::{
+    ChannelShare, ChannelShares, FLOOR_IDLE_MS, Limits, MAX_SHARES, MAX_WEIGHT, Peer, at_cap, borrow_planned,
+    floor_kept, limits,
+};
 pub use relearn::{Relearned, relearn};
 pub use share::{RateShare, borrow_shared, share_of};
 

@@ -8,11 +8,13 @@ use std::collections::{BTreeSet, HashMap};
 
 use inventory_core::ledger::{ChannelSession, ItemState};
 
-use super::rows::{alloc_from_row, item_from_row, placeholders, session_from_row, to_db};
+use super::rows::{
+    alloc_from_row, item_from_row, placeholders, plan_from_row, session_from_row, shares_from_row, to_db,
+};
 use super::{Dialect, SqlLedger, Tx};
 use crate::error::CenterError;
 use crate::store::Result;
-use crate::store::batch::{self, AllocRow, AllocWrite, Answer, Op, Recorded, RequestKey, Snapshot};
+use crate::store::batch::{self, AllocRow, AllocWrite, Answer, ItemPlan, Op, Recorded, RequestKey, Snapshot};
 
 /// Lines per statement of a batch (at most 8 parameters a line: within both engines'
 /// limits).
@@ -125,6 +127,11 @@ impl SqlLedger {
             }
             for row in q.fetch_all(&mut **tx).await? {
                 let (id, state, ..) = item_from_row(&row)?;
+                let shares = shares_from_row(&row)?;
+                if !shares.is_empty() {
+                    let opens_at_ms = plan_from_row(&row)?.schedule.opens_at_ms;
+                    snap.plans.insert(id.clone(), ItemPlan { shares, opens_at_ms });
+                }
                 snap.items.insert(id, state);
             }
         }

@@ -20,8 +20,8 @@ impl SqlLedger {
         let inserted = sqlx::query(
             "INSERT INTO items (item_id, total, available, per_user_limit, reservation_ttl_ms, closed, \
              wm_low, wm_high, wm_batch, created_at_ms, rate_batching, rate_min_batch, rate_max_batch, rate_target_ms, segments, \
-             limit_scope, registry_fallback, opens_at_ms, closes_at_ms, prestock_lead_ms, center_reserve) \
-             VALUES ($1, $2, $3, $4, $5, 0, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) \
+             limit_scope, registry_fallback, opens_at_ms, closes_at_ms, prestock_lead_ms, center_reserve, channel_shares) \
+             VALUES ($1, $2, $3, $4, $5, 0, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21) \
              ON CONFLICT (item_id) DO NOTHING",
         )
         .bind(new.item_id.as_str())
@@ -44,6 +44,7 @@ impl SqlLedger {
         .bind(new.plan.schedule.closes_at_ms)
         .bind(to_db("prestock_lead_ms", new.plan.schedule.prestock_lead_ms)?)
         .bind(to_db("center_reserve", new.plan.center_reserve)?)
+        .bind(super::rows::shares_to_db(&new.shares)?)
         .execute(&mut *tx)
         .await?
         .rows_affected()
@@ -55,19 +56,21 @@ impl SqlLedger {
             let same = record.state.per_user_limit == new.per_user_limit
                 && record.state.reservation_ttl_ms == new.reservation_ttl_ms
                 && record.segments == new.segments
-                && record.limit == new.limit;
+                && record.limit == new.limit
+                && record.shares == new.shares;
             let same_total = record.state.total == new.total.get();
             if !(same && same_total) {
                 return Err(CenterError::AlreadyExists(format!(
                     "item {:?} already exists with total {}, per_user_limit {}, reservation_ttl_ms {}, segments {}, \
-                     limit_scope {}, registry_fallback {}",
+                     limit_scope {}, registry_fallback {}, channel_shares {}",
                     new.item_id.as_str(),
                     record.state.total,
                     record.state.per_user_limit,
                     record.state.reservation_ttl_ms,
                     record.segments,
                     record.limit.scope.as_str(),
-                    record.limit.fallback.as_str()
+                    record.limit.fallback.as_str(),
+                    super::rows::shares_to_db(&record.shares)?
                 )));
             }
         }

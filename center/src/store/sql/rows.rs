@@ -1,7 +1,7 @@
 //! Row mapping (columns to ledger structs and back) and single-row reads and writes
 //! shared by the transactions.
 
-use inventory_core::ledger::{Allocation, ChannelSession, ItemState, PoolCounts};
+use inventory_core::ledger::{Allocation, ChannelSession, ChannelShares, ItemState, PoolCounts};
 use inventory_core::watermarks::{RateBatching, Watermarks};
 use inventory_core::{Channel, ItemId, ValidationError};
 use sqlx::Row;
@@ -15,7 +15,7 @@ use inventory_core::buyers::{LimitScope, RegistryFallback};
 
 pub(super) const ITEM_SELECT: &str = "SELECT item_id, total, available, per_user_limit, reservation_ttl_ms, closed, \
      wm_low, wm_high, wm_batch, written_off, rate_batching, rate_min_batch, rate_max_batch, rate_target_ms, segments, \
-     limit_scope, registry_fallback, opens_at_ms, closes_at_ms, prestock_lead_ms, center_reserve FROM items";
+     limit_scope, registry_fallback, opens_at_ms, closes_at_ms, prestock_lead_ms, center_reserve, channel_shares FROM items";
 pub(super) const SESSION_SELECT: &str =
     "SELECT channel, epoch, agent_id, lease_expires_at_ms, last_heartbeat_ms FROM channels";
 pub(super) const ALLOC_SELECT: &str = "SELECT item_id, channel, granted, returned, reclaimed, reported_available, \
@@ -84,6 +84,25 @@ pub(super) fn plan_from_row(row: &AnyRow) -> Result<SalePlan> {
         },
         center_reserve: col(row, "center_reserve")?,
     })
+}
+
+/// The item row's channel shares (column of migration 0011; '' without any).
+pub(super) fn shares_from_row(row: &AnyRow) -> Result<ChannelShares> {
+    let text: String = row.try_get("channel_shares")?;
+    if text.is_empty() {
+        return Ok(ChannelShares::default());
+    }
+    let shares = serde_json::from_str(&text)
+        .map_err(|e| CenterError::Internal(format!("column channel_shares unreadable: {e}")))?;
+    Ok(ChannelShares::from_stored(shares))
+}
+
+/// Channel shares as the column keeps them ('' without any).
+pub(super) fn shares_to_db(shares: &ChannelShares) -> Result<String> {
+    if shares.is_empty() {
+        return Ok(String::new());
+    }
+    serde_json::to_string(shares).map_err(|e| CenterError::Internal(e.to_string()))
 }
 
 fn limit_from_row(row: &AnyRow) -> Result<LimitSettings> {
@@ -231,7 +250,8 @@ impl SqlLedger {
         let (item_id, state, watermarks, rate_batching, segments, limit) = item_from_row(&row)?;
         let held = self.sum_held(tx, &item_id).await?;
         let plan = plan_from_row(&row)?;
-        Ok(ItemRecord { item_id, state, watermarks, rate_batching, segments, limit, plan, held })
+        let shares = shares_from_row(&row)?;
+        Ok(ItemRecord { item_id, state, watermarks, rate_batching, segments, limit, plan, shares, held })
     }
 
     pub(super) async fn override_for(tx: &mut Tx, item: &str, channel: &str) -> Result<Option<Watermarks>> {

@@ -11,6 +11,7 @@ use sqlx::Row;
 use super::SqlLedger;
 use super::rows::{
     ALLOC_SELECT, ITEM_SELECT, SESSION_SELECT, alloc_from_row, col, item_from_row, plan_from_row, session_from_row,
+    shares_from_row,
 };
 use crate::error::CenterError;
 use crate::store::{ChannelRecord, ChannelView, ItemLedger, ItemPolicy, ItemRecord, Reconciliation, Result};
@@ -106,7 +107,7 @@ impl SqlLedger {
         const SELECT: &str = "SELECT i.item_id, i.total, i.available, i.per_user_limit, i.reservation_ttl_ms, \
              i.closed, i.wm_low, i.wm_high, i.wm_batch, i.written_off, i.rate_batching, i.rate_min_batch, \
              i.rate_max_batch, i.rate_target_ms, i.segments, i.limit_scope, i.registry_fallback, \
-             i.opens_at_ms, i.closes_at_ms, i.prestock_lead_ms, i.center_reserve, \
+             i.opens_at_ms, i.closes_at_ms, i.prestock_lead_ms, i.center_reserve, i.channel_shares, \
              (SELECT CAST(COALESCE(SUM(CASE WHEN h.granted - h.returned - h.reclaimed > 0 \
                  THEN h.granted - h.returned - h.reclaimed ELSE 0 END), 0) AS BIGINT) \
               FROM allocations h WHERE h.item_id = i.item_id) AS held_sum, \
@@ -149,6 +150,7 @@ impl SqlLedger {
                 segments,
                 limit,
                 plan: plan_from_row(row)?,
+                shares: shares_from_row(row)?,
                 held,
             };
             let policy = ItemPolicy {
@@ -248,6 +250,7 @@ impl SqlLedger {
                     segments,
                     limit,
                     plan: plan_from_row(row)?,
+                    shares: shares_from_row(row)?,
                     held,
                 };
                 Ok((ItemLedger { item, channels }, overrides))
@@ -281,6 +284,7 @@ impl SqlLedger {
                     segments,
                     limit,
                     plan: plan_from_row(row)?,
+                    shares: shares_from_row(row)?,
                     held,
                 })
             })
