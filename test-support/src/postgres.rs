@@ -153,7 +153,8 @@ impl PgServer {
     /// Turns a standby into a primary (`pg_ctl promote`), waiting until it accepts writes.
     pub async fn promote(&self) {
         run("pg_ctl", &["-D", &self.data(), "-w", "-t", "60", "promote"]);
-        let mut conn = sqlx::PgConnection::connect(&self.url("postgres")).await.expect("connect to the promoted server");
+        let mut conn =
+            sqlx::PgConnection::connect(&self.url("postgres")).await.expect("connect to the promoted server");
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let (recovering,): (bool,) =
@@ -211,6 +212,7 @@ impl Drop for PgServer {
 
 fn append(path: &Path, text: &str) {
     use std::io::Write;
-    let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut f =
+        std::fs::OpenOptions::new().append(true).open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     f.write_all(text.as_bytes()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
 }

@@ -97,8 +97,7 @@ impl CenterProcess {
 
     /// `/healthz`'s status code (None: no answer within a second).
     pub async fn healthz(&self) -> Option<u16> {
-        let call = crate::harness::http_status(self.http_addr, "/healthz");
-        tokio::time::timeout(Duration::from_secs(1), call).await.ok().map(|(status, _)| status)
+        http(self.http_addr, "/healthz").await.map(|(status, _)| status)
     }
 
     /// gRPC health of the Center service (None: no answer within a second).
@@ -133,4 +132,13 @@ impl CenterProcess {
         self.child.start_kill().expect("SIGKILL");
         self.child.wait().await.expect("reap");
     }
+}
+
+/// A GET on a center's HTTP port that may not answer (down, frozen, restarting): None then.
+pub async fn http(addr: SocketAddr, path: &'static str) -> Option<(u16, String)> {
+    tokio::net::TcpStream::connect(addr).await.ok()?;
+    // The harness's GET panics on a refused connection (the center may die meanwhile): run
+    // it where a panic is an answer.
+    let call = tokio::spawn(crate::harness::http_status(addr, path));
+    tokio::time::timeout(Duration::from_secs(1), call).await.ok()?.ok()
 }

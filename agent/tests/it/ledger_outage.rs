@@ -19,7 +19,8 @@ use crate::center_process::CenterProcess;
 use crate::harness::{BackgroundSale, LocalAgent, StoreSpec, buy_one};
 
 const ITEMS: &[&str] = &["out"];
-const TOTAL: u64 = 600;
+const UNITS: usize = 600;
+const TOTAL: u64 = UNITS as u64;
 /// Small batches: grants commit often, so some are in flight when the center stops.
 const WATERMARKS: (u64, u64, u64) = (10, 60, 30);
 /// How long the center does not answer.
@@ -43,9 +44,9 @@ async fn a_sale_through(fault: Fault, database_url: &str) {
 
     // Steady buyers on both channels, more of them than units.
     let buyers: Vec<(Vec<AgentClient<Channel>>, usize, String)> =
-        (0..TOTAL as usize).map(|n| (vec![clients[n % 2].clone()], 0, format!("b{n}"))).collect();
+        (0..UNITS).map(|n| (vec![clients[n % 2].clone()], 0, format!("b{n}"))).collect();
     let sale = BackgroundSale::start(ITEMS, buyers, 8);
-    assert!(sale.reached(TOTAL as usize / 4).await, "the sale never got going");
+    assert!(sale.reached(UNITS / 4).await, "the sale never got going");
 
     match &fault {
         Fault::DatabaseDown(pg) => {
@@ -54,7 +55,11 @@ async fn a_sale_through(fault: Fault, database_url: &str) {
                 center.healthz().await == Some(503) && center.grpc_health().await == Some(ServingStatus::NotServing)
             })
             .await;
-            assert!(not_serving, "the center looked healthy with its database down: /healthz {:?}", center.healthz().await);
+            assert!(
+                not_serving,
+                "the center looked healthy with its database down: /healthz {:?}",
+                center.healthz().await
+            );
             tokio::time::sleep(OUTAGE).await;
             assert_eq!(center.healthz().await, Some(503), "still down: still not serving");
             pg.start_again().await;
@@ -94,7 +99,12 @@ async fn a_sale_through(fault: Fault, database_url: &str) {
         center.try_reconcile().await.is_some_and(|r| r.ok && r.drifts.is_empty())
     })
     .await;
-    assert!(settled, "the ledger never settled: {:?} {:?}", center.try_reconcile().await, center.ledger(ITEMS[0]).await);
+    assert!(
+        settled,
+        "the ledger never settled: {:?} {:?}",
+        center.try_reconcile().await,
+        center.ledger(ITEMS[0]).await
+    );
     let end = center.ledger(ITEMS[0]).await;
     let sold: u64 = end.channels.iter().map(|c| c.reported_sold).sum();
     assert_eq!(sold, TOTAL, "the pools sold each unit once: {end:?}");
