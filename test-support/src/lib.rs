@@ -4,12 +4,14 @@
 //! `INVENTORY_TEST_REDIS_URL` (defaults: the local services on their standard ports).
 //! Each test isolates itself: a fresh PostgreSQL database, a private Redis key prefix, or
 //! its own `redis-server` process on a free port when it must kill, flush or restart Redis.
+//! A private PostgreSQL server ([`postgres`]) for tests that stop, replicate or promote it.
 //! NATS (JetStream) at `INVENTORY_TEST_NATS_URL` for the relay ([`nats`]).
 //! An unreachable server fails the test with a message saying how to start it.
 
 pub mod cluster;
 pub mod nats;
 pub mod pki;
+pub mod postgres;
 pub mod proxy;
 use std::net::TcpListener;
 use std::path::PathBuf;

@@ -3,6 +3,7 @@
 mod baskets;
 mod borrow_many;
 mod buyer_registry;
+mod center_process;
 mod claim_lapse;
 mod cluster;
 mod cluster_durable;
@@ -14,6 +15,8 @@ mod global_limit;
 mod harness;
 mod late_grant;
 mod ledger_behind;
+mod ledger_failover;
+mod ledger_outage;
 mod lost_structures;
 mod many_items;
 mod metrics;
