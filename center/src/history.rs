@@ -89,12 +89,20 @@ struct State {
     activity: HashMap<String, ((u64, u64), i64)>,
     /// Stuck drifts of every item at the last sample: (item, channel) → drift.
     stuck: HashMap<(String, String), i64>,
+    /// Negative drifts that hold lending back while the sampler cannot tell yet
+    /// (`ledger::hold_back`): (item, channel) → drift.
+    held_back: HashMap<(String, String), i64>,
     last_sample_ms: Option<i64>,
+    /// Until when negative drifts hold lending back (None: no sample has succeeded since
+    /// start or since the database last failed a sample).
+    trusted_from_ms: Option<i64>,
 }
 
 pub struct History {
     config: HistoryConfig,
     state: Mutex<State>,
+    /// A sample at a report is running (`sample_if_unsure`).
+    sampling: std::sync::atomic::AtomicBool,
 }
 
 /// A drift split into the part calls and reports in flight explain and the stuck rest.
@@ -106,7 +114,7 @@ pub struct DriftSplit {
 
 impl History {
     pub fn new(config: HistoryConfig) -> Self {
-        Self { config, state: Mutex::new(State::default()) }
+        Self { config, state: Mutex::new(State::default()), sampling: Default::default() }
     }
 
     pub fn config(&self) -> HistoryConfig {
@@ -126,6 +134,7 @@ impl History {
                 let Some(history) = weak.upgrade() else { return };
                 if let Err(e) = history.sample(store.as_ref(), crate::clock::now_ms()).await {
                     tracing::debug!(error = %e, "console history: ledger unreadable, sample skipped");
+                    history.state.lock().unwrap_or_else(|p| p.into_inner()).trusted_from_ms = None;
                     continue;
                 }
                 history.relearn_lost_grants(store.as_ref()).await;
@@ -145,6 +154,8 @@ impl History {
         }
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let previous = state.last_sample_ms;
+        let trusted_from = *state.trusted_from_ms.get_or_insert(now_ms + inventory_core::ledger::behind::QUIET_MS);
+        let mut held_back = HashMap::new();
         for record in &items {
             let key = (record.state.available, record.held);
             let entry = state.activity.entry(record.item_id.clone()).or_insert((key, now_ms));
@@ -171,8 +182,11 @@ impl History {
                 let known = state.tracks.get(&track_key).copied();
                 let track = DriftTrack::observe(known, a, previous, now_ms);
                 state.tracks.insert(track_key, track);
-                if track.persists(a, now_ms, millis(self.config.stuck_after)) {
+                let stuck_after = millis(self.config.stuck_after);
+                if track.persists(a, now_ms, stuck_after) || track.ledger_behind(a, now_ms, stuck_after) {
                     stuck.insert((record.item_id.clone(), (*channel).to_owned()), drift);
+                } else if inventory_core::ledger::hold_back(a, now_ms, trusted_from) {
+                    held_back.insert((record.item_id.clone(), (*channel).to_owned()), drift);
                 }
                 if with_history {
                     let split = split_drift(a, Some(track), now_ms, self.config.stuck_after);
@@ -197,9 +211,45 @@ impl History {
         }
         state.items.retain(|id, _| kept.contains(id));
         state.tracks.retain(|(id, _), _| ids.contains(id.as_str()));
+        for ((item, channel), drift) in &held_back {
+            if !state.held_back.contains_key(&(item.clone(), channel.clone())) {
+                tracing::warn!(
+                    item = %item,
+                    channel = %channel,
+                    units = drift.unsigned_abs(),
+                    "a pool reports more than the ledger counts and the center cannot tell yet whether a report is in flight or commits were lost: not lending the item meanwhile"
+                );
+            }
+        }
         state.stuck = stuck;
+        state.held_back = held_back;
         state.last_sample_ms = Some(now_ms);
         Ok(())
+    }
+
+    /// While the sampler cannot yet tell a report in flight from lost commits (just after
+    /// the center started, or its database came back: `ledger::hold_back`), a report is
+    /// looked at as it arrives rather than at the next sample, so a center restarted on a
+    /// ledger that went back holds the item's lending at its pools' first reports. At most
+    /// one such sample at a time, and one per 100 ms; the report's call does not wait.
+    pub fn sample_if_unsure(history: &Arc<History>, store: &Arc<dyn LedgerStore>, now_ms: i64) {
+        {
+            let state = history.state.lock().unwrap_or_else(|p| p.into_inner());
+            let unsure = state.trusted_from_ms.is_none_or(|t| now_ms < t);
+            if !unsure || state.last_sample_ms.is_some_and(|t| now_ms - t < 100) {
+                return;
+            }
+        }
+        if history.sampling.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return;
+        }
+        let (history, store) = (Arc::clone(history), Arc::clone(store));
+        tokio::spawn(async move {
+            if let Err(e) = history.sample(store.as_ref(), now_ms).await {
+                tracing::debug!(error = %e, "ledger unreadable, sample at a report skipped");
+            }
+            history.sampling.store(false, std::sync::atomic::Ordering::Release);
+        });
     }
 
     /// Re-learns, from the pools' reports, grants the ledger lost (stuck negative drifts):
@@ -253,7 +303,8 @@ impl History {
     /// (stuck negative drifts, at the last sample): while any, the center lends none of it.
     pub fn beyond_ledger(&self, item: &str) -> u64 {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        inventory_core::ledger::beyond_ledger(state.stuck.iter().filter(|((i, _), _)| i == item).map(|(_, d)| *d))
+        let drifts = state.stuck.iter().chain(&state.held_back).filter(|((i, _), _)| i == item).map(|(_, d)| *d);
+        inventory_core::ledger::beyond_ledger(drifts)
     }
 
     /// Splits the drift of `allocation` (read now) with what the samples know.
@@ -320,7 +371,7 @@ mod tests {
     }
 
     fn track(held: u64, held_steady_since: i64) -> Option<Track> {
-        Some(Track { held, held_steady_since, drift: 0, drift_since: 0 })
+        Some(Track { held, held_steady_since, drift: 0, drift_since: 0, out: 0, out_steady_since: 0 })
     }
 
     #[test]

@@ -138,7 +138,7 @@ impl World {
         for (key, a) in &self.center.allocations {
             let track = DriftTrack::observe(self.ledger.tracks.get(key).copied(), a, previous, now);
             self.ledger.tracks.insert(key.clone(), track);
-            if track.persists(a, now, STUCK_AFTER_MS) {
+            if track.persists(a, now, STUCK_AFTER_MS) || track.ledger_behind(a, now, STUCK_AFTER_MS) {
                 stuck.insert(key.clone(), a.drift());
             }
         }

@@ -79,7 +79,7 @@ fn watch(
             }
             if let Some((200, body)) = crate::center_process::http(center.1, "/metrics").await {
                 let negative = ["app", "web"].iter().any(|c| {
-                    let series = format!("inventory_center_channel_drift_units{{channel=\"{c}\",item=\"fo\"}}");
+                    let series = format!("inventory_center_channel_drift_units{{item=\"fo\",channel=\"{c}\"}}");
                     sample(&body, &series).is_some_and(|d| d < 0.0)
                 });
                 if negative {
@@ -92,8 +92,6 @@ fn watch(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "oversells today: the center lends units a pool holds beyond the ledger until the drift has stood still \
-            for 7 s, which busy channels never let it do (80 grants lost, 1,270 reservations for 1,000 units)"]
 async fn a_failover_to_a_lagging_standby_oversells_nothing_and_the_lost_grants_are_relearned() {
     let primary = PgServer::start().await;
     let db_url = primary.create_database("inventory").await;
@@ -142,7 +140,10 @@ async fn a_failover_to_a_lagging_standby_oversells_nothing_and_the_lost_grants_a
         granted(&promoted) < granted(&on_primary),
         "the promoted ledger lacks the unreplicated grants: {on_primary:?} then {promoted:?}"
     );
-    eprintln!("grants lost in the failover: {} units", granted(&on_primary) - granted(&promoted));
+    eprintln!(
+        "grants lost in the failover: {} units; the promoted ledger: {promoted:?}",
+        granted(&on_primary) - granted(&promoted)
+    );
 
     // The sale runs to the end.
     let results = sale.finish().await;

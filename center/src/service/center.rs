@@ -81,13 +81,14 @@ impl CenterService {
 
     /// The pools hold more of `item` than the ledger counts with their channels: the ledger
     /// lost commits, and its `available` counts units already on shelves. Nothing of the
-    /// item is lent until the lost grants are re-learned (the console's sampler does it).
+    /// item is lent until the lost grants are re-learned (the console's sampler does it),
+    /// or, just after the center started, until a report shows the drift was in flight.
     fn refuse_if_beyond_ledger(&self, item: &ItemId) -> Result<(), Status> {
         let beyond = self.history.beyond_ledger(item.as_str());
         if beyond > 0 {
             return Err(Status::unavailable(format!(
                 "item {item}: pools hold {beyond} units more than the ledger counts (lost commits?); not lending it \
-                 until they are re-learned; retry with the same request_id"
+                 until they are re-learned or explained; retry with the same request_id"
             )));
         }
         Ok(())
@@ -232,6 +233,9 @@ impl pb::center_server::Center for CenterService {
         }
         let out =
             self.store.heartbeat(&channel, r.epoch, &reports, r.last_report, now_ms(), self.lease.lease_ttl_ms).await?;
+        if !reports.is_empty() {
+            crate::history::History::sample_if_unsure(&self.history, &self.store, now_ms());
+        }
         for (item, units) in &out.lost {
             // Only units really in doubt freeze the item: a pool lost while the channel
             // held nothing of it costs nothing.

@@ -12,7 +12,7 @@ mod share;
 
 use serde::{Deserialize, Serialize};
 
-pub use behind::{DriftTrack, beyond_ledger};
+pub use behind::{DriftTrack, beyond_ledger, hold_back};
 pub use caps::{
     ChannelShare, ChannelShares, FLOOR_IDLE_MS, Limits, MAX_SHARES, MAX_WEIGHT, Peer, at_cap, borrow_planned,
     floor_kept, limits,
