@@ -73,6 +73,11 @@ pub struct OpeningRun {
     pub center_calls_first_second: u64,
     /// Center calls from the opening until 90 % of the units were reserved.
     pub center_calls_before_90pct: Option<u64>,
+    /// From the opening to the end of the run, by kind: Borrow (and BorrowMany), Return,
+    /// item loads (DescribeItems).
+    pub borrows_after_opening: u64,
+    pub returns_after_opening: u64,
+    pub describes_after_opening: u64,
     pub not_started_answers: u64,
     pub sold: u64,
     pub oversold: u64,
@@ -143,6 +148,17 @@ struct Shared {
     calls_at_90: AtomicU64,
     agents: Vec<Arc<inventory_agent::agent::Agent>>,
     first_second: Mutex<Histogram<u64>>,
+}
+
+/// (Borrow + BorrowMany, Return, DescribeItems) calls the agents made so far.
+fn calls_by_kind(agents: &[Arc<inventory_agent::agent::Agent>]) -> (u64, u64, u64) {
+    agents.iter().fold((0, 0, 0), |(b, r, d), a| {
+        (
+            b + a.link.borrow_calls() + a.link.borrow_many_calls(),
+            r + a.metrics.return_calls(),
+            d + a.link.describe_many_calls(),
+        )
+    })
 }
 
 fn center_calls(agents: &[Arc<inventory_agent::agent::Agent>]) -> u64 {
@@ -223,6 +239,7 @@ async fn run(
         .filter_map(|i| i.last_snapshot().map(|s| s.available))
         .sum();
     let calls_at_open = center_calls(&handles);
+    let kinds_at_open = calls_by_kind(&handles);
     tokio::time::sleep_until((opened + Duration::from_secs(1)).into()).await;
     let calls_after_1s = center_calls(&handles);
     let finished =
@@ -231,6 +248,7 @@ async fn run(
     for t in tasks {
         let _ = t.await;
     }
+    let kinds_at_end = calls_by_kind(&handles);
     for a in agents {
         a.stop("opening agent").await;
     }
@@ -246,6 +264,9 @@ async fn run(
         first_second,
         center_calls_first_second: calls_after_1s.saturating_sub(calls_at_open),
         center_calls_before_90pct: (at_90 > 0).then(|| (at_90 - 1).saturating_sub(calls_at_open)),
+        borrows_after_opening: kinds_at_end.0.saturating_sub(kinds_at_open.0),
+        returns_after_opening: kinds_at_end.1.saturating_sub(kinds_at_open.1),
+        describes_after_opening: kinds_at_end.2.saturating_sub(kinds_at_open.2),
         not_started_answers: shared.not_started.load(Ordering::Relaxed),
         sold: sold.min(units),
         oversold: sold.saturating_sub(units),
@@ -345,5 +366,16 @@ pub fn render(figure: Option<&OpeningFigure>) -> String {
         "oversold",
         row(&f.scheduled),
         row(&f.unscheduled),
-    )
+    ) + &[&f.scheduled, &f.unscheduled]
+        .iter()
+        .map(|r| {
+            format!(
+                "{}: center calls from the opening to the end: {} Borrow, {} Return, {} DescribeItems\n",
+                if r.scheduled { "scheduled" } else { "unscheduled" },
+                r.borrows_after_opening,
+                r.returns_after_opening,
+                r.describes_after_opening
+            )
+        })
+        .collect::<String>()
 }
