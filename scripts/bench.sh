@@ -3,7 +3,8 @@
 # and runs every measurement side by side on this machine, against the local PostgreSQL
 # and Redis (INVENTORY_TEST_DATABASE_URL, INVENTORY_TEST_REDIS_URL; loopback only).
 # It starts its own center and agents in-process, in a fresh database and under a private
-# Redis key prefix, and removes both afterwards. The table goes to stdout, the JSON to
+# Redis key prefix, and removes both afterwards (figure (iv), the opening second, on a
+# database and center of its own). The table goes to stdout, the JSON to
 # bench-results/latest.json (--output FILE to change). Then figure (i) of segmented stock:
 # acquire.lua straight from Rust for one hot item in 1 and in 8 segments on a private
 # 3-master Redis Cluster it starts (redis-server and redis-cli needed), with the Redis CPU
