@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the product on its embedded defaults: a center on a SQLite file and two agents
-# ("app" and "web") with in-memory pools. Nothing to install. It runs without tokens
+# ("app" and "web") with in-memory pools, and the reference channel backend (HTTP) over
+# the app agent. Nothing to install. It runs without tokens
 # (--insecure, on 127.0.0.1 only); see README.md for tokens and TLS. Then it creates an item,
 # runs a small sale through both agents with invctl, and shows the ledger.
 #
@@ -9,7 +10,7 @@
 #   scripts/quickstart.sh --debug    use the debug build (faster to build)
 #
 # Environment: QUICKSTART_PROFILE=debug (same as --debug), QUICKSTART_PORT_BASE=N (ports
-# N+1..N+6 instead of the defaults), CARGO_TARGET_DIR (where cargo builds) is honoured.
+# N+1..N+7 instead of the defaults), CARGO_TARGET_DIR (where cargo builds) is honoured.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,7 +28,7 @@ if [ "$profile" = release ]; then cargo build --release --bins; else cargo build
 # Cargo's own answer, so CARGO_TARGET_DIR and build.target-dir in a config file both count.
 target=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 bin="${target:-target}/$profile"
-for b in inventory-center inventory-agent invctl; do
+for b in inventory-center inventory-agent invctl channel-backend; do
     [ -x "$bin/$b" ] || { echo "quickstart: $bin/$b is missing after the build" >&2; exit 1; }
 done
 work="$(mktemp -d)"
@@ -74,6 +75,17 @@ app_grpc=${base:+$((base + 3))}; app_grpc=${app_grpc:-50052}
 app_http=${base:+$((base + 4))}; app_http=${app_http:-9465}
 web_grpc=${base:+$((base + 5))}; web_grpc=${web_grpc:-50053}
 web_http=${base:+$((base + 6))}; web_http=${web_http:-9466}
+backend_http=${base:+$((base + 7))}; backend_http=${backend_http:-8080}
+
+# A plain HTTP/1.1 request over bash's /dev/tcp (no curl needed): METHOD PATH [BODY].
+http() {
+    local body="${3:-}"
+    exec 3<>"/dev/tcp/127.0.0.1/$backend_http" || return 1
+    printf '%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %s\r\n\r\n%s' \
+        "$1" "$2" "${#body}" "$body" >&3
+    timeout 10 cat <&3 | sed -n '1p;$p'
+    exec 3<&-
+}
 
 export RUST_LOG="${RUST_LOG:-warn}"
 "$bin/inventory-center" --listen "127.0.0.1:$center_grpc" --http-listen "127.0.0.1:$center_http" \
@@ -97,6 +109,11 @@ for ch in app web; do
 done
 ready agent-app.log "$pid_app" "$invctl" --agent "http://127.0.0.1:$app_grpc" agent stock launch-bundle
 ready agent-web.log "$pid_web" "$invctl" --agent "http://127.0.0.1:$web_grpc" agent stock launch-bundle
+"$bin/channel-backend" --listen "127.0.0.1:$backend_http" --agent "http://127.0.0.1:$app_grpc" \
+    >"$work/channel-backend.log" 2>&1 &
+pids+=($!)
+backend_pid=$!
+ready channel-backend.log "$backend_pid" bash -c "exec 3<>/dev/tcp/127.0.0.1/$backend_http"
 
 echo
 echo "== a sale: 150 buyers, one unit each, through both channels"
@@ -126,12 +143,20 @@ echo
 echo "== invariants"
 "$invctl" reconcile
 if [ "$reserved" -ne 100 ]; then echo "expected exactly 100 reservations, got $reserved" >&2; exit 1; fi
+echo
+echo "== the channel backend's HTTP API (http://127.0.0.1:$backend_http): an order after the sell-out, the item"
+order=$(http POST /orders '{"order_id":"web-order-1","item_id":"launch-bundle","user_id":"late-buyer","quantity":1}')
+echo "$order"
+case "$order" in *" 410 "*) ;; *) echo "expected 410 sold out from the backend" >&2; exit 1 ;; esac
+http GET /items/launch-bundle
 
 if [ "$stay" = 1 ]; then
     echo
     echo "center: $INVENTORY_CENTER (metrics http://127.0.0.1:$center_http/metrics)"
     echo "agents: app http://127.0.0.1:$app_grpc, web http://127.0.0.1:$web_grpc"
+    echo "backend: http://127.0.0.1:$backend_http (the channel backend over the app agent)"
     echo "try:    INVENTORY_CENTER=$INVENTORY_CENTER $invctl item show launch-bundle"
+    echo "        curl -i -X POST http://127.0.0.1:$backend_http/orders -d '{\"order_id\":\"order-9001\",\"item_id\":\"launch-bundle\",\"user_id\":\"me\",\"quantity\":1}'"
     echo "Ctrl-C stops everything."
     # From here a stop is the expected end, not a failure.
     trap 'exit 0' INT TERM

@@ -1,0 +1,5 @@
+//! The client crate and the reference backend against real agents (one binary:
+//! `cargo test -p channel-backend --test it`).
+
+mod harness;
+mod http;
