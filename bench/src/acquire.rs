@@ -46,6 +46,9 @@ pub struct Workload {
 #[derive(Clone)]
 pub enum Target {
     Agent(AgentClient<Channel>),
+    /// Through the client crate (`--via client`): its retry loop, replica choice and
+    /// generation rule on every call.
+    Client(inventory_client::AgentClient),
     Light {
         conn: light::Conn,
         uri: http::Uri,
@@ -213,6 +216,26 @@ impl Caller for AcquireCaller {
                     Err(_) => return self.record_error("client timeout".to_owned()),
                 };
                 self.record_answer(seq, answer)
+            }
+            Target::Client(client) => {
+                use inventory_client::Acquired;
+                let item = self.workload.item.clone();
+                match client.acquire(&item, &user_id, quantity, &key).await {
+                    Ok(Acquired::Reserved { id, replayed, .. }) => {
+                        self.record_reserved(seq, id, replayed);
+                        Class::Ok
+                    }
+                    Ok(Acquired::SoldOut) => {
+                        self.ledger.sold_out += 1;
+                        Class::SoldOut
+                    }
+                    Ok(Acquired::LimitExceeded { .. }) => {
+                        self.ledger.limit_exceeded += 1;
+                        Class::LimitExceeded
+                    }
+                    Ok(Acquired::NotStarted { .. }) => self.record_error("not started".to_owned()),
+                    Err(e) => self.record_error(e.kind().to_owned()),
+                }
             }
             Target::Store { store, pool, segments, per_user_limit, reservation_ttl_ms } => {
                 let (store, mut pool) = (Arc::clone(store), pool.clone());

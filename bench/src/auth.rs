@@ -58,6 +58,26 @@ impl AuthArgs {
     }
 }
 
+impl AuthArgs {
+    /// The same token and TLS for the client crate (`--via client`).
+    pub fn client_options(&self) -> anyhow::Result<inventory_client::Options> {
+        let mut options = inventory_client::Options::default();
+        if let Some(Ok(token)) = self.authorization()?.as_ref().map(|v| v.to_str().map(str::to_owned)) {
+            options = options.token(token.trim_start_matches("Bearer "));
+        }
+        if let Some(ca) = &self.ca {
+            options = options.ca_file(ca)?;
+        }
+        if let (Some(cert), Some(key)) = (&self.client_cert, &self.client_key) {
+            let read = |flag: &str, path: &PathBuf| {
+                std::fs::read_to_string(path).with_context(|| format!("cannot read {flag} {}", path.display()))
+            };
+            options = options.identity_pem(read("--client-cert", cert)?, read("--client-key", key)?);
+        }
+        Ok(options)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

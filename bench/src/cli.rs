@@ -75,6 +75,16 @@ pub struct LoadArgs {
     pub seed: u64,
 }
 
+/// How `inventory-bench acquire` calls the agents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Via {
+    /// tonic's generated client, one call per Acquire.
+    Raw,
+    /// The client crate's `AgentClient::acquire`.
+    Client,
+}
+
 #[derive(Debug, clap::Args)]
 pub struct AcquireArgs {
     /// Agent gRPC address (repeat for several agents; loopback only).
@@ -98,6 +108,11 @@ pub struct AcquireArgs {
     /// Also write the JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// How calls are made: raw tonic calls, or through the client crate
+    /// (`inventory-client`: retries, replica choice, the generation rule), to measure its
+    /// overhead. With `client`, the agents are taken as replicas of one channel.
+    #[arg(long, value_enum, default_value = "raw")]
+    pub via: Via,
     #[command(flatten)]
     pub auth: AuthArgs,
     #[command(flatten)]
@@ -182,6 +197,7 @@ pub fn check_load(l: &LoadArgs) -> anyhow::Result<()> {
 #[derive(Debug, Serialize)]
 struct AcquireReport {
     agents: Vec<String>,
+    via: Via,
     item: String,
     concurrency: usize,
     connections: usize,
@@ -207,9 +223,22 @@ pub async fn acquire(args: AcquireArgs) -> anyhow::Result<bool> {
     let authorization = args.auth.authorization()?;
     let tls = args.auth.tls()?;
     let mut targets = Vec::new();
-    for a in &args.agents {
-        let conns = tls_channels(a, per_agent, Some(tls.clone())).await?;
-        targets.extend(conns.into_iter().map(|c| Target::Agent(AgentClient::new(c))));
+    match args.via {
+        Via::Raw => {
+            for a in &args.agents {
+                let conns = tls_channels(a, per_agent, Some(tls.clone())).await?;
+                targets.extend(conns.into_iter().map(|c| Target::Agent(AgentClient::new(c))));
+            }
+        }
+        // As many clients as connections per agent: each holds one connection per agent,
+        // so both ways use the same connections.
+        Via::Client => {
+            let options = args.auth.client_options()?.deadline(acquire::CALL_TIMEOUT);
+            for _ in 0..per_agent {
+                let client = inventory_client::AgentClient::connect(args.agents.clone(), options.clone()).await?;
+                targets.push(Target::Client(client));
+            }
+        }
     }
     let workload = Arc::new(Workload {
         item: args.item.clone(),
@@ -233,7 +262,7 @@ pub async fn acquire(args: AcquireArgs) -> anyhow::Result<bool> {
     eprintln!(
         "acquire: {} callers over {} connections to {}, {} for {:?} after {:?} warm-up",
         l.concurrency,
-        targets.len(),
+        per_agent * args.agents.len(),
         args.agents.join(", "),
         args.rate.map_or("closed loop".to_owned(), |r| format!("{r}/s open loop")),
         spec.duration,
@@ -281,11 +310,13 @@ pub async fn acquire(args: AcquireArgs) -> anyhow::Result<bool> {
         println!("errors: {:?}", outcome.errors);
     }
     let ok = outcome.ok;
+    let connections = per_agent * args.agents.len();
     let json = serde_json::to_string_pretty(&AcquireReport {
         agents: args.agents,
+        via: args.via,
         item: args.item,
         concurrency: l.concurrency,
-        connections: targets.len(),
+        connections,
         rate: args.rate,
         elapsed_s: report.elapsed.as_secs_f64(),
         throughput: report.throughput(),
