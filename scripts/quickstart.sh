@@ -83,7 +83,9 @@ http() {
     exec 3<>"/dev/tcp/127.0.0.1/$backend_http" || return 1
     printf '%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %s\r\n\r\n%s' \
         "$1" "$2" "${#body}" "$body" >&3
+    # The status line and the body (which ends without a newline).
     timeout 10 cat <&3 | sed -n '1p;$p'
+    echo
     exec 3<&-
 }
 
@@ -149,6 +151,13 @@ order=$(http POST /orders '{"order_id":"web-order-1","item_id":"launch-bundle","
 echo "$order"
 case "$order" in *" 410 "*) ;; *) echo "expected 410 sold out from the backend" >&2; exit 1 ;; esac
 http GET /items/launch-bundle
+"$invctl" item create tote-bag --total 10 --per-user-limit 2 --low 1 --high 5 --batch 2 >/dev/null
+tote='{"order_id":"web-order-2","item_id":"tote-bag","user_id":"buyer-1","quantity":1}'
+echo "-- an order of another item, then the same order again (a replay: 200, the same reservation)"
+first=$(http POST /orders "$tote")
+echo "$first"
+case "$first" in *" 201 "*) ;; *) echo "expected 201 from the backend" >&2; exit 1 ;; esac
+http POST /orders "$tote"
 
 if [ "$stay" = 1 ]; then
     echo
@@ -156,7 +165,7 @@ if [ "$stay" = 1 ]; then
     echo "agents: app http://127.0.0.1:$app_grpc, web http://127.0.0.1:$web_grpc"
     echo "backend: http://127.0.0.1:$backend_http (the channel backend over the app agent)"
     echo "try:    INVENTORY_CENTER=$INVENTORY_CENTER $invctl item show launch-bundle"
-    echo "        curl -i -X POST http://127.0.0.1:$backend_http/orders -d '{\"order_id\":\"order-9001\",\"item_id\":\"launch-bundle\",\"user_id\":\"me\",\"quantity\":1}'"
+    echo "        curl -i -X POST http://127.0.0.1:$backend_http/orders -d '{\"order_id\":\"order-9001\",\"item_id\":\"tote-bag\",\"user_id\":\"me\",\"quantity\":1}'"
     echo "Ctrl-C stops everything."
     # From here a stop is the expected end, not a failure.
     trap 'exit 0' INT TERM

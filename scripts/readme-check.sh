@@ -65,7 +65,7 @@ healthy() {
     [[ "$response" == "HTTP/1."?" 200"* ]]
 }
 
-for p in "${moved[@]}" $(seq "$quickstart_base" $((quickstart_base + 6))); do
+for p in "${moved[@]}" $(seq "$quickstart_base" $((quickstart_base + 7))); do
     port_busy "$p" && die "port $p is in use; set README_CHECK_PORT_BASE to a free range"
 done
 
