@@ -6,3 +6,4 @@ mod generation;
 mod harness;
 mod http;
 mod lost_reply;
+mod secured;
