@@ -76,7 +76,11 @@ impl Replicas {
             return Err(Error::Config("no agent URL given".into()));
         }
         let token = match &options.token {
-            Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| Error::Config("token is not ASCII".into()))?),
+            Some(t) => Some(
+                format!("Bearer {t}")
+                    .parse()
+                    .map_err(|_| Error::Config("the token must be visible ASCII (a header value)".into()))?,
+            ),
             None => None,
         };
         let list = urls
@@ -150,5 +154,36 @@ pub(crate) async fn watch(replicas: Weak<Replicas>, interval: Duration, timeout:
         let Some(replicas) = replicas.upgrade() else { return };
         replicas.check(timeout).await;
         drop::<Arc<Replicas>>(replicas);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn three() -> Replicas {
+        let urls = ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"];
+        Replicas::new(urls.map(String::from).to_vec(), &Options::default()).expect("replicas")
+    }
+
+    #[tokio::test]
+    async fn calls_take_turns_and_skip_replicas_that_are_down() {
+        let r = three();
+        assert_eq!([r.first(), r.first(), r.first(), r.first()], [0, 1, 2, 0]);
+        r.mark_down(1);
+        assert_eq!(r.after(0), 2, "a retry skips the replica that is down");
+        assert_eq!(r.first(), 2, "so does a new call whose turn it was");
+        assert_eq!(r.healthy(), ["http://127.0.0.1:1", "http://127.0.0.1:3"]);
+        r.mark_down(0);
+        r.mark_down(2);
+        assert_eq!(r.after(0), 1, "with every replica down, just the next one");
+    }
+
+    #[tokio::test]
+    async fn bad_configuration_is_refused_at_once() {
+        assert!(matches!(Replicas::new(Vec::new(), &Options::default()), Err(Error::Config(_))));
+        assert!(matches!(Replicas::new(vec!["not a url".into()], &Options::default()), Err(Error::Config(_))));
+        let bad_token = Options::default().token("two\nlines");
+        assert!(matches!(Replicas::new(vec!["http://127.0.0.1:1".into()], &bad_token), Err(Error::Config(_))));
     }
 }
