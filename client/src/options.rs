@@ -8,7 +8,7 @@ use crate::{Backoff, Error, MemoryOrderStore, Metrics, NoMetrics, OrderStore};
 
 /// Settings of an [`AgentClient`](crate::AgentClient). `Options::default()` suits a
 /// backend on the agent's network: no token (an agent run with `--insecure`), plaintext
-/// `http://` URLs, a 10 s deadline per call.
+/// `http://` URLs, a 10 s deadline per call, 3 s per attempt.
 ///
 /// ```
 /// use std::time::Duration;
@@ -42,7 +42,9 @@ impl Default for Options {
             ca_pem: None,
             identity_pem: None,
             connect_timeout: Duration::from_secs(2),
-            attempt_timeout: Duration::from_secs(2),
+            // Above the 2 s an agent may hold an Acquire that found its pool empty while it
+            // borrows (`--miss-wait-ms`), so a slow answer is not taken for a lost one.
+            attempt_timeout: Duration::from_secs(3),
             deadline: Duration::from_secs(10),
             backoff: Backoff::default(),
             max_attempts: 50,
