@@ -72,34 +72,20 @@ local existing = redis.call('HGET', K_IDEM, key)
 if existing then
   local raw = redis.call('HGET', K_RES, existing)
   if raw then
-    local rec = cjson.decode(raw)
-    if rec.u == user and tonumber(rec.r or rec.q) == qty then
-      return {'reserved', existing, tonumber(rec.q), tonumber(rec.e), 1, generation}
-    end
-    return {'conflict'}
+    return replay_answer(existing, cjson.decode(raw), user, qty, generation)
   end
 end
 
 local held = tonumber(redis.call('HGET', K_HELD, user) or '0')
 local available = tonumber(fields[2] or '0')
-local room = limit - held
-if room < 0 then room = 0 end
-local partial = ARGV[9] == '1'
 local requested = qty
-if partial then
-  qty = math.min(qty, room, available)
-end
-if room == 0 or (not partial and qty > room) then
-  return {'limit', held}
-end
-if qty == 0 or available < qty then
-  return {'sold_out', available}
+local refusal
+qty, refusal = acquirable(qty, held, limit, available, ARGV[9] == '1')
+if not qty then
+  return refusal
 end
 local expires_at = now + ttl
-local rec = {s = 'reserved', q = qty, e = expires_at, u = user, k = key}
-if requested ~= qty then
-  rec.r = requested
-end
+local rec = new_record(user, key, qty, requested, expires_at)
 -- The record first, and only if the id is new: nothing else is written otherwise.
 if redis.call('HSETNX', K_RES, new_id, reservation_json(rec)) == 0 then
   return {'duplicate_id'}

@@ -91,33 +91,21 @@ local function acquire(user, qty, key, new_id, limit, ttl, expect, partial)
     end
   end
   if rec then
-    if rec.u == user and tonumber(rec.r or rec.q) == qty then
-      return {'reserved', existing, tonumber(rec.q), tonumber(rec.e), 1, generation}
-    end
-    return {'conflict'}
+    return replay_answer(existing, rec, user, qty, generation)
   end
 
   local held = held_by[user]
   if not held then
     held = tonumber(redis.call('HGET', K_HELD, user) or '0')
   end
-  local room = limit - held
-  if room < 0 then room = 0 end
   local requested = qty
-  if partial then
-    qty = math.min(qty, room, available)
-  end
-  if room == 0 or (not partial and qty > room) then
-    return {'limit', held}
-  end
-  if qty == 0 or available < qty then
-    return {'sold_out', available}
+  local refusal
+  qty, refusal = acquirable(qty, held, limit, available, partial)
+  if not qty then
+    return refusal
   end
   local expires_at = now + ttl
-  rec = {s = 'reserved', q = qty, e = expires_at, u = user, k = key}
-  if requested ~= qty then
-    rec.r = requested
-  end
+  rec = new_record(user, key, qty, requested, expires_at)
   -- The record first, and only if the id is new: nothing else is written otherwise.
   if redis.call('HSETNX', K_RES, new_id, reservation_json(rec)) == 0 then
     return {'duplicate_id'}

@@ -4,9 +4,12 @@
 -- KEYS:
 --   1 claims  hash  idempotency_key -> cjson {q = quantity, c = channel, s = 'pending' |
 --                   'held' | 'confirmed', d = deadline_ms (pending) or expires_at_ms (held),
---                   r = reservation_id}; `<prefix>{<item>:<user>}:claims`
+--                   r = reservation_id, and for a partial claim that got less than asked:
+--                   a = asked, g = granted}; `<prefix>{<item>:<user>}:claims`
 -- ARGV[1] is the operation, then its arguments:
---   claim   key, channel, quantity, limit, pending_ms -> {'claimed', replayed (0|1)} |
+--   claim   key, channel, quantity, limit, pending_ms, partial ('1': claim what the
+--           allowance has left when the quantity would pass it) ->
+--           {'claimed', replayed (0|1)} | {'partial', replayed (0|1), granted} |
 --           {'limit', held} | {'conflict'}
 --   bind    key, reservation_id, quantity, expires_at_ms -> 1 | 0
 --   confirm key, reservation_id -> 1 | 0
@@ -46,9 +49,11 @@ end
 
 if op == 'claim' then
   local key, channel, qty, limit, pending = ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+  local partial = ARGV[7] == '1'
   local c = get(key)
   if c then
-    if c.c == channel and (tonumber(c.q) == qty or c.s ~= 'pending') then
+    if c.c == channel and (tonumber(c.a or c.q) == qty or c.s ~= 'pending') then
+      if c.g then return {'partial', 1, tonumber(c.g)} end
       return {'claimed', 1}
     end
     return {'conflict'}
@@ -58,11 +63,16 @@ if op == 'claim' then
   for i = 1, #all do
     held = held + tonumber(cjson.decode(all[i]).q)
   end
-  if held + qty > limit then
+  local room = limit - held
+  if qty <= room then
+    put(key, {q = qty, c = channel, s = 'pending', d = now + pending, r = ''})
+    return {'claimed', 0}
+  end
+  if not partial or room <= 0 then
     return {'limit', held}
   end
-  put(key, {q = qty, c = channel, s = 'pending', d = now + pending, r = ''})
-  return {'claimed', 0}
+  put(key, {q = room, c = channel, s = 'pending', d = now + pending, r = '', a = qty, g = room})
+  return {'partial', 0, room}
 elseif op == 'bind' then
   local key, rid, qty, expires = ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
   local c = get(key)

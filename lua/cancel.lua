@@ -10,7 +10,8 @@
 --   3 due   zset  reservation_id scored by expires_at_ms (RESERVED ones only)
 --   4 held  hash  user_id -> units held (reserved + confirmed)
 --   5 gc    zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten
---   6 outbox stream the pool's events (see outbox.lua, prepended to this script)
+--   6 outbox stream the pool's events (see outbox.lua, prepended to this script with
+--               release.lua, which moves a reservation back to available)
 --   7..14       the pool's structures, checked for their markers (intact.lua, prepended)
 -- ARGV:
 --   1 reservation_id
@@ -49,19 +50,10 @@ elseif rec.s ~= 'reserved' then
   return {'done', rec.s}
 end
 
-local qty = tonumber(rec.q)
+local to = 'cancelled'
 if tonumber(rec.e) <= now then
-  rec.s = 'expired'
-else
-  rec.s = 'cancelled'
+  to = 'expired'
 end
-redis.call('ZREM', K_DUE, id)
-redis.call('ZADD', K_GC, now + retention, 'r:' .. id)
-redis.call('HINCRBY', K_POOL, 'reserved', -qty)
-redis.call('HINCRBY', K_POOL, 'available', qty)
-if redis.call('HINCRBY', K_HELD, rec.u, -qty) <= 0 then
-  redis.call('HDEL', K_HELD, rec.u)
-end
-redis.call('HSET', K_RES, id, cjson.encode(rec))
-outbox_emit(K_POOL, K_OUTBOX, outbox_max, id, rec, 'reserved', now)
+local k = {pool = K_POOL, res = K_RES, due = K_DUE, held = K_HELD, gc = K_GC, outbox = K_OUTBOX}
+release_reserved(k, id, rec, to, now, retention, outbox_max)
 return {'done', rec.s}

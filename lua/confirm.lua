@@ -48,20 +48,15 @@ elseif rec.s ~= 'reserved' then
   return {'refused', rec.s}
 end
 
+if tonumber(rec.e) <= now then
+  local k = {pool = K_POOL, res = K_RES, due = K_DUE, held = K_HELD, gc = K_GC, outbox = K_OUTBOX}
+  release_reserved(k, id, rec, 'expired', now, retention, outbox_max)
+  return {'refused', 'expired'}
+end
 local qty = tonumber(rec.q)
 redis.call('ZREM', K_DUE, id)
 redis.call('ZADD', K_GC, now + retention, 'r:' .. id)
 redis.call('HINCRBY', K_POOL, 'reserved', -qty)
-if tonumber(rec.e) <= now then
-  rec.s = 'expired'
-  redis.call('HINCRBY', K_POOL, 'available', qty)
-  if redis.call('HINCRBY', K_HELD, rec.u, -qty) <= 0 then
-    redis.call('HDEL', K_HELD, rec.u)
-  end
-  redis.call('HSET', K_RES, id, cjson.encode(rec))
-  outbox_emit(K_POOL, K_OUTBOX, outbox_max, id, rec, 'reserved', now)
-  return {'refused', 'expired'}
-end
 rec.s = 'confirmed'
 redis.call('HINCRBY', K_POOL, 'sold', qty)
 redis.call('HSET', K_RES, id, cjson.encode(rec))

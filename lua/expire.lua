@@ -39,6 +39,7 @@ end
 
 local freed = 0
 if max_count > 0 then
+  local k = {pool = K_POOL, res = K_RES, due = K_DUE, held = K_HELD, gc = K_GC, outbox = K_OUTBOX}
   local due = redis.call('ZRANGEBYSCORE', K_DUE, '-inf', now, 'LIMIT', 0, max_count)
   for _, id in ipairs(due) do
     redis.call('ZREM', K_DUE, id)
@@ -46,17 +47,7 @@ if max_count > 0 then
     if raw then
       local rec = cjson.decode(raw)
       if rec.s == 'reserved' then
-        local qty = tonumber(rec.q)
-        rec.s = 'expired'
-        redis.call('HINCRBY', K_POOL, 'reserved', -qty)
-        redis.call('HINCRBY', K_POOL, 'available', qty)
-        if redis.call('HINCRBY', K_HELD, rec.u, -qty) <= 0 then
-          redis.call('HDEL', K_HELD, rec.u)
-        end
-        redis.call('HSET', K_RES, id, cjson.encode(rec))
-        redis.call('ZADD', K_GC, now + retention, 'r:' .. id)
-        outbox_emit(K_POOL, K_OUTBOX, outbox_max, id, rec, 'reserved', now)
-        freed = freed + qty
+        freed = freed + release_reserved(k, id, rec, 'expired', now, retention, outbox_max)
       end
     end
   end

@@ -180,7 +180,17 @@ impl Selling {
             )));
         }
         let claimed_at = Instant::now();
-        match self.global.claim(&item, &user, &req.idempotency_key, req.quantity, policy.per_user_limit).await? {
+        let claim = self.global.claim(
+            &item,
+            &user,
+            &req.idempotency_key,
+            req.quantity,
+            policy.per_user_limit,
+            req.allow_partial,
+        );
+        // With allow_partial, a global limit with less room than asked claims what is left
+        // and the pool is asked for that (a replay of the key is asked for the same).
+        let quantity = match claim.await? {
             Claimed::OverLimit { remaining } => {
                 self.metrics.acquire(Outcome::LimitExceeded);
                 return Ok(pb::AcquireResponse {
@@ -189,15 +199,16 @@ impl Selling {
                     ..Default::default()
                 });
             }
-            Claimed::Held | Claimed::NoClaim => {}
-        }
+            Claimed::Held { quantity } => quantity,
+            Claimed::NoClaim => req.quantity,
+        };
         let args = AcquireArgs {
             new_reservation_id: inventory_core::segments::tag_reservation_id(
                 pool.segment,
                 &uuid::Uuid::new_v4().simple().to_string(),
             ),
             user_id: user,
-            quantity: req.quantity,
+            quantity,
             idempotency_key: req.idempotency_key,
             per_user_limit: policy.per_user_limit,
             reservation_ttl_ms: policy.reservation_ttl_ms,
@@ -218,9 +229,11 @@ impl Selling {
             // of stock and allowance, atomically (a replay of this key matches either way).
             let args = AcquireArgs { allow_partial: true, ..args.clone() };
             result = self.store.acquire(&pool, &args).await?;
-            if matches!(result, AcquireResult::Reserved { replayed: false, quantity, .. } if quantity < args.quantity) {
-                self.metrics.partial_acquire();
-            }
+        }
+        if req.allow_partial
+            && matches!(result, AcquireResult::Reserved { replayed: false, quantity, .. } if quantity < req.quantity)
+        {
+            self.metrics.partial_acquire();
         }
         let claimed = ClaimedAcquire {
             user: &args.user_id,

@@ -105,10 +105,19 @@ pub enum ClaimState {
 /// One Acquire's claim on the user's allowance.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claim {
+    /// Units counted against the limit: those claimed, fewer once the pool reserved less.
     pub quantity: u64,
     /// The channel whose pool the Acquire went to (the sweeper asks that pool).
     pub channel: String,
     pub state: ClaimState,
+    /// The Acquire's own quantity, when a partial claim got less than it asked for
+    /// (`None`: it got all of it). A replay is matched on what was asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asked: Option<u64>,
+    /// What a partial claim got, which its pool was asked to reserve; kept apart from
+    /// `quantity` (which a partial reservation shrinks) so a replay asks the pool the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub granted: Option<u64>,
 }
 
 /// The answer to a claim.
@@ -116,6 +125,9 @@ pub struct Claim {
 pub enum ClaimResult {
     /// The allowance is claimed (or was, by an earlier call with this key).
     Claimed { replayed: bool },
+    /// A partial claim: `granted` of the quantity asked is claimed, all the allowance had
+    /// left (or was, by an earlier call with this key). The pool is asked for `granted`.
+    Partial { granted: u64, replayed: bool },
     /// The user's claims already hold `held` units: this quantity would pass the limit.
     LimitExceeded { held: u64 },
     /// The key was claimed before for another channel or quantity.
@@ -184,23 +196,67 @@ impl Buyer {
         now_ms: i64,
         pending_ms: u64,
     ) -> ClaimResult {
+        self.claim_with(key, channel, quantity, limit, false, now_ms, pending_ms)
+    }
+
+    /// As [`Buyer::claim`], but an Acquire with `allow_partial` that would pass the limit
+    /// claims what the allowance has left (at least one unit) instead of being refused.
+    pub fn claim_up_to(
+        &mut self,
+        key: &str,
+        channel: &str,
+        quantity: u64,
+        limit: u64,
+        now_ms: i64,
+        pending_ms: u64,
+    ) -> ClaimResult {
+        self.claim_with(key, channel, quantity, limit, true, now_ms, pending_ms)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn claim_with(
+        &mut self,
+        key: &str,
+        channel: &str,
+        quantity: u64,
+        limit: u64,
+        partial: bool,
+        now_ms: i64,
+        pending_ms: u64,
+    ) -> ClaimResult {
         if let Some(c) = self.claims.get(key) {
-            if c.channel == channel && (c.quantity == quantity || !matches!(c.state, ClaimState::Pending { .. })) {
+            let asked = c.asked.unwrap_or(c.quantity);
+            if c.channel == channel && (asked == quantity || !matches!(c.state, ClaimState::Pending { .. })) {
                 // A bound claim may hold fewer units than asked (a partial acquire).
-                return ClaimResult::Claimed { replayed: true };
+                return match c.granted {
+                    Some(granted) => ClaimResult::Partial { granted, replayed: true },
+                    None => ClaimResult::Claimed { replayed: true },
+                };
             }
             return ClaimResult::KeyConflict;
         }
         let held = self.held();
-        if held.saturating_add(quantity) > limit {
+        let room = limit.saturating_sub(held);
+        let granted = if quantity <= room {
+            quantity
+        } else if partial && room > 0 {
+            room
+        } else {
             return ClaimResult::LimitExceeded { held };
-        }
+        };
         let deadline_ms = now_ms.saturating_add(i64::try_from(pending_ms).unwrap_or(i64::MAX));
+        let short = granted < quantity;
         self.claims.insert(
             key.to_owned(),
-            Claim { quantity, channel: channel.to_owned(), state: ClaimState::Pending { deadline_ms } },
+            Claim {
+                quantity: granted,
+                channel: channel.to_owned(),
+                state: ClaimState::Pending { deadline_ms },
+                asked: short.then_some(quantity),
+                granted: short.then_some(granted),
+            },
         );
-        ClaimResult::Claimed { replayed: false }
+        if short { ClaimResult::Partial { granted, replayed: false } } else { ClaimResult::Claimed { replayed: false } }
     }
 
     /// The pool reserved `quantity` (at most what was claimed; fewer after a partial
@@ -294,6 +350,27 @@ mod tests {
     use super::*;
 
     const PENDING: u64 = 4_000;
+
+    #[test]
+    fn a_partial_claim_takes_what_the_allowance_has_left_and_replays_as_it_was() {
+        let mut b = Buyer::new();
+        assert_eq!(b.claim("k1", "app", 2, 5, 0, PENDING), ClaimResult::Claimed { replayed: false });
+        // 4 asked, 3 left: a plain claim is refused, a partial one gets the 3.
+        assert_eq!(b.claim("k2", "web", 4, 5, 0, PENDING), ClaimResult::LimitExceeded { held: 2 });
+        assert_eq!(b.claim_up_to("k2", "web", 4, 5, 0, PENDING), ClaimResult::Partial { granted: 3, replayed: false });
+        assert_eq!(b.held(), 5);
+        // A replay with the asked quantity answers as the first call did, bound or not.
+        assert_eq!(b.claim_up_to("k2", "web", 4, 5, 1, PENDING), ClaimResult::Partial { granted: 3, replayed: true });
+        assert!(b.bind("k2", "r2", 1, 100));
+        assert_eq!(b.held(), 3);
+        assert_eq!(b.claim_up_to("k2", "web", 4, 5, 2, PENDING), ClaimResult::Partial { granted: 3, replayed: true });
+        // A claim that fits whole is not marked partial; nothing left refuses even a partial one.
+        assert_eq!(b.claim_up_to("k3", "app", 2, 5, 3, PENDING), ClaimResult::Claimed { replayed: false });
+        assert_eq!(b.claim_up_to("k4", "app", 1, 5, 3, PENDING), ClaimResult::LimitExceeded { held: 5 });
+        // The granted quantity is not a replay of the asked one while pending.
+        assert_eq!(b.claim_up_to("k5", "app", 1, 6, 3, PENDING), ClaimResult::Claimed { replayed: false });
+        assert_eq!(b.claim("k5", "app", 2, 6, 3, PENDING), ClaimResult::KeyConflict);
+    }
 
     fn found(state: ReservationState, quantity: u64, expires_at_ms: i64) -> Found {
         Found { reservation_id: "r1".into(), state, quantity, expires_at_ms }

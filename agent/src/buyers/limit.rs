@@ -24,8 +24,10 @@ pub enum Claimed {
     /// Not a global item, or the registry is down and the item falls back to the
     /// per-channel limit: go on without a claim.
     NoClaim,
-    /// The allowance is claimed under the Acquire's key.
-    Held,
+    /// The allowance is claimed under the Acquire's key: `quantity` units, fewer than
+    /// asked when an Acquire with `allow_partial` got what the allowance had left (the
+    /// pool is then asked for that many).
+    Held { quantity: u64 },
     /// Over the global limit: answer LIMIT_EXCEEDED with what is left.
     OverLimit { remaining: u64 },
 }
@@ -85,8 +87,9 @@ impl GlobalLimits {
         }
     }
 
-    /// Claims `quantity` of the user's allowance under `key`, the buyer noted first in the
-    /// channel's index so a crash right after the claim leaves it for the sweeper.
+    /// Claims `quantity` of the user's allowance under `key` (with `partial`, what the
+    /// allowance has left when that is less), the buyer noted first in the channel's
+    /// index so a crash right after the claim leaves it for the sweeper.
     pub async fn claim(
         &self,
         item: &Item,
@@ -94,25 +97,33 @@ impl GlobalLimits {
         key: &str,
         quantity: u64,
         limit: u64,
+        partial: bool,
     ) -> Result<Claimed, AgentError> {
         let Some(registry) = self.registry_for(item)? else { return Ok(Claimed::NoClaim) };
         let (id, channel) = (item.item_id.as_str(), item.pool.channel.as_str());
         let at = crate::clock::now_ms().saturating_add(i64::try_from(self.pending_ms).unwrap_or(i64::MAX));
         let result = match self.note(registry, id, channel, user, at).await {
+            Ok(()) if partial => registry.claim_up_to(id, user, key, channel, quantity, limit, self.pending_ms).await,
             Ok(()) => registry.claim(id, user, key, channel, quantity, limit, self.pending_ms).await,
             Err(e) => Err(e),
         };
-        match result {
-            Ok(ClaimResult::Claimed { replayed }) => {
-                if !replayed {
-                    self.metrics.buyer_claims.inc();
-                }
-                if self.abort_after_claim.as_deref() == Some(user) {
-                    tracing::error!(user, "test fault point: aborting between the claim and the pool call");
-                    std::process::abort();
-                }
-                Ok(Claimed::Held)
+        let granted = match &result {
+            Ok(ClaimResult::Claimed { replayed }) => Some((quantity, *replayed)),
+            Ok(ClaimResult::Partial { granted, replayed }) => Some((*granted, *replayed)),
+            _ => None,
+        };
+        if let Some((granted, replayed)) = granted {
+            if !replayed {
+                self.metrics.buyer_claims.inc();
             }
+            if self.abort_after_claim.as_deref() == Some(user) {
+                tracing::error!(user, "test fault point: aborting between the claim and the pool call");
+                std::process::abort();
+            }
+            return Ok(Claimed::Held { quantity: granted });
+        }
+        match result {
+            Ok(ClaimResult::Claimed { .. } | ClaimResult::Partial { .. }) => unreachable!("handled above"),
             Ok(ClaimResult::LimitExceeded { held }) => Ok(Claimed::OverLimit { remaining: limit.saturating_sub(held) }),
             Ok(ClaimResult::KeyConflict) => Err(AgentError::AlreadyExists(format!(
                 "idempotency_key {key:?} was already used for another quantity of item {id}"
@@ -176,10 +187,10 @@ impl GlobalLimits {
                     Ok(false) => {
                         self.metrics.buyer_lapsed_claims.inc();
                         tracing::warn!(item = %id, key, "buyer registry: the claim lapsed during the pool call; claiming again");
-                        return match self.claim(item, user, key, *got, limit).await? {
+                        return match self.claim(item, user, key, *got, limit, false).await? {
                             Claimed::OverLimit { remaining } => Ok(AfterAcquire::OverLimit { remaining }),
                             Claimed::NoClaim => Ok(AfterAcquire::Kept),
-                            Claimed::Held => {
+                            Claimed::Held { .. } => {
                                 // Bound now, or bound by a replay of the key meanwhile.
                                 let bound = registry.bind(id, user, key, reservation_id, *got, *expires_at_ms).await;
                                 if let Err(e) = bound {

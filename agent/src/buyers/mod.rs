@@ -142,11 +142,46 @@ impl BuyerRegistry {
         limit: u64,
         pending_ms: u64,
     ) -> Result<ClaimResult, RegistryError> {
+        self.claim_with(item, user, key, channel, quantity, limit, pending_ms, false).await
+    }
+
+    /// As [`BuyerRegistry::claim`], but over the limit it claims what the user's
+    /// allowance has left (an Acquire with `allow_partial`; `core::buyers::Buyer::claim_up_to`).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn claim_up_to(
+        &self,
+        item: &str,
+        user: &str,
+        key: &str,
+        channel: &str,
+        quantity: u64,
+        limit: u64,
+        pending_ms: u64,
+    ) -> Result<ClaimResult, RegistryError> {
+        self.claim_with(item, user, key, channel, quantity, limit, pending_ms, true).await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn claim_with(
+        &self,
+        item: &str,
+        user: &str,
+        key: &str,
+        channel: &str,
+        quantity: u64,
+        limit: u64,
+        pending_ms: u64,
+        partial: bool,
+    ) -> Result<ClaimResult, RegistryError> {
         let (q, l, p) = (quantity.to_string(), limit.to_string(), pending_ms.to_string());
-        let reply = self.call(item, user, &["claim", key, channel, &q, &l, &p]).await?;
+        let partial = if partial { "1" } else { "0" };
+        let reply = self.call(item, user, &["claim", key, channel, &q, &l, &p, partial]).await?;
         let parts = strings(reply)?;
         match parts.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
             ["claimed", replayed] => Ok(ClaimResult::Claimed { replayed: *replayed == "1" }),
+            ["partial", replayed, granted] => {
+                Ok(ClaimResult::Partial { granted: granted.parse().map_err(err)?, replayed: *replayed == "1" })
+            }
             ["limit", held] => Ok(ClaimResult::LimitExceeded { held: held.parse().map_err(err)? }),
             ["conflict"] => Ok(ClaimResult::KeyConflict),
             other => Err(RegistryError(format!("claim: unexpected reply {other:?}"))),

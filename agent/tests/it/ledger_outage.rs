@@ -4,13 +4,17 @@
 //! agents give up on are applied when the center answers again, after the agents' own
 //! resync: they must still reach a shelf (or come back), so the sale ends with every unit
 //! sold exactly once, no drift within a bound, and reconcile clean. While the database is
-//! down the center says it does not serve (`/healthz` 503, gRPC NOT_SERVING).
+//! down the center says it does not serve (`/healthz` 503, gRPC NOT_SERVING). A third run
+//! forces late grants through the test proxy: every byte between the agents and the center
+//! held past the agents' deadline for a while, then delivered, so Borrows the agents gave
+//! up on commit after they did.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
 use inventory_proto::v1::agent_client::AgentClient;
 use inventory_test_support::postgres::PgServer;
+use inventory_test_support::proxy::{Fault as LinkFault, FaultProxy};
 use inventory_test_support::{TestDatabase, wait_until};
 use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -31,15 +35,37 @@ enum Fault {
     DatabaseDown(PgServer),
     /// The center process frozen for [`OUTAGE`].
     CenterFrozen,
+    /// The agents reach the center through a proxy, which holds every byte for
+    /// [`LATE_BY`] (past the agents' deadline) during [`SLOW_FOR`].
+    LateReplies,
 }
+
+/// The agents' deadline for one center call under [`Fault::LateReplies`].
+const AGENT_DEADLINE_MS: u64 = 500;
+/// How long the proxy holds each byte: well past the deadline, well short of a lease.
+const LATE_BY: Duration = Duration::from_secs(3);
+/// How long the link stays that slow.
+const SLOW_FOR: Duration = Duration::from_secs(12);
 
 /// Sells half the stock, breaks the center for [`OUTAGE`] while buyers keep coming, then
 /// sells to the end and checks what a sale through an outage must end with.
 async fn a_sale_through(fault: Fault, database_url: &str) {
     let center = CenterProcess::spawn(database_url).await;
     center.create_item(ITEMS[0], TOTAL, WATERMARKS).await;
-    let app = LocalAgent::start(&center.url, "app", &StoreSpec::Memory).await;
-    let web = LocalAgent::start(&center.url, "web", &StoreSpec::Memory).await;
+    let proxy = match fault {
+        Fault::LateReplies => Some(FaultProxy::start(center.addr).await.expect("proxy starts")),
+        _ => None,
+    };
+    let agent = |channel: &'static str| {
+        let mut config = crate::harness::agent_config(&center.url, channel, &StoreSpec::Memory);
+        if let Some(proxy) = &proxy {
+            config.center = proxy.url();
+            config.center_timeout_ms = AGENT_DEADLINE_MS;
+        }
+        LocalAgent::start_with(config, None)
+    };
+    let app = agent("app").await;
+    let web = agent("web").await;
     let clients = [app.client().await, web.client().await];
 
     // Steady buyers on both channels, more of them than units.
@@ -73,6 +99,12 @@ async fn a_sale_through(fault: Fault, database_url: &str) {
             center.freeze();
             tokio::time::sleep(OUTAGE).await;
             center.thaw();
+        }
+        Fault::LateReplies => {
+            let proxy = proxy.as_ref().expect("the proxy of this fault");
+            proxy.set(LinkFault::Delay(LATE_BY));
+            tokio::time::sleep(SLOW_FOR).await;
+            proxy.set(LinkFault::Pass);
         }
     }
 
@@ -128,4 +160,10 @@ async fn a_database_stopped_for_20_s_mid_sale_strands_nothing_and_the_center_say
 async fn a_center_frozen_for_20_s_mid_sale_strands_nothing() {
     let db = TestDatabase::create().await;
     a_sale_through(Fault::CenterFrozen, &db.url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_landing_after_the_agents_gave_up_strand_nothing() {
+    let db = TestDatabase::create().await;
+    a_sale_through(Fault::LateReplies, &db.url).await;
 }

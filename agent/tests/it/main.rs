@@ -12,6 +12,7 @@ mod edges;
 mod event_stream;
 mod faults;
 mod global_limit;
+mod global_partial;
 mod harness;
 mod late_grant;
 mod ledger_behind;

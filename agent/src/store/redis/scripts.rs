@@ -45,20 +45,23 @@ macro_rules! wrapped {
     };
 }
 
-/// A script that changes reservation states: `lua/intact.lua` and `lua/outbox.lua` (which
-/// writes the events) joined with the script's own text.
+/// A script that changes reservation states: `lua/intact.lua`, `lua/outbox.lua` (which
+/// writes the events) and `lua/release.lua` (a reservation back to available) joined with
+/// the script's own text.
 macro_rules! with_outbox {
     ($name:literal) => {
         Script::new(concat!(
             include_str!("../../../../lua/intact.lua"),
             include_str!("../../../../lua/outbox.lua"),
+            include_str!("../../../../lua/release.lua"),
             wrapped!($name)
         ))
     };
 }
 
-/// An acquire script: `lua/intact.lua`, the outbox and `lua/record.lua` (which writes a
-/// new reservation's record) joined with the script's own text.
+/// An acquire script: `lua/intact.lua`, the outbox and `lua/record.lua` (a new
+/// reservation's record, the replay and partial-acquire rules) joined with the script's
+/// own text.
 macro_rules! for_acquire {
     ($name:literal) => {
         Script::new(concat!(
