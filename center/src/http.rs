@@ -1,6 +1,8 @@
 //! The HTTP side port: `/healthz` (503 while the database does not answer, see
 //! [`crate::health`]), Prometheus text on `/metrics`, the live console page on `/` and its
-//! JSON feed on `/api/items`.
+//! JSON feed on `/api/items`. The console and its feeds need the operator token where the
+//! center has one ([`crate::http_auth`]); the probes may move to a listener of their own
+//! (`--metrics-listen`), see [`HttpRoutes`].
 //!
 //! Every view is read from the ledger at request time (`ledgers` and `channels`: a fixed
 //! number of queries whatever the number of items); nothing here writes. The console is one
@@ -99,7 +101,7 @@ pub fn router_with_metrics(
 }
 
 /// Like [`router_with_metrics`], with a sampler the caller started (the gRPC services read
-/// the same history).
+/// the same history). Both halves of [`HttpRoutes`] in one router, without a token check.
 pub fn router_with_history(
     store: Arc<dyn LedgerStore>,
     database_errors: Arc<AtomicU64>,
@@ -107,17 +109,39 @@ pub fn router_with_history(
     rpc: RpcMetrics,
     health: Health,
 ) -> Router {
+    let routes = routes_with_history(store, database_errors, history, rpc, health);
+    routes.console.merge(routes.probes)
+}
+
+/// The HTTP side in its two halves, which the center may serve on two listeners.
+pub struct HttpRoutes {
+    /// The console page and its feeds (`/`, `/api/*`): the ledger as operators see it, so
+    /// behind the operator token where there is one ([`crate::http_auth`]).
+    pub console: Router,
+    /// `/metrics` and `/healthz`: open, as Prometheus and probes expect.
+    pub probes: Router,
+}
+
+/// The routes of [`router_with_history`], apart.
+pub fn routes_with_history(
+    store: Arc<dyn LedgerStore>,
+    database_errors: Arc<AtomicU64>,
+    history: Arc<History>,
+    rpc: RpcMetrics,
+    health: Health,
+) -> HttpRoutes {
     let mut registry = Registry::default();
     inventory_net::metrics::register_build_info(&mut registry);
     rpc.register(&mut registry);
     let state = HttpState { store, database_errors, history, registry: Arc::new(registry), health };
-    Router::new()
-        .route("/", get(console))
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
-        .route("/api/items", get(api_items))
-        .route("/api/history", get(api_history))
-        .with_state(state)
+    HttpRoutes {
+        console: Router::new()
+            .route("/", get(console))
+            .route("/api/items", get(api_items))
+            .route("/api/history", get(api_history))
+            .with_state(state.clone()),
+        probes: Router::new().route("/healthz", get(healthz)).route("/metrics", get(metrics)).with_state(state),
+    }
 }
 
 /// What the HTTP port shows: every item with its per-channel ledger lines, in item
@@ -381,14 +405,22 @@ impl Collector for LedgerMetrics {
     }
 }
 
-async fn console() -> impl IntoResponse {
+async fn console() -> axum::response::Response {
+    console_page(StatusCode::OK)
+}
+
+/// The console page with `status`: 200, or 401 when the operator token is missing (the page
+/// then shows its sign-in form).
+pub(crate) fn console_page(status: StatusCode) -> axum::response::Response {
     (
+        status,
         [
             (header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CONSOLE_CSP)),
             (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
         ],
         Html(CONSOLE_HTML),
     )
+        .into_response()
 }
 
 /// The console's feed: the ledger of every item.
