@@ -22,8 +22,9 @@ use inventory_core::auth::bearer;
 use crate::security::Security;
 
 /// `console` (the console's routes) with every request checked for the operator token.
+/// Only its routes: a path it does not serve is a 404 for anyone, token or not.
 pub fn require_operator(console: Router, security: Arc<Security>) -> Router {
-    console.layer(axum::middleware::from_fn_with_state(security, check))
+    console.route_layer(axum::middleware::from_fn_with_state(security, check))
 }
 
 async fn check(State(security): State<Arc<Security>>, request: Request, next: Next) -> Response {

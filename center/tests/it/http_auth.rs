@@ -16,7 +16,7 @@ use inventory_test_support::pki::TestPki;
 use inventory_test_support::{TestSqlite, free_port};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::console::{chromium_present, dump_dom, element};
+use crate::console::{chromium_present, dump_dom, element, screenshot};
 
 const OPERATOR: &str = "operator-token-0123456789";
 const APP: &str = "app-agent-token-0123456789";
@@ -265,6 +265,7 @@ async fn console_in_headless_chromium_asks_for_the_token_and_shows_the_ledger_on
     assert!(dom.contains(r#"<form id="signin">"#), "the sign-in form is shown:\n{dom}");
     assert!(dom.contains(r#"data-state="locked""#), "{dom}");
     assert!(!dom.contains(ITEM), "nothing of the ledger without a token:\n{dom}");
+    screenshot(&page, "inventory-console-sign-in.png").await;
 
     // A wrong token: refused, said so, still nothing shown.
     let dom = dump_dom(&format!("{page}#token=operator-token-0123456780")).await;
