@@ -45,7 +45,7 @@ fn refused(path: &str, why: &str) -> Response {
         ];
         (StatusCode::UNAUTHORIZED, headers, body).into_response()
     } else {
-        crate::http::console_page(StatusCode::UNAUTHORIZED)
+        crate::console::console_page(StatusCode::UNAUTHORIZED)
     };
     // A scheme browsers do not prompt for: the page's own form asks.
     response

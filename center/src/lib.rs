@@ -8,6 +8,7 @@
 pub mod clock;
 pub mod closer;
 pub mod config;
+pub mod console;
 pub mod error;
 pub mod events;
 pub mod health;
