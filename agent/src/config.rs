@@ -32,9 +32,13 @@ pub struct AgentConfig {
     /// gRPC listen address (Agent service, health, reflection).
     #[arg(long, env = "INVENTORY_LISTEN", default_value = "127.0.0.1:50052")]
     pub listen: SocketAddr,
-    /// HTTP listen address for /metrics and /healthz.
+    /// HTTP listen address for /metrics and /healthz (nothing else is served over HTTP).
     #[arg(long, env = "INVENTORY_HTTP_LISTEN", default_value = "127.0.0.1:9465")]
     pub http_listen: SocketAddr,
+    /// Where /metrics and /healthz are served, as the center's flag of the same name; the
+    /// agent's HTTP port serves nothing else, so this replaces --http-listen when given.
+    #[arg(long, env = "INVENTORY_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     #[arg(long, env = "INVENTORY_STORE", value_enum, default_value = "memory")]
     pub store: StoreKind,
     /// With `--store memory`: where the pools are written when the agent stops gracefully
@@ -136,7 +140,7 @@ pub struct AgentConfig {
     /// Run without tokens. Logged loudly at start.
     #[arg(long, env = "INVENTORY_INSECURE")]
     pub insecure: bool,
-    /// TLS certificate and key (PEM) for the agent's gRPC listener.
+    /// TLS certificate and key (PEM) for the agent's gRPC listener and its HTTP port.
     #[arg(long, env = "INVENTORY_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
     #[arg(long, env = "INVENTORY_TLS_KEY")]
@@ -246,6 +250,7 @@ impl AgentConfig {
             center: center.to_owned(),
             listen: "127.0.0.1:0".parse().expect("literal address"),
             http_listen: "127.0.0.1:0".parse().expect("literal address"),
+            metrics_listen: None,
             store,
             redis_url: redis_url.to_owned(),
             redis_prefix: redis_prefix.to_owned(),

@@ -147,7 +147,10 @@ impl Application {
         // Bind before registering: an agent that cannot serve must not leave a registered
         // channel behind at the center.
         let grpc = inventory_net::bind(config.listen, "--listen").await?;
-        let http = inventory_net::bind(config.http_listen, "--http-listen").await?;
+        let http = match config.metrics_listen {
+            Some(addr) => inventory_net::bind(addr, "--metrics-listen").await?,
+            None => inventory_net::bind(config.http_listen, "--http-listen").await?,
+        };
         security.warn_if_insecure();
         let mut agent = Agent::new(store, link, settings, limits);
         agent.selling.store_health = health;
@@ -243,6 +246,7 @@ impl Application {
         self.grpc_addr
     }
 
+    /// Where `/metrics` and `/healthz` are served (`--metrics-listen`, else `--http-listen`).
     pub fn http_addr(&self) -> SocketAddr {
         self.http_addr
     }
@@ -292,15 +296,7 @@ impl Application {
         };
         let router = crate::http::router(Arc::clone(&self.agent));
         // The side port speaks TLS with the gRPC port's certificate when one is set.
-        let http = match self.http_tls {
-            Some(tls) => {
-                let listener = inventory_net::TlsListener::new(self.http, tls)?;
-                tokio::spawn(async move { axum::serve(listener, router).with_graceful_shutdown(http_stopped).await })
-            }
-            None => {
-                tokio::spawn(async move { axum::serve(self.http, router).with_graceful_shutdown(http_stopped).await })
-            }
-        };
+        let http = inventory_net::serve_http(self.http, self.http_tls, router, http_stopped)?;
 
         let (drain_tx, mut drain_rx) = tokio::sync::watch::channel(false);
         let agent = Arc::clone(&self.agent);

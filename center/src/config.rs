@@ -11,9 +11,14 @@ pub struct CenterConfig {
     /// gRPC listen address (Center, Admin, health, reflection).
     #[arg(long, env = "INVENTORY_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
-    /// HTTP listen address for /metrics and /healthz.
+    /// HTTP listen address: the console (`/`, `/api/...`, behind the operator token when
+    /// there is one), and /metrics and /healthz unless --metrics-listen moves them.
     #[arg(long, env = "INVENTORY_HTTP_LISTEN", default_value = "127.0.0.1:9464")]
     pub http_listen: SocketAddr,
+    /// A listen address of their own for /metrics and /healthz (open to scrapers and
+    /// probes, no token); --http-listen then serves only the console.
+    #[arg(long, env = "INVENTORY_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     /// Ledger database: sqlite://FILE (created if missing) or postgres://...
     #[arg(long, env = "INVENTORY_DATABASE_URL", default_value = "sqlite://inventory.db")]
     pub database_url: String,
@@ -58,7 +63,8 @@ pub struct CenterConfig {
     /// Run without tokens (anyone reaching the port may act). Logged loudly at start.
     #[arg(long, env = "INVENTORY_INSECURE")]
     pub insecure: bool,
-    /// TLS certificate (PEM) for the gRPC listener; with --tls-key enables TLS.
+    /// TLS certificate (PEM) for the gRPC listener and the HTTP ones (console, metrics);
+    /// with --tls-key enables TLS.
     #[arg(long, env = "INVENTORY_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
     #[arg(long, env = "INVENTORY_TLS_KEY")]
@@ -74,6 +80,7 @@ impl CenterConfig {
         Self {
             listen: "127.0.0.1:0".parse().expect("literal address"),
             http_listen: "127.0.0.1:0".parse().expect("literal address"),
+            metrics_listen: None,
             database_url: database_url.to_owned(),
             require_synchronous_replication: false,
             lease_ttl_ms: 10_000,

@@ -1,6 +1,9 @@
 //! The HTTP side port: `/healthz` (503 while the database does not answer, see
-//! [`crate::health`]), Prometheus text on `/metrics`, the live console page on `/` and its
-//! JSON feed on `/api/items`.
+//! [`crate::health`]), Prometheus text on `/metrics`, and the routes of the live console
+//! page on `/` and its JSON feeds on `/api/items` and `/api/history` ([`crate::console`]).
+//! The console and its feeds need the operator token where the center has one
+//! ([`crate::http_auth`]); the probes may move to a listener of their own
+//! (`--metrics-listen`), see [`HttpRoutes`].
 //!
 //! Every view is read from the ledger at request time (`ledgers` and `channels`: a fixed
 //! number of queries whatever the number of items); nothing here writes. The console is one
@@ -19,8 +22,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::{Html, IntoResponse};
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
 use axum::routing::get;
 use inventory_core::watermarks::Watermarks;
 use inventory_net::metrics::RpcMetrics;
@@ -30,27 +33,18 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
-use serde::Serialize;
 
 use crate::error::CenterError;
 use crate::health::{Health, Serving};
 use crate::history::{History, HistoryConfig};
 use crate::store::{ChannelView, ItemLedger, LedgerStore};
 
-/// The console page, served as is.
-pub const CONSOLE_HTML: &str = include_str!("console.html");
-
-/// Only inline script and style, and requests back to this server: the page can reach
-/// nothing else even if an id were crafted to look like markup.
-const CONSOLE_CSP: &str = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
-                           connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'";
-
 #[derive(Clone)]
-struct HttpState {
-    store: Arc<dyn LedgerStore>,
+pub(crate) struct HttpState {
+    pub(crate) store: Arc<dyn LedgerStore>,
     /// Failed ledger reads: this port's, and those of whoever shares the counter.
-    database_errors: Arc<AtomicU64>,
-    history: Arc<History>,
+    pub(crate) database_errors: Arc<AtomicU64>,
+    pub(crate) history: Arc<History>,
     /// Build information and the per-RPC metrics: the part of `/metrics` kept between scrapes.
     registry: Arc<Registry>,
     /// Whether the database answers, for `/healthz`.
@@ -99,7 +93,7 @@ pub fn router_with_metrics(
 }
 
 /// Like [`router_with_metrics`], with a sampler the caller started (the gRPC services read
-/// the same history).
+/// the same history). Both halves of [`HttpRoutes`] in one router, without a token check.
 pub fn router_with_history(
     store: Arc<dyn LedgerStore>,
     database_errors: Arc<AtomicU64>,
@@ -107,17 +101,39 @@ pub fn router_with_history(
     rpc: RpcMetrics,
     health: Health,
 ) -> Router {
+    let routes = routes_with_history(store, database_errors, history, rpc, health);
+    routes.console.merge(routes.probes)
+}
+
+/// The HTTP side in its two halves, which the center may serve on two listeners.
+pub struct HttpRoutes {
+    /// The console page and its feeds (`/`, `/api/*`): the ledger as operators see it, so
+    /// behind the operator token where there is one ([`crate::http_auth`]).
+    pub console: Router,
+    /// `/metrics` and `/healthz`: open, as Prometheus and probes expect.
+    pub probes: Router,
+}
+
+/// The routes of [`router_with_history`], apart.
+pub fn routes_with_history(
+    store: Arc<dyn LedgerStore>,
+    database_errors: Arc<AtomicU64>,
+    history: Arc<History>,
+    rpc: RpcMetrics,
+    health: Health,
+) -> HttpRoutes {
     let mut registry = Registry::default();
     inventory_net::metrics::register_build_info(&mut registry);
     rpc.register(&mut registry);
     let state = HttpState { store, database_errors, history, registry: Arc::new(registry), health };
-    Router::new()
-        .route("/", get(console))
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
-        .route("/api/items", get(api_items))
-        .route("/api/history", get(api_history))
-        .with_state(state)
+    HttpRoutes {
+        console: Router::new()
+            .route("/", get(crate::console::page))
+            .route("/api/items", get(crate::console::api_items))
+            .route("/api/history", get(crate::console::api_history))
+            .with_state(state.clone()),
+        probes: Router::new().route("/healthz", get(healthz)).route("/metrics", get(metrics)).with_state(state),
+    }
 }
 
 /// What the HTTP port shows: every item with its per-channel ledger lines, in item
@@ -130,7 +146,7 @@ pub struct LedgerView {
 }
 
 /// Reads the view: two reads of the ledger whatever the number of items and channels.
-async fn read_ledger(store: &dyn LedgerStore) -> Result<LedgerView, CenterError> {
+pub(crate) async fn read_ledger(store: &dyn LedgerStore) -> Result<LedgerView, CenterError> {
     let mut items = Vec::new();
     let mut overrides = HashMap::new();
     for (ledger, own) in store.ledgers().await? {
@@ -378,227 +394,6 @@ impl Collector for LedgerMetrics {
             gauge,
             channels.iter().map(|c| (channel(c), ConstGauge::new(c.session.epoch))),
         )
-    }
-}
-
-async fn console() -> impl IntoResponse {
-    (
-        [
-            (header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CONSOLE_CSP)),
-            (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
-        ],
-        Html(CONSOLE_HTML),
-    )
-}
-
-/// The console's feed: the ledger of every item.
-#[derive(Debug, Serialize)]
-pub struct ApiItems {
-    pub now_ms: i64,
-    pub items: Vec<ApiItem>,
-    /// Every registered channel, with or without items.
-    pub channels: Vec<ApiSession>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct ApiSession {
-    pub channel: String,
-    pub agent_id: String,
-    pub epoch: u64,
-    /// Negative once expired.
-    pub lease_remaining_ms: i64,
-    pub heartbeat_age_ms: i64,
-}
-
-#[derive(Debug, Serialize)]
-pub struct ApiItem {
-    pub item_id: String,
-    pub total: u64,
-    pub available: u64,
-    pub held: u64,
-    pub closed: bool,
-    /// Units written off as sold outside the pools (in-doubt units resolved).
-    pub written_off: u64,
-    pub per_user_limit: u64,
-    pub reservation_ttl_ms: u64,
-    pub watermarks: ApiWatermarks,
-    /// Nothing left to sell anywhere: the center and every channel's pool are empty
-    /// (reserved units may still come back if their reservations expire).
-    pub sold_out_everywhere: bool,
-    pub channels: Vec<ApiChannel>,
-    /// A scheduled item's plan, countdown and channels' readiness (absent unscheduled).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub schedule: Option<crate::readiness::ApiSchedule>,
-}
-
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct ApiWatermarks {
-    pub low: u64,
-    pub high: u64,
-    pub batch: u64,
-}
-
-#[derive(Debug, Serialize)]
-pub struct ApiChannel {
-    pub channel: String,
-    pub held: u64,
-    pub granted: u64,
-    pub returned: u64,
-    pub reclaimed: u64,
-    /// The pool as last reported.
-    pub available: u64,
-    pub reserved: u64,
-    pub sold: u64,
-    pub drift: i64,
-    /// The part of `drift` that calls and reports in flight explain (normal in a sale).
-    pub drift_in_flight: i64,
-    /// The part that persisted past a report period ([`crate::history`]): worth a look.
-    pub drift_stuck: i64,
-    /// Units in doubt after the channel's pool was lost (0 normally).
-    pub in_doubt: u64,
-    /// The watermarks this channel's pool follows (its own, else the item's).
-    pub watermarks: ApiWatermarks,
-    /// The channel's recent sell rate as last reported, units per second.
-    pub sell_rate: f64,
-    /// The batch its pool borrows now (by that rate when the item's batches follow it).
-    pub batch: u64,
-    pub reported_at_ms: i64,
-    pub epoch: Option<u64>,
-    pub agent_id: Option<String>,
-    /// Negative once expired; `None` when the channel never registered.
-    pub lease_remaining_ms: Option<i64>,
-    /// A segmented pool's segments as last reported (absent for one pool).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub segments: Vec<ApiSegment>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct ApiSegment {
-    pub segment: u32,
-    pub available: u64,
-    pub reserved: u64,
-    pub sold: u64,
-    /// The store lost it: its units are in doubt until an operator resolves them.
-    pub lost: bool,
-}
-
-pub fn api_view(view: &LedgerView, history: &History, now_ms: i64) -> ApiItems {
-    let api_wm = |w: &Watermarks| ApiWatermarks { low: w.low, high: w.high, batch: w.batch };
-    let items = view
-        .items
-        .iter()
-        .map(|l| {
-            let own = view.overrides.get(&l.item.item_id);
-            let channels: Vec<ApiChannel> = l
-                .channels
-                .iter()
-                .map(|c| {
-                    let a = &c.allocation;
-                    let split = history.split(&l.item.item_id, &c.channel, a, now_ms);
-                    let own_wm = own.and_then(|o| o.iter().find(|(ch, _)| ch == &c.channel)).map(|(_, w)| *w);
-                    let watermarks = api_wm(&own_wm.unwrap_or(l.item.watermarks));
-                    ApiChannel {
-                        channel: c.channel.clone(),
-                        held: a.held(),
-                        granted: a.granted,
-                        returned: a.returned,
-                        reclaimed: a.reclaimed,
-                        available: a.reported.available,
-                        reserved: a.reported.reserved,
-                        sold: a.reported.sold,
-                        drift: a.drift(),
-                        drift_in_flight: split.in_flight,
-                        drift_stuck: split.stuck,
-                        in_doubt: a.in_doubt,
-                        watermarks,
-                        sell_rate: a.sell_rate_milli as f64 / 1000.0,
-                        batch: crate::service::current_batch(&l.item, own_wm, a.sell_rate_milli),
-                        reported_at_ms: a.reported_at_ms,
-                        epoch: c.session.as_ref().map(|s| s.epoch),
-                        agent_id: c.session.as_ref().map(|s| s.agent_id.clone()),
-                        lease_remaining_ms: c.session.as_ref().map(|s| s.lease_expires_at_ms - now_ms),
-                        segments: c
-                            .segments
-                            .iter()
-                            .map(|g| ApiSegment {
-                                segment: g.segment,
-                                available: g.counts.available,
-                                reserved: g.counts.reserved,
-                                sold: g.counts.sold,
-                                lost: g.lost,
-                            })
-                            .collect(),
-                    }
-                })
-                .collect();
-            // Held units the pools do not show (in flight, in doubt) may still be sold.
-            let sold_out_everywhere = l.item.state.total > 0
-                && l.item.state.available == 0
-                && channels.iter().all(|c| c.available == 0 && c.drift == 0 && c.in_doubt == 0);
-            ApiItem {
-                item_id: l.item.item_id.clone(),
-                total: l.item.state.total,
-                available: l.item.state.available,
-                held: l.item.held,
-                closed: l.item.state.closed,
-                written_off: l.item.state.written_off,
-                per_user_limit: l.item.state.per_user_limit,
-                reservation_ttl_ms: l.item.state.reservation_ttl_ms,
-                watermarks: api_wm(&l.item.watermarks),
-                sold_out_everywhere,
-                channels,
-                schedule: crate::readiness::api_schedule(view, l, now_ms),
-            }
-        })
-        .collect();
-    let channels = view
-        .channels
-        .iter()
-        .map(|c| ApiSession {
-            channel: c.channel.clone(),
-            agent_id: c.session.agent_id.clone(),
-            epoch: c.session.epoch,
-            lease_remaining_ms: c.session.lease_expires_at_ms - now_ms,
-            heartbeat_age_ms: now_ms - c.session.last_heartbeat_ms,
-        })
-        .collect();
-    ApiItems { now_ms, items, channels }
-}
-
-async fn api_items(State(state): State<HttpState>) -> axum::response::Response {
-    let (status, body) = match read_ledger(state.store.as_ref()).await {
-        Ok(view) => match serde_json::to_string(&api_view(&view, &state.history, crate::clock::now_ms())) {
-            Ok(json) => (StatusCode::OK, json),
-            Err(e) => {
-                tracing::error!(error = %e, "console: cannot encode the ledger view");
-                (StatusCode::INTERNAL_SERVER_ERROR, r#"{"error":"internal error"}"#.to_owned())
-            }
-        },
-        Err(e) => {
-            state.database_errors.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(error = %e, "console: ledger unreadable");
-            (StatusCode::SERVICE_UNAVAILABLE, r#"{"error":"ledger unavailable"}"#.to_owned())
-        }
-    };
-    let headers = [
-        (header::CONTENT_TYPE, HeaderValue::from_static("application/json")),
-        (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
-    ];
-    (status, headers, body).into_response()
-}
-
-/// The console's memory: the samples of the last minutes, per item.
-async fn api_history(State(state): State<HttpState>) -> axum::response::Response {
-    let headers = [
-        (header::CONTENT_TYPE, HeaderValue::from_static("application/json")),
-        (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
-    ];
-    match serde_json::to_string(&state.history.view()) {
-        Ok(json) => (StatusCode::OK, headers, json).into_response(),
-        Err(e) => {
-            tracing::error!(error = %e, "console: cannot encode the history");
-            (StatusCode::INTERNAL_SERVER_ERROR, headers, r#"{"error":"internal error"}"#.to_owned()).into_response()
-        }
     }
 }
 

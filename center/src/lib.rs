@@ -8,11 +8,13 @@
 pub mod clock;
 pub mod closer;
 pub mod config;
+pub mod console;
 pub mod error;
 pub mod events;
 pub mod health;
 pub mod history;
 pub mod http;
+pub mod http_auth;
 pub mod pruner;
 pub mod readiness;
 pub mod reclaimer;

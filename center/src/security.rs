@@ -57,6 +57,20 @@ impl Security {
         }
     }
 
+    /// Whether a caller presenting `presented` (the bearer token of its `authorization`
+    /// header, if any) may see what operators see; always without operator tokens. The
+    /// refusal is the message for the caller. Compared in constant time (`TokenSet::find`).
+    pub fn check_operator(&self, presented: Option<&str>) -> Result<(), &'static str> {
+        if self.operators.is_empty() {
+            return Ok(());
+        }
+        match presented {
+            None => Err("missing operator token (authorization: Bearer ...)"),
+            Some(t) if self.operators.find(t).is_some() => Ok(()),
+            Some(_) => Err("invalid operator token"),
+        }
+    }
+
     pub fn tls(c: &CenterConfig) -> anyhow::Result<Option<ServerTlsConfig>> {
         inventory_net::grpc_server_tls(c.tls_cert.as_deref(), c.tls_key.as_deref(), c.tls_client_ca.as_deref())
     }

@@ -35,9 +35,12 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(4);
 pub struct Application {
     grpc: TcpListener,
     http: TcpListener,
+    /// `--metrics-listen`: the probes on a listener of their own.
+    metrics: Option<TcpListener>,
     http_tls: Option<inventory_net::ServerConfig>,
     grpc_addr: SocketAddr,
     http_addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
     store: Arc<dyn LedgerStore>,
     events: EventHub,
     faults: Arc<FaultHooks>,
@@ -65,6 +68,10 @@ impl Application {
         let store: Arc<dyn LedgerStore> = Arc::new(ledger);
         let grpc = inventory_net::bind(config.listen, "--listen").await?;
         let http = inventory_net::bind(config.http_listen, "--http-listen").await?;
+        let metrics = match config.metrics_listen {
+            Some(addr) => Some(inventory_net::bind(addr, "--metrics-listen").await?),
+            None => None,
+        };
         security.warn_if_insecure();
         let http_tls = match (&config.tls_cert, &config.tls_key) {
             (Some(cert), Some(key)) => Some(inventory_net::server_config(cert, key)?),
@@ -75,8 +82,10 @@ impl Application {
             http_tls,
             grpc_addr: grpc.local_addr()?,
             http_addr: http.local_addr()?,
+            metrics_addr: metrics.as_ref().map(TcpListener::local_addr).transpose()?,
             grpc,
             http,
+            metrics,
             store,
             events,
             faults: Arc::new(FaultHooks::default()),
@@ -92,8 +101,14 @@ impl Application {
         self.grpc_addr
     }
 
+    /// The console's address (and the probes', unless they have their own).
     pub fn http_addr(&self) -> SocketAddr {
         self.http_addr
+    }
+
+    /// Where `/metrics` and `/healthz` are served: `--metrics-listen`, or the HTTP port.
+    pub fn metrics_addr(&self) -> SocketAddr {
+        self.metrics_addr.unwrap_or(self.http_addr)
     }
 
     /// Fault injection handles, for tests of failure paths.
@@ -131,29 +146,31 @@ impl Application {
         );
         let admin = AdminService::new(Arc::clone(&self.store), self.events.clone(), self.lease, Arc::clone(&history));
 
-        let mut http_stop = stop_rx.clone();
-        let http_stopped = async move {
-            let _ = http_stop.wait_for(|s| *s).await;
+        let stopped = |mut stop: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = stop.wait_for(|s| *s).await;
         };
         let rpc = crate::http::rpc_metrics();
         let (verdicts, db_health) = Health::channel();
-        let router = crate::http::router_with_history(
+        let routes = crate::http::routes_with_history(
             Arc::clone(&self.store),
             Arc::new(std::sync::atomic::AtomicU64::new(0)),
             history,
             rpc.clone(),
             db_health,
         );
-        // The side port speaks TLS with the gRPC port's certificate when one is set.
-        let http = match self.http_tls {
-            Some(tls) => {
-                let listener = inventory_net::TlsListener::new(self.http, tls)?;
-                tokio::spawn(async move { axum::serve(listener, router).with_graceful_shutdown(http_stopped).await })
-            }
-            None => {
-                tokio::spawn(async move { axum::serve(self.http, router).with_graceful_shutdown(http_stopped).await })
-            }
+        // The console shows the ledger: the operator token, as Admin asks. The probes stay
+        // open, on the console's port or on their own.
+        let console = crate::http_auth::require_operator(routes.console, Arc::clone(&self.security));
+        let (main_router, probes) = match self.metrics {
+            Some(listener) => (console, Some((listener, routes.probes))),
+            None => (console.merge(routes.probes), None),
         };
+        // The HTTP ports speak TLS with the gRPC port's certificate when one is set.
+        let mut http_servers =
+            vec![inventory_net::serve_http(self.http, self.http_tls.clone(), main_router, stopped(stop_rx.clone()))?];
+        if let Some((listener, router)) = probes {
+            http_servers.push(inventory_net::serve_http(listener, self.http_tls, router, stopped(stop_rx.clone()))?);
+        }
 
         let reclaimer = (self.auto_reclaim_after_ms > 0).then(|| {
             tokio::spawn(crate::reclaimer::run(
@@ -174,6 +191,7 @@ impl Application {
         tracing::info!(
             grpc = %self.grpc_addr,
             http = %self.http_addr,
+            metrics = %self.metrics_addr.unwrap_or(self.http_addr),
             database = %self.database,
             auth = if self.security.operators.is_empty() || self.security.agents.is_empty() { "insecure" } else { "tokens" },
             tls = self.tls.is_some(),
@@ -246,12 +264,13 @@ impl Application {
                 worker.abort();
             }
         }
-        let mut http = http;
-        match tokio::time::timeout_at(deadline, &mut http).await {
-            Ok(served) => served??,
-            Err(_) => {
-                tracing::warn!("http connections still open after the shutdown grace; dropped");
-                http.abort();
+        for mut http in http_servers {
+            match tokio::time::timeout_at(deadline, &mut http).await {
+                Ok(served) => served??,
+                Err(_) => {
+                    tracing::warn!("http connections still open after the shutdown grace; dropped");
+                    http.abort();
+                }
             }
         }
         Ok(())

@@ -265,7 +265,7 @@ cmd_start() {
     write_env
 
     export RUST_LOG="${RUST_LOG:-info}"
-    log "center on 127.0.0.1:$CENTER_GRPC (console and metrics on http://127.0.0.1:$CENTER_HTTP/)"
+    log "center on 127.0.0.1:$CENTER_GRPC (console and metrics on http://127.0.0.1:$CENTER_HTTP/; the console signs in with $state/secrets/operator.token)"
     INVENTORY_OPERATOR_TOKEN_FILE="$state/secrets/operator.token" \
         INVENTORY_AGENT_TOKENS_FILE="$state/secrets/agent-tokens" \
         nohup "$BIN/inventory-center" --listen "127.0.0.1:$CENTER_GRPC" --http-listen "127.0.0.1:$CENTER_HTTP" \

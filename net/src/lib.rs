@@ -103,6 +103,23 @@ impl axum::serve::Listener for TlsListener {
     }
 }
 
+/// Serves `router` on `listener`, over TLS when `tls` is given, until `stop` resolves; then
+/// lets open requests finish. The task ends with the server's result.
+pub fn serve_http(
+    listener: TcpListener,
+    tls: Option<ServerConfig>,
+    router: axum::Router,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<tokio::task::JoinHandle<std::io::Result<()>>> {
+    Ok(match tls {
+        Some(tls) => {
+            let listener = TlsListener::new(listener, tls)?;
+            tokio::spawn(async move { axum::serve(listener, router).with_graceful_shutdown(stop).await })
+        }
+        None => tokio::spawn(async move { axum::serve(listener, router).with_graceful_shutdown(stop).await }),
+    })
+}
+
 /// Reads a text file (PEM, token list), naming it in the error.
 pub fn read_text(path: &Path) -> anyhow::Result<String> {
     std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))

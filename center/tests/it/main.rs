@@ -10,6 +10,7 @@ mod contract;
 mod edges;
 mod health;
 mod hostile;
+mod http_auth;
 mod limit_scope;
 mod lost_reply;
 mod model;
