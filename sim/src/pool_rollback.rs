@@ -34,10 +34,25 @@ impl World {
         self.log(format!("{} store {item}: behind its floor {floor}: lost", self.name(c)));
     }
 
+    /// `PoolStore::raise_floor` with the floor the center remembers (registration,
+    /// DescribeItem): the running process's floor rises to it, so its next call on a pool
+    /// that went back finds it lost.
+    pub(crate) fn adopt_floor(&mut self, c: usize, item: &str, floor: u64) {
+        if floor == 0 {
+            return;
+        }
+        if let Some(mem) = self.agents[c].mem.as_mut() {
+            let f = mem.floors.entry(item.to_owned()).or_default();
+            *f = (*f).max(floor);
+        }
+    }
+
     /// The store layer's floor of the pool (0 while the agent is down, or when the check
     /// is off).
-    fn floor(&self, c: usize, item: &str) -> u64 {
-        let floor = self.agents[c].mem.as_ref().and_then(|m| m.floors.get(item).copied()).unwrap_or(0);
+    pub(crate) fn floor(&self, c: usize, item: &str) -> u64 {
+        let agent = &self.agents[c];
+        let floor = agent.mem.as_ref().and_then(|m| m.floors.get(item).copied()).unwrap_or(0);
+        let floor = floor.max(agent.rival_floors.get(item).copied().unwrap_or(0));
         if CHECK_FLOOR { floor } else { 0 }
     }
 
@@ -70,13 +85,16 @@ impl World {
             let floor = mem.floors.entry(item.to_owned()).or_default();
             *floor = (*floor).max(seq);
         }
+        if let Some(floor) = self.agents[c].rival_floors.get_mut(item) {
+            *floor = (*floor).max(seq);
+        }
     }
 
     /// The fault: the first time, the store saves a copy of the pool (a snapshot); the
     /// next, it puts the copy back if the pool still has its generation and was written
     /// since (same generation, older contents). Only while the agent that saw those
-    /// writes runs: a pool rolled back while its agent is down (or restarted since the
-    /// copy) is caught only if the agent learns a floor from the center, not modelled.
+    /// writes runs; a process started after it (a restart, a second process) knows only
+    /// the floor the center remembers from the channel's reports ([`World::adopt_floor`]).
     pub(crate) fn roll_back_pool(&mut self, c: usize, item: &str) {
         let incarnation = self.agents[c].incarnations;
         let Some(pool) = self.agents[c].pools.get(item).cloned() else { return };
