@@ -137,6 +137,8 @@ async fn the_highest_write_sequence_reported_is_the_floor_handed_back(c: TestCen
                 .expect("heartbeat")
         }
     };
+    // (Each look at the floors registered anew.)
+    let epoch = register(&mut center, "app").await;
     send(&mut center, epoch, 40, [7, 0, 12]).await;
     let (held, described) = floors(&mut center, "a").await;
     assert_eq!((held, described), (vec![40], vec![40]));
