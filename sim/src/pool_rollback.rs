@@ -92,9 +92,11 @@ impl World {
 
     /// The fault: the first time, the store saves a copy of the pool (a snapshot); the
     /// next, it puts the copy back if the pool still has its generation and was written
-    /// since (same generation, older contents). Only while the agent that saw those
-    /// writes runs; a process started after it (a restart, a second process) knows only
-    /// the floor the center remembers from the channel's reports ([`World::adopt_floor`]).
+    /// since (same generation, older contents). While the agent that saw those writes
+    /// runs; or, whatever runs (a restarted agent, none), if the copy is older than the
+    /// floor the center remembers from the channel's reports ([`World::adopt_floor`]).
+    /// Not made: a copy newer than every report, put back after every process that saw
+    /// the writes since is gone (only that process knew them: a known gap).
     pub(crate) fn roll_back_pool(&mut self, c: usize, item: &str) {
         let incarnation = self.agents[c].incarnations;
         let Some(pool) = self.agents[c].pools.get(item).cloned() else { return };
@@ -108,7 +110,9 @@ impl World {
             }
             Some((saved_in, copy)) => {
                 let same = copy.generation() == pool.generation() && copy.write_seq() < pool.write_seq();
-                if !(same && live && saved_in == incarnation) {
+                let remembered = self.center.write_seq_floor(item, self.agents[c].name());
+                let witnessed = (live && saved_in == incarnation) || copy.write_seq() < remembered;
+                if !(same && witnessed) {
                     return;
                 }
                 // What buyers hold as sold is the live pool's sold; the copy's are counted
