@@ -56,12 +56,21 @@ impl World {
         if CHECK_FLOOR { floor } else { 0 }
     }
 
+    /// The floor the pool is read with: the running process's, or while none runs, the
+    /// one the center remembers, which the next process adopts before touching the pool.
+    fn seen_floor(&self, c: usize, item: &str) -> u64 {
+        if self.agents[c].mem.is_some() || !CHECK_FLOOR {
+            return self.floor(c, item);
+        }
+        self.floor(c, item).max(self.center.write_seq_floor(item, self.agents[c].name()))
+    }
+
     /// The pool as the agent's store layer reads it: one below its floor is lost (read as
     /// not existing), whether or not a call has found it so yet. The checker looks at
     /// pools through this, as the agent sells from them.
     pub fn pool_seen(&self, c: usize, item: &str) -> Option<Cow<'_, Pool>> {
         let pool = self.agents[c].pools.get(item)?;
-        let floor = self.floor(c, item);
+        let floor = self.seen_floor(c, item);
         if !went_back(floor, pool.write_seq()) {
             return Some(Cow::Borrowed(pool));
         }
@@ -73,7 +82,7 @@ impl World {
     /// Units sold from pool data since lost, with those of a pool below its floor.
     pub fn lost_sold(&self, c: usize, item: &str) -> u64 {
         let lost = self.reference.lost_sold.get(&(c, item.to_owned())).copied().unwrap_or(0);
-        let behind = self.agents[c].pools.get(item).filter(|p| went_back(self.floor(c, item), p.write_seq()));
+        let behind = self.agents[c].pools.get(item).filter(|p| went_back(self.seen_floor(c, item), p.write_seq()));
         lost + behind.map_or(0, Pool::sold)
     }
 
