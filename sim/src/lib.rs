@@ -70,7 +70,8 @@
 //! reported per pool (`core::pool::remember_write_seq`) and hands it back at
 //! registration and DescribeItem; a new incarnation of the agent (a restart, a second
 //! process) adopts it before touching the pool, so the store may also go back while the
-//! agent is down or after it restarted, to a copy older than that floor. Known gap:
+//! agent is down or after it restarted, to a copy older than that floor (seed 417 broke
+//! invariant 8 so before the agent adopted it). Known gap:
 //! writes made after the channel's last accepted report, lost with the process that made
 //! them (default seed 671: an agent's last sales, never reported before its SIGTERM,
 //! forgotten by a rollback before it crashed in its drain, break invariant 8).
@@ -167,7 +168,7 @@ pub fn scenarios() -> Vec<Scenario> {
             name: "default",
             test: "default_keeps_every_invariant",
             config: base,
-            regression_seeds: &[12, 66, 74, 833, 991, 1375],
+            regression_seeds: &[12, 66, 74, 417, 833, 991, 1375],
         },
         Scenario {
             name: "bounded",
