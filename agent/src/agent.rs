@@ -74,7 +74,8 @@ impl Agent {
     pub fn new(store: Arc<dyn PoolStore>, link: CenterLink, settings: AgentSettings, limits: UserLimits) -> Self {
         let link = Arc::new(link);
         let rules = Settings { return_sustain_ms: settings.return_sustain_ms, ..Settings::default() };
-        let items = Arc::new(Items::new(link.channel.clone(), rules, settings.item_lookups_per_sec));
+        let items =
+            Arc::new(Items::new(link.channel.clone(), rules, settings.item_lookups_per_sec, Arc::clone(&store)));
         let metrics = Arc::new(Metrics::default());
         let role = Arc::new(Role::default());
         let stocking = Arc::new(Stocking::new(Arc::clone(&store), Arc::clone(&link), Arc::clone(&metrics)));
@@ -171,6 +172,11 @@ impl Agent {
         for id in &ids {
             let id = ItemId::parse("item_id", id)?;
             let item = self.selling.item(&id).await?;
+            // The floors the center remembers, before the resync touches the pools (an item
+            // loaded earlier by this process, or by another replica's reports).
+            if let Some(h) = reg.held.iter().find(|h| h.item_id == item.item_id) {
+                crate::store::raise_floors(self.selling.store.as_ref(), &item.pools, &h.write_seq_floors).await?;
+            }
             let kind = OpKind::Resync(ResyncWhy::Registration { epoch: reg.epoch });
             pending.push((Arc::clone(&item), self.stocking.submit(&item, kind)));
         }

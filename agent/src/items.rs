@@ -291,10 +291,17 @@ pub struct Items {
     /// DescribeItem calls made to load items, and lookups refused by the bound.
     lookups_made: AtomicU64,
     lookups_refused: AtomicU64,
+    /// Where a loaded item's pool floors go before anyone can touch its pools.
+    store: Arc<dyn crate::store::PoolStore>,
 }
 
 impl Items {
-    pub fn new(channel: Channel, settings: Settings, lookups_per_sec: u32) -> Self {
+    pub fn new(
+        channel: Channel,
+        settings: Settings,
+        lookups_per_sec: u32,
+        store: Arc<dyn crate::store::PoolStore>,
+    ) -> Self {
         let per_sec = NonZeroU32::new(lookups_per_sec.max(1)).expect("max(1)");
         Self {
             channel,
@@ -305,6 +312,7 @@ impl Items {
             lookups: governor::RateLimiter::direct(governor::Quota::per_second(per_sec)),
             lookups_made: AtomicU64::new(0),
             lookups_refused: AtomicU64::new(0),
+            store,
         }
     }
 
@@ -378,6 +386,11 @@ impl Items {
                 .with_limit(limit_from(&d))
                 .with_segments(d.segments);
                 it.with(|c| c.set_schedule(schedule_from(&d)));
+                // Before the item is seen by anyone: a pool that went back in time since
+                // the channel last reported is caught by the first call that touches it.
+                crate::store::raise_floors(self.store.as_ref(), &it.pools, &d.write_seq_floors)
+                    .await
+                    .map_err(AgentError::from)?;
                 Ok::<_, AgentError>(Arc::new(it))
             })
             .await

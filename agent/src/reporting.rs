@@ -22,10 +22,14 @@ pub struct Reporting {
     items: Arc<Items>,
 }
 
-fn report_pb(item: &Item, r: &Report, sell_rate_milli: u64) -> pb::PoolReport {
+/// `floors[s]`: segment s's floor in the store layer when the report was read (its write
+/// sequence as the agent saw its own writes acknowledged), which the center remembers.
+fn report_pb(item: &Item, r: &Report, sell_rate_milli: u64, floors: &[u64]) -> pb::PoolReport {
     let item_id = &item.item_id;
+    let floor = |s: u32| floors.get(s as usize).copied().unwrap_or(0);
+    let write_seq = if item.is_segmented() { 0 } else { floor(0) };
     match r {
-        Report::Lost => pb::PoolReport { item_id: item_id.to_owned(), lost: true, ..Default::default() },
+        Report::Lost => pb::PoolReport { item_id: item_id.to_owned(), lost: true, write_seq, ..Default::default() },
         Report::Counts(v) => pb::PoolReport {
             // The counts are then the intact segments' (`segmented::snapshot`).
             lost_segments: if item.is_segmented() { item.lost_segments() } else { Vec::new() },
@@ -38,6 +42,7 @@ fn report_pb(item: &Item, r: &Report, sell_rate_milli: u64) -> pb::PoolReport {
                         reserved: g.counts.reserved,
                         sold: g.counts.sold,
                         lost: g.lost,
+                        write_seq: floor(g.segment),
                     })
                     .collect()
             } else {
@@ -50,17 +55,19 @@ fn report_pb(item: &Item, r: &Report, sell_rate_milli: u64) -> pb::PoolReport {
             generation: v.generation,
             lost: false,
             sell_rate_milli,
+            write_seq,
         },
     }
 }
 
 /// Reports read for one heartbeat.
-/// Each with the pool's sell rate when it was read (units/s × 1000).
-pub struct Reports(Vec<(Arc<Item>, Report, u64)>);
+/// Each with the pool's sell rate when it was read (units/s × 1000), and its segments'
+/// floors then.
+pub struct Reports(Vec<(Arc<Item>, Report, u64, Vec<u64>)>);
 
 impl Reports {
     pub fn to_pb(&self) -> Vec<pb::PoolReport> {
-        self.0.iter().map(|(item, r, rate)| report_pb(item, r, *rate)).collect()
+        self.0.iter().map(|(item, r, rate, floors)| report_pb(item, r, *rate, floors)).collect()
     }
 
     pub fn len(&self) -> usize {
@@ -97,7 +104,8 @@ impl Reporting {
                 for n in notes {
                     tracing::error!(item = %item.item_id, note = ?n, "pool lost its data in the store; frozen, its units in doubt");
                 }
-                Some((item, report, rate))
+                let floors = item.pools.iter().map(|p| self.store.floor(p)).collect();
+                Some((item, report, rate, floors))
             })
             .buffer_unordered(STORE_READS_IN_FLIGHT)
             .filter_map(|x| async move { x })
@@ -109,7 +117,7 @@ impl Reporting {
     /// Only the pools whose report changed since the center last acknowledged one.
     pub async fn changed(&self) -> Reports {
         let Reports(all) = self.all().await;
-        Reports(all.into_iter().filter(|(item, r, rate)| item.with(|c| c.report_changed(r, *rate))).collect())
+        Reports(all.into_iter().filter(|(item, r, rate, _)| item.with(|c| c.report_changed(r, *rate))).collect())
     }
 
     /// One heartbeat carrying `reports`: renews the lease, records the reports the center
@@ -120,7 +128,7 @@ impl Reporting {
         for item in self.items.all() {
             item.with(|c| c.on_center_answered(now));
         }
-        for (item, r, rate) in reports.0 {
+        for (item, r, rate, _) in reports.0 {
             item.with(|c| c.reported(r, rate));
         }
         for id in &answer.in_doubt_items {

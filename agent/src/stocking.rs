@@ -140,7 +140,15 @@ impl Stocking {
                 }
             }
             Effect::Describe => match self.link.describe(&item.item_id).await {
-                Ok(d) => Reply::Holding(Holding { held: d.held, generation: d.generation, in_doubt: d.in_doubt }),
+                Ok(d) => {
+                    // A resync reads the pool next: with the floors the center remembers.
+                    if let Err(e) =
+                        crate::store::raise_floors(self.store.as_ref(), &item.pools, &d.write_seq_floors).await
+                    {
+                        return store_reply(Err(e));
+                    }
+                    Reply::Holding(Holding { held: d.held, generation: d.generation, in_doubt: d.in_doubt })
+                }
                 Err(s) => center_fault(&item.item_id, "describe", &s),
             },
         }

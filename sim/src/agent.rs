@@ -218,6 +218,8 @@ impl World {
         }
         let h = self.center.describe(item, self.agents[c].name());
         self.mem(c).unanswered = 0;
+        // The resync reads the pool next: with the floor the center remembers.
+        self.adopt_floor(c, item, h.write_seq_floor);
         let kind = self.slot(c, item).kinds.get(&op).copied();
         match kind {
             Some(OpKind::Resync(ResyncWhy::Scheduled)) => self.stats.item_resyncs += 1,

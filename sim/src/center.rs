@@ -9,6 +9,7 @@ use std::fmt;
 use inventory_core::ledger::{
     self, Allocation, ChannelSession, ItemState, LedgerError, Mutation, PoolCounts, RateShare,
 };
+use inventory_core::pool::remember_write_seq;
 use inventory_core::watermarks::{RateBatching, Watermarks};
 use inventory_core::{Channel, ItemId, Quantity};
 
@@ -73,6 +74,9 @@ pub struct Holding {
     /// The pool generation the channel last reported (0: never).
     pub generation: u64,
     pub in_doubt: u64,
+    /// The highest write sequence the channel reported for the pool: the floor its agent
+    /// sets before touching the pool (`pool_write_seqs`).
+    pub write_seq_floor: u64,
     /// Reference model: [`Center::changes`] when the center answered, so the checker knows
     /// which reclaims a resync with this view takes into account.
     pub as_of: u64,
@@ -97,6 +101,8 @@ pub struct Report {
     pub generation: u64,
     pub lost: bool,
     pub sell_rate_milli: u64,
+    /// The pool's write sequence as the agent's store layer knows it (its floor).
+    pub write_seq: u64,
 }
 
 /// What the center publishes on `WatchChannel` (`center/src/events.rs`).
@@ -160,6 +166,9 @@ pub struct Center {
     /// Reference model: reclaims and in-doubt resolutions so far (they take units from a
     /// channel behind its agent's back).
     pub changes: u64,
+    /// (item, channel) -> the highest write sequence reported (`pool_write_seqs`, kept by
+    /// `core::pool::remember_write_seq`).
+    pub write_seqs: BTreeMap<(String, String), u64>,
 }
 
 impl Center {
@@ -338,6 +347,7 @@ impl Center {
                 held: a.held(),
                 generation: a.generation,
                 in_doubt: a.in_doubt,
+                write_seq_floor: self.write_seq_floor(i, channel),
                 as_of: self.changes,
             })
             .collect();
@@ -353,8 +363,14 @@ impl Center {
             held: a.held(),
             generation: a.generation,
             in_doubt: a.in_doubt,
+            write_seq_floor: self.write_seq_floor(item, channel),
             as_of: self.changes,
         }
+    }
+
+    /// The highest write sequence the channel reported for the item's pool (0: none).
+    pub fn write_seq_floor(&self, item: &str, channel: &str) -> u64 {
+        self.write_seqs.get(&(item.to_owned(), channel.to_owned())).copied().unwrap_or(0)
     }
 
     /// The Center service's Heartbeat: a pool reported lost, or reported with another
@@ -420,6 +436,8 @@ impl Center {
             a.reported_at_ms = now_ms;
             a.generation = r.generation;
             a.sell_rate_milli = if r.lost { 0 } else { r.sell_rate_milli };
+            let seq = self.write_seqs.entry((r.item.clone(), channel.to_string())).or_default();
+            *seq = remember_write_seq(*seq, r.write_seq);
         }
         Ok(answer)
     }

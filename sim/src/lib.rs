@@ -66,9 +66,15 @@
 //! **Pool stores going back in time** ([`Faults::pool_rollback`], [`pool_rollback`]): a
 //! store saves a copy of a pool and later puts it back (same generation, older contents);
 //! the agent's store layer keeps the highest write sequence its calls saw per pool and
-//! drops a pool below it as lost. A new incarnation of the agent (a restart, a second
-//! process) knows no floor: a pool it touches first after a rollback is not caught (the
-//! center does not keep the write sequence yet); default seed 671 breaks invariant 8 so.
+//! drops a pool below it as lost. The center keeps the highest sequence each channel
+//! reported per pool (`core::pool::remember_write_seq`) and hands it back at
+//! registration and DescribeItem; a new incarnation of the agent (a restart, a second
+//! process) adopts it before touching the pool, so the store may also go back while the
+//! agent is down or after it restarted, to a copy older than that floor (seed 417 broke
+//! invariant 8 so before the agent adopted it). Known gap:
+//! writes made after the channel's last accepted report, lost with the process that made
+//! them (default seed 671: an agent's last sales, never reported before its SIGTERM,
+//! forgotten by a rollback before it crashed in its drain, break invariant 8).
 //!
 //! **Not modelled:** store outages, Acquires refused by a full store, and partial store
 //! operations (each script is atomic and answers); RegisterAgent during a database outage (it applies and answers in one
@@ -162,7 +168,7 @@ pub fn scenarios() -> Vec<Scenario> {
             name: "default",
             test: "default_keeps_every_invariant",
             config: base,
-            regression_seeds: &[12, 66, 74, 833, 991, 1375],
+            regression_seeds: &[12, 66, 74, 417, 833, 991, 1375],
         },
         Scenario {
             name: "bounded",

@@ -100,6 +100,7 @@ impl World {
         self.note_epoch_reuse(c, epoch);
         self.log(format!("{name} registers: epoch {epoch}, holds {held:?}"));
         for h in held {
+            self.adopt_floor(c, &h.item, h.write_seq_floor);
             self.submit(c, &h.item, OpKind::Resync(ResyncWhy::Registration { epoch }), Awaiter::Registration)?;
         }
         Ok(())
@@ -164,7 +165,8 @@ impl World {
             self.log(format!("heartbeat {} lost", self.name(c)));
             return None;
         }
-        let wire: Vec<Report> = reports.iter().map(|(item, r, rate)| to_wire(item, r, *rate)).collect();
+        let wire: Vec<Report> =
+            reports.iter().map(|(item, r, rate)| to_wire(item, r, *rate, self.floor(c, item))).collect();
         let (epoch, channel) = (ctx.epoch, self.agents[c].channel.clone());
         let result = self.center.heartbeat(&channel, epoch, &wire, last_report, self.now_ms);
         self.mem(c).unanswered = 0;
@@ -317,6 +319,7 @@ impl World {
         if self.config.faults.rivals == Rivals::SharedStore {
             let ctx = Ctx { now_ms: self.now_ms, epoch };
             let mut reports = Vec::new();
+            self.agents[c].rival_floors = held.iter().map(|h| (h.item.clone(), h.write_seq_floor)).collect();
             for h in held {
                 let item = h.item.clone();
                 let mut core = self.load_item(&item);
@@ -339,12 +342,13 @@ impl World {
                 let token = core.begin_read();
                 if let Some(r) = core.report(core.report_needs_read().then_some(view), token, ctx, &mut notes) {
                     let rate = if r == CoreReport::Lost { 0 } else { core.sell_rate_milli(ctx.now_ms) };
-                    reports.push(to_wire(&item, &r, rate));
+                    reports.push(to_wire(&item, &r, rate, self.floor(c, &item)));
                 }
             }
             let channel = self.agents[c].channel.clone();
             let answer = self.center.heartbeat(&channel, epoch, &reports, false, self.now_ms);
             self.log(format!("the second {name} process reports {reports:?} -> {answer:?}"));
+            self.agents[c].rival_floors.clear();
         }
         self.log(format!("the second {name} process stops"));
         Ok(())
@@ -352,7 +356,8 @@ impl World {
 }
 
 /// A report as the heartbeat carries it (`PoolReport`).
-fn to_wire(item: &str, r: &CoreReport, sell_rate_milli: u64) -> Report {
+/// `write_seq`: the pool's floor in the store layer (what the agent saw acknowledged).
+fn to_wire(item: &str, r: &CoreReport, sell_rate_milli: u64, write_seq: u64) -> Report {
     match r {
         CoreReport::Lost => Report {
             item: item.to_owned(),
@@ -360,6 +365,7 @@ fn to_wire(item: &str, r: &CoreReport, sell_rate_milli: u64) -> Report {
             generation: 0,
             lost: true,
             sell_rate_milli: 0,
+            write_seq,
         },
         CoreReport::Counts(v) => Report {
             item: item.to_owned(),
@@ -367,6 +373,7 @@ fn to_wire(item: &str, r: &CoreReport, sell_rate_milli: u64) -> Report {
             generation: v.generation,
             lost: false,
             sell_rate_milli,
+            write_seq,
         },
     }
 }

@@ -34,11 +34,35 @@ impl World {
         self.log(format!("{} store {item}: behind its floor {floor}: lost", self.name(c)));
     }
 
+    /// `PoolStore::raise_floor` with the floor the center remembers (registration,
+    /// DescribeItem): the running process's floor rises to it, so its next call on a pool
+    /// that went back finds it lost.
+    pub(crate) fn adopt_floor(&mut self, c: usize, item: &str, floor: u64) {
+        if floor == 0 {
+            return;
+        }
+        if let Some(mem) = self.agents[c].mem.as_mut() {
+            let f = mem.floors.entry(item.to_owned()).or_default();
+            *f = (*f).max(floor);
+        }
+    }
+
     /// The store layer's floor of the pool (0 while the agent is down, or when the check
     /// is off).
-    fn floor(&self, c: usize, item: &str) -> u64 {
-        let floor = self.agents[c].mem.as_ref().and_then(|m| m.floors.get(item).copied()).unwrap_or(0);
+    pub(crate) fn floor(&self, c: usize, item: &str) -> u64 {
+        let agent = &self.agents[c];
+        let floor = agent.mem.as_ref().and_then(|m| m.floors.get(item).copied()).unwrap_or(0);
+        let floor = floor.max(agent.rival_floors.get(item).copied().unwrap_or(0));
         if CHECK_FLOOR { floor } else { 0 }
+    }
+
+    /// The floor the pool is read with: the running process's, or while none runs, the
+    /// one the center remembers, which the next process adopts before touching the pool.
+    fn seen_floor(&self, c: usize, item: &str) -> u64 {
+        if self.agents[c].mem.is_some() || !CHECK_FLOOR {
+            return self.floor(c, item);
+        }
+        self.floor(c, item).max(self.center.write_seq_floor(item, self.agents[c].name()))
     }
 
     /// The pool as the agent's store layer reads it: one below its floor is lost (read as
@@ -46,7 +70,7 @@ impl World {
     /// pools through this, as the agent sells from them.
     pub fn pool_seen(&self, c: usize, item: &str) -> Option<Cow<'_, Pool>> {
         let pool = self.agents[c].pools.get(item)?;
-        let floor = self.floor(c, item);
+        let floor = self.seen_floor(c, item);
         if !went_back(floor, pool.write_seq()) {
             return Some(Cow::Borrowed(pool));
         }
@@ -58,7 +82,7 @@ impl World {
     /// Units sold from pool data since lost, with those of a pool below its floor.
     pub fn lost_sold(&self, c: usize, item: &str) -> u64 {
         let lost = self.reference.lost_sold.get(&(c, item.to_owned())).copied().unwrap_or(0);
-        let behind = self.agents[c].pools.get(item).filter(|p| went_back(self.floor(c, item), p.write_seq()));
+        let behind = self.agents[c].pools.get(item).filter(|p| went_back(self.seen_floor(c, item), p.write_seq()));
         lost + behind.map_or(0, Pool::sold)
     }
 
@@ -70,13 +94,18 @@ impl World {
             let floor = mem.floors.entry(item.to_owned()).or_default();
             *floor = (*floor).max(seq);
         }
+        if let Some(floor) = self.agents[c].rival_floors.get_mut(item) {
+            *floor = (*floor).max(seq);
+        }
     }
 
     /// The fault: the first time, the store saves a copy of the pool (a snapshot); the
     /// next, it puts the copy back if the pool still has its generation and was written
-    /// since (same generation, older contents). Only while the agent that saw those
-    /// writes runs: a pool rolled back while its agent is down (or restarted since the
-    /// copy) is caught only if the agent learns a floor from the center, not modelled.
+    /// since (same generation, older contents). While the agent that saw those writes
+    /// runs; or, whatever runs (a restarted agent, none), if the copy is older than the
+    /// floor the center remembers from the channel's reports ([`World::adopt_floor`]).
+    /// Not made: a copy newer than every report, put back after every process that saw
+    /// the writes since is gone (only that process knew them: a known gap).
     pub(crate) fn roll_back_pool(&mut self, c: usize, item: &str) {
         let incarnation = self.agents[c].incarnations;
         let Some(pool) = self.agents[c].pools.get(item).cloned() else { return };
@@ -90,7 +119,9 @@ impl World {
             }
             Some((saved_in, copy)) => {
                 let same = copy.generation() == pool.generation() && copy.write_seq() < pool.write_seq();
-                if !(same && live && saved_in == incarnation) {
+                let remembered = self.center.write_seq_floor(item, self.agents[c].name());
+                let witnessed = (live && saved_in == incarnation) || copy.write_seq() < remembered;
+                if !(same && witnessed) {
                     return;
                 }
                 // What buyers hold as sold is the live pool's sold; the copy's are counted

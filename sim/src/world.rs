@@ -43,6 +43,9 @@ pub struct Agent {
     /// Copies of pools the store saved (a snapshot), with the agent's incarnation then,
     /// to go back to ([`World::roll_back_pool`]).
     pub saved: BTreeMap<String, (u64, Pool)>,
+    /// While a second process of the channel runs ([`World::rival`]): its store layer's
+    /// floors, which it learns from the center alone.
+    pub rival_floors: BTreeMap<String, u64>,
 }
 
 impl Agent {
@@ -332,6 +335,7 @@ impl World {
                 incarnations: 0,
                 store_full_until: None,
                 saved: BTreeMap::new(),
+                rival_floors: BTreeMap::new(),
             })
             .collect();
         let mut world = Self {

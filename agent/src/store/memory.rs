@@ -327,6 +327,22 @@ impl PoolStore for MemoryPoolStore {
         Ok(lock(&p).raise_fence(epoch))
     }
 
+    async fn raise_floor(&self, pool: &PoolKey, floor: u64) -> Result<(), StoreError> {
+        // A pool here changes only through this store, so it can be behind only as loaded
+        // from a saved file: checked once, now. A missing one's sequence continues above.
+        let p = self.existing_or_new(pool);
+        let mut p = lock(&p);
+        let existed = p.exists();
+        if p.drop_if_behind(floor) && existed {
+            tracing::error!(pool = ?pool, floor, "pool below the floor the center remembers: it went back in time; lost");
+        }
+        Ok(())
+    }
+
+    fn floor(&self, pool: &PoolKey) -> u64 {
+        self.existing(pool).map_or(0, |p| lock(&p).write_seq())
+    }
+
     async fn snapshot(&self, pool: &PoolKey) -> Result<PoolSnapshot, StoreError> {
         let now = now_ms();
         let Some(p) = self.existing(pool) else { return Ok(PoolSnapshot { now_ms: now, ..PoolSnapshot::default() }) };

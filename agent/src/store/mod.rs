@@ -198,6 +198,17 @@ pub trait PoolStore: Send + Sync + 'static {
     /// incarnation of the channel does this before it reads a pool to resync it.
     async fn raise_fence(&self, pool: &PoolKey, epoch: u64) -> Result<u64, StoreError>;
 
+    /// Raises the pool's floor to `floor`, never lowering it: the write sequence below
+    /// which the pool went back in time and is lost (`core::pool::went_back`). The agent
+    /// sets the one the center remembers (what the channel reported) before it touches the
+    /// pool, so a pool that went back is caught even by an incarnation that never saw its
+    /// writes. A store whose pools cannot go back between two calls checks it at once.
+    async fn raise_floor(&self, pool: &PoolKey, floor: u64) -> Result<(), StoreError>;
+
+    /// The pool's floor: the highest write sequence this store layer's own writes were
+    /// acknowledged with, or was given (what a report carries to the center).
+    fn floor(&self, pool: &PoolKey) -> u64;
+
     /// The counters, the generation and the store's clock.
     async fn snapshot(&self, pool: &PoolKey) -> Result<PoolSnapshot, StoreError>;
 
@@ -312,4 +323,16 @@ pub enum ChannelReply {
     Leader(Option<String>),
     /// Present, Absent: how many other replicas are alive.
     Count(u64),
+}
+
+/// Raises the floors the center handed back for an item (`floors[s]` for segment s's pool,
+/// see [`PoolStore::raise_floor`]); a floor of 0 or for a segment the item does not have
+/// changes nothing.
+pub async fn raise_floors(store: &dyn PoolStore, pools: &[PoolKey], floors: &[u64]) -> Result<(), StoreError> {
+    for (pool, floor) in pools.iter().zip(floors) {
+        if *floor > 0 {
+            store.raise_floor(pool, *floor).await?;
+        }
+    }
+    Ok(())
 }

@@ -465,6 +465,12 @@ impl PoolStore for ObservedStore {
         self.count("expire_due");
         self.inner.expire_due(pool, max).await
     }
+    async fn raise_floor(&self, pool: &PoolKey, floor: u64) -> Result<(), StoreError> {
+        self.inner.raise_floor(pool, floor).await
+    }
+    fn floor(&self, pool: &PoolKey) -> u64 {
+        self.inner.floor(pool)
+    }
     async fn refill(&self, pool: &PoolKey, grant_id: &str, units: u64, epoch: u64) -> Result<bool, StoreError> {
         self.count("refill");
         self.inner.refill(pool, grant_id, units, epoch).await

@@ -40,5 +40,6 @@ mod store_contract;
 mod store_baskets;
 mod store_durable;
 mod store_events;
+mod store_floor;
 mod store_full;
 mod store_partial;

@@ -3,7 +3,9 @@
 //! keeps its generation and every structure, with older contents. Its write sequence is
 //! below what the agent saw acknowledged, so it is a lost pool: frozen, its units in doubt
 //! at the center, nothing resold, replays of the old generation refused, reopened with a
-//! new generation once an operator settled it, then sold to the end.
+//! new generation once an operator settled it, then sold to the end. An agent restarted
+//! since saw none of those writes: the floor the center remembers from the channel's
+//! reports catches it.
 
 use std::time::Duration;
 
@@ -14,7 +16,7 @@ use inventory_test_support::{RedisServer, wait_until};
 use tonic::Code;
 use tonic::transport::Channel;
 
-use crate::harness::{Center, LocalAgent, StoreSpec, acquire_req, agent_config, buy_one, stock};
+use crate::harness::{AgentProcess, Center, LocalAgent, StoreSpec, acquire_req, agent_config, buy_one, stock};
 
 const ITEM: &str = "rb";
 const TOTAL: u64 = 100;
@@ -228,6 +230,72 @@ async fn a_cluster_failover_to_a_lagging_replica_is_a_lost_pool_never_resold() {
     assert!(took_over, "the replica refused to take over");
     assert_eq!(cluster.await_failover(&key, master, 3).await, replica);
 
+    let replayed = replay(generation, 35);
+    frozen_and_in_doubt(&center, &client, &replayed, held).await;
+    resolved_and_sold(&center, &client, replayed, before + after).await;
+}
+
+/// The pool's write sequence in Redis (`wseq` in the pool hash).
+async fn wseq(url: &str) -> u64 {
+    let mut conn = redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let v: Option<u64> = redis::cmd("HGET").arg("inv:{app:rb}:pool").arg("wseq").query_async(&mut conn).await.unwrap();
+    v.unwrap_or(0)
+}
+
+/// The floor the center hands the channel for the item's pool (DescribeItem).
+async fn center_floor(center: &Center) -> u64 {
+    let mut c = inventory_proto::v1::center_client::CenterClient::connect(center.url.clone()).await.unwrap();
+    let d = c
+        .describe_item(pb::DescribeItemRequest { item_id: ITEM.into(), channel: "app".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    d.write_seq_floors.first().copied().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_restored_after_the_agent_restarted_is_caught_by_the_floor_the_center_remembers() {
+    let center = Center::start_sqlite().await;
+    center.create_item(ITEM, TOTAL, 1, (10, 40, 20)).await;
+    let mut redis = RedisServer::start().await;
+    let spec = StoreSpec::Redis { url: redis.url.clone(), prefix: "inv:".into() };
+    let mut first = AgentProcess::spawn(&center.url, "app", &spec, None).await;
+    let client = first.client().await;
+    let (before, held_at_snapshot, _) = sell(&center, &client, 0, 5, 2).await;
+
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(10)));
+    let mut conn = redis::Client::open(redis.url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .unwrap();
+    let saved: String = redis::cmd("SAVE").query_async(&mut conn).await.unwrap();
+    assert_eq!(saved, "OK");
+    let at_snapshot = wseq(&redis.url).await;
+    let (after, _, generation) = sell(&center, &client, 5, 35, 10).await;
+    let held = refilled(&center, held_at_snapshot).await;
+    // The channel's reports carried the writes since: the center remembers a floor above
+    // the snapshot's sequence.
+    let remembered = wait_until(Duration::from_secs(10), || async { center_floor(&center).await > at_snapshot }).await;
+    assert!(remembered, "the center never learned the pool's write sequence: {}", center_floor(&center).await);
+
+    // kill -9, and a new process of the channel: it never saw a write of the pool.
+    let at_kill = wseq(&redis.url).await;
+    first.kill9().await;
+    let second = AgentProcess::spawn(&center.url, "app", &spec, None).await;
+    let client = second.client().await;
+    let registered = wait_until(Duration::from_secs(20), || async {
+        center.ledger(ITEM).await.channels[0].epoch >= 2 && stock(&mut client.clone(), ITEM).await.available > 0
+    })
+    .await;
+    assert!(registered, "the new process never sold: {:?}", center.ledger(ITEM).await);
+    let live = wseq(&redis.url).await;
+    assert_eq!(live, at_kill, "the new process wrote nothing: only the center's floor can tell");
+
+    // Then Redis is killed and restarted on the snapshot: the pool as it was, same
+    // generation. The new process's own writes could not tell (it made none).
+    redis.restart().await;
+    assert!(wseq(&redis.url).await < live, "the store went back");
     let replayed = replay(generation, 35);
     frozen_and_in_doubt(&center, &client, &replayed, held).await;
     resolved_and_sold(&center, &client, replayed, before + after).await;

@@ -152,6 +152,8 @@ fn pb_segment(g: &inventory_core::segments::SegmentCounts) -> pb::SegmentCounts 
         reserved: g.counts.reserved,
         sold: g.counts.sold,
         lost: g.lost,
+        // Operators' views do not show the sequences.
+        write_seq: 0,
     }
 }
 

@@ -148,6 +148,7 @@ impl pb::center_server::Center for CenterService {
                     held: h.held,
                     generation: h.generation,
                     in_doubt: h.in_doubt,
+                    write_seq_floors: h.write_seq_floors,
                 })
                 .collect(),
             lease_expires_at_unix_ms: reg.session.lease_expires_at_ms,
@@ -229,7 +230,14 @@ impl pb::center_server::Center for CenterService {
             let lost_segments = u32::try_from(p.lost_segments.len()).unwrap_or(u32::MAX);
             let report = PoolReport { counts, generation: p.generation, lost: p.lost, sell_rate_milli, lost_segments };
             let segments = segment_counts(n, &p.segments)?;
-            reports.push(PoolReportIn { item, report, segments });
+            let segment_seqs: Vec<(u32, u64)> = p.segments.iter().map(|s| (s.segment, s.write_seq)).collect();
+            let write_seqs = inventory_core::pool::reported_write_seqs(p.write_seq, &segment_seqs);
+            if let Some((_, seq)) = write_seqs.iter().find(|(_, seq)| i64::try_from(*seq).is_err()) {
+                let field = format!("pools[{n}].write_seq");
+                let reason = format!("must be at most {}", i64::MAX);
+                return Err(CenterError::from(ValidationError::new(field, *seq, reason)).into());
+            }
+            reports.push(PoolReportIn { item, report, segments, write_seqs });
         }
         let out =
             self.store.heartbeat(&channel, r.epoch, &reports, r.last_report, now_ms(), self.lease.lease_ttl_ms).await?;
@@ -490,6 +498,7 @@ fn pb_describe(policy: crate::store::ItemPolicy) -> pb::DescribeItemResponse {
         center_now_unix_ms: now_ms(),
         // Filled for a channel's scheduled item before its opening (`opening_allocation`).
         opening_allocation: 0,
+        write_seq_floors: policy.write_seq_floors,
     }
 }
 

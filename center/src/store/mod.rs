@@ -111,6 +111,9 @@ pub struct ItemPolicy {
     pub rate_batching: Option<RateBatching>,
     /// The asking channel's allocation, when a channel was named.
     pub allocation: Option<Allocation>,
+    /// The asking channel's pool floors by segment (see [`Holding::write_seq_floors`]);
+    /// empty when no channel was named or none is known.
+    pub write_seq_floors: Vec<u64>,
 }
 
 /// One line of a BorrowMany.
@@ -159,6 +162,9 @@ pub struct Holding {
     pub held: u64,
     pub generation: u64,
     pub in_doubt: u64,
+    /// The pool's floors by segment (`core::pool::floors_by_segment`): the highest write
+    /// sequences the channel reported.
+    pub write_seq_floors: Vec<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,6 +180,8 @@ pub struct PoolReportIn {
     pub report: PoolReport,
     /// A segmented pool's segments, for display (stored as reported).
     pub segments: Vec<inventory_core::segments::SegmentCounts>,
+    /// `(segment, write_seq)` as reported (`core::pool::reported_write_seqs`).
+    pub write_seqs: Vec<(u32, u64)>,
 }
 
 /// What a heartbeat did.

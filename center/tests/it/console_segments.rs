@@ -10,7 +10,7 @@ use crate::support::Backend;
 const ITEM: &str = "hot";
 
 fn segment(segment: u32, available: u64, reserved: u64, sold: u64, lost: bool) -> pb::SegmentCounts {
-    pb::SegmentCounts { segment, available, reserved, sold, lost }
+    pb::SegmentCounts { segment, available, reserved, sold, lost, ..Default::default() }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,7 +9,10 @@ use tonic::transport::Channel;
 use crate::contract::{borrow, create, ledger, register};
 use crate::support::TestCenter;
 
-crate::for_each_backend!(a_lost_or_recreated_pool_puts_its_units_in_doubt);
+crate::for_each_backend!(
+    a_lost_or_recreated_pool_puts_its_units_in_doubt,
+    the_highest_write_sequence_reported_is_the_floor_handed_back,
+);
 
 async fn report(
     center: &mut CenterClient<Channel>,
@@ -72,4 +75,90 @@ async fn a_lost_or_recreated_pool_puts_its_units_in_doubt(c: TestCenter) {
     assert_eq!(ledger(&mut admin, "a").await.channels[0].in_doubt, 3);
     let rec = admin.reconcile(pb::ReconcileRequest::default()).await.unwrap().into_inner();
     assert!(rec.ok, "{rec:?}");
+}
+
+/// The floors the center hands `channel` for `item`: (registration, DescribeItem).
+async fn floors(center: &mut CenterClient<Channel>, item: &str) -> (Vec<u64>, Vec<u64>) {
+    let reg = center
+        .register_agent(pb::RegisterAgentRequest { channel: "app".into(), agent_id: "app-1".into() })
+        .await
+        .expect("register")
+        .into_inner();
+    let held = reg.held.iter().find(|h| h.item_id == item).map(|h| h.write_seq_floors.clone()).unwrap_or_default();
+    let d = center
+        .describe_item(pb::DescribeItemRequest { item_id: item.into(), channel: "app".into() })
+        .await
+        .expect("describe")
+        .into_inner();
+    (held, d.write_seq_floors)
+}
+
+async fn the_highest_write_sequence_reported_is_the_floor_handed_back(c: TestCenter) {
+    let (mut admin, mut center) = (c.admin().await, c.center().await);
+    create(&mut admin, "a", 100).await;
+    admin
+        .create_item(pb::CreateItemRequest {
+            item_id: "s".into(),
+            total: 100,
+            per_user_limit: 2,
+            segments: 3,
+            ..Default::default()
+        })
+        .await
+        .expect("create segmented item");
+    let epoch = register(&mut center, "app").await;
+    borrow(&mut center, "a", "app", epoch, 10, "a1").await.unwrap();
+    borrow(&mut center, "s", "app", epoch, 9, "s1").await.unwrap();
+    assert_eq!(floors(&mut center, "a").await, (vec![], vec![]), "nothing reported: no floor");
+
+    let seg = |segment, write_seq| pb::SegmentCounts { segment, available: 3, write_seq, ..Default::default() };
+    let send = |center: &mut CenterClient<Channel>, epoch, a_seq, s_seqs: [u64; 3]| {
+        let pools = vec![
+            pb::PoolReport {
+                item_id: "a".into(),
+                available: 10,
+                generation: 5,
+                write_seq: a_seq,
+                ..Default::default()
+            },
+            pb::PoolReport {
+                item_id: "s".into(),
+                available: 9,
+                generation: 6,
+                segments: vec![seg(0, s_seqs[0]), seg(1, s_seqs[1]), seg(2, s_seqs[2])],
+                ..Default::default()
+            },
+        ];
+        let mut center = center.clone();
+        async move {
+            center
+                .heartbeat(pb::HeartbeatRequest { channel: "app".into(), epoch, pools, ..Default::default() })
+                .await
+                .expect("heartbeat")
+        }
+    };
+    // (Each look at the floors registered anew.)
+    let epoch = register(&mut center, "app").await;
+    send(&mut center, epoch, 40, [7, 0, 12]).await;
+    let (held, described) = floors(&mut center, "a").await;
+    assert_eq!((held, described), (vec![40], vec![40]));
+    let (held, described) = floors(&mut center, "s").await;
+    assert_eq!((held, described), (vec![7, 0, 12], vec![7, 0, 12]), "per segment; 0 where none is known");
+
+    // A lower sequence (a pool that went back, an agent that restarted without a floor)
+    // never lowers what the center remembers; a higher one raises it.
+    let epoch = register(&mut center, "app").await;
+    send(&mut center, epoch, 12, [9, 4, 1]).await;
+    assert_eq!(floors(&mut center, "a").await.1, vec![40]);
+    assert_eq!(floors(&mut center, "s").await.1, vec![9, 4, 12]);
+
+    // A sequence the database cannot hold is refused, naming the field.
+    let epoch = register(&mut center, "app").await;
+    let bad = pb::PoolReport { item_id: "a".into(), write_seq: u64::MAX, ..Default::default() };
+    let refused = center
+        .heartbeat(pb::HeartbeatRequest { channel: "app".into(), epoch, pools: vec![bad], ..Default::default() })
+        .await
+        .expect_err("too large");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("pools[0].write_seq"), "{refused:?}");
 }

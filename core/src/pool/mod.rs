@@ -206,6 +206,39 @@ pub fn went_back(floor: u64, write_seq: u64) -> bool {
     write_seq < floor
 }
 
+/// The center's memory of a pool's write sequence, from a report: the highest one ever
+/// reported, never lowered (a report read from a pool that went back is older, not newer,
+/// and an agent restarted without a floor may report one). Handed back to the channel's
+/// agent as the pool's floor, so a pool that went back is caught even by an incarnation
+/// that never saw its writes.
+pub fn remember_write_seq(remembered: u64, reported: u64) -> u64 {
+    remembered.max(reported)
+}
+
+/// A report's write sequences as `(segment, write_seq)`: an unsegmented pool's own as
+/// segment 0, a segmented one's per segment; those of 0 (nothing known) left out.
+pub fn reported_write_seqs(pool_write_seq: u64, segments: &[(u32, u64)]) -> Vec<(u32, u64)> {
+    let all = if segments.is_empty() { vec![(0, pool_write_seq)] } else { segments.to_vec() };
+    all.into_iter().filter(|(_, seq)| *seq > 0).collect()
+}
+
+/// Floors by segment (segment s at index s, 0 where none is known) from `(segment,
+/// floor)` pairs: what the center hands an agent.
+pub fn floors_by_segment(pairs: impl IntoIterator<Item = (u32, u64)>) -> Vec<u64> {
+    let mut out = Vec::new();
+    for (segment, floor) in pairs {
+        let i = segment as usize;
+        if i >= crate::segments::MAX_SEGMENTS as usize {
+            continue;
+        }
+        if out.len() <= i {
+            out.resize(i + 1, 0);
+        }
+        out[i] = remember_write_seq(out[i], floor);
+    }
+    out
+}
+
 /// A call the pool refuses. Nothing was changed or recorded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PoolError {

@@ -509,3 +509,14 @@ fn a_pool_restored_from_before_a_write_its_caller_saw_is_lost_and_its_next_gener
     assert!(restored.write_seq() > floor, "the new generation continues above the floor");
     assert!(!restored.drop_if_behind(floor));
 }
+
+#[test]
+fn the_center_remembers_the_highest_write_sequence_per_segment() {
+    assert_eq!(super::remember_write_seq(40, 12), 40, "a lower report never lowers it");
+    assert_eq!(super::remember_write_seq(40, 41), 41);
+    assert_eq!(super::reported_write_seqs(7, &[]), vec![(0, 7)]);
+    assert_eq!(super::reported_write_seqs(0, &[]), vec![], "nothing known is not remembered");
+    assert_eq!(super::reported_write_seqs(7, &[(0, 3), (1, 0), (2, 9)]), vec![(0, 3), (2, 9)]);
+    assert_eq!(super::floors_by_segment([(2, 9), (0, 3), (2, 4)]), vec![3, 0, 9]);
+    assert_eq!(super::floors_by_segment([(64, 9)]), Vec::<u64>::new(), "no such segment");
+}

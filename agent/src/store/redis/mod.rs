@@ -535,6 +535,16 @@ impl PoolStore for RedisPoolStore {
         uint("raise_fence", &reply)
     }
 
+    async fn raise_floor(&self, pool: &PoolKey, floor: u64) -> Result<(), StoreError> {
+        // Every later script of the pool carries it (`lua/intact.lua`).
+        self.entry(pool).floor.fetch_max(floor, std::sync::atomic::Ordering::AcqRel);
+        Ok(())
+    }
+
+    fn floor(&self, pool: &PoolKey) -> u64 {
+        self.entry(pool).floor.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     async fn snapshot(&self, pool: &PoolKey) -> Result<PoolSnapshot, StoreError> {
         const WHAT: &str = "snapshot";
         let entry = self.entry(pool);

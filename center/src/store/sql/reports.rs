@@ -56,7 +56,7 @@ impl SqlLedger {
              reported_segments = excluded.reported_segments"
         );
         let mut query = sqlx::query(&sql);
-        for PoolReportIn { item, report, segments } in chunk {
+        for PoolReportIn { item, report, segments, .. } in chunk {
             query = query
                 .bind(item.as_str())
                 .bind(channel.as_str())
@@ -69,7 +69,66 @@ impl SqlLedger {
                 .bind(inventory_core::segments::encode(segments));
         }
         query.execute(&mut **tx).await?;
+        Self::remember_write_seqs(tx, channel, chunk).await
+    }
+
+    /// Raises the remembered write sequence of every pool segment the chunk reports, never
+    /// lowering one (`core::pool::remember_write_seq`, as one conditional upsert, so two
+    /// reports racing cannot lower it either).
+    async fn remember_write_seqs(tx: &mut Tx, channel: &Channel, chunk: &[&PoolReportIn]) -> Result<()> {
+        let seqs: Vec<(&str, u32, u64)> =
+            chunk.iter().flat_map(|r| r.write_seqs.iter().map(|(s, w)| (r.item.as_str(), *s, *w))).collect();
+        for part in seqs.chunks(REPORT_ROWS_PER_STATEMENT) {
+            let rows = (0..part.len())
+                .map(|k| {
+                    let b = k * 4;
+                    format!("(${}, ${}, ${}, ${})", b + 1, b + 2, b + 3, b + 4)
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            let sql = format!(
+                "INSERT INTO pool_write_seqs (item_id, channel, segment, write_seq) VALUES {rows} \
+                 ON CONFLICT (channel, item_id, segment) DO UPDATE SET write_seq = excluded.write_seq \
+                 WHERE excluded.write_seq > pool_write_seqs.write_seq"
+            );
+            let mut query = sqlx::query(&sql);
+            for (item, segment, seq) in part {
+                query =
+                    query.bind(*item).bind(channel.as_str()).bind(i64::from(*segment)).bind(to_db("write_seq", *seq)?);
+            }
+            query.execute(&mut **tx).await?;
+        }
         Ok(())
+    }
+
+    /// The channel's remembered write sequences (`core::pool::floors_by_segment`) of
+    /// `items` (all of them when `None`), by item.
+    pub(super) async fn write_seq_floors<'e, E>(
+        executor: E,
+        channel: &str,
+        items: Option<&[&str]>,
+    ) -> Result<HashMap<String, Vec<u64>>>
+    where
+        E: sqlx::Executor<'e, Database = sqlx::Any>,
+    {
+        let mut sql = "SELECT item_id, segment, write_seq FROM pool_write_seqs WHERE channel = $1".to_owned();
+        if let Some(items) = items {
+            if items.is_empty() {
+                return Ok(HashMap::new());
+            }
+            sql.push_str(&format!(" AND item_id IN ({})", placeholders(2, items.len())));
+        }
+        let mut query = sqlx::query(&sql).bind(channel);
+        for item in items.unwrap_or_default() {
+            query = query.bind(*item);
+        }
+        let mut pairs: HashMap<String, Vec<(u32, u64)>> = HashMap::new();
+        for row in &query.fetch_all(executor).await? {
+            let item: String = row.try_get("item_id")?;
+            let segment = u32::try_from(col(row, "segment")?).unwrap_or(u32::MAX);
+            pairs.entry(item).or_default().push((segment, col(row, "write_seq")?));
+        }
+        Ok(pairs.into_iter().map(|(item, p)| (item, inventory_core::pool::floors_by_segment(p))).collect())
     }
 
     pub(super) async fn register(
@@ -115,10 +174,18 @@ impl SqlLedger {
             .bind(channel.as_str())
             .fetch_all(&mut *tx)
             .await?;
+        let mut floors = Self::write_seq_floors(&mut *tx, channel.as_str(), None).await?;
         let mut held = Vec::with_capacity(rows.len());
         for row in &rows {
             let (item_id, _, a) = alloc_from_row(row)?;
-            held.push(Holding { item_id, held: a.held(), generation: a.generation, in_doubt: a.in_doubt });
+            let write_seq_floors = floors.remove(&item_id).unwrap_or_default();
+            held.push(Holding {
+                item_id,
+                held: a.held(),
+                generation: a.generation,
+                in_doubt: a.in_doubt,
+                write_seq_floors,
+            });
         }
         tx.commit().await?;
         Ok(Registration { session, held })

@@ -86,7 +86,13 @@ impl SqlLedger {
         tx.commit().await?;
         // A channel's own fixed watermarks override the item's rate-following batches.
         let rate_batching = if own.is_some() { None } else { record.rate_batching };
-        Ok(ItemPolicy { watermarks: own.unwrap_or(record.watermarks), rate_batching, item: record, allocation })
+        Ok(ItemPolicy {
+            watermarks: own.unwrap_or(record.watermarks),
+            rate_batching,
+            item: record,
+            allocation,
+            write_seq_floors: Vec::new(),
+        })
     }
 
     /// What an agent asks on its first use of an item (DescribeItem), in one statement: the
@@ -127,6 +133,10 @@ impl SqlLedger {
             query = query.bind(item.as_str());
         }
         let rows = query.fetch_all(&self.read_pool).await?;
+        // Read apart from the statement above: a floor only rises, so any read of it is one
+        // the pool's write sequence has reached.
+        let ids: Vec<&str> = items.iter().map(ItemId::as_str).collect();
+        let mut floors = Self::write_seq_floors(&self.read_pool, channel.as_str(), Some(&ids)).await?;
         let mut found: HashMap<String, ItemPolicy> = HashMap::with_capacity(rows.len());
         for row in &rows {
             let (item_id, state, watermarks, rate_batching, segments, limit) = item_from_row(row)?;
@@ -157,6 +167,7 @@ impl SqlLedger {
                 watermarks: own.unwrap_or(record.watermarks),
                 rate_batching: if own.is_some() { None } else { record.rate_batching },
                 allocation: Some(allocation),
+                write_seq_floors: floors.remove(&record.item_id).unwrap_or_default(),
                 item: record,
             };
             found.insert(policy.item.item_id.clone(), policy);
