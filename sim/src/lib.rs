@@ -224,6 +224,12 @@ pub fn scenarios() -> Vec<Scenario> {
             // of 3,000 seeds break invariant 7 or 8 (432, 514, 1320, 1360, 1896, 2180,
             // 1922 among them): not yet understood.
             Faults { ledger_rollback: true, pool_rollback: false, ..faults },
+            &[285, 598, 910, 1001, 1543, 2992],
+        ),
+        with(
+            "ledger-pool-rollback",
+            "ledger_and_pool_rollback_keep_every_invariant",
+            Faults { ledger_rollback: true, ..faults },
             &[],
         ),
         Scenario {

@@ -248,12 +248,11 @@ impl World {
         }
     }
 
-    /// A grant the pool refused as fenced: after an epoch reused by a rolled-back ledger,
-    /// counted apart (units granted that no pool shelves).
-    pub(crate) fn grant_fenced(&mut self, c: usize, item: &str, granted: u64) {
-        if self.ledger.epoch_reused.contains(&c) && granted > 0 {
+    /// A grant the pool refused as fenced after an epoch reused by a rolled-back ledger,
+    /// counted apart: the registration above the fence counts it with the pool.
+    pub(crate) fn grant_fenced(&mut self, c: usize, _item: &str, granted: u64) {
+        if self.ledger.epoch_reused.contains(&c) {
             self.stats.units_granted_to_fenced_pools += granted;
-            *self.ledger.stranded.entry((c, item.to_owned())).or_default() += granted;
         }
     }
 
