@@ -97,8 +97,13 @@ pub enum Reply {
     Units(u64),
     /// The fence a [`Effect::RaiseFence`] found before it raised it (a segmented item's:
     /// the highest of its segments').
-    Fence { found: u64 },
-    Granted { granted: u64, center_available: u64 },
+    Fence {
+        found: u64,
+    },
+    Granted {
+        granted: u64,
+        center_available: u64,
+    },
     Holding(Holding),
     Store(StoreFault),
     Center(CallFault),
