@@ -107,6 +107,38 @@ fn ledger_rollback_keeps_every_invariant() {
     }
 }
 
+/// Ledger and pool stores going back in the same runs. Known to break only where a pool
+/// lost writes (went back, or lost its data) and nothing brings the loss back: a pool that
+/// went back while its agent ran, which then crashed or restarted before touching it, or
+/// a ledger that forgot a lost pool's report (see `sim/src/rollback.rs`). Every failure
+/// must be one of those, and rare; an epoch handed out again is never one.
+#[test]
+fn ledger_and_pool_rollbacks_break_only_by_known_gaps() {
+    let sc = named("ledger-pool-rollback");
+    let mut total = Stats::default();
+    let mut known = Vec::new();
+    let seeds = env_u64("INVENTORY_SIM_SEEDS").unwrap_or(200);
+    for seed in 0..seeds {
+        match run(seed, &sc) {
+            Ok(outcome) => total.add(&outcome.stats),
+            Err(f) => {
+                let pool_lost_writes = f.trace.iter().any(|l| {
+                    l.contains("goes back to its snapshot") || l.contains("loses its data") || l.contains("lost: true")
+                });
+                assert!(
+                    matches!(f.violation.invariant, "7" | "8") && pool_lost_writes,
+                    "another failure than a pool's lost writes forgotten:\n{f}"
+                );
+                known.push(seed);
+            }
+        }
+    }
+    println!("ledger-pool-rollback: known gaps at seeds {known:?}; {total:?}");
+    assert!(known.len() * 50 <= usize::try_from(seeds).unwrap_or(usize::MAX), "more than 2 %: {known:?}");
+    assert!(total.ledger_rollbacks > 0 && total.pool_rollbacks > 0, "{total:?}");
+    assert!(total.registrations_above_fence > 0, "{total:?}");
+}
+
 #[test]
 fn bounded_keeps_every_invariant() {
     let stats = assert_scenario_passes("bounded");
