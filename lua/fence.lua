@@ -9,13 +9,14 @@
 --   1 fence  string  the highest epoch seen
 -- ARGV:
 --   1 epoch
--- Returns the fence after the call.
+-- Returns the fence found before the call: at or above the caller's epoch, that epoch was
+-- handed out before (a center whose ledger went back in time), and the caller registers
+-- again above it.
 
 local K_FENCE = KEYS[1]
 local epoch = tonumber(ARGV[1])
 local current = tonumber(redis.call('GET', K_FENCE) or '0')
 if epoch > current then
   redis.call('SET', K_FENCE, epoch)
-  return epoch
 end
 return current

@@ -21,6 +21,19 @@ use crate::selling::Selling;
 use crate::stocking::Stocking;
 use crate::store::PoolStore;
 
+/// Registrations in a row that may find the pools fenced at or above their epoch: the
+/// second one is above the fence it was shown, unless another incarnation registered in
+/// between.
+const REGISTRATIONS_ABOVE_A_FENCE: usize = 3;
+
+/// How one registration ended.
+enum Registered {
+    /// Resynced under this epoch.
+    Epoch(u64),
+    /// A pool was already fenced at `fence`, at or above `epoch`: nothing written.
+    Fenced { epoch: u64, fence: u64 },
+}
+
 /// Tunables of the agent's behaviour.
 #[derive(Debug, Clone, Copy)]
 pub struct AgentSettings {
@@ -161,9 +174,30 @@ impl Agent {
     /// removed; a pool the store lost is frozen). Selling resumes only when this is done:
     /// the lease is granted at the end, published to the followers, and a report goes out
     /// at once (a reclaim must never judge this incarnation by the last one's report).
+    ///
+    /// A resync that finds a pool already fenced at or above the new epoch writes nothing:
+    /// the center's ledger went back in time and handed the epoch out again. The agent then
+    /// registers again at once, showing the fence, and gets an epoch above it.
     pub async fn register(&self) -> Result<u64, AgentError> {
+        let mut fenced_at = 0;
+        for _ in 0..REGISTRATIONS_ABOVE_A_FENCE {
+            match self.register_once(fenced_at).await? {
+                Registered::Epoch(epoch) => return Ok(epoch),
+                Registered::Fenced { epoch, fence } => {
+                    tracing::error!(channel = %self.link.channel, epoch, fence,
+                        "the center answered an epoch this channel's pools were fenced with; registering above the fence");
+                    fenced_at = fence;
+                }
+            }
+        }
+        Err(AgentError::Unavailable(format!(
+            "the center keeps answering epochs at or below the pools' fence {fenced_at}; registering again"
+        )))
+    }
+
+    async fn register_once(&self, fenced_at: u64) -> Result<Registered, AgentError> {
         let sent_at = self.link.now_ms();
-        let reg = self.link.register().await.map_err(from_center)?;
+        let reg = self.link.register(fenced_at).await.map_err(from_center)?;
         let mut ids: Vec<String> = reg.held.iter().map(|h| h.item_id.clone()).collect();
         let also = self.also_resync.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let extra: Vec<String> = also.iter().filter(|id| !ids.contains(id)).cloned().collect();
@@ -180,16 +214,21 @@ impl Agent {
             let kind = OpKind::Resync(ResyncWhy::Registration { epoch: reg.epoch });
             pending.push((Arc::clone(&item), self.stocking.submit(&item, kind)));
         }
+        let (mut fence, mut failed) = (0, None);
         for (item, done) in pending {
             match done.await {
                 Ok(OpResult::Resynced) => {}
-                _ => {
-                    return Err(AgentError::Unavailable(format!(
-                        "resync of item {} after registering failed; registering again",
-                        item.item_id
-                    )));
-                }
+                Ok(OpResult::EpochReused { fence: found }) => fence = fence.max(found),
+                _ => failed = failed.or(Some(item.item_id.clone())),
             }
+        }
+        if fence > 0 {
+            return Ok(Registered::Fenced { epoch: reg.epoch, fence });
+        }
+        if let Some(item_id) = failed {
+            return Err(AgentError::Unavailable(format!(
+                "resync of item {item_id} after registering failed; registering again"
+            )));
         }
         self.also_resync.lock().unwrap_or_else(|e| e.into_inner()).retain(|id| !also.contains(id));
         self.load_scheduled(&reg.scheduled).await;
@@ -197,7 +236,7 @@ impl Agent {
         self.replicas.publish_lease().await;
         let _ = self.reporting.send(self.reporting.all().await, false).await;
         tracing::info!(channel = %self.link.channel, epoch = reg.epoch, items = reg.held.len(), "registered and resynced");
-        Ok(reg.epoch)
+        Ok(Registered::Epoch(reg.epoch))
     }
 
     /// Loads the scheduled items the center listed (their schedules with them), so their

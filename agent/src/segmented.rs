@@ -319,11 +319,13 @@ pub async fn untake(store: &dyn PoolStore, pools: &[PoolKey], take_id: &str, epo
 }
 
 /// Raises every segment's fence.
-pub async fn raise_fence(store: &dyn PoolStore, pools: &[PoolKey], epoch: u64) -> Result<(), StoreError> {
+/// Raises every segment's fence; the highest fence found before.
+pub async fn raise_fence(store: &dyn PoolStore, pools: &[PoolKey], epoch: u64) -> Result<u64, StoreError> {
+    let mut found = 0;
     for pool in pools {
-        store.raise_fence(pool, epoch).await?;
+        found = found.max(store.raise_fence(pool, epoch).await?);
     }
-    Ok(())
+    Ok(found)
 }
 
 /// Expires due reservations in every segment; the units put back.

@@ -115,7 +115,7 @@ impl Stocking {
                 store_reply(self.store.untake(pool, take_id, *epoch).await.map(Reply::Units))
             }
             Effect::RaiseFence { epoch } => {
-                store_reply(self.store.raise_fence(pool, *epoch).await.map(|_| Reply::Done))
+                store_reply(self.store.raise_fence(pool, *epoch).await.map(|found| Reply::Fence { found }))
             }
             Effect::Borrow { request_id, quantity, epoch, sell_rate_milli } => {
                 let span = tracing::info_span!("borrow", item = %item.item_id, want = quantity, trace_id = %request_id);
@@ -182,7 +182,7 @@ impl Stocking {
             }
             Effect::RaiseFence { epoch } => {
                 let r = segmented::raise_fence(store, &item.intact_pools(), *epoch).await;
-                store_reply(r.map(|()| Reply::Done))
+                store_reply(r.map(|found| Reply::Fence { found }))
             }
             Effect::Borrow { .. } | Effect::Return { .. } | Effect::Describe => return None,
         })
@@ -228,6 +228,10 @@ impl Stocking {
                 }
                 Note::GrantFenced { granted } => {
                     tracing::warn!(item = %id, granted, "pool fenced by a newer incarnation of the channel; its resync counts this grant")
+                }
+                Note::EpochReused { epoch, fence } => {
+                    tracing::error!(item = %id, epoch, fence,
+                        "the center handed out an epoch the pool was already fenced with (its ledger went back in time); registering above the fence");
                 }
                 Note::GrantNotRefilled { granted } => {
                     tracing::error!(item = %id, granted, "borrowed units could not be added to the pool");

@@ -24,7 +24,7 @@ async fn create(admin: &mut AdminClient<Channel>, item: &str, total: u64) {
 }
 
 async fn register(center: &mut CenterClient<Channel>, channel: &str) -> u64 {
-    let req = pb::RegisterAgentRequest { channel: channel.into(), agent_id: format!("{channel}-1") };
+    let req = pb::RegisterAgentRequest { channel: channel.into(), agent_id: format!("{channel}-1"), fenced_at: 0 };
     center.register_agent(req).await.expect("register").into_inner().epoch
 }
 

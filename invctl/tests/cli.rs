@@ -214,7 +214,7 @@ async fn channel_list_show_close_and_resolve() {
     invctl(&c.url, &["item", "create", "i", "--total", "50"]).await;
     let mut center = inventory_proto::v1::center_client::CenterClient::connect(c.url.clone()).await.unwrap();
     let epoch = center
-        .register_agent(pb::RegisterAgentRequest { channel: "app".into(), agent_id: "app-7".into() })
+        .register_agent(pb::RegisterAgentRequest { channel: "app".into(), agent_id: "app-7".into(), fenced_at: 0 })
         .await
         .unwrap()
         .into_inner()
@@ -287,7 +287,7 @@ async fn channel_remove_is_refused_while_the_channel_holds_stock() {
     invctl(&c.url, &["item", "create", "i", "--total", "50"]).await;
     let mut center = inventory_proto::v1::center_client::CenterClient::connect(c.url.clone()).await.unwrap();
     let mut register = async |channel: &str| {
-        let r = pb::RegisterAgentRequest { channel: channel.into(), agent_id: format!("{channel}-1") };
+        let r = pb::RegisterAgentRequest { channel: channel.into(), agent_id: format!("{channel}-1"), fenced_at: 0 };
         let epoch = center.register_agent(r).await.unwrap().into_inner().epoch;
         // The agent's drain: its last word, so no agent is attached any more.
         let last = pb::HeartbeatRequest { channel: channel.into(), epoch, last_report: true, ..Default::default() };
@@ -702,7 +702,7 @@ async fn channel_show_lists_a_segmented_pools_segments_and_the_lost_one() {
     let o = invctl(&c.url, &["item", "create", "hot", "--total", "50", "--segments", "2"]).await;
     assert!(o.status.success(), "{}", stderr(&o));
     let mut center = pb::center_client::CenterClient::connect(c.url.clone()).await.unwrap();
-    let r = pb::RegisterAgentRequest { channel: "app".into(), agent_id: "app-1".into() };
+    let r = pb::RegisterAgentRequest { channel: "app".into(), agent_id: "app-1".into(), fenced_at: 0 };
     let epoch = center.register_agent(r).await.unwrap().into_inner().epoch;
     let b = pb::BorrowRequest {
         item_id: "hot".into(),
@@ -831,7 +831,7 @@ async fn item_show_lists_each_channels_readiness_beside_the_countdown() {
     let mut center = CenterClient::connect(c.url.clone()).await.expect("connect center");
     let mut epochs = Vec::new();
     for channel in ["app", "web"] {
-        let reg = pb::RegisterAgentRequest { channel: channel.into(), agent_id: format!("{channel}-1") };
+        let reg = pb::RegisterAgentRequest { channel: channel.into(), agent_id: format!("{channel}-1"), fenced_at: 0 };
         epochs.push(center.register_agent(reg).await.expect("register").into_inner().epoch);
     }
     let borrow = pb::BorrowRequest {

@@ -145,6 +145,9 @@ impl World {
             && let Some(i) = reg.pending.iter().position(|(it, op)| it == item && *op == id)
         {
             reg.pending.remove(i);
+            if let OpResult::EpochReused { fence } = result {
+                reg.fenced_at = reg.fenced_at.max(fence);
+            }
             reg.failed |= result != OpResult::Resynced;
         }
         if mem.watcher_awaits.as_ref().is_some_and(|(it, op)| it == item && *op == id) {
@@ -287,8 +290,7 @@ impl World {
                 if fence != 0 && fence < *epoch {
                     self.stats.fences_raised += 1;
                 }
-                pool.raise_fence(*epoch);
-                Ok(Reply::Done)
+                Ok(Reply::Fence { found: pool.raise_fence(*epoch) })
             }
             Effect::Borrow { .. } | Effect::Return { .. } | Effect::Describe => unreachable!("not a store effect"),
         };

@@ -331,10 +331,11 @@ impl Center {
         Ok(false)
     }
 
-    /// `SqlLedger::register`: a new epoch, and what the channel holds of each item it has
-    /// an allocation row for, by item id.
-    pub fn register(&mut self, channel: &str, agent_id: &str, now_ms: i64) -> (u64, Vec<Holding>) {
-        let session = ChannelSession::register(self.sessions.get(channel), agent_id, now_ms, LEASE_TTL_MS);
+    /// `SqlLedger::register`: a new epoch (above `fenced_at`, the highest pool fence the
+    /// agent found), and what the channel holds of each item it has an allocation row for,
+    /// by item id.
+    pub fn register(&mut self, channel: &str, agent_id: &str, now_ms: i64, fenced_at: u64) -> (u64, Vec<Holding>) {
+        let session = ChannelSession::register(self.sessions.get(channel), agent_id, now_ms, LEASE_TTL_MS, fenced_at);
         let epoch = session.epoch;
         self.sessions.insert(channel.to_owned(), session);
         self.last_report.insert(channel.to_owned(), false);

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use inventory_core::channel::lease;
-use inventory_core::channel::{Ctx, ItemCore, OpKind, Policy, Report as CoreReport, ResyncWhy};
+use inventory_core::channel::{Ctx, ItemCore, OpKind, OpResult, Policy, Report as CoreReport, ResyncWhy};
 use inventory_core::ledger::PoolCounts;
 
 use crate::agent::{Awaiter, Res, core_holding};
@@ -68,23 +68,24 @@ impl World {
             floors: BTreeMap::new(),
         });
         self.log(format!("{} starts (incarnation {})", self.name(c), self.agents[c].incarnations));
-        self.register(c, true)?;
+        self.register(c, true, 0)?;
         self.settle(c)
     }
 
     /// A running agent registers again (as its heartbeat worker does when fenced).
     pub fn register_and_resync(&mut self, c: usize) -> Res {
-        self.register(c, false)?;
+        self.register(c, false, 0)?;
         self.settle(c)
     }
 
     /// `Agent::register`: a new epoch (the lease dropped), then a resync of every item the
     /// center says the channel holds, queued behind whatever the item is doing; the lease
-    /// follows once all have ended ([`World::registered`]).
-    fn register(&mut self, c: usize, startup: bool) -> Res {
+    /// follows once all have ended ([`World::registered`]). `fenced_at`: the highest pool
+    /// fence a resync found at or above the last epoch (0: none).
+    fn register(&mut self, c: usize, startup: bool, fenced_at: u64) -> Res {
         let name = self.name(c);
         let sent_at_ms = self.now_ms;
-        let (epoch, held) = self.center.register(&name, &format!("{name}-1"), self.now_ms);
+        let (epoch, held) = self.center.register(&name, &format!("{name}-1"), self.now_ms, fenced_at);
         let mem = self.mem(c);
         mem.lease_until_ms = 0;
         mem.epoch = epoch;
@@ -94,6 +95,7 @@ impl World {
             held: held.iter().map(|h| (h.item.clone(), h.clone())).collect(),
             pending: Vec::new(),
             failed: false,
+            fenced_at: 0,
             startup,
         });
         self.measure_clock(c);
@@ -111,11 +113,23 @@ impl World {
     /// heartbeat worker's next heartbeat renews the lease under the new epoch).
     pub(crate) fn registered(&mut self, c: usize) -> Res {
         let reg = self.mem(c).registering.take().expect("registering");
+        if reg.fenced_at > 0 {
+            // `Agent::register`: the epoch was handed out before; register again above
+            // the fence, whichever registration this was.
+            self.stats.registrations_above_fence += 1;
+            self.log(format!(
+                "{} registration (epoch {}) found its pools fenced at {}: registering above it",
+                self.name(c),
+                reg.epoch,
+                reg.fenced_at
+            ));
+            return self.register(c, reg.startup, reg.fenced_at);
+        }
         if reg.failed {
             self.stats.registrations_failed += 1;
             self.log(format!("{} registration (epoch {}) failed: a resync did not finish", self.name(c), reg.epoch));
             if reg.startup {
-                return self.register(c, true);
+                return self.register(c, true, 0);
             }
             return Ok(());
         }
@@ -201,7 +215,7 @@ impl World {
             self.stats.fenced_reregistrations += 1;
             let calls = self.mem(c).items.values().any(|s| s.call.is_some());
             self.stats.fenced_with_calls_in_flight += u64::from(calls);
-            self.register(c, false)?;
+            self.register(c, false, 0)?;
         }
         Ok(())
     }
@@ -314,8 +328,27 @@ impl World {
     /// channel holds (its effects carried out at once), reports and stops.
     pub(crate) fn rival(&mut self, c: usize) -> Res {
         let name = self.name(c);
-        let (epoch, held) = self.center.register(&name, &format!("{name}-2"), self.now_ms);
+        let mut fenced_at = 0;
+        // Registrations past a fence the ledger handed out again: one more each, at most.
+        for _ in 0..3 {
+            fenced_at = self.rival_registers(c, fenced_at)?;
+            if fenced_at == 0 {
+                break;
+            }
+            self.stats.registrations_above_fence += 1;
+            self.log(format!("the second {name} process found its pools fenced at {fenced_at}: registering above it"));
+        }
+        self.log(format!("the second {name} process stops"));
+        Ok(())
+    }
+
+    /// One registration of the second process (and its resyncs, on a shared store):
+    /// the highest fence a resync found at or above its epoch (0: none).
+    fn rival_registers(&mut self, c: usize, fenced_at: u64) -> Res<u64> {
+        let name = self.name(c);
+        let (epoch, held) = self.center.register(&name, &format!("{name}-2"), self.now_ms, fenced_at);
         self.log(format!("a second {name} process registers: epoch {epoch}, holds {held:?}"));
+        let mut found = 0;
         if self.config.faults.rivals == Rivals::SharedStore {
             let ctx = Ctx { now_ms: self.now_ms, epoch };
             let mut reports = Vec::new();
@@ -333,6 +366,14 @@ impl World {
                         effect => self.store(c, &item, effect)?,
                     };
                     step = core.feed(work.op, reply, ctx);
+                    for (_, result) in &step.finished {
+                        if let OpResult::EpochReused { fence } = result {
+                            found = found.max(*fence);
+                        }
+                    }
+                }
+                if found > 0 {
+                    continue;
                 }
                 if self.agents[c].pools.get(&item).map_or(0, |p| p.counts().sum()) <= h.held {
                     self.reference.synced(c, &item, h.as_of);
@@ -345,13 +386,15 @@ impl World {
                     reports.push(to_wire(&item, &r, rate, self.floor(c, &item)));
                 }
             }
+            if found > 0 {
+                return Ok(found);
+            }
             let channel = self.agents[c].channel.clone();
             let answer = self.center.heartbeat(&channel, epoch, &reports, false, self.now_ms);
             self.log(format!("the second {name} process reports {reports:?} -> {answer:?}"));
             self.agents[c].rival_floors.clear();
         }
-        self.log(format!("the second {name} process stops"));
-        Ok(())
+        Ok(found)
     }
 }
 

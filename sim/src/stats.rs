@@ -156,8 +156,11 @@ stats! {
     /// (stranded: the sale ended without them).
     units_left_stranded_by_rollbacks,
     /// Registrations a rolled-back ledger answered with an epoch the channel's pools were
-    /// already fenced with, and units then granted that the pools refused as fenced.
+    /// already fenced with, units granted meanwhile that the pools refused as fenced (the
+    /// registration above the fence counts them), and registrations sent again above a
+    /// fence a resync found at or above their epoch.
     epochs_reused_by_rollbacks,
     units_granted_to_fenced_pools,
+    registrations_above_fence,
     sold,
 }

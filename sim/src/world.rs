@@ -154,6 +154,9 @@ pub struct Registration {
     pub held: BTreeMap<String, Holding>,
     pub pending: Vec<(String, OpId)>,
     pub failed: bool,
+    /// The highest fence a resync found at or above the epoch (0: none): the epoch was
+    /// handed out before, and the agent registers again above it.
+    pub fenced_at: u64,
     /// The start-up registration (retried until it succeeds), not the heartbeat worker's.
     pub startup: bool,
 }

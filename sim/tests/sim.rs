@@ -94,28 +94,49 @@ fn default_keeps_every_invariant() {
 }
 
 /// A ledger rolled back to an earlier state: the center's drift rule re-learns the lost
-/// grants and nothing is sold beyond the total by more than the rollbacks lost. One
-/// mechanism is known to break the sale (invariant 7): a rolled-back ledger hands out an
-/// epoch the channel's pools were already fenced above, so its pools refuse the grants.
-/// Every failure must be that one.
+/// grants, nothing is sold beyond the total by more than the rollbacks lost, and an epoch
+/// the rolled-back ledger hands out again below or at the pools' fence is never used: the
+/// agent registers again above it.
 #[test]
-fn a_rolled_back_ledger_is_relearned_and_only_reused_epochs_stall_the_sale() {
-    let sc = named("ledger-rollback");
+fn ledger_rollback_keeps_every_invariant() {
+    let total = assert_scenario_passes("ledger-rollback");
+    if one_seed().is_none() {
+        assert!(total.ledger_rollbacks > 0 && total.units_lost_by_rollbacks > 0, "{total:?}");
+        assert!(total.relearns > 0 && total.units_relearned > 0, "the center re-learned lost grants: {total:?}");
+        assert!(total.epochs_reused_by_rollbacks > 0 && total.registrations_above_fence > 0, "{total:?}");
+    }
+}
+
+/// Ledger and pool stores going back in the same runs. Known to break only where a pool
+/// lost writes (went back, or lost its data) and nothing brings the loss back: a pool that
+/// went back while its agent ran, which then crashed or restarted before touching it, or
+/// a ledger that forgot a lost pool's report (see `sim/src/rollback.rs`). Every failure
+/// must be one of those, and rare; an epoch handed out again is never one.
+#[test]
+fn ledger_and_pool_rollbacks_break_only_by_known_gaps() {
+    let sc = named("ledger-pool-rollback");
     let mut total = Stats::default();
-    let mut stalled = Vec::new();
-    for seed in 0..env_u64("INVENTORY_SIM_SEEDS").unwrap_or(300) {
+    let mut known = Vec::new();
+    let seeds = env_u64("INVENTORY_SIM_SEEDS").unwrap_or(200);
+    for seed in 0..seeds {
         match run(seed, &sc) {
             Ok(outcome) => total.add(&outcome.stats),
             Err(f) => {
-                let reused = f.trace.iter().any(|l| l.contains("the rolled-back ledger hands out epoch"));
-                assert!(f.violation.invariant == "7" && reused, "another failure than a reused epoch:\n{f}");
-                stalled.push(seed);
+                let pool_lost_writes = f.trace.iter().any(|l| {
+                    l.contains("goes back to its snapshot") || l.contains("loses its data") || l.contains("lost: true")
+                });
+                assert!(
+                    matches!(f.violation.invariant, "7" | "8") && pool_lost_writes,
+                    "another failure than a pool's lost writes forgotten:\n{f}"
+                );
+                known.push(seed);
             }
         }
     }
-    println!("ledger-rollback: sales stalled by a reused epoch at seeds {stalled:?}; {total:?}");
-    assert!(total.ledger_rollbacks > 0 && total.units_lost_by_rollbacks > 0, "{total:?}");
-    assert!(total.relearns > 0 && total.units_relearned > 0, "the center re-learned lost grants: {total:?}");
+    println!("ledger-pool-rollback: known gaps at seeds {known:?}; {total:?}");
+    assert!(known.len() * 50 <= usize::try_from(seeds).unwrap_or(usize::MAX), "more than 2 %: {known:?}");
+    assert!(total.ledger_rollbacks > 0 && total.pool_rollbacks > 0, "{total:?}");
+    assert!(total.registrations_above_fence > 0, "{total:?}");
 }
 
 #[test]

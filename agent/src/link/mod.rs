@@ -322,9 +322,10 @@ impl CenterLink {
         self.lease_ttl_ms.load(Ordering::Acquire)
     }
 
-    /// Registers a new epoch. The lease is not granted here: the caller grants it
-    /// ([`CenterLink::renew_lease`] with the send time) once pools are back in line.
-    pub async fn register(&self) -> Result<pb::RegisterAgentResponse, Status> {
+    /// Registers a new epoch, above `fenced_at` (the highest pool fence a resync found at
+    /// or above the last epoch; 0: none). The lease is not granted here: the caller grants
+    /// it ([`CenterLink::renew_lease`] with the send time) once pools are back in line.
+    pub async fn register(&self, fenced_at: u64) -> Result<pb::RegisterAgentResponse, Status> {
         self.drop_lease();
         let wall_sent = self.wall_ms();
         let r = self
@@ -333,6 +334,7 @@ impl CenterLink {
             .register_agent(self.req(pb::RegisterAgentRequest {
                 channel: self.channel.to_string(),
                 agent_id: self.agent_id.to_string(),
+                fenced_at,
             }))
             .await
             .map(|r| r.into_inner());

@@ -194,8 +194,10 @@ pub trait PoolStore: Send + Sync + 'static {
     /// never applied; once per `take_id`.
     async fn untake(&self, pool: &PoolKey, take_id: &str, epoch: u64) -> Result<u64, StoreError>;
 
-    /// Raises the pool's fence to `epoch` (never lowers it) and returns the fence. A new
-    /// incarnation of the channel does this before it reads a pool to resync it.
+    /// Raises the pool's fence to `epoch` (never lowers it) and returns the fence it found
+    /// before. A new incarnation of the channel does this before it reads a pool to resync
+    /// it; a fence found at or above its epoch means the center handed that epoch out
+    /// before (`ledger::fence`).
     async fn raise_fence(&self, pool: &PoolKey, epoch: u64) -> Result<u64, StoreError>;
 
     /// Raises the pool's floor to `floor`, never lowering it: the write sequence below

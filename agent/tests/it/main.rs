@@ -9,6 +9,7 @@ mod cluster;
 mod cluster_durable;
 mod crash;
 mod edges;
+mod epoch_reused;
 mod event_stream;
 mod faults;
 mod global_limit;

@@ -938,8 +938,9 @@ async fn a_fenced_pool_refuses_the_moves_of_older_epochs(backend: &Backend) {
     let p = pool("sku-fence");
     assert!(store.refill(&p, "grant-1", 10, 3).await.unwrap());
     assert_eq!(store.take_for_return(&p, "take-1", 2, 3).await.unwrap(), 2);
-    assert_eq!(store.raise_fence(&p, 5).await.unwrap(), 5);
+    assert_eq!(store.raise_fence(&p, 5).await.unwrap(), 0, "the fence found before");
     assert_eq!(store.raise_fence(&p, 4).await.unwrap(), 5, "a fence never goes down");
+    assert_eq!(store.raise_fence(&p, 5).await.unwrap(), 5, "an epoch at the fence finds it");
     // Every move of an older epoch is refused and records nothing...
     let fenced = |r: Result<u64, StoreError>| matches!(r, Err(StoreError::Fenced(_)));
     assert!(fenced(store.refill(&p, "grant-2", 7, 4).await.map(u64::from)));
@@ -984,7 +985,7 @@ async fn fencing_races_with_old_epoch_refills_and_counts_each_unit_once(backend:
             }
         }));
         if n == 100 {
-            assert_eq!(stores[1].raise_fence(&p, 2).await.unwrap(), 2);
+            assert_eq!(stores[1].raise_fence(&p, 2).await.unwrap(), 0, "no fence before");
             fenced_at.set(()).unwrap();
         }
     }

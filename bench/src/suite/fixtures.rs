@@ -128,7 +128,11 @@ impl Runner<'_> {
         let channel = if spread { "bench-center-spread" } else { "bench-center" };
         let conns = channels(&self.world.center.url, 1).await?;
         let reg = CenterClient::new(conns[0].clone())
-            .register_agent(pb::RegisterAgentRequest { channel: channel.into(), agent_id: format!("{channel}-1") })
+            .register_agent(pb::RegisterAgentRequest {
+                channel: channel.into(),
+                agent_id: format!("{channel}-1"),
+                fenced_at: 0,
+            })
             .await?
             .into_inner();
         let items: Vec<String> =

@@ -130,7 +130,18 @@ impl pb::center_server::Center for CenterService {
         let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
         authorize(&own, channel.as_str())?;
         let agent = AgentId::parse("agent_id", &r.agent_id).map_err(CenterError::from)?;
-        let reg = self.store.register(&channel, &agent, now_ms(), self.lease.lease_ttl_ms).await?;
+        // Epochs are stored as signed 64-bit numbers, and the next one is above the fence.
+        let max_fence = i64::MAX.unsigned_abs() - 1;
+        if r.fenced_at > max_fence {
+            let e = ValidationError::new("fenced_at", r.fenced_at, format!("must be at most {max_fence}"));
+            return Err(CenterError::from(e).into());
+        }
+        let reg = self.store.register(&channel, &agent, now_ms(), self.lease.lease_ttl_ms, r.fenced_at).await?;
+        if r.fenced_at > 0 {
+            // A ledger that went back handed the agent an epoch its pools had seen.
+            tracing::warn!(channel = %channel, fenced_at = r.fenced_at, epoch = reg.session.epoch,
+                "agent registered above a pool fence: the ledger handed out an epoch again");
+        }
         tracing::info!(channel = %channel, agent = %agent, epoch = reg.session.epoch, "agent registered");
         let schedules = self.store.schedules().await?;
         let schedule_of = |item_id: &str| {

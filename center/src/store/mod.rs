@@ -236,12 +236,15 @@ pub trait LedgerStore: Send + Sync + 'static {
     /// item exists with another definition.
     async fn create_item(&self, item: &NewItem, now_ms: i64) -> Result<(ItemRecord, bool)>;
     async fn add_stock(&self, item: &ItemId, quantity: Quantity, request_id: &RequestId) -> Result<(ItemRecord, bool)>;
+    /// A new epoch for the channel, above its last one and above `fenced_at` (the
+    /// highest pool fence its agent found: `ledger::fence`).
     async fn register(
         &self,
         channel: &Channel,
         agent: &AgentId,
         now_ms: i64,
         lease_ttl_ms: u64,
+        fenced_at: u64,
     ) -> Result<Registration>;
     async fn borrow(
         &self,

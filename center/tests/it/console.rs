@@ -66,7 +66,11 @@ impl SimulatedAgent {
     pub(crate) async fn register(center: &TestCenter, channel: &str) -> Self {
         let mut client = center.center().await;
         let reg = client
-            .register_agent(pb::RegisterAgentRequest { channel: channel.into(), agent_id: format!("{channel}-sim") })
+            .register_agent(pb::RegisterAgentRequest {
+                channel: channel.into(),
+                agent_id: format!("{channel}-sim"),
+                fenced_at: 0,
+            })
             .await
             .expect("register")
             .into_inner();

@@ -44,7 +44,11 @@ pub async fn create(admin: &mut AdminClient<Channel>, item: &str, total: u64) ->
 
 pub async fn register(center: &mut CenterClient<Channel>, channel: &str) -> u64 {
     center
-        .register_agent(pb::RegisterAgentRequest { channel: channel.into(), agent_id: format!("{channel}-1") })
+        .register_agent(pb::RegisterAgentRequest {
+            channel: channel.into(),
+            agent_id: format!("{channel}-1"),
+            fenced_at: 0,
+        })
         .await
         .expect("register")
         .into_inner()
@@ -180,7 +184,7 @@ async fn borrow_and_return_move_units_and_keep_conservation(c: TestCenter) {
     assert_eq!((app.channel.as_str(), app.granted, app.returned, app.held), ("app", 30, 10, 20));
     // A re-registration sees what the channel holds.
     let again = center
-        .register_agent(pb::RegisterAgentRequest { channel: "app".into(), agent_id: "app-2".into() })
+        .register_agent(pb::RegisterAgentRequest { channel: "app".into(), agent_id: "app-2".into(), fenced_at: 0 })
         .await
         .unwrap()
         .into_inner();
@@ -339,7 +343,7 @@ async fn bad_input_is_invalid_argument_naming_the_field(c: TestCenter) {
     for (item, channel, q, rid, needle) in borrows {
         assert_status(borrow(&mut center, item, channel, epoch, q, rid).await, Code::InvalidArgument, needle);
     }
-    let reg = pb::RegisterAgentRequest { channel: "app".into(), agent_id: long };
+    let reg = pb::RegisterAgentRequest { channel: "app".into(), agent_id: long, fenced_at: 0 };
     assert_status(center.register_agent(reg).await, Code::InvalidArgument, "invalid agent_id");
     let hb = pb::HeartbeatRequest {
         channel: "app".into(),

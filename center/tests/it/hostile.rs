@@ -55,9 +55,13 @@ async fn every_field_of_every_rpc_refuses_hostile_values() {
     for (label, v) in hostile_strings() {
         let what = |rpc: &str, field: &str| format!("{rpc}.{field} = {label}");
         // Center service.
-        let r = center.register_agent(pb::RegisterAgentRequest { channel: v.clone(), agent_id: "a".into() }).await;
+        let r = center
+            .register_agent(pb::RegisterAgentRequest { channel: v.clone(), agent_id: "a".into(), fenced_at: 0 })
+            .await;
         refused(&what("RegisterAgent", "channel"), "channel", r);
-        let r = center.register_agent(pb::RegisterAgentRequest { channel: "app".into(), agent_id: v.clone() }).await;
+        let r = center
+            .register_agent(pb::RegisterAgentRequest { channel: "app".into(), agent_id: v.clone(), fenced_at: 0 })
+            .await;
         refused(&what("RegisterAgent", "agent_id"), "agent_id", r);
         let b = |item: &str, channel: &str, rid: &str| pb::BorrowRequest {
             item_id: item.into(),

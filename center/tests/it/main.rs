@@ -8,6 +8,7 @@ mod console_schedule;
 mod console_segments;
 mod contract;
 mod edges;
+mod epoch_rollback;
 mod health;
 mod hostile;
 mod http_auth;

@@ -107,8 +107,9 @@ async fn run(store: &dyn LedgerStore, ops: &[Op]) {
     let channels: Vec<Channel> = CHANNELS.iter().map(|c| Channel::parse("channel", c).unwrap()).collect();
     let mut epochs = Vec::new();
     for c in &channels {
-        epochs
-            .push(store.register(c, &AgentId::parse("agent_id", "a").unwrap(), 0, 60_000).await.unwrap().session.epoch);
+        epochs.push(
+            store.register(c, &AgentId::parse("agent_id", "a").unwrap(), 0, 60_000, 0).await.unwrap().session.epoch,
+        );
     }
     let mut model = Model { total: TOTAL, available: TOTAL, ..Default::default() };
     for op in ops {
@@ -150,8 +151,10 @@ async fn run(store: &dyn LedgerStore, ops: &[Op]) {
                 }
             }
             Op::Reregister { ch } => {
-                let reg =
-                    store.register(&channels[*ch], &AgentId::parse("agent_id", "b").unwrap(), 0, 60_000).await.unwrap();
+                let reg = store
+                    .register(&channels[*ch], &AgentId::parse("agent_id", "b").unwrap(), 0, 60_000, 0)
+                    .await
+                    .unwrap();
                 assert!(reg.session.epoch > epochs[*ch]);
                 epochs[*ch] = reg.session.epoch;
                 let held = reg.held.iter().find(|h| h.item_id == "m").map_or(0, |h| h.held);

@@ -136,7 +136,7 @@ async fn in_doubt_units_are_never_reclaimed_and_resolve_once(c: TestCenter) {
     assert!(r.in_doubt[0].detail.starts_with("40 units in doubt"), "{r:?}");
     // Registration tells a restarted agent the units are in doubt.
     let again = center
-        .register_agent(pb::RegisterAgentRequest { channel: "app".into(), agent_id: "app-2".into() })
+        .register_agent(pb::RegisterAgentRequest { channel: "app".into(), agent_id: "app-2".into(), fenced_at: 0 })
         .await
         .unwrap()
         .into_inner();

@@ -127,7 +127,7 @@ async fn a_schedule_is_stored_shown_and_delivered_to_agents(c: TestCenter) {
     // A registration lists every scheduled item not closed, held or not, and the holdings
     // carry their schedules.
     let reg = center
-        .register_agent(pb::RegisterAgentRequest { channel: "web".into(), agent_id: "web-1".into() })
+        .register_agent(pb::RegisterAgentRequest { channel: "web".into(), agent_id: "web-1".into(), fenced_at: 0 })
         .await
         .unwrap()
         .into_inner();
@@ -137,7 +137,7 @@ async fn a_schedule_is_stored_shown_and_delivered_to_agents(c: TestCenter) {
     // a holding shows the schedule.
     borrow(&mut center, "launch", "web", reg.epoch, 5, "b1").await.unwrap();
     let reg = center
-        .register_agent(pb::RegisterAgentRequest { channel: "web".into(), agent_id: "web-1".into() })
+        .register_agent(pb::RegisterAgentRequest { channel: "web".into(), agent_id: "web-1".into(), fenced_at: 0 })
         .await
         .unwrap()
         .into_inner();

@@ -55,7 +55,8 @@ async fn missing_wrong_and_foreign_tokens_are_refused_and_change_nothing() {
     assert_eq!(agent_as_operator.code(), Code::Unauthenticated);
     admin.create_item(with_token(create(), OPERATOR)).await.expect("operator may create");
 
-    let register = |channel: &str| pb::RegisterAgentRequest { channel: channel.into(), agent_id: "a".into() };
+    let register =
+        |channel: &str| pb::RegisterAgentRequest { channel: channel.into(), agent_id: "a".into(), fenced_at: 0 };
     assert_eq!(center.register_agent(register("app")).await.unwrap_err().code(), Code::Unauthenticated);
     assert_eq!(
         center.register_agent(with_token(register("app"), OPERATOR)).await.unwrap_err().code(),

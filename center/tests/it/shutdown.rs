@@ -51,7 +51,11 @@ fn signal(child: &Child, name: &str) {
 async fn register(url: &str, channel: &str) -> (CenterClient<tonic::transport::Channel>, u64) {
     let mut center = CenterClient::connect(url.to_owned()).await.expect("connect");
     let epoch = center
-        .register_agent(pb::RegisterAgentRequest { channel: channel.into(), agent_id: format!("{channel}-1") })
+        .register_agent(pb::RegisterAgentRequest {
+            channel: channel.into(),
+            agent_id: format!("{channel}-1"),
+            fenced_at: 0,
+        })
         .await
         .expect("register")
         .into_inner()

@@ -52,7 +52,7 @@ pub enum Effect {
     Take { take_id: String, max: u64, epoch: u64 },
     /// Put back what `take_id` took ([`Reply::Units`]).
     Untake { take_id: String, epoch: u64 },
-    /// Raise the pool's fence to `epoch` ([`Reply::Done`]).
+    /// Raise the pool's fence to `epoch` ([`Reply::Fence`] with the fence found before).
     RaiseFence { epoch: u64 },
     /// Call the center's Borrow, every attempt with this id and epoch ([`Reply::Granted`]).
     /// `sell_rate_milli`: the pool's sell rate when the call was decided, for the center's
@@ -95,7 +95,15 @@ pub enum Reply {
     Pool(PoolView),
     Done,
     Units(u64),
-    Granted { granted: u64, center_available: u64 },
+    /// The fence a [`Effect::RaiseFence`] found before it raised it (a segmented item's:
+    /// the highest of its segments').
+    Fence {
+        found: u64,
+    },
+    Granted {
+        granted: u64,
+        center_available: u64,
+    },
     Holding(Holding),
     Store(StoreFault),
     Center(CallFault),
@@ -121,4 +129,9 @@ pub enum OpResult {
     Resynced,
     /// The operation could not finish: a store or center call failed.
     Failed,
+    /// A registration's resync found the pool already fenced at `fence`, at or above the
+    /// epoch the center answered (a ledger that went back handed it out again): nothing
+    /// was written; the agent registers again above the fence
+    /// ([`crate::ledger::fence`]).
+    EpochReused { fence: u64 },
 }

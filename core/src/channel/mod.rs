@@ -149,6 +149,9 @@ pub enum Note {
     StoreFailed { what: &'static str },
     /// A grant arrived after a later incarnation fenced the pool: its resync counts it.
     GrantFenced { granted: u64 },
+    /// The center answered a registration with `epoch`, and the pool was already fenced
+    /// at `fence`, at or above it: the epoch was handed out before (its ledger went back).
+    EpochReused { epoch: u64, fence: u64 },
     /// A grant could not be put into the pool after every attempt.
     GrantNotRefilled { granted: u64 },
     /// ... and went back to the center (the store refused to shelve it).

@@ -407,7 +407,11 @@ impl ItemCore {
             }
 
             // ---- Resync ----
-            (Stage::Fence, Reply::Done) => self.settle_or_describe(op, 0, ctx.now_ms),
+            (Stage::Fence, Reply::Fence { found }) if crate::ledger::fence::reused(found, op.epoch) => {
+                notes.push(Note::EpochReused { epoch: op.epoch, fence: found });
+                Progress::Finished(id, OpResult::EpochReused { fence: found })
+            }
+            (Stage::Fence, Reply::Fence { .. }) => self.settle_or_describe(op, 0, ctx.now_ms),
             (Stage::Settle { index }, reply) => {
                 let answered = match reply {
                     Reply::Granted { .. } | Reply::Done => true,

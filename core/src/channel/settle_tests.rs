@@ -108,7 +108,7 @@ fn a_registration_settles_a_call_of_unknown_outcome_before_it_aligns() {
     let s = feed(&mut core, &s, Reply::Pool(view(0, 3)), ctx(0, 1));
     feed(&mut core, &s, Reply::Center(CallFault::Unknown), ctx(0, 1));
     let (_, s) = core.submit(OpKind::Resync(ResyncWhy::Registration { epoch: 2 }), "g".into(), ctx(10, 2));
-    let s = feed(&mut core, &s, Reply::Done, ctx(10, 2));
+    let s = feed(&mut core, &s, Reply::Fence { found: 1 }, ctx(10, 2));
     // The fence is up; the lost call is replayed under its own (now stale) epoch: the
     // center answers the first answer if it applied, else refuses it for good.
     assert_eq!(work(&s).effect, Effect::Borrow { request_id: "b1".into(), quantity: 10, epoch: 1, sell_rate_milli: 0 });
@@ -128,7 +128,7 @@ fn while_a_return_is_not_answered_for_a_registration_only_removes_units() {
     let s = feed(&mut core, &s, Reply::Units(6), ctx(0, 1));
     feed(&mut core, &s, Reply::Center(CallFault::Unknown), ctx(0, 1));
     let (_, s) = core.submit(OpKind::Resync(ResyncWhy::Registration { epoch: 2 }), "g".into(), ctx(10, 2));
-    let s = feed(&mut core, &s, Reply::Done, ctx(10, 2));
+    let s = feed(&mut core, &s, Reply::Fence { found: 1 }, ctx(10, 2));
     let s = feed(&mut core, &s, Reply::Center(CallFault::Unknown), ctx(10, 2));
     let s = feed(&mut core, &s, Reply::Holding(Holding { held: 20, generation: 3, in_doubt: 0 }), ctx(10, 2));
     let s = feed(&mut core, &s, Reply::Pool(view(14, 3)), ctx(10, 2));

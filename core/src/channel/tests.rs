@@ -175,7 +175,7 @@ fn a_registration_fences_reads_the_center_and_aligns_the_pool() {
     let why = OpKind::Resync(ResyncWhy::Registration { epoch: 9 });
     let (id, s) = core.submit(why, "g".into(), ctx(0, 9));
     assert_eq!(work(&s).effect, Effect::RaiseFence { epoch: 9 });
-    let s = feed(&mut core, &s, Reply::Done, ctx(0, 9));
+    let s = feed(&mut core, &s, Reply::Fence { found: 8 }, ctx(0, 9));
     assert_eq!(work(&s).effect, Effect::Describe);
     let s = feed(&mut core, &s, Reply::Holding(Holding { held: 20, generation: 3, in_doubt: 0 }), ctx(0, 9));
     assert_eq!(work(&s).effect, Effect::ReadPool);
@@ -189,6 +189,22 @@ fn a_registration_fences_reads_the_center_and_aligns_the_pool() {
     assert_eq!(s.finished, vec![(id, OpResult::Resynced)]);
     assert!(s.notes.contains(&Note::Aligned { added: 10, removed: 0 }));
     assert_eq!(core.generation(), 3);
+}
+
+#[test]
+fn a_registration_whose_epoch_the_pool_was_fenced_with_writes_nothing_and_says_so() {
+    // A ledger that went back answered epoch 9 again; the pool was fenced at 9 (another
+    // incarnation held it) or above: the resync stops before it reads or writes anything.
+    for fence in [9, 12] {
+        let mut core = item();
+        let why = OpKind::Resync(ResyncWhy::Registration { epoch: 9 });
+        let (id, s) = core.submit(why, "g".into(), ctx(0, 9));
+        assert_eq!(work(&s).effect, Effect::RaiseFence { epoch: 9 });
+        let s = feed(&mut core, &s, Reply::Fence { found: fence }, ctx(0, 9));
+        assert!(s.next.is_none(), "nothing more after a fence at {fence}");
+        assert_eq!(s.finished, vec![(id, OpResult::EpochReused { fence })]);
+        assert!(s.notes.contains(&Note::EpochReused { epoch: 9, fence }));
+    }
 }
 
 #[test]

@@ -7,6 +7,7 @@
 
 pub mod behind;
 mod caps;
+pub mod fence;
 mod relearn;
 mod share;
 
@@ -298,10 +299,16 @@ pub struct ChannelSession {
 }
 
 impl ChannelSession {
-    /// The next incarnation of a channel's agent: a strictly larger epoch.
-    pub fn register(previous: Option<&ChannelSession>, agent_id: &str, now_ms: i64, lease_ttl_ms: u64) -> Self {
-        // The stored epoch is a signed 64-bit number: it never gets near u64::MAX.
-        let epoch = previous.map_or(1, |p| p.epoch.saturating_add(1));
+    /// The next incarnation of a channel's agent: a strictly larger epoch, above
+    /// `fenced_at` too (the highest pool fence the agent found: [`fence`]).
+    pub fn register(
+        previous: Option<&ChannelSession>,
+        agent_id: &str,
+        now_ms: i64,
+        lease_ttl_ms: u64,
+        fenced_at: u64,
+    ) -> Self {
+        let epoch = fence::epoch_above(previous.map(|p| p.epoch), fenced_at);
         Self {
             epoch,
             agent_id: agent_id.to_owned(),
@@ -573,8 +580,8 @@ mod tests {
 
     #[test]
     fn epochs_only_grow_and_fence_older_ones() {
-        let s1 = ChannelSession::register(None, "a", 0, 1000);
-        let s2 = ChannelSession::register(Some(&s1), "b", 10, 1000);
+        let s1 = ChannelSession::register(None, "a", 0, 1000, 0);
+        let s2 = ChannelSession::register(Some(&s1), "b", 10, 1000, 0);
         assert_eq!((s1.epoch, s2.epoch), (1, 2));
         assert!(s2.check_epoch(&ch("app"), 1).is_err());
         assert!(s2.check_epoch(&ch("app"), 3).is_err());
@@ -583,7 +590,7 @@ mod tests {
 
     #[test]
     fn removal_needs_an_empty_channel_and_no_attached_agent() {
-        let s = ChannelSession::register(None, "a", 0, 1000);
+        let s = ChannelSession::register(None, "a", 0, 1000, 0);
         let settled = Allocation { granted: 5, returned: 3, reclaimed: 2, ..Default::default() };
         let holding = Allocation { granted: 5, returned: 1, ..Default::default() };
         let doubt = Allocation { granted: 4, reclaimed: 0, in_doubt: 4, ..Default::default() };
@@ -607,7 +614,7 @@ mod tests {
 
     #[test]
     fn reclaim_waits_for_lease_expiry_plus_grace() {
-        let mut s = ChannelSession::register(None, "a", 0, 1000);
+        let mut s = ChannelSession::register(None, "a", 0, 1000, 0);
         assert!(matches!(
             s.begin_reclaim(&ch("app"), 1500, 1000),
             Err(LedgerError::LeaseLive { remaining_ms: 500, .. })
@@ -676,9 +683,9 @@ mod tests {
 
     #[test]
     fn lease_times_saturate() {
-        let s = ChannelSession::register(None, "a", 1_000, u64::MAX);
+        let s = ChannelSession::register(None, "a", 1_000, u64::MAX, 0);
         assert_eq!(s.lease_expires_at_ms, i64::MAX, "a huge lease is long, not in the past");
-        let mut s = ChannelSession::register(None, "a", i64::MAX - 5, 1_000);
+        let mut s = ChannelSession::register(None, "a", i64::MAX - 5, 1_000, 0);
         assert_eq!(s.lease_expires_at_ms, i64::MAX);
         assert!(s.begin_reclaim(&ch("app"), i64::MAX - 1, u64::MAX).is_err(), "not reclaimable before its lease ends");
         s.renew(0, u64::MAX);

@@ -532,10 +532,12 @@ impl Pool {
         Ok(take.units)
     }
 
-    /// Raises the fence to `epoch` (never lowers it) and returns the fence.
+    /// Raises the fence to `epoch` (never lowers it) and returns the fence it found: one at
+    /// or above `epoch` means that epoch was handed out before (`ledger::fence::reused`).
     pub fn raise_fence(&mut self, epoch: u64) -> u64 {
-        self.fence = self.fence.max(epoch);
-        self.fence
+        let found = self.fence;
+        self.fence = found.max(epoch);
+        found
     }
 
     /// [`PoolError::Fenced`] if the pool was fenced with a later epoch than `epoch`.

@@ -259,8 +259,9 @@ fn untake_puts_nothing_back_into_a_lost_pool() {
 #[test]
 fn the_fence_refuses_older_epochs_and_never_goes_down() {
     let mut p = stocked(10);
-    assert_eq!(p.raise_fence(3), 3);
+    assert_eq!(p.raise_fence(3), 0, "the fence found");
     assert_eq!(p.raise_fence(2), 3);
+    assert_eq!(p.fence(), 3);
     let fenced = Err(PoolError::Fenced { fence: 3 });
     assert_eq!(p.refill("g1", 1, 2, 9, 0, RETAIN), fenced.clone().map(|()| false));
     assert_eq!(p.refill_existing("g1", 1, 2, 0, RETAIN), fenced.clone().map(|()| false));

@@ -101,8 +101,9 @@ impl LedgerStore for SqlLedger {
         agent: &AgentId,
         now_ms: i64,
         lease_ttl_ms: u64,
+        fenced_at: u64,
     ) -> Result<Registration> {
-        SqlLedger::register(self, channel, agent, now_ms, lease_ttl_ms).await
+        SqlLedger::register(self, channel, agent, now_ms, lease_ttl_ms, fenced_at).await
     }
 
     async fn borrow(

@@ -137,10 +137,12 @@ impl SqlLedger {
         agent: &AgentId,
         now_ms: i64,
         lease_ttl_ms: u64,
+        fenced_at: u64,
     ) -> Result<Registration> {
+        let above = to_db("fenced_at", fenced_at.saturating_add(1))?;
         let mut tx = self.begin().await?;
         let previous = self.lock_session(&mut tx, channel, &self.q.lock_channel_update).await?;
-        let mut session = ChannelSession::register(previous.as_ref(), agent.as_str(), now_ms, lease_ttl_ms);
+        let mut session = ChannelSession::register(previous.as_ref(), agent.as_str(), now_ms, lease_ttl_ms, fenced_at);
         if previous.is_none() {
             // A removed channel comes back above every epoch it had, so its earlier
             // incarnation stays fenced. (A removal waits for this row lock, or this
@@ -150,15 +152,17 @@ impl SqlLedger {
                 .fetch_optional(&mut *tx)
                 .await?;
             if let Some(row) = removed {
-                let last = col(&row, "epoch")?;
-                session.epoch = last.checked_add(1).ok_or(CenterError::Internal("epoch would overflow".into()))?;
+                let last: u64 = col(&row, "epoch")?;
+                let after = last.checked_add(1).ok_or(CenterError::Internal("epoch would overflow".into()))?;
+                session.epoch = session.epoch.max(after);
             }
         }
         // The upsert bumps the stored epoch atomically even if two registrations race
-        // on a channel that had no row yet.
+        // on a channel that had no row yet; never to a pool fence or below ($6 is above it).
         let row = sqlx::query(
             "INSERT INTO channels (channel, epoch, agent_id, lease_expires_at_ms, last_heartbeat_ms) \
-             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (channel) DO UPDATE SET epoch = channels.epoch + 1, \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (channel) DO UPDATE SET epoch = \
+             CASE WHEN channels.epoch + 1 > $6 THEN channels.epoch + 1 ELSE $6 END, \
              agent_id = excluded.agent_id, lease_expires_at_ms = excluded.lease_expires_at_ms, \
              last_heartbeat_ms = excluded.last_heartbeat_ms, last_report = 0 RETURNING epoch",
         )
@@ -167,6 +171,7 @@ impl SqlLedger {
         .bind(&session.agent_id)
         .bind(session.lease_expires_at_ms)
         .bind(session.last_heartbeat_ms)
+        .bind(above)
         .fetch_one(&mut *tx)
         .await?;
         let session = ChannelSession { epoch: col(&row, "epoch")?, ..session };
