@@ -143,6 +143,7 @@ impl Item {
         self.with(|c| {
             c.set_policy(policy_from(d));
             c.set_schedule(schedule_from(d));
+            c.set_center_reserve(d.center_reserve);
         });
     }
 
@@ -377,7 +378,11 @@ impl Items {
                 )
                 .with_limit(limit_from(&d))
                 .with_segments(d.segments);
-                it.with(|c| c.set_schedule(schedule_from(&d)));
+                it.with(|c| {
+                    c.set_schedule(schedule_from(&d));
+                    c.set_center_reserve(d.center_reserve);
+                    c.set_center_available(d.center_available);
+                });
                 Ok::<_, AgentError>(Arc::new(it))
             })
             .await

@@ -2,8 +2,8 @@
 //! the center's clock) Acquire answers NOT_STARTED from memory, with no store call, no
 //! center call and nothing reserved, even on an agent whose clock runs 2 s ahead; the
 //! item sells once open; a schedule moved before the opening moves the agents; at
-//! closes_at the item closes by itself, its unsold units return to the center and
-//! reservations made before still confirm.
+//! closes_at the item closes by itself (or by an operator's CloseItem), its unsold units
+//! return to the center and reservations made before still confirm.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -122,6 +122,7 @@ on_both_stores!(
     an_agent_clock_two_seconds_ahead_sells_nothing_early,
     rescheduling_before_the_opening_moves_the_agent_and_closes_at_stops_it,
     closes_at_closes_the_item_returns_unsold_units_and_confirmations_still_work,
+    close_item_returns_unsold_units_as_closes_at_does,
     pools_are_stocked_for_the_opening_during_the_lead_and_the_reserve_stays_at_the_center,
 );
 
@@ -339,6 +340,35 @@ async fn closes_at_closes_the_item_returns_unsold_units_and_confirmations_still_
         .state();
     assert_eq!(state, pb::ReservationState::Cancelled);
     assert_eq!(buy(&mut client, "after", "after-k").await.outcome(), pb::AcquireOutcome::SoldOut);
+    let r = center.await_quiescence().await;
+    assert!(r.ok, "{r:?}");
+}
+
+/// An operator's CloseItem ends the sale as `closes_at` does: the agent stops selling, its
+/// unsold units come back to the center, reservations made before still confirm.
+async fn close_item_returns_unsold_units_as_closes_at_does(kind: Kind) {
+    let center = Center::start_postgres().await;
+    let (agent, _store, _redis) = start_agent(&center, kind, 0).await;
+    let mut client = agent.client().await;
+    create(&center, 0, 0, 0).await;
+    let mut held = Vec::new();
+    for n in 0..3 {
+        let r = buy(&mut client, &format!("u{n}"), &format!("k{n}")).await;
+        assert_eq!(r.outcome(), pb::AcquireOutcome::Reserved);
+        held.push(r.reservation_id);
+    }
+    let before = center.ledger(ITEM).await;
+    assert!(before.channels[0].held > 3, "the pool holds more than it sold: {before:?}");
+
+    let close = pb::CloseItemRequest { item_id: ITEM.into(), closed: true };
+    center.admin().await.close_item(close).await.expect("close item");
+    let returned =
+        wait_until(Duration::from_secs(10), || async { center.ledger(ITEM).await.channels[0].held == 3 }).await;
+    assert!(returned, "only the 3 reserved units stay with the channel: {:?}", center.ledger(ITEM).await);
+    assert_eq!(center.ledger(ITEM).await.item.unwrap().available, 97);
+    assert_eq!(buy(&mut client, "after", "after-k").await.outcome(), pb::AcquireOutcome::SoldOut);
+    let confirm = pb::ConfirmRequest { item_id: ITEM.into(), reservation_id: held[0].clone() };
+    assert_eq!(client.confirm(confirm).await.unwrap().into_inner().state(), pb::ReservationState::Confirmed);
     let r = center.await_quiescence().await;
     assert!(r.ok, "{r:?}");
 }

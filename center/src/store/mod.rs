@@ -143,6 +143,11 @@ pub struct BorrowOutcome {
     /// so no ReturnRequested.
     #[serde(skip)]
     pub capped: bool,
+    /// The item had not opened: the grant was held to what the plan lets out before the
+    /// opening (nothing before the prestock lead, during it the channel's opening
+    /// allocation less what it holds). The item's `opens_at`; 0 once it opened.
+    #[serde(default)]
+    pub opens_at_ms: i64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

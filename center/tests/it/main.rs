@@ -13,6 +13,7 @@ mod hostile;
 mod limit_scope;
 mod lost_reply;
 mod model;
+mod opening;
 mod rates;
 mod reclaim;
 mod remove_channel;
