@@ -123,6 +123,7 @@ on_both_stores!(
     rescheduling_before_the_opening_moves_the_agent_and_closes_at_stops_it,
     closes_at_closes_the_item_returns_unsold_units_and_confirmations_still_work,
     close_item_returns_unsold_units_as_closes_at_does,
+    the_reserve_is_borrowed_only_once_the_shelf_runs_dry,
     pools_are_stocked_for_the_opening_during_the_lead_and_the_reserve_stays_at_the_center,
 );
 
@@ -447,4 +448,83 @@ async fn pools_are_stocked_for_the_opening_during_the_lead_and_the_reserve_stays
     }
     let view = center.ledger(ITEM).await;
     assert_eq!(view.item.as_ref().unwrap().available, 100, "the first buyers took no center call: {view:?}");
+}
+
+/// Buys from `callers` concurrent callers, one unit per call and user, until `target`
+/// units are reserved in all or the shelf answers SOLD_OUT (at most 20 s, 5,000 calls).
+async fn buy_many(client: &AgentClient<Channel>, tag: &str, callers: usize, target: u64) -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let (reserved, calls) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut tasks = Vec::new();
+    for t in 0..callers {
+        let (mut client, reserved, calls, tag) =
+            (client.clone(), Arc::clone(&reserved), Arc::clone(&calls), tag.to_owned());
+        tasks.push(tokio::spawn(async move {
+            while reserved.load(Ordering::SeqCst) < target && tokio::time::Instant::now() < deadline {
+                let n = calls.fetch_add(1, Ordering::SeqCst);
+                assert!(n < 5_000, "{tag}: too many calls");
+                if reserved.fetch_add(1, Ordering::SeqCst) >= target {
+                    reserved.fetch_sub(1, Ordering::SeqCst);
+                    break;
+                }
+                let r = buy(&mut client, &format!("{tag}-{t}-{n}"), &format!("{tag}-k{t}-{n}")).await;
+                match r.outcome() {
+                    pb::AcquireOutcome::Reserved => {}
+                    pb::AcquireOutcome::SoldOut => {
+                        reserved.fetch_sub(1, Ordering::SeqCst);
+                        break;
+                    }
+                    other => panic!("{tag}: {other:?}"),
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("caller");
+    }
+    reserved.load(Ordering::SeqCst)
+}
+
+/// The center's reserve is for the channel that runs dry: after a scheduled opening a
+/// pool selling fast (its rate-following low watermark far above what is left on its
+/// shelf) borrows nothing from the reserve until a buyer misses, then sells it.
+async fn the_reserve_is_borrowed_only_once_the_shelf_runs_dry(kind: Kind) {
+    let center = Center::start_postgres().await;
+    let (agent, _store, _redis) = start_agent(&center, kind, 0).await;
+    let client = agent.client().await;
+    let opens_at = now_ms() + 2_500;
+    center
+        .admin()
+        .await
+        .create_item(pb::CreateItemRequest {
+            item_id: ITEM.into(),
+            total: 1_000,
+            per_user_limit: 1,
+            reservation_ttl_ms: TTL_MS,
+            opens_at_unix_ms: opens_at,
+            prestock_lead_ms: 2_000,
+            center_reserve: Some(200),
+            ..Default::default()
+        })
+        .await
+        .expect("create item");
+    let (_, waited) = buy_once_open(&mut client.clone(), "open", Duration::from_secs(15)).await;
+    let view = center.ledger(ITEM).await;
+    assert_eq!(view.channels[0].granted, 800, "stocked for the opening, the reserve kept: {view:?} ({waited} waited)");
+
+    // 789 more: 10 left on the shelf, well under the low watermark a few hundred sales a
+    // second give (one second of sales, at most 100).
+    assert_eq!(buy_many(&client, "fast", 20, 789).await, 789);
+    let rate = agent.agent.items.get(ITEM).expect("loaded").with(|c| c.sell_rate_milli(now_ms()));
+    assert!(rate > 20_000, "a fast pool: {rate} milli-units/s");
+    let borrowed =
+        wait_until(Duration::from_secs(1), || async { center.ledger(ITEM).await.channels[0].granted > 800 }).await;
+    assert!(!borrowed, "no refill from the reserve while the shelf serves: {:?}", center.ledger(ITEM).await);
+
+    // The shelf runs dry: a miss borrows from the reserve, and everything sells.
+    assert_eq!(buy_many(&client, "dry", 20, 210).await, 210, "{:?}", center.ledger(ITEM).await);
+    let view = center.ledger(ITEM).await;
+    assert_eq!((view.item.as_ref().unwrap().available, view.channels[0].held), (0, 1_000), "{view:?}");
+    assert_eq!(buy(&mut client.clone(), "last", "last-k").await.outcome(), pb::AcquireOutcome::SoldOut);
 }

@@ -559,7 +559,11 @@ impl ItemCore {
             Action::Borrow(n) if !self.has_queued(|k| matches!(k, OpKind::Borrow { .. })) => {
                 Some(OpKind::Borrow { want: n })
             }
-            Action::Return(n) if !self.has_queued(|k| matches!(k, OpKind::Return { .. })) => {
+            // At the reserve the shelves hold the plan's opening stock: surplus stays on
+            // them until the center runs short and asks for it (`ReturnRequested`).
+            Action::Return(n)
+                if !self.supply.at_reserve && !self.has_queued(|k| matches!(k, OpKind::Return { .. })) =>
+            {
                 self.above_high_since = None;
                 Some(OpKind::Return { max: n })
             }

@@ -83,3 +83,14 @@ fn an_unscheduled_item_prefetches_until_the_center_is_dry() {
     burst(&mut core, 1_000, 1_000);
     assert!(matches!(look(&mut core, 1, 1_000), Some(OpKind::Borrow { .. })));
 }
+
+#[test]
+fn at_the_reserve_the_opening_stock_stays_on_the_shelf() {
+    let mut core = planned(50);
+    let sustain = i64::try_from(Settings::default().return_sustain_ms).unwrap();
+    assert_eq!(look(&mut core, 800, OPENS), None);
+    assert_eq!(look(&mut core, 800, OPENS + sustain + 1), None, "far above high, but the plan put it there");
+    // The center holds more than its reserve again: surplus goes back as ever.
+    core.set_center_available(400);
+    assert!(matches!(look(&mut core, 800, OPENS + 2 * sustain + 2), Some(OpKind::Return { .. })));
+}

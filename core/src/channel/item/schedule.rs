@@ -7,7 +7,10 @@
 //! buyer), never to refill to its watermark: rate-following watermarks under an
 //! opening's burst would otherwise pull the reserve onto the shelves of whichever pools
 //! sell fastest right after the opening, a center call each, long before any pool runs
-//! dry. What the center holds is what it last said (a Borrow's answer, DescribeItem,
+//! dry. Nor does it give surplus above its high watermark back: its shelf holds the
+//! plan's opening stock, which a pool's first second of sales often exceeds three times
+//! over; it comes back when the center runs short and asks every channel
+//! (`ReturnRequested`, the end-of-sale return), or at the end. What the center holds is what it last said (a Borrow's answer, DescribeItem,
 //! Restocked); before the opening a pool that stocked expects the reserve alone at the
 //! opening (every channel stocks its allocation during the lead, and the answers of the
 //! first to stock predate the others' Borrows), until the center says otherwise.
@@ -88,7 +91,7 @@ impl ItemCore {
     /// its reserve alone at the opening, so it borrows only on misses from then on until
     /// the center says it holds more.
     pub(in crate::channel) fn expect_reserve_at_opening(&mut self) {
-        if self.prestocked {
+        if self.prestocked && self.center_reserve > 0 {
             self.supply.at_reserve = true;
         }
     }
