@@ -108,6 +108,7 @@ pub mod pool_rollback;
 pub mod rng;
 pub mod rollback;
 pub mod schedules;
+pub mod shares;
 pub mod stats;
 pub mod step;
 pub mod world;

@@ -271,7 +271,10 @@ pub fn apply(ops: &[Op], replays: Vec<Option<Result<Answer>>>, snap: &Snapshot) 
                     granted,
                     center_available: after.available.saturating_sub(limits.kept).min(room),
                     replayed: false,
-                    capped: op.quantity.get() > now.room,
+                    // Units left but kept for other channels' floors: this channel is
+                    // short, not the center dry, and an end-of-sale return would only
+                    // bring back units kept for the channels giving them.
+                    capped: op.quantity.get() > now.room || (now.kept > 0 && after.available > 0),
                     opens_at_ms: if before_opening.is_some() { plan.schedule.opens_at_ms } else { 0 },
                 }))
             }

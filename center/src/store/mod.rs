@@ -139,8 +139,9 @@ pub struct BorrowOutcome {
     pub center_available: u64,
     #[serde(skip)]
     pub replayed: bool,
-    /// The grant was trimmed by the channel's cap: the center is not dry for the others,
-    /// so no ReturnRequested.
+    /// The grant was held back by the plan (the channel's cap, the opening, or units kept
+    /// for other channels' floors): the center is not dry for the others, so no
+    /// ReturnRequested.
     #[serde(skip)]
     pub capped: bool,
     /// The item had not opened: the grant was held to what the plan lets out before the
