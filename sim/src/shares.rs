@@ -4,7 +4,8 @@
 //! With [`crate::Faults::schedules`], half the items get shares: each channel, two times
 //! in three, a weight of 1–10, a cap one time in two (a tenth of the stock to all of it)
 //! and a floor one time in three (within the cap, the floors together within the total
-//! less the reserve), checked by `ChannelShares::parse` as CreateItem checks them. The
+//! less the reserve; one channel stays uncapped, as the run's liveness check sells every
+//! unit), checked by `ChannelShares::parse` as CreateItem checks them. The
 //! center keeps them in every Borrow as `store/batch.rs` does ([`Center::borrow_plan`]):
 //! the room under the cap, the floors kept for the other selling channels, and before
 //! the opening only the opening's stocking (`schedule::room_before_opening`); the
@@ -112,6 +113,12 @@ impl World {
                 let floor_units = if self.rng.percent(33) { self.rng.range(0, most) } else { 0 };
                 floors_left -= floor_units;
                 raw.push(ChannelShare { channel: channel.clone(), weight, cap_units, floor_units });
+            }
+            // Caps on every channel may leave units no channel may ever sell (the
+            // operator's choice, also once stock is added); the run's liveness check
+            // wants every unit sellable, so one channel stays uncapped.
+            if raw.len() == channels.len() && raw.iter().all(|s| s.cap_units > 0) {
+                raw.last_mut().expect("every channel").cap_units = 0;
             }
             match ChannelShares::parse(&raw, total, reserve) {
                 Ok(shares) if !shares.is_empty() => {
