@@ -88,15 +88,17 @@ impl Center {
 }
 
 impl World {
-    /// Draws the items' shares (see the module). Drawn after the schedules, so a seed's
-    /// world and schedules stay what they were.
+    /// Draws the items' shares (see the module) from a stream of their own, derived from
+    /// the run's without advancing it: a seed's world, schedules and events stay what they
+    /// were, and only Borrows the plan holds back take another course.
     pub(crate) fn plan_shares(&mut self) {
         if !self.config.faults.schedules {
             return;
         }
+        let mut rng = crate::rng::Rng::new(self.rng.clone().next_u64() ^ 0x5ca1_ab1e_c0ff_ee00);
         let channels: Vec<String> = self.agents.iter().map(|a| a.name().to_owned()).collect();
         for name in self.item_names() {
-            if !self.rng.percent(50) {
+            if !rng.percent(50) {
                 continue;
             }
             let total = self.center.item(&name).state.total;
@@ -104,13 +106,13 @@ impl World {
             let mut floors_left = total.saturating_sub(reserve);
             let mut raw = Vec::new();
             for channel in &channels {
-                if !self.rng.percent(67) {
+                if !rng.percent(67) {
                     continue;
                 }
-                let weight = self.rng.range(1, 10);
-                let cap_units = if self.rng.percent(50) { self.rng.range(total / 10 + 1, total.max(1)) } else { 0 };
+                let weight = rng.range(1, 10);
+                let cap_units = if rng.percent(50) { rng.range(total / 10 + 1, total.max(1)) } else { 0 };
                 let most = if cap_units > 0 { cap_units.min(floors_left) } else { floors_left.min(total / 3) };
-                let floor_units = if self.rng.percent(33) { self.rng.range(0, most) } else { 0 };
+                let floor_units = if rng.percent(33) { rng.range(0, most) } else { 0 };
                 floors_left -= floor_units;
                 raw.push(ChannelShare { channel: channel.clone(), weight, cap_units, floor_units });
             }
