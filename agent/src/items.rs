@@ -143,6 +143,7 @@ impl Item {
         self.with(|c| {
             c.set_policy(policy_from(d));
             c.set_schedule(schedule_from(d));
+            c.set_center_reserve(d.center_reserve);
         });
     }
 
@@ -385,7 +386,11 @@ impl Items {
                 )
                 .with_limit(limit_from(&d))
                 .with_segments(d.segments);
-                it.with(|c| c.set_schedule(schedule_from(&d)));
+                it.with(|c| {
+                    c.set_schedule(schedule_from(&d));
+                    c.set_center_reserve(d.center_reserve);
+                    c.set_center_available(d.center_available);
+                });
                 // Before the item is seen by anyone: a pool that went back in time since
                 // the channel last reported is caught by the first call that touches it.
                 crate::store::raise_floors(self.store.as_ref(), &it.pools, &d.write_seq_floors)

@@ -185,6 +185,22 @@ pub fn opening_allocation(total: u64, reserve: u64, channels: &[&str], channel: 
     shared / n + u64::from(index < shared % n)
 }
 
+/// The most a Borrow of a channel holding `held` may take at `center_now_ms` by the plan
+/// alone: `None` once the item opened (or without an opening: the ordinary rules apply);
+/// before the lead 0 (units stay at the center until the plan says); during the lead the
+/// channel's opening allocation (`allocation`, as [`opening_allocation`] or the shares
+/// split it now) less what it holds, so only the opening's stocking leaves the center
+/// before the opening and nothing reaches a shelf early that the plan did not put there.
+pub fn room_before_opening(s: &Schedule, center_now_ms: i64, allocation: u64, held: u64) -> Option<u64> {
+    if s.opens_at_ms == 0 || s.opened(center_now_ms) {
+        None
+    } else if !s.may_stock(center_now_ms) {
+        Some(0)
+    } else {
+        Some(allocation.saturating_sub(held))
+    }
+}
+
 /// Why a schedule cannot move.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RescheduleError {
@@ -321,6 +337,19 @@ mod tests {
         assert_eq!(opening_allocation(1_000, 100, &live, "late"), 0, "not selling when the lead started");
         assert_eq!(opening_allocation(10, 20, &live, "app"), 0);
         assert_eq!(opening_allocation(10, 0, &[], "app"), 0);
+    }
+
+    #[test]
+    fn before_the_opening_only_the_opening_stock_leaves_the_center() {
+        let s = Schedule { opens_at_ms: NOW + 1_000, closes_at_ms: 0, prestock_lead_ms: 300 };
+        assert_eq!(room_before_opening(&s, NOW, 300, 0), Some(0), "before the lead: nothing");
+        assert_eq!(room_before_opening(&s, NOW + 699, 300, 0), Some(0));
+        assert_eq!(room_before_opening(&s, NOW + 700, 300, 0), Some(300), "the lead: the allocation");
+        assert_eq!(room_before_opening(&s, NOW + 900, 300, 120), Some(180), "less what it holds");
+        assert_eq!(room_before_opening(&s, NOW + 900, 300, 400), Some(0));
+        assert_eq!(room_before_opening(&s, NOW + 900, 0, 0), Some(0), "a channel without an allocation");
+        assert_eq!(room_before_opening(&s, NOW + 1_000, 0, 0), None, "opened: the ordinary rules");
+        assert_eq!(room_before_opening(&Schedule::default(), NOW, 0, 0), None, "unscheduled");
     }
 
     #[test]

@@ -150,6 +150,8 @@ pub struct Center {
     pub sessions: BTreeMap<String, ChannelSession>,
     /// Short Borrows shared by the channels' rates (the statistics show the rule ran).
     pub shared_borrows: u64,
+    /// Items' channel shares (caps, floors, weights), part of their definition.
+    pub shares: crate::shares::Shares,
     /// (scope, request id) -> first answer.
     pub requests: BTreeMap<(String, String), StoredRequest>,
     /// Reference model, invariant 4: how many times each (scope, request id) changed the
@@ -235,6 +237,7 @@ impl Center {
         quantity: u64,
         request_id: &str,
         (sell_rate_milli, now_ms): (u64, i64),
+        plan: crate::shares::BorrowPlan,
         breakage: &Breakage,
     ) -> Result<(Answer, bool), Refusal> {
         let item_id = self.item(item).id.clone();
@@ -245,10 +248,13 @@ impl Center {
         self.check_epoch(channel, epoch, &format!("borrow {request_id}"), breakage)?;
         let key = (item.to_owned(), channel.to_string());
         let mut alloc = self.allocations.get(&key).copied().unwrap_or_default();
-        // Like the SQL store: a short Borrow is shared by the rates of the channels whose
-        // lease is live, and the Borrow's rate becomes the channel's latest.
+        // Like the SQL store (`store/batch.rs`): within the plan (cap, floors, the opening),
+        // a short Borrow is shared by the rates of the channels whose lease is live and
+        // that are below their cap, and the Borrow's rate becomes the channel's latest.
+        let now = plan.now();
         let mut share = RateShare::default();
-        if quantity > self.item(item).state.available && sell_rate_milli > 0 {
+        let usable = self.item(item).state.available.saturating_sub(now.kept);
+        if quantity.min(now.room) > usable && sell_rate_milli > 0 {
             let others = self
                 .allocations
                 .iter()
@@ -257,12 +263,13 @@ impl Center {
                         && c != channel.as_str()
                         && a.sell_rate_milli > 0
                         && self.sessions.get(c).is_some_and(|s| s.lease_expires_at_ms > now_ms)
+                        && !self.at_cap(item, c)
                 })
                 .fold(0u64, |sum, (_, a)| sum.saturating_add(a.sell_rate_milli));
             share = RateShare { own_milli: sell_rate_milli, others_milli: others };
         }
         let entry = self.items.get_mut(item).expect("known item");
-        let granted = ledger::borrow_shared(&mut entry.state, &mut alloc, qty(quantity), share);
+        let granted = ledger::borrow_planned(&mut entry.state, &mut alloc, qty(quantity), share, now);
         if share.others_milli > 0 {
             self.shared_borrows += 1;
         }
@@ -271,10 +278,15 @@ impl Center {
             // Like `write_movements`: a zero grant writes no allocation row.
             self.allocations.insert(key, alloc);
         }
-        let center_available = entry.state.available;
+        // `store/batch.rs`: held back by the plan (a cap, the opening, floors kept for
+        // others while units are left), so no end-of-sale return is asked.
+        let capped = quantity > now.room || (now.kept > 0 && entry.state.available > 0);
+        // What the channel could still get once open: the floors kept, the cap's room.
+        let center_available =
+            entry.state.available.saturating_sub(plan.limits.kept).min(plan.limits.room.saturating_sub(granted));
         let answer = Answer::Borrow { granted, center_available };
         self.put_request(&m, request_id, answer);
-        if granted < quantity && center_available == 0 {
+        if !capped && granted < quantity && center_available == 0 {
             self.outbox.push(CenterEvent::ReturnRequested { item: item.to_owned(), starving: channel.to_string() });
         }
         Ok((answer, false))

@@ -17,6 +17,7 @@ type Res = Result<(), Violation>;
 pub fn check_step(w: &World) -> Res {
     check_bookkeeping(w)?;
     crate::schedules::check_schedules(w)?;
+    crate::shares::check_caps(w)?;
     check_state(w)
 }
 

@@ -52,6 +52,11 @@
 //! agent that had not heard a schedule's move yet is counted apart,
 //! `stats.sold_on_stale_schedule`).
 //!
+//! **Shares, caps and floors** ([`shares`], with schedules): half the items get channel
+//! shares; the center keeps their caps and floors in every Borrow, lends nothing before an
+//! opening but the opening's stocking, and the opening's stocking splits by weight.
+//! Checked after every step: no channel holds more of an item than its cap.
+//!
 //! **A ledger rolled back** ([`Faults::ledger_rollback`], [`rollback`]; scenario
 //! `ledger-rollback`): the center's database goes back to a copy taken 1–40 steps
 //! earlier (grants, returns, reports, request ids and channel epochs of those steps lost)
@@ -80,8 +85,8 @@
 //! **Not modelled:** store outages, Acquires refused by a full store, and partial store
 //! operations (each script is atomic and answers); RegisterAgent during a database outage (it applies and answers in one
 //! step); clocks that drift or jump between two measurements (a skew is fixed per
-//! channel); CloseItem and reopening (items close only by their schedule); channel shares,
-//! caps and floors (the opening split is even); the per-user rate limit, TLS and tokens;
+//! channel); CloseItem and reopening (items close only by their schedule); the per-user
+//! rate limit, TLS and tokens;
 //! several center replicas; a channel's replicas and their leader election (one process
 //! per channel leads, except the overlap of `shared-store`); watermark changes; the record
 //! retention sweep; item loading (items are fixed per run, scheduled ones created with
@@ -116,6 +121,7 @@ pub mod pool_rollback;
 pub mod rng;
 pub mod rollback;
 pub mod schedules;
+pub mod shares;
 pub mod stats;
 pub mod step;
 pub mod world;

@@ -142,8 +142,10 @@ impl World {
                 }
                 let result = if borrow {
                     let (rate, shared) = ((sell_rate_milli, self.now_ms), self.center.shared_borrows);
-                    let result = self.center.borrow(&item, &ch, epoch, quantity, &request_id, rate, &breakage);
+                    let plan = self.center.borrow_plan(&item, ch.as_str(), self.sched.plan(&item), self.now_ms);
+                    let result = self.center.borrow(&item, &ch, epoch, quantity, &request_id, rate, plan, &breakage);
                     self.stats.shared_borrows += self.center.shared_borrows - shared;
+                    self.stats.planned_borrows += u64::from(quantity > plan.now().room || plan.now().kept > 0);
                     result
                 } else {
                     self.center.give_back(&item, &ch, epoch, quantity, &request_id, &breakage)

@@ -148,15 +148,7 @@ impl World {
         let want = if plan.closed || plan.schedule.opens_at_ms <= now {
             0
         } else {
-            let live: Vec<&str> = self
-                .center
-                .sessions
-                .iter()
-                .filter(|(_, s)| s.lease_expires_at_ms > now)
-                .map(|(c, _)| c.as_str())
-                .collect();
-            let total = self.center.item(item).state.total;
-            schedule::opening_allocation(total, plan.reserve, &live, self.agents[c].name())
+            self.center.opening_allocation(item, plan.reserve, self.agents[c].name(), now)
         }
         .saturating_sub(self.center.held(item, self.agents[c].name()));
         self.log(format!("{}/{item}: opening stock: borrows {want}", self.name(c)));

@@ -124,6 +124,11 @@ stats! {
     not_started_answers,
     /// Opening stocks borrowed during the lead.
     prestocks,
+    /// Items created with channel shares (weights, caps, floors)...
+    items_with_shares,
+    /// ... and Borrows the plan held back (a cap's room, a floor kept for another
+    /// channel, or before the opening).
+    planned_borrows,
     /// Reservations made against the center's schedule by an agent that had not yet heard
     /// the schedule's move (the notification's window).
     sold_on_stale_schedule,

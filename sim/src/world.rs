@@ -379,6 +379,7 @@ impl World {
             .collect();
         world.log(format!("world: channels {:?}; {}", &CHANNELS[..n_channels], summary.join("; ")));
         world.plan_schedules();
+        world.plan_shares();
         world
     }
 

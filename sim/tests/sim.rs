@@ -90,6 +90,8 @@ fn default_keeps_every_invariant() {
         // NOT_STARTED and stocked during the lead.
         assert!(stats.openings > 0 && stats.reschedules > 0 && stats.early_closes > 0, "{stats:?}");
         assert!(stats.closes_by_schedule > 0 && stats.not_started_answers > 0 && stats.prestocks > 0, "{stats:?}");
+        // Items had channel shares, and their caps, floors or openings held Borrows back.
+        assert!(stats.items_with_shares > 0 && stats.planned_borrows > 0, "{stats:?}");
     }
 }
 

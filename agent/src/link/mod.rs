@@ -481,6 +481,7 @@ impl CenterLink {
                     granted: r.granted,
                     center_available: r.center_available,
                     replayed: r.replayed,
+                    opens_at_unix_ms: r.opens_at_unix_ms,
                 };
                 let _ = w.answer.send(Ok(answer));
             } else if retryable(code) {

@@ -2,8 +2,8 @@
 //! the center's clock) Acquire answers NOT_STARTED from memory, with no store call, no
 //! center call and nothing reserved, even on an agent whose clock runs 2 s ahead; the
 //! item sells once open; a schedule moved before the opening moves the agents; at
-//! closes_at the item closes by itself, its unsold units return to the center and
-//! reservations made before still confirm.
+//! closes_at the item closes by itself (or by an operator's CloseItem), its unsold units
+//! return to the center and reservations made before still confirm.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -122,6 +122,8 @@ on_both_stores!(
     an_agent_clock_two_seconds_ahead_sells_nothing_early,
     rescheduling_before_the_opening_moves_the_agent_and_closes_at_stops_it,
     closes_at_closes_the_item_returns_unsold_units_and_confirmations_still_work,
+    close_item_returns_unsold_units_as_closes_at_does,
+    the_reserve_is_borrowed_only_once_the_shelf_runs_dry,
     pools_are_stocked_for_the_opening_during_the_lead_and_the_reserve_stays_at_the_center,
 );
 
@@ -343,6 +345,35 @@ async fn closes_at_closes_the_item_returns_unsold_units_and_confirmations_still_
     assert!(r.ok, "{r:?}");
 }
 
+/// An operator's CloseItem ends the sale as `closes_at` does: the agent stops selling, its
+/// unsold units come back to the center, reservations made before still confirm.
+async fn close_item_returns_unsold_units_as_closes_at_does(kind: Kind) {
+    let center = Center::start_postgres().await;
+    let (agent, _store, _redis) = start_agent(&center, kind, 0).await;
+    let mut client = agent.client().await;
+    create(&center, 0, 0, 0).await;
+    let mut held = Vec::new();
+    for n in 0..3 {
+        let r = buy(&mut client, &format!("u{n}"), &format!("k{n}")).await;
+        assert_eq!(r.outcome(), pb::AcquireOutcome::Reserved);
+        held.push(r.reservation_id);
+    }
+    let before = center.ledger(ITEM).await;
+    assert!(before.channels[0].held > 3, "the pool holds more than it sold: {before:?}");
+
+    let close = pb::CloseItemRequest { item_id: ITEM.into(), closed: true };
+    center.admin().await.close_item(close).await.expect("close item");
+    let returned =
+        wait_until(Duration::from_secs(10), || async { center.ledger(ITEM).await.channels[0].held == 3 }).await;
+    assert!(returned, "only the 3 reserved units stay with the channel: {:?}", center.ledger(ITEM).await);
+    assert_eq!(center.ledger(ITEM).await.item.unwrap().available, 97);
+    assert_eq!(buy(&mut client, "after", "after-k").await.outcome(), pb::AcquireOutcome::SoldOut);
+    let confirm = pb::ConfirmRequest { item_id: ITEM.into(), reservation_id: held[0].clone() };
+    assert_eq!(client.confirm(confirm).await.unwrap().into_inner().state(), pb::ReservationState::Confirmed);
+    let r = center.await_quiescence().await;
+    assert!(r.ok, "{r:?}");
+}
+
 async fn pools_are_stocked_for_the_opening_during_the_lead_and_the_reserve_stays_at_the_center(kind: Kind) {
     let center = Center::start_postgres().await;
     let mut agents = Vec::new();
@@ -417,4 +448,83 @@ async fn pools_are_stocked_for_the_opening_during_the_lead_and_the_reserve_stays
     }
     let view = center.ledger(ITEM).await;
     assert_eq!(view.item.as_ref().unwrap().available, 100, "the first buyers took no center call: {view:?}");
+}
+
+/// Buys from `callers` concurrent callers, one unit per call and user, until `target`
+/// units are reserved in all or the shelf answers SOLD_OUT (at most 20 s, 5,000 calls).
+async fn buy_many(client: &AgentClient<Channel>, tag: &str, callers: usize, target: u64) -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let (reserved, calls) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut tasks = Vec::new();
+    for t in 0..callers {
+        let (mut client, reserved, calls, tag) =
+            (client.clone(), Arc::clone(&reserved), Arc::clone(&calls), tag.to_owned());
+        tasks.push(tokio::spawn(async move {
+            while reserved.load(Ordering::SeqCst) < target && tokio::time::Instant::now() < deadline {
+                let n = calls.fetch_add(1, Ordering::SeqCst);
+                assert!(n < 5_000, "{tag}: too many calls");
+                if reserved.fetch_add(1, Ordering::SeqCst) >= target {
+                    reserved.fetch_sub(1, Ordering::SeqCst);
+                    break;
+                }
+                let r = buy(&mut client, &format!("{tag}-{t}-{n}"), &format!("{tag}-k{t}-{n}")).await;
+                match r.outcome() {
+                    pb::AcquireOutcome::Reserved => {}
+                    pb::AcquireOutcome::SoldOut => {
+                        reserved.fetch_sub(1, Ordering::SeqCst);
+                        break;
+                    }
+                    other => panic!("{tag}: {other:?}"),
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("caller");
+    }
+    reserved.load(Ordering::SeqCst)
+}
+
+/// The center's reserve is for the channel that runs dry: after a scheduled opening a
+/// pool selling fast (its rate-following low watermark far above what is left on its
+/// shelf) borrows nothing from the reserve until a buyer misses, then sells it.
+async fn the_reserve_is_borrowed_only_once_the_shelf_runs_dry(kind: Kind) {
+    let center = Center::start_postgres().await;
+    let (agent, _store, _redis) = start_agent(&center, kind, 0).await;
+    let client = agent.client().await;
+    let opens_at = now_ms() + 2_500;
+    center
+        .admin()
+        .await
+        .create_item(pb::CreateItemRequest {
+            item_id: ITEM.into(),
+            total: 1_000,
+            per_user_limit: 1,
+            reservation_ttl_ms: TTL_MS,
+            opens_at_unix_ms: opens_at,
+            prestock_lead_ms: 2_000,
+            center_reserve: Some(200),
+            ..Default::default()
+        })
+        .await
+        .expect("create item");
+    let (_, waited) = buy_once_open(&mut client.clone(), "open", Duration::from_secs(15)).await;
+    let view = center.ledger(ITEM).await;
+    assert_eq!(view.channels[0].granted, 800, "stocked for the opening, the reserve kept: {view:?} ({waited} waited)");
+
+    // 789 more: 10 left on the shelf, well under the low watermark a few hundred sales a
+    // second give (one second of sales, at most 100).
+    assert_eq!(buy_many(&client, "fast", 20, 789).await, 789);
+    let rate = agent.agent.items.get(ITEM).expect("loaded").with(|c| c.sell_rate_milli(now_ms()));
+    assert!(rate > 20_000, "a fast pool: {rate} milli-units/s");
+    let borrowed =
+        wait_until(Duration::from_secs(1), || async { center.ledger(ITEM).await.channels[0].granted > 800 }).await;
+    assert!(!borrowed, "no refill from the reserve while the shelf serves: {:?}", center.ledger(ITEM).await);
+
+    // The shelf runs dry: a miss borrows from the reserve, and everything sells.
+    assert_eq!(buy_many(&client, "dry", 20, 210).await, 210, "{:?}", center.ledger(ITEM).await);
+    let view = center.ledger(ITEM).await;
+    assert_eq!((view.item.as_ref().unwrap().available, view.channels[0].held), (0, 1_000), "{view:?}");
+    assert_eq!(buy(&mut client.clone(), "last", "last-k").await.outcome(), pb::AcquireOutcome::SoldOut);
 }

@@ -434,6 +434,11 @@ impl pb::admin_server::Admin for AdminService {
         tracing::info!(item = %item, closed = r.closed, "item closed state changed");
         // Agents re-read the item's settings; a reopened item may sell again.
         self.events.publish(LedgerEvent::Watermarks { item_id: item.to_string(), channel: None });
+        if r.closed {
+            // The end of the sale, as at `closes_at` (`closer.rs`): every channel gives its
+            // idle units back (no starving channel), reservations still confirm.
+            self.events.publish(LedgerEvent::ReturnRequested { item_id: item.to_string(), starving: String::new() });
+        }
         Ok(Response::new(pb::CloseItemResponse { item: Some(pb_item(&record)) }))
     }
 

@@ -405,6 +405,7 @@ impl CenterService {
             granted: out.granted,
             center_available: out.center_available,
             replayed: out.replayed,
+            opens_at_unix_ms: out.opens_at_ms,
         }))
     }
 
@@ -450,6 +451,7 @@ impl CenterService {
                     result.granted = out.granted;
                     result.center_available = out.center_available;
                     result.replayed = out.replayed;
+                    result.opens_at_unix_ms = out.opens_at_ms;
                 }
                 Err(e) => {
                     let status = Status::from(e);
@@ -510,6 +512,7 @@ fn pb_describe(policy: crate::store::ItemPolicy) -> pb::DescribeItemResponse {
         // Filled for a channel's scheduled item before its opening (`opening_allocation`).
         opening_allocation: 0,
         write_seq_floors: policy.write_seq_floors,
+        center_reserve: policy.item.plan.center_reserve,
     }
 }
 

@@ -15,6 +15,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use inventory_core::ledger::{self, Allocation, ChannelSession, ChannelShares, ItemState, Mutation, Peer, RateShare};
+use inventory_core::schedule::{self, Schedule};
 use inventory_core::{Channel, ItemId, Quantity, RequestId};
 
 use super::{BorrowOutcome, BorrowRate, Result, ReturnOutcome};
@@ -142,11 +143,33 @@ pub struct AllocRow {
     pub lease_expires_at_ms: i64,
 }
 
-/// The part of an item's plan every Borrow keeps: its channel shares and its opening.
+/// The part of an item's plan every Borrow keeps: its channel shares, its schedule and
+/// reserve, and before its opening the channels whose lease is live (the opening
+/// allocation's split).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ItemPlan {
     pub shares: ChannelShares,
-    pub opens_at_ms: i64,
+    pub schedule: Schedule,
+    pub center_reserve: u64,
+    /// Read only for an item that has not opened; empty otherwise.
+    pub live: Vec<String>,
+}
+
+impl ItemPlan {
+    /// The room the plan leaves a Borrow of `channel` holding `held` of an item of `total`
+    /// units before its opening (`schedule::room_before_opening`); `None` once it opened.
+    pub fn room_before_opening(&self, total: u64, channel: &str, held: u64, now_ms: i64) -> Option<u64> {
+        if self.schedule.opens_at_ms == 0 || self.schedule.opened(now_ms) {
+            return None;
+        }
+        let live: Vec<&str> = self.live.iter().map(String::as_str).collect();
+        let allocation = if self.shares.is_empty() {
+            schedule::opening_allocation(total, self.center_reserve, &live, channel)
+        } else {
+            self.shares.opening_allocation(total, self.center_reserve, &live, channel)
+        };
+        schedule::room_before_opening(&self.schedule, now_ms, allocation, held)
+    }
 }
 
 /// What the transaction read under the items' locks: the items (and their plans), the
@@ -227,15 +250,20 @@ pub fn apply(ops: &[Op], replays: Vec<Option<Result<Answer>>>, snap: &Snapshot) 
             OpKind::Borrow(rate) => {
                 let plan = snap.plans.get(op.item.as_str()).cloned().unwrap_or_default();
                 let limits = plan_limits(&plan, &allocs, &akey, alloc.held(), rate.now_ms);
+                // Before the opening only the opening's stocking leaves the center. The
+                // answer's `center_available` stays what the channel could get once the
+                // item opens, so the prestock's answer does not make the center look dry.
+                let before_opening = plan.room_before_opening(after.total, &akey.1, alloc.held(), rate.now_ms);
+                let now = ledger::Limits { room: limits.room.min(before_opening.unwrap_or(u64::MAX)), ..limits };
                 let mut share = RateShare::default();
-                let usable = after.available.saturating_sub(limits.kept);
-                if op.quantity.get().min(limits.room) > usable && rate.sell_rate_milli > 0 {
+                let usable = after.available.saturating_sub(now.kept);
+                if op.quantity.get().min(now.room) > usable && rate.sell_rate_milli > 0 {
                     share = RateShare {
                         own_milli: rate.sell_rate_milli,
                         others_milli: others_rates(&allocs, &akey, &plan.shares, rate.now_ms),
                     };
                 }
-                let granted = ledger::borrow_planned(&mut after, &mut alloc, op.quantity, share, limits);
+                let granted = ledger::borrow_planned(&mut after, &mut alloc, op.quantity, share, now);
                 alloc.sell_rate_milli = rate.sell_rate_milli;
                 rates_given.insert(akey.clone(), rate.sell_rate_milli);
                 let room = limits.room.saturating_sub(granted);
@@ -243,7 +271,11 @@ pub fn apply(ops: &[Op], replays: Vec<Option<Result<Answer>>>, snap: &Snapshot) 
                     granted,
                     center_available: after.available.saturating_sub(limits.kept).min(room),
                     replayed: false,
-                    capped: op.quantity.get() > limits.room,
+                    // Units left but kept for other channels' floors: this channel is
+                    // short, not the center dry, and an end-of-sale return would only
+                    // bring back units kept for the channels giving them.
+                    capped: op.quantity.get() > now.room || (now.kept > 0 && after.available > 0),
+                    opens_at_ms: if before_opening.is_some() { plan.schedule.opens_at_ms } else { 0 },
                 }))
             }
             OpKind::Return => ledger::give_back(&mut after, &mut alloc, &op.channel, op.quantity)
@@ -336,7 +368,7 @@ fn plan_limits(
         };
         (channel, peer)
     });
-    ledger::limits(&plan.shares, &own.1, held, peers, now_ms, plan.opens_at_ms)
+    ledger::limits(&plan.shares, &own.1, held, peers, now_ms, plan.schedule.opens_at_ms)
 }
 
 #[cfg(test)]
@@ -387,6 +419,40 @@ mod tests {
     }
 
     #[test]
+    fn before_the_opening_a_borrow_gets_only_the_opening_stock() {
+        let mut snap = snapshot(100);
+        let session = ChannelSession { epoch: 1, agent_id: "b".into(), lease_expires_at_ms: 0, last_heartbeat_ms: 0 };
+        snap.sessions.insert("web".into(), session);
+        let schedule = Schedule { opens_at_ms: 10_000, closes_at_ms: 0, prestock_lead_ms: 2_000 };
+        let live = vec!["app".to_owned(), "web".to_owned()];
+        snap.plans.insert("i".into(), ItemPlan { schedule, center_reserve: 10, live, ..Default::default() });
+        let at = |mut op: Op, now_ms: i64| {
+            op.kind = OpKind::Borrow(BorrowRate { sell_rate_milli: 0, now_ms });
+            op
+        };
+        let borrow = |out: &Result<Answer>| out.as_ref().unwrap().into_borrow().unwrap();
+        let ops = [
+            at(op("i", "app", 80, "early", true), 7_999),
+            at(op("i", "app", 80, "lead", true), 8_000),
+            at(op("i", "app", 5, "again", true), 9_999),
+            at(op("i", "web", 80, "web", true), 9_000),
+            at(op("i", "app", 5, "open", true), 10_000),
+        ];
+        let out = apply(&ops, vec![None, None, None, None, None], &snap);
+        let early = borrow(&out.answers[0]);
+        assert_eq!((early.granted, early.opens_at_ms), (0, 10_000), "before the lead nothing leaves");
+        assert_eq!(early.center_available, 100, "the center is not dry for after the opening");
+        assert!(early.capped, "a held grant asks no one to give back");
+        let lead = borrow(&out.answers[1]);
+        assert_eq!((lead.granted, lead.center_available, lead.opens_at_ms), (45, 55, 10_000), "(100 - 10) / 2");
+        assert_eq!(borrow(&out.answers[2]).granted, 0, "its allocation is on its shelf");
+        assert_eq!(borrow(&out.answers[3]).granted, 45);
+        let open = borrow(&out.answers[4]);
+        assert_eq!((open.granted, open.opens_at_ms, open.capped), (5, 0, false), "opened: the reserve lends");
+        assert_eq!(out.items[0].2.available, 5);
+    }
+
+    #[test]
     fn a_request_id_twice_in_a_batch_is_a_replay_or_already_exists() {
         let ops = [op("i", "app", 5, "a", true), op("i", "app", 5, "a", true), op("i", "app", 6, "a", true)];
         let out = apply(&ops, vec![None, None, None], &snapshot(100));
@@ -421,7 +487,13 @@ mod tests {
     fn recorded_requests_answer_from_their_record() {
         let ops = [op("i", "app", 5, "a", true), op("i", "app", 9, "b", true)];
         let mut recorded = HashMap::new();
-        let first = Answer::Borrow(BorrowOutcome { granted: 5, center_available: 42, replayed: false, capped: false });
+        let first = Answer::Borrow(BorrowOutcome {
+            granted: 5,
+            center_available: 42,
+            replayed: false,
+            capped: false,
+            opens_at_ms: 0,
+        });
         let m = ops[0].mutation();
         recorded.insert(
             request_key(&m, &ops[0].request_id),

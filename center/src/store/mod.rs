@@ -142,10 +142,16 @@ pub struct BorrowOutcome {
     pub center_available: u64,
     #[serde(skip)]
     pub replayed: bool,
-    /// The grant was trimmed by the channel's cap: the center is not dry for the others,
-    /// so no ReturnRequested.
+    /// The grant was held back by the plan (the channel's cap, the opening, or units kept
+    /// for other channels' floors): the center is not dry for the others, so no
+    /// ReturnRequested.
     #[serde(skip)]
     pub capped: bool,
+    /// The item had not opened: the grant was held to what the plan lets out before the
+    /// opening (nothing before the prestock lead, during it the channel's opening
+    /// allocation less what it holds). The item's `opens_at`; 0 once it opened.
+    #[serde(default)]
+    pub opens_at_ms: i64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

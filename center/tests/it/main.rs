@@ -15,6 +15,7 @@ mod http_auth;
 mod limit_scope;
 mod lost_reply;
 mod model;
+mod opening;
 mod rates;
 mod reclaim;
 mod remove_channel;

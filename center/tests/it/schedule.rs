@@ -133,16 +133,22 @@ async fn a_schedule_is_stored_shown_and_delivered_to_agents(c: TestCenter) {
         .into_inner();
     assert_eq!(reg.scheduled, vec![told.clone()]);
     assert!((reg.center_now_unix_ms - now_ms()).abs() < 5_000);
-    // Before the lead nothing stops the center's Borrow itself (the agents hold back);
-    // a holding shows the schedule.
-    borrow(&mut center, "launch", "web", reg.epoch, 5, "b1").await.unwrap();
+    // Before the lead the center lends nothing (`opening.rs` has the rule); in its lead
+    // the opening's stocking, and a holding shows the schedule.
+    let b = borrow(&mut center, "launch", "web", reg.epoch, 5, "b1").await.unwrap();
+    assert_eq!((b.granted, b.opens_at_unix_ms), (0, opens));
+    let req = pb::CreateItemRequest { prestock_lead_ms: 7_200_000, ..scheduled("stocking", 100, opens, 0) };
+    admin.create_item(req).await.unwrap();
+    assert_eq!(borrow(&mut center, "stocking", "web", reg.epoch, 5, "b2").await.unwrap().granted, 5);
     let reg = center
         .register_agent(pb::RegisterAgentRequest { channel: "web".into(), agent_id: "web-1".into(), fenced_at: 0 })
         .await
         .unwrap()
         .into_inner();
-    let holding = reg.held.iter().find(|h| h.item_id == "launch").expect("holding");
-    assert_eq!(holding.schedule.as_ref(), Some(&told));
+    assert!(reg.held.iter().all(|h| h.item_id != "launch"), "{reg:?}");
+    let holding = reg.held.iter().find(|h| h.item_id == "stocking").expect("holding");
+    let stocking = holding.schedule.as_ref().expect("a schedule");
+    assert_eq!((stocking.opens_at_unix_ms, stocking.prestock_lead_ms), (opens, 7_200_000));
     let hb = center
         .heartbeat(pb::HeartbeatRequest { channel: "web".into(), epoch: reg.epoch, ..Default::default() })
         .await

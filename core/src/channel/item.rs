@@ -36,12 +36,15 @@ pub struct Supply {
     pub center_dry: bool,
     /// The center asked holders to give back idle units: borrow only on real misses.
     pub end_of_sale: bool,
+    /// The center holds no more than a scheduled item's reserve: the reserve is for the
+    /// channel that runs dry, so borrow only on real misses (see `item/schedule.rs`).
+    pub at_reserve: bool,
 }
 
 impl Supply {
     /// Whether the pool may borrow ahead of demand (watermark refills).
     pub fn may_prefetch(&self) -> bool {
-        !self.center_dry && !self.end_of_sale
+        !self.center_dry && !self.end_of_sale && !self.at_reserve
     }
 }
 
@@ -167,6 +170,8 @@ pub struct ItemCore {
     pub(super) schedule: Schedule,
     /// The pool was stocked for the opening (or that is under way).
     pub(super) prestocked: bool,
+    /// The units the center keeps back from a scheduled item's opening stock.
+    pub(super) center_reserve: u64,
     pub(super) settings: Settings,
 }
 
@@ -175,7 +180,7 @@ impl ItemCore {
         Self {
             policy,
             mode: Mode::Selling,
-            supply: Supply { center_dry: center_available == 0, end_of_sale: false },
+            supply: Supply { center_dry: center_available == 0, end_of_sale: false, at_reserve: false },
             shelf: Shelf::Stocked,
             shelf_version: 0,
             generation: 0,
@@ -201,6 +206,7 @@ impl ItemCore {
             reopening: false,
             schedule: Schedule::default(),
             prestocked: false,
+            center_reserve: 0,
             settings,
         }
     }
@@ -274,6 +280,7 @@ impl ItemCore {
         match self.phase(now) {
             Phase::NotStarted { .. } => {
                 self.above_high_since = None;
+                self.expect_reserve_at_opening();
                 None
             }
             Phase::Closed => kind.filter(|k| !matches!(k, OpKind::Borrow { .. })),
@@ -407,6 +414,7 @@ impl ItemCore {
     /// Records what the center said it has left.
     pub fn set_center_available(&mut self, available: u64) {
         self.supply.center_dry = available == 0;
+        self.supply.at_reserve = available <= self.reserve_kept();
         if !self.supply.center_dry && matches!(self.shelf, Shelf::EmptyFast(_)) {
             self.shelf = Shelf::Empty;
         }
@@ -551,7 +559,11 @@ impl ItemCore {
             Action::Borrow(n) if !self.has_queued(|k| matches!(k, OpKind::Borrow { .. })) => {
                 Some(OpKind::Borrow { want: n })
             }
-            Action::Return(n) if !self.has_queued(|k| matches!(k, OpKind::Return { .. })) => {
+            // At the reserve the shelves hold the plan's opening stock: surplus stays on
+            // them until the center runs short and asks for it (`ReturnRequested`).
+            Action::Return(n)
+                if !self.supply.at_reserve && !self.has_queued(|k| matches!(k, OpKind::Return { .. })) =>
+            {
                 self.above_high_since = None;
                 Some(OpKind::Return { max: n })
             }

@@ -29,6 +29,8 @@ mod plan;
 #[cfg(test)]
 mod rate_tests;
 #[cfg(test)]
+mod reserve_tests;
+#[cfg(test)]
 mod segment_loss_tests;
 #[cfg(test)]
 mod settle_tests;

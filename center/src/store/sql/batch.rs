@@ -56,7 +56,16 @@ impl SqlLedger {
         }
         let items: BTreeSet<&str> = live.iter().map(|op| op.item.as_str()).collect();
         let channels: BTreeSet<&str> = live.iter().map(|op| op.channel.as_str()).collect();
-        let snap = self.read_snapshot(&mut tx, &items, &channels).await?;
+        // The Borrows' clock (a batch of Returns only needs none: i64::MAX reads no plan).
+        let now_ms = live
+            .iter()
+            .filter_map(|op| match op.kind {
+                batch::OpKind::Borrow(rate) => Some(rate.now_ms),
+                batch::OpKind::Return => None,
+            })
+            .max()
+            .unwrap_or(i64::MAX);
+        let snap = self.read_snapshot(&mut tx, &items, &channels, now_ms).await?;
         let applied = batch::apply(ops, replays, &snap);
         let mut records = Vec::with_capacity(applied.record.len());
         for &i in &applied.record {
@@ -111,7 +120,13 @@ impl SqlLedger {
     /// Locks the items (in id order, so two batches never wait on each other in a cycle)
     /// and the channels' rows (key share: only a registration or a reclaim waits), and
     /// reads every allocation of the items with its channel's lease.
-    async fn read_snapshot(&self, tx: &mut Tx, items: &BTreeSet<&str>, channels: &BTreeSet<&str>) -> Result<Snapshot> {
+    async fn read_snapshot(
+        &self,
+        tx: &mut Tx,
+        items: &BTreeSet<&str>,
+        channels: &BTreeSet<&str>,
+        now_ms: i64,
+    ) -> Result<Snapshot> {
         let mut snap = Snapshot::default();
         let items: Vec<&str> = items.iter().copied().collect();
         for chunk in items.chunks(CHUNK) {
@@ -128,11 +143,21 @@ impl SqlLedger {
             for row in q.fetch_all(&mut **tx).await? {
                 let (id, state, ..) = item_from_row(&row)?;
                 let shares = shares_from_row(&row)?;
-                if !shares.is_empty() {
-                    let opens_at_ms = plan_from_row(&row)?.schedule.opens_at_ms;
-                    snap.plans.insert(id.clone(), ItemPlan { shares, opens_at_ms });
+                let plan = plan_from_row(&row)?;
+                if !shares.is_empty() || plan.schedule.opens_at_ms > 0 {
+                    let (schedule, center_reserve) = (plan.schedule, plan.center_reserve);
+                    snap.plans.insert(id.clone(), ItemPlan { shares, schedule, center_reserve, live: Vec::new() });
                 }
                 snap.items.insert(id, state);
+            }
+        }
+        // The opening allocation splits by the channels selling now: read them only when
+        // an item has not opened (its prestock lead, or earlier).
+        if snap.plans.values().any(|p| p.schedule.opens_at_ms > now_ms) {
+            let sql = "SELECT channel FROM channels WHERE lease_expires_at_ms > $1 ORDER BY channel";
+            let live: Vec<String> = sqlx::query_scalar(sql).bind(now_ms).fetch_all(&mut **tx).await?;
+            for plan in snap.plans.values_mut().filter(|p| p.schedule.opens_at_ms > now_ms) {
+                plan.live.clone_from(&live);
             }
         }
         let channels: Vec<&str> = channels.iter().copied().collect();

@@ -1,6 +1,19 @@
 //! An item's sale plan as the rules apply it: the schedule, the phase by the center's
-//! clock, the Acquire's gate before the opening and after the end, and the opening's
-//! stocking during the prestock lead.
+//! clock, the Acquire's gate before the opening and after the end, the opening's
+//! stocking during the prestock lead, and the center's reserve after it.
+//!
+//! **The reserve is for misses.** While the center holds no more of a scheduled item than
+//! its `center_reserve`, a pool borrows only on a miss (its shelf could not serve a
+//! buyer), never to refill to its watermark: rate-following watermarks under an
+//! opening's burst would otherwise pull the reserve onto the shelves of whichever pools
+//! sell fastest right after the opening, a center call each, long before any pool runs
+//! dry. Nor does it give surplus above its high watermark back: its shelf holds the
+//! plan's opening stock, which a pool's first second of sales often exceeds three times
+//! over; it comes back when the center runs short and asks every channel
+//! (`ReturnRequested`, the end-of-sale return), or at the end. What the center holds is what it last said (a Borrow's answer, DescribeItem,
+//! Restocked); before the opening a pool that stocked expects the reserve alone at the
+//! opening (every channel stocks its allocation during the lead, and the answers of the
+//! first to stock predate the others' Borrows), until the center says otherwise.
 
 use super::*;
 
@@ -61,6 +74,26 @@ impl ItemCore {
             self.prestocked = true;
         }
         due
+    }
+
+    /// The item's reserve (`DescribeItem.center_reserve`); see the module's rule.
+    pub fn set_center_reserve(&mut self, reserve: u64) {
+        self.center_reserve = reserve;
+    }
+
+    /// The units the center keeps back that prefetch leaves alone: the reserve of an item
+    /// with an opening, 0 otherwise (then only a dry center stops prefetch).
+    pub(in crate::channel) fn reserve_kept(&self) -> u64 {
+        if self.schedule.opens_at_ms > 0 { self.center_reserve } else { 0 }
+    }
+
+    /// A look before the opening: a pool that stocked for it expects the center to hold
+    /// its reserve alone at the opening, so it borrows only on misses from then on until
+    /// the center says it holds more.
+    pub(in crate::channel) fn expect_reserve_at_opening(&mut self) {
+        if self.prestocked && self.center_reserve > 0 {
+            self.supply.at_reserve = true;
+        }
     }
 
     /// The opening's stocking did not happen (the center did not answer): due again.
