@@ -40,7 +40,9 @@ impl Stocking {
     /// Queues an operation of the item; the receiver gets its result (dropping it is fine:
     /// the operation runs on).
     pub fn submit(self: &Arc<Self>, item: &Arc<Item>, kind: OpKind) -> oneshot::Receiver<OpResult> {
-        let fresh = uuid::Uuid::new_v4().simple().to_string();
+        // Version 7: the id tells when it was made, so a center refuses a replay older than
+        // it keeps request records (`inventory_core::records`) instead of applying it again.
+        let fresh = uuid::Uuid::now_v7().simple().to_string();
         let (tx, rx) = oneshot::channel();
         let step = {
             let mut st = item.lock();

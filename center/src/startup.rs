@@ -44,6 +44,7 @@ pub struct Application {
     lease: LeaseSettings,
     auto_reclaim_after_ms: u64,
     prune_interval: Duration,
+    request_max_age_ms: u64,
     security: Arc<Security>,
     tls: Option<tonic::transport::ServerTlsConfig>,
     /// The database in use, without credentials, for the start-up line.
@@ -83,6 +84,7 @@ impl Application {
             lease: LeaseSettings { lease_ttl_ms: config.lease_ttl_ms, reclaim_grace_ms: config.reclaim_grace_ms },
             auto_reclaim_after_ms: config.auto_reclaim_after_ms,
             prune_interval: Duration::from_millis(config.prune_interval_ms),
+            request_max_age_ms: config.request_max_age_ms,
             security,
             tls,
         })
@@ -128,7 +130,8 @@ impl Application {
             self.faults,
             Arc::clone(&history),
             stop_rx.clone(),
-        );
+        )
+        .with_request_max_age_ms(self.request_max_age_ms);
         let admin = AdminService::new(Arc::clone(&self.store), self.events.clone(), self.lease, Arc::clone(&history));
 
         let mut http_stop = stop_rx.clone();
@@ -164,18 +167,24 @@ impl Application {
             ))
         });
 
-        let pruner = tokio::spawn(crate::pruner::run(Arc::clone(&self.store), self.prune_interval, stop_rx.clone()));
+        let pruner = tokio::spawn(crate::pruner::run(
+            Arc::clone(&self.store),
+            self.prune_interval,
+            self.request_max_age_ms,
+            stop_rx.clone(),
+        ));
         // The empty name is the server as a whole.
         let served = vec!["", CenterServer::<CenterService>::NAME, AdminServer::<AdminService>::NAME];
         let pinger =
             tokio::spawn(crate::health::run(Arc::clone(&self.store), health, served, verdicts, stop_rx.clone()));
         let closer = tokio::spawn(crate::closer::run(Arc::clone(&self.store), self.events.clone(), stop_rx.clone()));
+        let reloader = tokio::spawn(crate::security::reload_on_sighup(Arc::clone(&self.security), stop_rx.clone()));
 
         tracing::info!(
             grpc = %self.grpc_addr,
             http = %self.http_addr,
             database = %self.database,
-            auth = if self.security.operators.is_empty() || self.security.agents.is_empty() { "insecure" } else { "tokens" },
+            auth = if self.security.insecure() { "insecure" } else { "tokens" },
             tls = self.tls.is_some(),
             "center serving"
         );
@@ -241,7 +250,7 @@ impl Application {
                 ),
             }
         }
-        for mut worker in reclaimer.into_iter().chain([pruner, pinger, closer]) {
+        for mut worker in reclaimer.into_iter().chain([pruner, pinger, closer, reloader]) {
             if tokio::time::timeout_at(deadline, &mut worker).await.is_err() {
                 worker.abort();
             }

@@ -41,3 +41,4 @@ mod store_durable;
 mod store_events;
 mod store_full;
 mod store_partial;
+mod token_files;

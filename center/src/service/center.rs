@@ -65,6 +65,9 @@ pub struct CenterService {
     history: Arc<crate::history::History>,
     /// Turns true when the center shuts down: every `WatchChannel` stream then ends.
     stop: watch::Receiver<bool>,
+    /// Requests made longer ago than this are refused, not applied again
+    /// (`inventory_core::records`).
+    request_max_age_ms: u64,
 }
 
 impl CenterService {
@@ -76,7 +79,22 @@ impl CenterService {
         history: Arc<crate::history::History>,
         stop: watch::Receiver<bool>,
     ) -> Self {
-        Self { store, events, lease, faults, history, stop }
+        let request_max_age_ms = inventory_core::records::DEFAULT_MAX_AGE_MS;
+        Self { store, events, lease, faults, history, stop, request_max_age_ms }
+    }
+
+    pub fn with_request_max_age_ms(mut self, ms: u64) -> Self {
+        self.request_max_age_ms = ms;
+        self
+    }
+
+    /// A request whose id says it was made longer ago than records are kept: its record
+    /// may be gone, so it is refused rather than applied again.
+    fn refuse_if_too_old(&self, request_id: &RequestId) -> Result<(), CenterError> {
+        match inventory_core::records::too_old(request_id.as_str(), now_ms(), self.request_max_age_ms) {
+            Some(why) => Err(CenterError::Precondition(why)),
+            None => Ok(()),
+        }
     }
 
     /// The pools hold more of `item` than the ledger counts with their channels: the ledger
@@ -354,6 +372,7 @@ impl CenterService {
         let quantity = Quantity::parse("quantity", r.quantity).map_err(CenterError::from)?;
         let request_id = RequestId::parse("request_id", &r.request_id).map_err(CenterError::from)?;
         tracing::Span::current().record("request_id", request_id.as_str());
+        self.refuse_if_too_old(&request_id)?;
         self.refuse_if_beyond_ledger(&item)?;
         let rate = BorrowRate { sell_rate_milli: rate("sell_rate_milli", r.sell_rate_milli)?, now_ms: now_ms() };
         let out = if *self.faults.hold_borrows.borrow() {
@@ -410,6 +429,7 @@ impl CenterService {
             });
         }
         for l in &lines {
+            self.refuse_if_too_old(&l.request_id)?;
             self.refuse_if_beyond_ledger(&l.item)?;
         }
         let answers = self.store.borrow_many(&channel, r.epoch, &lines).await?;
@@ -453,6 +473,7 @@ impl CenterService {
         let quantity = Quantity::parse("quantity", r.quantity).map_err(CenterError::from)?;
         let request_id = RequestId::parse("request_id", &r.request_id).map_err(CenterError::from)?;
         tracing::Span::current().record("request_id", request_id.as_str());
+        self.refuse_if_too_old(&request_id)?;
         let out = self.store.give_back(&item, &channel, r.epoch, quantity, &request_id).await?;
         if !out.replayed {
             self.events.publish(LedgerEvent::Restocked {

@@ -25,3 +25,4 @@ mod shares;
 mod shutdown;
 mod startup_errors;
 mod support;
+mod token_files;
