@@ -276,6 +276,9 @@ fn center_fault(item: &str, call: &str, s: &Status) -> Reply {
     Reply::Center(match s.code() {
         Code::FailedPrecondition => CallFault::Refused,
         Code::NotFound => CallFault::NotFound,
+        // Including RESOURCE_EXHAUSTED after the link's retries (the center's rate limit):
+        // kept as unsettled, the call is replayed by a later resync, so no unit is
+        // stranded whichever attempt the center applied.
         _ => CallFault::Unknown,
     })
 }

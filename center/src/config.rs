@@ -43,6 +43,16 @@ pub struct CenterConfig {
     /// refused with FAILED_PRECONDITION instead of applied again. Default a day.
     #[arg(long, env = "INVENTORY_REQUEST_MAX_AGE_MS", default_value_t = inventory_core::records::DEFAULT_MAX_AGE_MS, value_parser = clap::value_parser!(u64).range(1..))]
     pub request_max_age_ms: u64,
+    /// Calls per second each channel may make to the Center service (a BorrowMany counts
+    /// its lines); above it, RESOURCE_EXHAUSTED.
+    #[arg(long, env = "INVENTORY_CHANNEL_RATE_PER_SEC", default_value_t = crate::limits::DEFAULT_RATE_PER_SEC, value_parser = clap::value_parser!(u32).range(1..))]
+    pub channel_rate_per_sec: u32,
+    /// Calls a channel may make at once above its rate.
+    #[arg(long, env = "INVENTORY_CHANNEL_BURST", default_value_t = crate::limits::DEFAULT_BURST, value_parser = clap::value_parser!(u32).range(1..))]
+    pub channel_burst: u32,
+    /// Open WatchChannel streams each channel may hold; one more is RESOURCE_EXHAUSTED.
+    #[arg(long, env = "INVENTORY_MAX_WATCH_STREAMS_PER_CHANNEL", default_value_t = crate::limits::DEFAULT_MAX_WATCHES)]
+    pub max_watch_streams_per_channel: usize,
     #[arg(long, env = "INVENTORY_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
     /// OTLP/gRPC collector URL (e.g. http://127.0.0.1:4317) to export trace spans to;
@@ -91,6 +101,9 @@ impl CenterConfig {
             auto_reclaim_after_ms: 0,
             prune_interval_ms: 100,
             request_max_age_ms: inventory_core::records::DEFAULT_MAX_AGE_MS,
+            channel_rate_per_sec: crate::limits::DEFAULT_RATE_PER_SEC,
+            channel_burst: crate::limits::DEFAULT_BURST,
+            max_watch_streams_per_channel: crate::limits::DEFAULT_MAX_WATCHES,
             log_format: LogFormat::Text,
             otlp_endpoint: None,
             operator_token: None,

@@ -13,6 +13,7 @@ pub mod events;
 pub mod health;
 pub mod history;
 pub mod http;
+pub mod limits;
 pub mod pruner;
 pub mod readiness;
 pub mod reclaimer;

@@ -45,6 +45,7 @@ pub struct Application {
     auto_reclaim_after_ms: u64,
     prune_interval: Duration,
     request_max_age_ms: u64,
+    limits: Arc<crate::limits::ChannelLimits>,
     security: Arc<Security>,
     tls: Option<tonic::transport::ServerTlsConfig>,
     /// The database in use, without credentials, for the start-up line.
@@ -85,6 +86,11 @@ impl Application {
             auto_reclaim_after_ms: config.auto_reclaim_after_ms,
             prune_interval: Duration::from_millis(config.prune_interval_ms),
             request_max_age_ms: config.request_max_age_ms,
+            limits: Arc::new(crate::limits::ChannelLimits::new(
+                config.channel_rate_per_sec,
+                config.channel_burst,
+                config.max_watch_streams_per_channel,
+            )),
             security,
             tls,
         })
@@ -131,7 +137,8 @@ impl Application {
             Arc::clone(&history),
             stop_rx.clone(),
         )
-        .with_request_max_age_ms(self.request_max_age_ms);
+        .with_request_max_age_ms(self.request_max_age_ms)
+        .with_limits(Arc::clone(&self.limits));
         let admin = AdminService::new(Arc::clone(&self.store), self.events.clone(), self.lease, Arc::clone(&history));
 
         let mut http_stop = stop_rx.clone();

@@ -119,8 +119,10 @@ fn answered(code: Code) -> bool {
     )
 }
 
+/// RESOURCE_EXHAUSTED is the center's rate limit for this channel: nothing was applied,
+/// and the same call later (after the backoff) is served.
 fn retryable(code: Code) -> bool {
-    matches!(code, Code::Unavailable | Code::DeadlineExceeded | Code::Unknown)
+    matches!(code, Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::ResourceExhausted)
 }
 
 impl CenterLink {

@@ -68,6 +68,8 @@ pub struct CenterService {
     /// Requests made longer ago than this are refused, not applied again
     /// (`inventory_core::records`).
     request_max_age_ms: u64,
+    /// Each channel's call rate and open streams.
+    limits: Arc<crate::limits::ChannelLimits>,
 }
 
 impl CenterService {
@@ -80,7 +82,17 @@ impl CenterService {
         stop: watch::Receiver<bool>,
     ) -> Self {
         let request_max_age_ms = inventory_core::records::DEFAULT_MAX_AGE_MS;
-        Self { store, events, lease, faults, history, stop, request_max_age_ms }
+        let limits = Arc::new(crate::limits::ChannelLimits::new(
+            crate::limits::DEFAULT_RATE_PER_SEC,
+            crate::limits::DEFAULT_BURST,
+            crate::limits::DEFAULT_MAX_WATCHES,
+        ));
+        Self { store, events, lease, faults, history, stop, request_max_age_ms, limits }
+    }
+
+    pub fn with_limits(mut self, limits: Arc<crate::limits::ChannelLimits>) -> Self {
+        self.limits = limits;
+        self
     }
 
     pub fn with_request_max_age_ms(mut self, ms: u64) -> Self {
@@ -147,6 +159,7 @@ impl pb::center_server::Center for CenterService {
         let r = request.into_inner();
         let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
         authorize(&own, channel.as_str())?;
+        self.limits.call(channel.as_str(), 1)?;
         let agent = AgentId::parse("agent_id", &r.agent_id).map_err(CenterError::from)?;
         let reg = self.store.register(&channel, &agent, now_ms(), self.lease.lease_ttl_ms).await?;
         tracing::info!(channel = %channel, agent = %agent, epoch = reg.session.epoch, "agent registered");
@@ -211,6 +224,7 @@ impl pb::center_server::Center for CenterService {
         let r = request.into_inner();
         let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
         authorize(&own, channel.as_str())?;
+        self.limits.call(channel.as_str(), 1)?;
         let mut reports = Vec::with_capacity(r.pools.len());
         for (n, p) in r.pools.iter().enumerate() {
             let item = ItemId::parse(&format!("pools[{n}].item_id"), &p.item_id).map_err(CenterError::from)?;
@@ -283,6 +297,7 @@ impl pb::center_server::Center for CenterService {
         };
         if let Some(c) = &channel {
             authorize(&own, c.as_str())?;
+            self.limits.call(c.as_str(), 1)?;
         }
         let policy = self.store.policy(&item, channel.as_ref()).await?;
         let mut live = None;
@@ -302,6 +317,7 @@ impl pb::center_server::Center for CenterService {
         let r = request.into_inner();
         let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
         authorize(&own, channel.as_str())?;
+        self.limits.call(channel.as_str(), 1)?;
         if r.item_ids.is_empty() || r.item_ids.len() > MAX_DESCRIBE_ITEMS {
             let reason = format!("must name 1 to {MAX_DESCRIBE_ITEMS} items");
             return Err(CenterError::from(ValidationError::new("item_ids", r.item_ids.len() as u64, reason)).into());
@@ -336,10 +352,13 @@ impl pb::center_server::Center for CenterService {
         let r = request.into_inner();
         let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
         authorize(&own, channel.as_str())?;
+        self.limits.call(channel.as_str(), 1)?;
         match self.store.session(&channel).await? {
             Some(s) => s.check_epoch(&channel, r.epoch).map_err(CenterError::from)?,
             None => return Err(CenterError::Precondition(format!("channel {channel} is not registered")).into()),
         }
+        // Held by the stream: its place is freed when the stream ends or its caller leaves.
+        let open = self.limits.watch(channel.as_str())?;
         let store = Arc::clone(&self.store);
         let name = channel.to_string();
         let stream = BroadcastStream::new(self.events.subscribe())
@@ -358,7 +377,10 @@ impl pb::center_server::Center for CenterService {
         let stopping = async move {
             let _ = stop.wait_for(|s| *s).await;
         };
-        Ok(Response::new(Box::pin(stream.take_until(stopping).map(Ok))))
+        Ok(Response::new(Box::pin(stream.take_until(stopping).map(move |e| {
+            let _open = &open;
+            Ok(e)
+        }))))
     }
 }
 
@@ -369,6 +391,7 @@ impl CenterService {
         let item = ItemId::parse("item_id", &r.item_id).map_err(CenterError::from)?;
         let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
         authorize(&own, channel.as_str())?;
+        self.limits.call(channel.as_str(), 1)?;
         let quantity = Quantity::parse("quantity", r.quantity).map_err(CenterError::from)?;
         let request_id = RequestId::parse("request_id", &r.request_id).map_err(CenterError::from)?;
         tracing::Span::current().record("request_id", request_id.as_str());
@@ -417,6 +440,8 @@ impl CenterService {
             let reason = format!("must hold 1 to {MAX_BORROW_LINES} lines");
             return Err(CenterError::from(ValidationError::new("lines", r.lines.len() as u64, reason)).into());
         }
+        // Each line is a Borrow of its own (and leaves a record of its own).
+        self.limits.call(channel.as_str(), r.lines.len())?;
         let now = now_ms();
         let mut lines = Vec::with_capacity(r.lines.len());
         for (n, l) in r.lines.iter().enumerate() {
@@ -470,6 +495,7 @@ impl CenterService {
         let item = ItemId::parse("item_id", &r.item_id).map_err(CenterError::from)?;
         let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
         authorize(&own, channel.as_str())?;
+        self.limits.call(channel.as_str(), 1)?;
         let quantity = Quantity::parse("quantity", r.quantity).map_err(CenterError::from)?;
         let request_id = RequestId::parse("request_id", &r.request_id).map_err(CenterError::from)?;
         tracing::Span::current().record("request_id", request_id.as_str());

@@ -11,6 +11,7 @@ mod edges;
 mod health;
 mod hostile;
 mod limit_scope;
+mod limits;
 mod lost_reply;
 mod model;
 mod rates;
