@@ -3,6 +3,7 @@
 mod baskets;
 mod borrow_many;
 mod buyer_registry;
+mod center_limits;
 mod center_process;
 mod claim_lapse;
 mod cluster;
