@@ -62,8 +62,8 @@ mod tests {
 
     #[test]
     fn the_time_comes_from_a_trailing_uuid_v7() {
-        assert_eq!(made_at_ms(V7), Some(MADE as u64));
-        assert_eq!(made_at_ms(&format!("back-{V7}")), Some(MADE as u64));
+        assert_eq!(made_at_ms(V7), Some(0x0193_8a1b_2c3d));
+        assert_eq!(made_at_ms(&format!("back-{V7}")), Some(0x0193_8a1b_2c3d));
         // Version 4, a wrong variant, not hex, too short: no time.
         assert_eq!(made_at_ms("01938a1b2c3d4abc8def0123456789ab"), None);
         assert_eq!(made_at_ms("01938a1b2c3d7abc0def0123456789ab"), None);
@@ -90,7 +90,7 @@ mod tests {
         // or after it is refused before its record can go.
         let (max, made) = (4_000u64, 1_000i64);
         let recorded = made - 1_000; // the caller's clock ran 1 s (a quarter) ahead
-        let first_pruned_at = recorded + kept_ms(max) as i64 + 1;
+        let first_pruned_at = recorded + i64::try_from(kept_ms(max)).unwrap() + 1;
         assert!(too_old(&format!("{:012x}7abc8def0123456789ab", made), first_pruned_at, max).is_some());
     }
 }

@@ -152,7 +152,7 @@ mod tests {
     }
 
     fn err(sources: &[Source<'_>]) -> String {
-        let e = check(sources).err().expect("refused");
+        let e = check(sources).expect_err("refused");
         for t in [A, B, C] {
             assert!(!e.contains(t), "a token in the message: {e}");
         }

@@ -254,21 +254,6 @@ where
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::replace_database;
-
-    #[test]
-    fn replaces_the_database_name_only() {
-        assert_eq!(
-            replace_database("postgres://postgres@127.0.0.1:5432/postgres", "x"),
-            "postgres://postgres@127.0.0.1:5432/x"
-        );
-        assert_eq!(replace_database("postgres://u:p@h/db?sslmode=disable", "x"), "postgres://u:p@h/x?sslmode=disable");
-        assert_eq!(replace_database("postgres://h:5432", "x"), "postgres://h:5432/x");
-    }
-}
-
 /// A token file in the temp directory with the given permission bits, removed when
 /// dropped (servers refuse token files that group or others may read).
 pub struct TokenFile {
@@ -298,5 +283,20 @@ impl TokenFile {
 impl Drop for TokenFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::replace_database;
+
+    #[test]
+    fn replaces_the_database_name_only() {
+        assert_eq!(
+            replace_database("postgres://postgres@127.0.0.1:5432/postgres", "x"),
+            "postgres://postgres@127.0.0.1:5432/x"
+        );
+        assert_eq!(replace_database("postgres://u:p@h/db?sslmode=disable", "x"), "postgres://u:p@h/x?sslmode=disable");
+        assert_eq!(replace_database("postgres://h:5432", "x"), "postgres://h:5432/x");
     }
 }

@@ -1,8 +1,16 @@
 //! The agent's token files checked as a whole at start: its own `--center-token-file` and
 //! the backends' tokens. Each bad file refuses to start with one line naming the file and
-//! the entries, never the token.
+//! the entries, never the token; SIGHUP re-reads them.
 
-use inventory_test_support::TokenFile;
+use std::time::Duration;
+
+use inventory_proto::v1 as pb;
+use inventory_proto::v1::agent_client::AgentClient;
+use inventory_test_support::{TokenFile, wait_until};
+use tonic::Code;
+use tonic::transport::Channel;
+
+use crate::harness::{AgentProcess, Center, StoreSpec};
 
 const BACKEND: &str = "backend-token-0123456789";
 const CENTER: &str = "center-token-0123456789";
@@ -60,4 +68,41 @@ fn a_center_token_file_others_may_read_refuses_to_start() {
     let backends = TokenFile::new(BACKEND, 0o600);
     let center = TokenFile::new(CENTER, 0o640);
     refused(&center, &backends, &format!("{}: mode 640 lets group or others read it", center.arg()));
+}
+
+async fn get_stock(client: &mut AgentClient<Channel>, token: &str) -> Code {
+    let mut req = tonic::Request::new(pb::GetStockRequest { item_id: "i".into() });
+    req.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+    match client.get_stock(req).await {
+        Ok(_) => Code::Ok,
+        Err(s) => s.code(),
+    }
+}
+
+/// A backend token removed from its file and SIGHUP sent: the next call with it is
+/// UNAUTHENTICATED (on the same connection), the other backend is still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_revokes_a_backend_token_and_keeps_serving_the_others() {
+    const OTHER: &str = "other-backend-token-0123456789";
+    let center = Center::start_sqlite().await;
+    center.create_item("i", 100, 1, (5, 20, 10)).await;
+    let backends = TokenFile::new(&format!("{BACKEND}\n{OTHER}\n"), 0o600);
+    let center_token = TokenFile::new(CENTER, 0o600);
+    let args = ["--backend-tokens-file", backends.arg(), "--center-token-file", center_token.arg()];
+    let agent = AgentProcess::spawn_with(&center.url, "app", &StoreSpec::Memory, None, "app-1", &args).await;
+    let mut client = agent.client().await;
+    assert_eq!(get_stock(&mut client, BACKEND).await, Code::Ok);
+    assert_eq!(get_stock(&mut client, OTHER).await, Code::Ok);
+
+    backends.write(&format!("{OTHER}\n"), 0o600);
+    let pid = agent.child.id().expect("running").to_string();
+    let hup = tokio::process::Command::new("kill").args(["-HUP", &pid]).status().await.expect("kill runs");
+    assert!(hup.success());
+    let revoked = wait_until(Duration::from_secs(10), || {
+        let mut c = client.clone();
+        async move { get_stock(&mut c, BACKEND).await == Code::Unauthenticated }
+    })
+    .await;
+    assert!(revoked, "the removed token is refused after SIGHUP");
+    assert_eq!(get_stock(&mut client, OTHER).await, Code::Ok, "the other backend carries on");
 }

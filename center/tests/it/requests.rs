@@ -101,7 +101,7 @@ async fn records_are_bounded_by_age_within_one_epoch() {
         create(&mut admin, &format!("i{i}"), 1).await;
     }
     let epoch = register(&mut center, "app").await;
-    let kept_ms = inventory_core::records::kept_ms(MAX_AGE_MS) as i64;
+    let kept_ms = inventory_core::records::kept_ms(MAX_AGE_MS);
     let started = std::time::Instant::now();
     let mut sent = 0u64;
     let mut most = 0;
@@ -134,7 +134,7 @@ async fn records_are_bounded_by_age_within_one_epoch() {
     })
     .await;
     assert!(gone, "records older than {kept_ms} ms remain: {}", channel_records(&pool).await);
-    if flood_ms as i64 > 2 * kept_ms {
+    if flood_ms > 2 * u128::from(kept_ms) {
         assert!(most < 50_000, "pruned during the flood ({flood_ms} ms): at most {most} records");
     }
 
@@ -146,5 +146,5 @@ async fn records_are_bounded_by_age_within_one_epoch() {
 }
 
 fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis().try_into().unwrap()
 }
