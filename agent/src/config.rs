@@ -140,6 +140,10 @@ pub struct AgentConfig {
     /// Run without tokens. Logged loudly at start.
     #[arg(long, env = "INVENTORY_INSECURE")]
     pub insecure: bool,
+    /// Read token files that group or others may read (refused by default: a token file
+    /// should be mode 600, readable by the server's user only).
+    #[arg(long, env = "INVENTORY_ALLOW_READABLE_TOKEN_FILES")]
+    pub allow_readable_token_files: bool,
     /// TLS certificate and key (PEM) for the agent's gRPC listener and its HTTP port.
     #[arg(long, env = "INVENTORY_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
@@ -279,6 +283,7 @@ impl AgentConfig {
             backend_tokens: None,
             backend_tokens_file: None,
             insecure: true,
+            allow_readable_token_files: false,
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,

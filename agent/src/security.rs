@@ -3,7 +3,7 @@
 
 use std::hash::{BuildHasher, RandomState};
 use std::num::NonZeroU32;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use governor::{DefaultKeyedRateLimiter, Quota};
 use inventory_core::auth::{TokenSet, bearer};
@@ -11,42 +11,79 @@ use tonic::service::Interceptor;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 use tonic::{Request, Status};
 
+use inventory_core::tokens::Format;
+use inventory_net::tokens::{Origin, Spec, load};
+
 use crate::config::AgentConfig;
 
 use inventory_net::read_text as read;
 
+/// The tokens in force.
 #[derive(Debug, Default)]
-pub struct Security {
+pub struct Tokens {
     pub backends: TokenSet,
     /// Sent to the center as `authorization: Bearer ...`; never logged.
     pub center_token: Option<String>,
 }
 
+#[derive(Debug, Default)]
+pub struct Security {
+    tokens: RwLock<Arc<Tokens>>,
+    specs: Vec<Spec>,
+    allow_readable: bool,
+}
+
 impl Security {
+    /// The backends' tokens and the agent's own token towards the center, checked together
+    /// (a backend's token may not be the agent's). Without them, the agent starts only
+    /// with `--insecure`.
     pub fn from_config(c: &AgentConfig) -> anyhow::Result<Self> {
-        let backends = match (&c.backend_tokens, &c.backend_tokens_file) {
-            (Some(t), _) => TokenSet::parse_list("backend", t),
-            (None, Some(f)) => TokenSet::parse_list("backend", &read(f)?),
-            (None, None) => Ok(TokenSet::default()),
-        }
-        .map_err(|e| anyhow::anyhow!("backend tokens: {e}"))?;
-        let center_token = match (&c.center_token, &c.center_token_file) {
-            (Some(t), _) => Some(t.trim().to_owned()),
-            (None, Some(f)) => Some(read(f)?.trim().to_owned()),
-            (None, None) => None,
-        };
-        if (backends.is_empty() || center_token.is_none()) && !c.insecure {
+        let specs = vec![
+            Spec {
+                origin: Origin::pick("backend-tokens", &c.backend_tokens, &c.backend_tokens_file),
+                principal: "backend",
+                format: Format::List,
+            },
+            Spec {
+                origin: Origin::pick("center-token", &c.center_token, &c.center_token_file),
+                principal: "center",
+                format: Format::Single,
+            },
+        ];
+        let tokens = Self::read(&specs, c.allow_readable_token_files)?;
+        if (tokens.backends.is_empty() || tokens.center_token.is_none()) && !c.insecure {
             anyhow::bail!(
                 "refusing to start without tokens: set --backend-tokens-file and --center-token-file \
                  (or INVENTORY_BACKEND_TOKENS / INVENTORY_CENTER_TOKEN), or pass --insecure"
             );
         }
-        Ok(Self { backends, center_token })
+        Ok(Self { tokens: RwLock::new(Arc::new(tokens)), specs, allow_readable: c.allow_readable_token_files })
+    }
+
+    fn read(specs: &[Spec], allow_readable: bool) -> anyhow::Result<Tokens> {
+        let mut sets = load(specs, allow_readable)?.into_iter();
+        let backends = sets.next().unwrap_or_default();
+        let center_token = sets.next().and_then(|s| s.sole().map(str::to_owned));
+        Ok(Tokens { backends, center_token })
+    }
+
+    /// The tokens in force now.
+    pub fn tokens(&self) -> Arc<Tokens> {
+        Arc::clone(&self.tokens.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Reads the token files again (SIGHUP): the new tokens replace the old only if they
+    /// pass every check; else the old stay in force and the error says why.
+    pub fn reload(&self) -> anyhow::Result<Arc<Tokens>> {
+        let tokens = Arc::new(Self::read(&self.specs, self.allow_readable)?);
+        *self.tokens.write().unwrap_or_else(|e| e.into_inner()) = Arc::clone(&tokens);
+        Ok(tokens)
     }
 
     /// How callers and the center are authenticated, for the start-up line.
     pub fn mode(&self) -> &'static str {
-        match (self.backends.is_empty(), self.center_token.is_none()) {
+        let t = self.tokens();
+        match (t.backends.is_empty(), t.center_token.is_none()) {
             (false, false) => "tokens",
             (true, true) => "insecure (no tokens)",
             (true, false) => "insecure (no backend tokens)",
@@ -57,10 +94,11 @@ impl Security {
     /// Says so once the agent serves without tokens (after it bound its ports: an agent
     /// that fails to start prints only why).
     pub fn warn_if_insecure(&self) {
-        if self.backends.is_empty() || self.center_token.is_none() {
+        let t = self.tokens();
+        if t.backends.is_empty() || t.center_token.is_none() {
             tracing::warn!(
-                backends = !self.backends.is_empty(),
-                center = self.center_token.is_some(),
+                backends = !t.backends.is_empty(),
+                center = t.center_token.is_some(),
                 "INSECURE: running without tokens"
             );
         }
@@ -88,19 +126,49 @@ impl Security {
     }
 }
 
+/// Re-reads the token files on every SIGHUP until `stop`: the backends' tokens, and the
+/// token the link presents to the center. A refused reload keeps the tokens in force and
+/// logs why.
+pub async fn reload_on_sighup(
+    security: Arc<Security>,
+    link: Arc<crate::link::CenterLink>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hup = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "no SIGHUP handler: token files are read at start only");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            _ = hup.recv() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let reloaded = security.reload().and_then(|t| link.set_token(t.center_token.as_deref()));
+        match reloaded {
+            Ok(()) => tracing::info!("token files re-read"),
+            Err(e) => tracing::warn!(error = %e, "token files not re-read; the tokens in force stay"),
+        }
+    }
+}
+
 /// Agent service: a backend's token (unless running without backend tokens).
 #[derive(Clone)]
 pub struct BackendAuth(pub Arc<Security>);
 
 impl Interceptor for BackendAuth {
     fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
-        if self.0.backends.is_empty() {
+        let tokens = self.0.tokens();
+        if tokens.backends.is_empty() {
             return Ok(req);
         }
         let token = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(bearer);
         match token {
             None => Err(Status::unauthenticated("missing backend token (authorization: Bearer ...)")),
-            Some(t) if self.0.backends.find(t).is_some() => Ok(req),
+            Some(t) if tokens.backends.find(t).is_some() => Ok(req),
             Some(_) => Err(Status::unauthenticated("invalid backend token")),
         }
     }

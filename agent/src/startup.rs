@@ -134,7 +134,7 @@ impl Application {
             Duration::from_millis(config.center_timeout_ms),
             Duration::from_millis(config.lease_margin_ms),
             Security::center_tls(&config)?,
-            security.center_token.as_deref(),
+            security.tokens().center_token.as_deref(),
         )?;
         let settings = AgentSettings {
             miss_wait: Duration::from_millis(config.miss_wait_ms),
@@ -268,6 +268,11 @@ impl Application {
             tokio::spawn(workers::outbox_sizes(Arc::clone(&self.agent), stop_rx.clone())),
             tokio::spawn(workers::buyer_sweeper(Arc::clone(&self.agent), stop_rx.clone())),
             tokio::spawn(workers::basket_sweeper(Arc::clone(&self.agent), stop_rx.clone())),
+            tokio::spawn(crate::security::reload_on_sighup(
+                Arc::clone(&self.security),
+                Arc::clone(&self.agent.link),
+                stop_rx.clone(),
+            )),
         ];
         if let Some(watch) = self.policy_watch.take() {
             tasks.push(tokio::spawn(watch.run(stop_rx.clone())));

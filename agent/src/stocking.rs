@@ -40,7 +40,9 @@ impl Stocking {
     /// Queues an operation of the item; the receiver gets its result (dropping it is fine:
     /// the operation runs on).
     pub fn submit(self: &Arc<Self>, item: &Arc<Item>, kind: OpKind) -> oneshot::Receiver<OpResult> {
-        let fresh = uuid::Uuid::new_v4().simple().to_string();
+        // Version 7: the id tells when it was made, so a center refuses a replay older than
+        // it keeps request records (`inventory_core::records`) instead of applying it again.
+        let fresh = uuid::Uuid::now_v7().simple().to_string();
         let (tx, rx) = oneshot::channel();
         let step = {
             let mut st = item.lock();
@@ -286,6 +288,9 @@ fn center_fault(item: &str, call: &str, s: &Status) -> Reply {
     Reply::Center(match s.code() {
         Code::FailedPrecondition => CallFault::Refused,
         Code::NotFound => CallFault::NotFound,
+        // Including RESOURCE_EXHAUSTED after the link's retries (the center's rate limit):
+        // kept as unsettled, the call is replayed by a later resync, so no unit is
+        // stranded whichever attempt the center applied.
         _ => CallFault::Unknown,
     })
 }

@@ -179,8 +179,11 @@ pub struct CenterHandle {
 
 impl CenterHandle {
     pub async fn start(rt: &Handle, database_url: &str) -> anyhow::Result<Self> {
-        let config = CenterConfig::for_tests(database_url);
+        let mut config = CenterConfig::for_tests(database_url);
         // Leases as in production (for_tests keeps 10 s too; no reclaim in a benchmark).
+        // The center's throughput is measured, not its per-channel rate limit.
+        config.channel_rate_per_sec = 10_000_000;
+        config.channel_burst = 10_000_000;
         let app = rt.spawn(CenterApp::build(config)).await?.context("start the center")?;
         let url = format!("http://{}", app.grpc_addr());
         let running = Running::spawn(rt, move |rx| {

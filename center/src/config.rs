@@ -39,9 +39,25 @@ pub struct CenterConfig {
     #[arg(long, env = "INVENTORY_AUTO_RECLAIM_AFTER_MS", default_value_t = 0)]
     pub auto_reclaim_after_ms: u64,
     /// How often request records no retry can use any more (those of an epoch the agent's
-    /// channel has left) are deleted.
+    /// channel has left, and those past --request-max-age-ms) are deleted.
     #[arg(long, env = "INVENTORY_PRUNE_INTERVAL_MS", default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub prune_interval_ms: u64,
+    /// How long a channel's request ids are honoured: records of requests are deleted
+    /// this long (plus a quarter, for clock differences) after they were made, and a
+    /// Borrow or Return whose id was made longer ago than this (the agent's ids tell) is
+    /// refused with FAILED_PRECONDITION instead of applied again. Default a day.
+    #[arg(long, env = "INVENTORY_REQUEST_MAX_AGE_MS", default_value_t = inventory_core::records::DEFAULT_MAX_AGE_MS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub request_max_age_ms: u64,
+    /// Calls per second each channel may make to the Center service (a BorrowMany counts
+    /// its lines); above it, RESOURCE_EXHAUSTED.
+    #[arg(long, env = "INVENTORY_CHANNEL_RATE_PER_SEC", default_value_t = crate::limits::DEFAULT_RATE_PER_SEC, value_parser = clap::value_parser!(u32).range(1..))]
+    pub channel_rate_per_sec: u32,
+    /// Calls a channel may make at once above its rate.
+    #[arg(long, env = "INVENTORY_CHANNEL_BURST", default_value_t = crate::limits::DEFAULT_BURST, value_parser = clap::value_parser!(u32).range(1..))]
+    pub channel_burst: u32,
+    /// Open WatchChannel streams each channel may hold; one more is RESOURCE_EXHAUSTED.
+    #[arg(long, env = "INVENTORY_MAX_WATCH_STREAMS_PER_CHANNEL", default_value_t = crate::limits::DEFAULT_MAX_WATCHES)]
+    pub max_watch_streams_per_channel: usize,
     #[arg(long, env = "INVENTORY_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
     /// OTLP/gRPC collector URL (e.g. http://127.0.0.1:4317) to export trace spans to;
@@ -63,6 +79,10 @@ pub struct CenterConfig {
     /// Run without tokens (anyone reaching the port may act). Logged loudly at start.
     #[arg(long, env = "INVENTORY_INSECURE")]
     pub insecure: bool,
+    /// Read token files that group or others may read (refused by default: a token file
+    /// should be mode 600, readable by the server's user only).
+    #[arg(long, env = "INVENTORY_ALLOW_READABLE_TOKEN_FILES")]
+    pub allow_readable_token_files: bool,
     /// TLS certificate (PEM) for the gRPC listener and the HTTP ones (console, metrics);
     /// with --tls-key enables TLS.
     #[arg(long, env = "INVENTORY_TLS_CERT")]
@@ -87,6 +107,10 @@ impl CenterConfig {
             reclaim_grace_ms: 0,
             auto_reclaim_after_ms: 0,
             prune_interval_ms: 100,
+            request_max_age_ms: inventory_core::records::DEFAULT_MAX_AGE_MS,
+            channel_rate_per_sec: crate::limits::DEFAULT_RATE_PER_SEC,
+            channel_burst: crate::limits::DEFAULT_BURST,
+            max_watch_streams_per_channel: crate::limits::DEFAULT_MAX_WATCHES,
             log_format: LogFormat::Text,
             otlp_endpoint: None,
             operator_token: None,
@@ -94,6 +118,7 @@ impl CenterConfig {
             agent_tokens: None,
             agent_tokens_file: None,
             insecure: true,
+            allow_readable_token_files: false,
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,

@@ -15,6 +15,7 @@ pub mod health;
 pub mod history;
 pub mod http;
 pub mod http_auth;
+pub mod limits;
 pub mod pruner;
 pub mod readiness;
 pub mod reclaimer;

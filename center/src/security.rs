@@ -1,9 +1,12 @@
 //! Who may call what: operators' tokens for Admin, agents' tokens (each bound to one
-//! channel) for Center, and the TLS settings of the gRPC listener.
+//! channel) for Center, and the TLS settings of the gRPC listener. The token files are
+//! checked as a whole ([`inventory_core::tokens`]) at start and re-read on SIGHUP.
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use inventory_core::auth::{TokenSet, bearer};
+use inventory_core::tokens::Format;
+use inventory_net::tokens::{Origin, Spec, load};
 use tonic::service::Interceptor;
 use tonic::transport::ServerTlsConfig;
 use tonic::{Request, Status};
@@ -14,44 +17,77 @@ use crate::config::CenterConfig;
 #[derive(Debug, Clone)]
 pub struct AuthChannel(pub String);
 
-#[derive(Debug)]
-pub struct Security {
+/// The tokens in force.
+#[derive(Debug, Default)]
+pub struct Tokens {
     pub operators: TokenSet,
     pub agents: TokenSet,
+}
+
+#[derive(Debug)]
+pub struct Security {
+    tokens: RwLock<Arc<Tokens>>,
+    specs: Vec<Spec>,
+    allow_readable: bool,
 }
 
 impl Security {
     /// Tokens from flags, files or environment. Without any, the center starts only with
     /// `--insecure`, and says so.
     pub fn from_config(c: &CenterConfig) -> anyhow::Result<Self> {
-        let operators = match (&c.operator_token, &c.operator_token_file) {
-            (Some(t), _) => TokenSet::single("operator", t),
-            (None, Some(f)) => TokenSet::parse_list("operator", &inventory_net::read_text(f)?),
-            (None, None) => Ok(TokenSet::default()),
-        }
-        .map_err(|e| anyhow::anyhow!("operator token: {e}"))?;
-        let agents = match (&c.agent_tokens, &c.agent_tokens_file) {
-            (Some(t), _) => TokenSet::parse_pairs(t),
-            (None, Some(f)) => TokenSet::parse_pairs(&inventory_net::read_text(f)?),
-            (None, None) => Ok(TokenSet::default()),
-        }
-        .map_err(|e| anyhow::anyhow!("agent tokens: {e}"))?;
-        if (operators.is_empty() || agents.is_empty()) && !c.insecure {
+        let specs = vec![
+            Spec {
+                origin: Origin::pick("operator-token", &c.operator_token, &c.operator_token_file),
+                principal: "operator",
+                format: Format::List,
+            },
+            Spec {
+                origin: Origin::pick("agent-tokens", &c.agent_tokens, &c.agent_tokens_file),
+                principal: "agent",
+                format: Format::Pairs,
+            },
+        ];
+        let tokens = Self::read(&specs, c.allow_readable_token_files)?;
+        if (tokens.operators.is_empty() || tokens.agents.is_empty()) && !c.insecure {
             anyhow::bail!(
                 "refusing to start without tokens: set --operator-token-file and --agent-tokens-file \
                  (or INVENTORY_OPERATOR_TOKEN / INVENTORY_AGENT_TOKENS), or pass --insecure"
             );
         }
-        Ok(Self { operators, agents })
+        Ok(Self { tokens: RwLock::new(Arc::new(tokens)), specs, allow_readable: c.allow_readable_token_files })
+    }
+
+    fn read(specs: &[Spec], allow_readable: bool) -> anyhow::Result<Tokens> {
+        let mut sets = load(specs, allow_readable)?.into_iter();
+        Ok(Tokens { operators: sets.next().unwrap_or_default(), agents: sets.next().unwrap_or_default() })
+    }
+
+    /// The tokens in force now.
+    pub fn tokens(&self) -> Arc<Tokens> {
+        Arc::clone(&self.tokens.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Reads the token files again (SIGHUP): the new set replaces the old only if it
+    /// passes every check; else the old stays in force and the error says why.
+    pub fn reload(&self) -> anyhow::Result<()> {
+        let tokens = Self::read(&self.specs, self.allow_readable)?;
+        *self.tokens.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(tokens);
+        Ok(())
+    }
+
+    pub fn insecure(&self) -> bool {
+        let t = self.tokens();
+        t.operators.is_empty() || t.agents.is_empty()
     }
 
     /// Says so once the center serves without tokens (after it bound its ports: a center
     /// that fails to start prints only why).
     pub fn warn_if_insecure(&self) {
-        if self.operators.is_empty() || self.agents.is_empty() {
+        let t = self.tokens();
+        if t.operators.is_empty() || t.agents.is_empty() {
             tracing::warn!(
-                operators = !self.operators.is_empty(),
-                agents = !self.agents.is_empty(),
+                operators = !t.operators.is_empty(),
+                agents = !t.agents.is_empty(),
                 "INSECURE: services without tokens accept any caller"
             );
         }
@@ -76,6 +112,29 @@ impl Security {
     }
 }
 
+/// Re-reads the token files on every SIGHUP until `stop`; a refused reload keeps the
+/// tokens in force and logs why.
+pub async fn reload_on_sighup(security: Arc<Security>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hup = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "no SIGHUP handler: token files are read at start only");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            _ = hup.recv() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        match security.reload() {
+            Ok(()) => tracing::info!("token files re-read"),
+            Err(e) => tracing::warn!(error = %e, "token files not re-read; the tokens in force stay"),
+        }
+    }
+}
+
 fn token<T>(req: &Request<T>) -> Option<&str> {
     req.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(bearer)
 }
@@ -86,12 +145,13 @@ pub struct OperatorAuth(pub Arc<Security>);
 
 impl Interceptor for OperatorAuth {
     fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
-        if self.0.operators.is_empty() {
+        let tokens = self.0.tokens();
+        if tokens.operators.is_empty() {
             return Ok(req);
         }
         match token(&req) {
             None => Err(Status::unauthenticated("missing operator token (authorization: Bearer ...)")),
-            Some(t) if self.0.operators.find(t).is_some() => Ok(req),
+            Some(t) if tokens.operators.find(t).is_some() => Ok(req),
             Some(_) => Err(Status::unauthenticated("invalid operator token")),
         }
     }
@@ -103,12 +163,13 @@ pub struct AgentAuth(pub Arc<Security>);
 
 impl Interceptor for AgentAuth {
     fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
-        if self.0.agents.is_empty() {
+        let tokens = self.0.tokens();
+        if tokens.agents.is_empty() {
             return Ok(req);
         }
         let channel = match token(&req) {
             None => return Err(Status::unauthenticated("missing agent token (authorization: Bearer ...)")),
-            Some(t) => self.0.agents.find(t).map(str::to_owned),
+            Some(t) => tokens.agents.find(t).map(str::to_owned),
         };
         let Some(channel) = channel else { return Err(Status::unauthenticated("invalid agent token")) };
         req.extensions_mut().insert(AuthChannel(channel));

@@ -47,6 +47,8 @@ pub struct Application {
     lease: LeaseSettings,
     auto_reclaim_after_ms: u64,
     prune_interval: Duration,
+    request_max_age_ms: u64,
+    limits: Arc<crate::limits::ChannelLimits>,
     security: Arc<Security>,
     tls: Option<tonic::transport::ServerTlsConfig>,
     /// The database in use, without credentials, for the start-up line.
@@ -92,6 +94,12 @@ impl Application {
             lease: LeaseSettings { lease_ttl_ms: config.lease_ttl_ms, reclaim_grace_ms: config.reclaim_grace_ms },
             auto_reclaim_after_ms: config.auto_reclaim_after_ms,
             prune_interval: Duration::from_millis(config.prune_interval_ms),
+            request_max_age_ms: config.request_max_age_ms,
+            limits: Arc::new(crate::limits::ChannelLimits::new(
+                config.channel_rate_per_sec,
+                config.channel_burst,
+                config.max_watch_streams_per_channel,
+            )),
             security,
             tls,
         })
@@ -143,7 +151,9 @@ impl Application {
             self.faults,
             Arc::clone(&history),
             stop_rx.clone(),
-        );
+        )
+        .with_request_max_age_ms(self.request_max_age_ms)
+        .with_limits(Arc::clone(&self.limits));
         let admin = AdminService::new(Arc::clone(&self.store), self.events.clone(), self.lease, Arc::clone(&history));
 
         let stopped = |mut stop: tokio::sync::watch::Receiver<bool>| async move {
@@ -181,19 +191,25 @@ impl Application {
             ))
         });
 
-        let pruner = tokio::spawn(crate::pruner::run(Arc::clone(&self.store), self.prune_interval, stop_rx.clone()));
+        let pruner = tokio::spawn(crate::pruner::run(
+            Arc::clone(&self.store),
+            self.prune_interval,
+            self.request_max_age_ms,
+            stop_rx.clone(),
+        ));
         // The empty name is the server as a whole.
         let served = vec!["", CenterServer::<CenterService>::NAME, AdminServer::<AdminService>::NAME];
         let pinger =
             tokio::spawn(crate::health::run(Arc::clone(&self.store), health, served, verdicts, stop_rx.clone()));
         let closer = tokio::spawn(crate::closer::run(Arc::clone(&self.store), self.events.clone(), stop_rx.clone()));
+        let reloader = tokio::spawn(crate::security::reload_on_sighup(Arc::clone(&self.security), stop_rx.clone()));
 
         tracing::info!(
             grpc = %self.grpc_addr,
             http = %self.http_addr,
             metrics = %self.metrics_addr.unwrap_or(self.http_addr),
             database = %self.database,
-            auth = if self.security.operators.is_empty() || self.security.agents.is_empty() { "insecure" } else { "tokens" },
+            auth = if self.security.insecure() { "insecure" } else { "tokens" },
             tls = self.tls.is_some(),
             "center serving"
         );
@@ -259,7 +275,7 @@ impl Application {
                 ),
             }
         }
-        for mut worker in reclaimer.into_iter().chain([pruner, pinger, closer]) {
+        for mut worker in reclaimer.into_iter().chain([pruner, pinger, closer, reloader]) {
             if tokio::time::timeout_at(deadline, &mut worker).await.is_err() {
                 worker.abort();
             }

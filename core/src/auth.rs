@@ -1,5 +1,6 @@
-//! Bearer tokens: parsing token files and comparing in constant time. Pure: the services
-//! read the files and the request metadata, then ask this module.
+//! Bearer tokens: who holds which, compared in constant time ([`crate::tokens`] parses and
+//! checks the files). Pure: the services read the files and the request metadata, then
+//! ask this module.
 
 use subtle::ConstantTimeEq;
 
@@ -30,46 +31,17 @@ impl std::fmt::Debug for TokenSet {
 }
 
 impl TokenSet {
-    /// One token for one principal.
-    pub fn single(principal: &str, token: &str) -> Result<Self, String> {
-        let mut set = Self::default();
-        set.add(principal, token)?;
-        Ok(set)
-    }
-
-    /// `principal:token` entries, one per line or separated by commas; blank lines and
-    /// lines starting with `#` are ignored.
-    pub fn parse_pairs(text: &str) -> Result<Self, String> {
-        let mut set = Self::default();
-        for (n, entry) in text.split(['\n', ',']).map(str::trim).enumerate() {
-            if entry.is_empty() || entry.starts_with('#') {
-                continue;
-            }
-            let (principal, token) =
-                entry.split_once(':').ok_or_else(|| format!("entry {} is not principal:token", n + 1))?;
-            set.add(principal.trim(), token.trim())?;
-        }
-        Ok(set)
-    }
-
-    /// Tokens without principals (one per line), all mapped to `principal`.
-    pub fn parse_list(principal: &str, text: &str) -> Result<Self, String> {
-        let mut set = Self::default();
-        for token in text.split(['\n', ',']).map(str::trim).filter(|t| !t.is_empty() && !t.starts_with('#')) {
-            set.add(principal, token)?;
-        }
-        Ok(set)
-    }
-
-    fn add(&mut self, principal: &str, token: &str) -> Result<(), String> {
-        if token.len() < 16 {
-            return Err(format!("token of {principal:?} is shorter than 16 characters"));
-        }
-        if principal.is_empty() {
-            return Err("empty principal".into());
-        }
+    /// Adds an entry; [`crate::tokens::check`] builds sets only after checking them all.
+    pub(crate) fn push(&mut self, principal: &str, token: &str) {
         self.entries.push((principal.to_owned(), token.as_bytes().to_vec()));
-        Ok(())
+    }
+
+    /// The token of a set of one (the agent's own token towards the center).
+    pub fn sole(&self) -> Option<&str> {
+        match self.entries.as_slice() {
+            [(_, token)] => std::str::from_utf8(token).ok(),
+            _ => None,
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -107,18 +79,5 @@ mod tests {
         assert_eq!(bearer("Basic t0k"), None);
         assert_eq!(bearer("Bearer "), None);
         assert_eq!(bearer("Bearer"), None);
-    }
-
-    #[test]
-    fn token_files_map_tokens_to_principals() {
-        let set = TokenSet::parse_pairs("# agents\napp:aaaaaaaaaaaaaaaa\n\nweb: bbbbbbbbbbbbbbbb\n").unwrap();
-        assert_eq!(set.find("aaaaaaaaaaaaaaaa"), Some("app"));
-        assert_eq!(set.find("bbbbbbbbbbbbbbbb"), Some("web"));
-        assert_eq!(set.find("cccccccccccccccc"), None);
-        assert!(TokenSet::parse_pairs("app-without-token").is_err());
-        assert!(TokenSet::parse_pairs("app:short").is_err());
-        let list = TokenSet::parse_list("backend", "xxxxxxxxxxxxxxxx,yyyyyyyyyyyyyyyy").unwrap();
-        assert_eq!(list.find("yyyyyyyyyyyyyyyy"), Some("backend"));
-        assert!(!format!("{set:?}").contains("aaaa"), "tokens never printed");
     }
 }

@@ -15,8 +15,10 @@ pub mod loss;
 pub mod pool;
 pub mod rate;
 pub mod rebalance;
+pub mod records;
 pub mod schedule;
 pub mod segments;
+pub mod tokens;
 pub mod watermarks;
 
 pub use ids::{AgentId, Channel, ItemId, Quantity, RequestId, UserId, ValidationError};

@@ -113,6 +113,9 @@ make_secrets() {
         printf '%s\n' "$t" >"$state/secrets/agent-$ch.token"
         printf '%s:%s\n' "$ch" "$t" >>"$state/secrets/agent-tokens"
     done
+    # The servers refuse token files that group or others may read (files kept from an
+    # earlier start keep their mode when rewritten).
+    chmod 600 "$state"/secrets/*
 }
 
 agent_url() { local var="AGENT_GRPC_$1"; echo "http://127.0.0.1:${!var}"; }

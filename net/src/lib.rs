@@ -9,6 +9,7 @@
 
 pub mod edge;
 pub mod metrics;
+pub mod tokens;
 pub mod trace;
 
 pub use trace::{OtlpExport, TracingGuard};

@@ -254,6 +254,38 @@ where
     }
 }
 
+/// A token file in the temp directory with the given permission bits, removed when
+/// dropped (servers refuse token files that group or others may read).
+pub struct TokenFile {
+    pub path: PathBuf,
+}
+
+impl TokenFile {
+    pub fn new(text: &str, mode: u32) -> Self {
+        let path = std::env::temp_dir().join(format!("inventory-test-{}.token", unique_suffix()));
+        let file = Self { path };
+        file.write(text, mode);
+        file
+    }
+
+    /// Replaces the file's text and mode (a rotation, before a SIGHUP).
+    pub fn write(&self, text: &str, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(&self.path, text).expect("token file written");
+        std::fs::set_permissions(&self.path, std::fs::Permissions::from_mode(mode)).expect("token file mode set");
+    }
+
+    pub fn arg(&self) -> &str {
+        self.path.to_str().expect("temp paths are UTF-8")
+    }
+}
+
+impl Drop for TokenFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::replace_database;

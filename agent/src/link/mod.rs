@@ -45,7 +45,7 @@ pub struct CenterLink {
     /// Whether the last call was refused for its credentials (cleared by any success).
     credentials_refused: AtomicBool,
     /// `Bearer <token>` for the center; never logged.
-    auth: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+    auth: std::sync::RwLock<Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>>,
     /// Borrows waiting to go to the center together ([`CenterLink::borrow`]).
     coalesce: Gather<Waiting>,
     /// Whether the center serves BorrowMany: [`MANY_UNKNOWN`], [`MANY_SERVED`] or [`MANY_REFUSED`].
@@ -119,8 +119,10 @@ fn answered(code: Code) -> bool {
     )
 }
 
+/// RESOURCE_EXHAUSTED is the center's rate limit for this channel: nothing was applied,
+/// and the same call later (after the backoff) is served.
 fn retryable(code: Code) -> bool {
-    matches!(code, Code::Unavailable | Code::DeadlineExceeded | Code::Unknown)
+    matches!(code, Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::ResourceExhausted)
 }
 
 impl CenterLink {
@@ -141,10 +143,7 @@ impl CenterLink {
         if let Some(tls) = tls {
             endpoint = endpoint.tls_config(tls)?;
         }
-        let auth = match token {
-            Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| anyhow::anyhow!("center token is not ascii"))?),
-            None => None,
-        };
+        let auth = std::sync::RwLock::new(Self::bearer(token)?);
         Ok(Self {
             client: CenterClient::new(endpoint.connect_lazy()),
             channel,
@@ -236,10 +235,23 @@ impl CenterLink {
         self.lease_until_ms.store(0, Ordering::Release);
     }
 
+    fn bearer(token: Option<&str>) -> anyhow::Result<Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>> {
+        token
+            .map(|t| format!("Bearer {t}").parse().map_err(|_| anyhow::anyhow!("center token is not ascii")))
+            .transpose()
+    }
+
+    /// The token presented from the next call on (token files re-read on SIGHUP).
+    pub fn set_token(&self, token: Option<&str>) -> anyhow::Result<()> {
+        let auth = Self::bearer(token)?;
+        *self.auth.write().unwrap_or_else(|e| e.into_inner()) = auth;
+        Ok(())
+    }
+
     /// A request carrying the agent's token.
     fn req<T>(&self, message: T) -> tonic::Request<T> {
         let mut r = tonic::Request::new(message);
-        if let Some(auth) = &self.auth {
+        if let Some(auth) = &*self.auth.read().unwrap_or_else(|e| e.into_inner()) {
             r.metadata_mut().insert("authorization", auth.clone());
         }
         r

@@ -3,6 +3,7 @@
 mod baskets;
 mod borrow_many;
 mod buyer_registry;
+mod center_limits;
 mod center_process;
 mod claim_lapse;
 mod cluster;
@@ -44,3 +45,4 @@ mod store_events;
 mod store_floor;
 mod store_full;
 mod store_partial;
+mod token_files;

@@ -65,6 +65,11 @@ pub struct CenterService {
     history: Arc<crate::history::History>,
     /// Turns true when the center shuts down: every `WatchChannel` stream then ends.
     stop: watch::Receiver<bool>,
+    /// Requests made longer ago than this are refused, not applied again
+    /// (`inventory_core::records`).
+    request_max_age_ms: u64,
+    /// Each channel's call rate and open streams.
+    limits: Arc<crate::limits::ChannelLimits>,
 }
 
 impl CenterService {
@@ -76,7 +81,32 @@ impl CenterService {
         history: Arc<crate::history::History>,
         stop: watch::Receiver<bool>,
     ) -> Self {
-        Self { store, events, lease, faults, history, stop }
+        let request_max_age_ms = inventory_core::records::DEFAULT_MAX_AGE_MS;
+        let limits = Arc::new(crate::limits::ChannelLimits::new(
+            crate::limits::DEFAULT_RATE_PER_SEC,
+            crate::limits::DEFAULT_BURST,
+            crate::limits::DEFAULT_MAX_WATCHES,
+        ));
+        Self { store, events, lease, faults, history, stop, request_max_age_ms, limits }
+    }
+
+    pub fn with_limits(mut self, limits: Arc<crate::limits::ChannelLimits>) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    pub fn with_request_max_age_ms(mut self, ms: u64) -> Self {
+        self.request_max_age_ms = ms;
+        self
+    }
+
+    /// A request whose id says it was made longer ago than records are kept: its record
+    /// may be gone, so it is refused rather than applied again.
+    fn refuse_if_too_old(&self, request_id: &RequestId) -> Result<(), CenterError> {
+        match inventory_core::records::too_old(request_id.as_str(), now_ms(), self.request_max_age_ms) {
+            Some(why) => Err(CenterError::Precondition(why)),
+            None => Ok(()),
+        }
     }
 
     /// The pools hold more of `item` than the ledger counts with their channels: the ledger
@@ -129,6 +159,7 @@ impl pb::center_server::Center for CenterService {
         let r = request.into_inner();
         let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
         authorize(&own, channel.as_str())?;
+        self.limits.call(channel.as_str(), 1)?;
         let agent = AgentId::parse("agent_id", &r.agent_id).map_err(CenterError::from)?;
         // Epochs are stored as signed 64-bit numbers, and the next one is above the fence.
         let max_fence = i64::MAX.unsigned_abs() - 1;
@@ -205,6 +236,7 @@ impl pb::center_server::Center for CenterService {
         let r = request.into_inner();
         let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
         authorize(&own, channel.as_str())?;
+        self.limits.call(channel.as_str(), 1)?;
         let mut reports = Vec::with_capacity(r.pools.len());
         for (n, p) in r.pools.iter().enumerate() {
             let item = ItemId::parse(&format!("pools[{n}].item_id"), &p.item_id).map_err(CenterError::from)?;
@@ -284,6 +316,7 @@ impl pb::center_server::Center for CenterService {
         };
         if let Some(c) = &channel {
             authorize(&own, c.as_str())?;
+            self.limits.call(c.as_str(), 1)?;
         }
         let policy = self.store.policy(&item, channel.as_ref()).await?;
         let mut live = None;
@@ -303,6 +336,7 @@ impl pb::center_server::Center for CenterService {
         let r = request.into_inner();
         let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
         authorize(&own, channel.as_str())?;
+        self.limits.call(channel.as_str(), 1)?;
         if r.item_ids.is_empty() || r.item_ids.len() > MAX_DESCRIBE_ITEMS {
             let reason = format!("must name 1 to {MAX_DESCRIBE_ITEMS} items");
             return Err(CenterError::from(ValidationError::new("item_ids", r.item_ids.len() as u64, reason)).into());
@@ -337,10 +371,13 @@ impl pb::center_server::Center for CenterService {
         let r = request.into_inner();
         let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
         authorize(&own, channel.as_str())?;
+        self.limits.call(channel.as_str(), 1)?;
         match self.store.session(&channel).await? {
             Some(s) => s.check_epoch(&channel, r.epoch).map_err(CenterError::from)?,
             None => return Err(CenterError::Precondition(format!("channel {channel} is not registered")).into()),
         }
+        // Held by the stream: its place is freed when the stream ends or its caller leaves.
+        let open = self.limits.watch(channel.as_str())?;
         let store = Arc::clone(&self.store);
         let name = channel.to_string();
         let stream = BroadcastStream::new(self.events.subscribe())
@@ -359,7 +396,10 @@ impl pb::center_server::Center for CenterService {
         let stopping = async move {
             let _ = stop.wait_for(|s| *s).await;
         };
-        Ok(Response::new(Box::pin(stream.take_until(stopping).map(Ok))))
+        Ok(Response::new(Box::pin(stream.take_until(stopping).map(move |e| {
+            let _open = &open;
+            Ok(e)
+        }))))
     }
 }
 
@@ -370,9 +410,11 @@ impl CenterService {
         let item = ItemId::parse("item_id", &r.item_id).map_err(CenterError::from)?;
         let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
         authorize(&own, channel.as_str())?;
+        self.limits.call(channel.as_str(), 1)?;
         let quantity = Quantity::parse("quantity", r.quantity).map_err(CenterError::from)?;
         let request_id = RequestId::parse("request_id", &r.request_id).map_err(CenterError::from)?;
         tracing::Span::current().record("request_id", request_id.as_str());
+        self.refuse_if_too_old(&request_id)?;
         self.refuse_if_beyond_ledger(&item)?;
         let rate = BorrowRate { sell_rate_milli: rate("sell_rate_milli", r.sell_rate_milli)?, now_ms: now_ms() };
         let out = if *self.faults.hold_borrows.borrow() {
@@ -418,6 +460,8 @@ impl CenterService {
             let reason = format!("must hold 1 to {MAX_BORROW_LINES} lines");
             return Err(CenterError::from(ValidationError::new("lines", r.lines.len() as u64, reason)).into());
         }
+        // Each line is a Borrow of its own (and leaves a record of its own).
+        self.limits.call(channel.as_str(), r.lines.len())?;
         let now = now_ms();
         let mut lines = Vec::with_capacity(r.lines.len());
         for (n, l) in r.lines.iter().enumerate() {
@@ -430,6 +474,7 @@ impl CenterService {
             });
         }
         for l in &lines {
+            self.refuse_if_too_old(&l.request_id)?;
             self.refuse_if_beyond_ledger(&l.item)?;
         }
         let answers = self.store.borrow_many(&channel, r.epoch, &lines).await?;
@@ -471,9 +516,11 @@ impl CenterService {
         let item = ItemId::parse("item_id", &r.item_id).map_err(CenterError::from)?;
         let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
         authorize(&own, channel.as_str())?;
+        self.limits.call(channel.as_str(), 1)?;
         let quantity = Quantity::parse("quantity", r.quantity).map_err(CenterError::from)?;
         let request_id = RequestId::parse("request_id", &r.request_id).map_err(CenterError::from)?;
         tracing::Span::current().record("request_id", request_id.as_str());
+        self.refuse_if_too_old(&request_id)?;
         let out = self.store.give_back(&item, &channel, r.epoch, quantity, &request_id).await?;
         if !out.replayed {
             self.events.publish(LedgerEvent::Restocked {

@@ -343,8 +343,8 @@ pub trait LedgerStore: Send + Sync + 'static {
     /// registration starts above it. NOT_FOUND for a channel without a row.
     async fn remove_channel(&self, channel: &Channel, now_ms: i64) -> Result<RemovedChannel>;
     /// Deletes up to `limit` request records no retry can use any more (an agent's request
-    /// of an epoch its channel has left); returns how many.
-    async fn prune_requests(&self, limit: u32) -> Result<u64>;
+    /// of an epoch its channel has left, or created before `before_ms`); returns how many.
+    async fn prune_requests(&self, limit: u32, before_ms: i64) -> Result<u64>;
     /// `(batches, calls)`: the group-commit transactions of Borrows and Returns run since
     /// start, and the calls they answered.
     fn group_commits(&self) -> (u64, u64);

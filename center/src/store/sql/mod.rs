@@ -277,8 +277,8 @@ impl LedgerStore for SqlLedger {
         SqlLedger::remove_channel(self, channel, now_ms).await
     }
 
-    async fn prune_requests(&self, limit: u32) -> Result<u64> {
-        SqlLedger::prune_requests(self, limit).await
+    async fn prune_requests(&self, limit: u32, before_ms: i64) -> Result<u64> {
+        SqlLedger::prune_requests(self, limit, before_ms).await
     }
 
     fn group_commits(&self) -> (u64, u64) {

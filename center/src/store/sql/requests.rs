@@ -88,13 +88,19 @@ impl SqlLedger {
     /// superseded stays superseded. A removed channel has left every epoch up to its last
     /// one (a new registration starts above it), so its records go too. Operators' records
     /// have no epoch and are kept.
-    pub(super) async fn prune_requests(&self, limit: u32) -> Result<u64> {
+    ///
+    /// Also an agent's records created before `before_ms`, whatever their epoch: the
+    /// service refuses a request made that long ago before it looks for its record
+    /// (`inventory_core::records`), so no retry can use them either.
+    pub(super) async fn prune_requests(&self, limit: u32, before_ms: i64) -> Result<u64> {
         let done = sqlx::query(
             "DELETE FROM requests WHERE (scope, request_id) IN (SELECT r.scope, r.request_id FROM requests r \
              LEFT JOIN channels c ON c.channel = r.channel LEFT JOIN removed_channels t ON t.channel = r.channel \
-             WHERE r.epoch < COALESCE(c.epoch, t.epoch + 1) LIMIT $1)",
+             WHERE r.epoch < COALESCE(c.epoch, t.epoch + 1) OR (r.channel IS NOT NULL AND r.created_at_ms < $2) \
+             LIMIT $1)",
         )
         .bind(i64::from(limit))
+        .bind(before_ms)
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected())
