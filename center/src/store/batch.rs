@@ -453,6 +453,23 @@ mod tests {
     }
 
     #[test]
+    fn a_borrow_short_only_of_units_kept_for_floors_is_held_back_not_dry() {
+        let mut snap = snapshot(10);
+        let web = ledger::ChannelShare { channel: "web".into(), weight: 1, cap_units: 0, floor_units: 8 };
+        let shares = ChannelShares::from_stored(vec![web]);
+        snap.plans.insert("i".into(), ItemPlan { shares, ..Default::default() });
+        let alloc = Allocation { granted: 2, reported_at_ms: 1_000, ..Default::default() };
+        snap.allocs.insert(("i".into(), "web".into()), AllocRow { alloc, stored: true, lease_expires_at_ms: 60_000 });
+        let mut ask = op("i", "app", 9, "a", true);
+        ask.kind = OpKind::Borrow(BorrowRate { sell_rate_milli: 0, now_ms: 2_000 });
+        let out = apply(&[ask], vec![None], &snap);
+        let b = out.answers[0].as_ref().unwrap().into_borrow().unwrap();
+        // 6 of the 10 are kept for web's floor (8 − 2 held): app gets 4, and the 6 left
+        // are no reason to ask every channel to give back.
+        assert_eq!((b.granted, b.center_available, b.capped), (4, 0, true));
+    }
+
+    #[test]
     fn a_request_id_twice_in_a_batch_is_a_replay_or_already_exists() {
         let ops = [op("i", "app", 5, "a", true), op("i", "app", 5, "a", true), op("i", "app", 6, "a", true)];
         let out = apply(&ops, vec![None, None, None], &snapshot(100));

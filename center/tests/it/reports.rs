@@ -80,7 +80,7 @@ async fn a_lost_or_recreated_pool_puts_its_units_in_doubt(c: TestCenter) {
 /// The floors the center hands `channel` for `item`: (registration, DescribeItem).
 async fn floors(center: &mut CenterClient<Channel>, item: &str) -> (Vec<u64>, Vec<u64>) {
     let reg = center
-        .register_agent(pb::RegisterAgentRequest { channel: "app".into(), agent_id: "app-1".into() })
+        .register_agent(pb::RegisterAgentRequest { channel: "app".into(), agent_id: "app-1".into(), fenced_at: 0 })
         .await
         .expect("register")
         .into_inner();

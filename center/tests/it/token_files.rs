@@ -173,7 +173,7 @@ fn with_token<T>(message: T, token: &str) -> tonic::Request<T> {
 }
 
 async fn register(client: &mut CenterClient<tonic::transport::Channel>, channel: &str, token: &str) -> Code {
-    let req = pb::RegisterAgentRequest { channel: channel.into(), agent_id: format!("{channel}-1") };
+    let req = pb::RegisterAgentRequest { channel: channel.into(), agent_id: format!("{channel}-1"), fenced_at: 0 };
     match client.register_agent(with_token(req, token)).await {
         Ok(_) => Code::Ok,
         Err(s) => s.code(),
