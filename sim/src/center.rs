@@ -253,7 +253,7 @@ impl Center {
         // that are below their cap, and the Borrow's rate becomes the channel's latest.
         let now = plan.now();
         let mut share = RateShare::default();
-        let usable = self.item(item).state.available.saturating_sub(now.kept);
+        let usable = now.usable(self.item(item).state.available);
         if quantity.min(now.room) > usable && sell_rate_milli > 0 {
             let others = self
                 .allocations
@@ -282,8 +282,7 @@ impl Center {
         // others while units are left), so no end-of-sale return is asked.
         let capped = quantity > now.room || (now.kept > 0 && entry.state.available > 0);
         // What the channel could still get once open: the floors kept, the cap's room.
-        let center_available =
-            entry.state.available.saturating_sub(plan.limits.kept).min(plan.limits.room.saturating_sub(granted));
+        let center_available = plan.limits.usable(entry.state.available).min(plan.limits.room.saturating_sub(granted));
         let answer = Answer::Borrow { granted, center_available };
         self.put_request(&m, request_id, answer);
         if !capped && granted < quantity && center_available == 0 {

@@ -256,7 +256,7 @@ pub fn apply(ops: &[Op], replays: Vec<Option<Result<Answer>>>, snap: &Snapshot) 
                 let before_opening = plan.room_before_opening(after.total, &akey.1, alloc.held(), rate.now_ms);
                 let now = ledger::Limits { room: limits.room.min(before_opening.unwrap_or(u64::MAX)), ..limits };
                 let mut share = RateShare::default();
-                let usable = after.available.saturating_sub(now.kept);
+                let usable = now.usable(after.available);
                 if op.quantity.get().min(now.room) > usable && rate.sell_rate_milli > 0 {
                     share = RateShare {
                         own_milli: rate.sell_rate_milli,
@@ -269,7 +269,7 @@ pub fn apply(ops: &[Op], replays: Vec<Option<Result<Answer>>>, snap: &Snapshot) 
                 let room = limits.room.saturating_sub(granted);
                 Ok(Answer::Borrow(BorrowOutcome {
                     granted,
-                    center_available: after.available.saturating_sub(limits.kept).min(room),
+                    center_available: limits.usable(after.available).min(room),
                     replayed: false,
                     // Units left but kept for other channels' floors: this channel is
                     // short, not the center dry, and an end-of-sale return would only

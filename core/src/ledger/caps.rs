@@ -184,10 +184,26 @@ pub struct Limits {
     pub room: u64,
     /// Units of the center's available kept for the other channels' floors.
     pub kept: u64,
+    /// What the asking channel's own floor still lacks (`floor − held`).
+    pub own_floor: u64,
 }
 
 impl Limits {
-    pub const NONE: Limits = Limits { room: u64::MAX, kept: 0 };
+    pub const NONE: Limits = Limits { room: u64::MAX, kept: 0, own_floor: 0 };
+
+    /// Units of the center's `available` this Borrow may take: what the floors kept for
+    /// the others leave. When lost units left the center less than the floors together
+    /// lack, the floor channels share what is left by what each lacks (rounded up), so
+    /// two floor channels never each wait on units kept for the other.
+    pub fn usable(&self, available: u64) -> u64 {
+        let free = available.saturating_sub(self.kept);
+        let lacking = self.kept.saturating_add(self.own_floor);
+        if self.own_floor == 0 || lacking <= available {
+            return free;
+        }
+        let fair = (u128::from(available) * u128::from(self.own_floor)).div_ceil(u128::from(lacking));
+        free.max(u64::try_from(fair).unwrap_or(available).min(available))
+    }
 }
 
 /// The limits of a Borrow by `channel` holding `held`, with the item's other channels
@@ -204,12 +220,13 @@ pub fn limits<'a>(
         return Limits::NONE;
     }
     let room = shares.cap(channel).map_or(u64::MAX, |cap| cap.saturating_sub(held));
+    let own_floor = shares.get(channel).map_or(0, |s| s.floor_units.saturating_sub(held));
     let kept = peers
         .into_iter()
         .filter(|(c, _)| *c != channel)
         .filter_map(|(c, p)| shares.get(c).map(|s| floor_kept(s, &p, now_ms, opens_at_ms)))
         .fold(0u64, u64::saturating_add);
-    Limits { room, kept }
+    Limits { room, kept, own_floor }
 }
 
 /// Whether a channel holding `held` is at its cap (its rate then claims no share).
@@ -228,7 +245,7 @@ pub fn borrow_planned(
     limits: Limits,
 ) -> u64 {
     let asked = quantity.get().min(limits.room);
-    let usable = item.available.saturating_sub(limits.kept);
+    let usable = limits.usable(item.available);
     if asked == 0 || usable == 0 {
         return 0;
     }

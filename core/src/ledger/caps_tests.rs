@@ -90,7 +90,7 @@ fn floors_are_kept_from_a_fast_channel_while_their_channel_sells() {
     let ask = |n| Quantity::parse("q", n).unwrap();
     // The slow channel holds 50 of its floor: 150 more are kept.
     let l = limits(&p, "fast", 0, [("slow", live(50)), ("fast", live(0))], NOW, 0);
-    assert_eq!(l, Limits { room: u64::MAX, kept: 150 });
+    assert_eq!(l, Limits { room: u64::MAX, kept: 150, own_floor: 0 });
     assert_eq!(borrow_planned(&mut item, &mut fast, ask(10_000), rates, l), 841, "its rate share of 850");
     let mut more = 0;
     for _ in 0..20 {
@@ -125,4 +125,25 @@ fn rate_shares_apply_within_the_floors() {
     let l = limits(&p, "fast", 0, [("slow", live(0))], NOW, 0);
     let rates = RateShare { own_milli: 3_000, others_milli: 1_000 };
     assert_eq!(borrow_planned(&mut item, &mut a, Quantity::parse("q", 1_000).unwrap(), rates, l), 150);
+}
+
+#[test]
+fn floor_channels_short_of_units_share_what_is_left_instead_of_waiting_on_each_other() {
+    // Units lost since the plan was made: 6 left, web lacks 6 of its floor, partner 6.
+    let p = plan(&[share("web", 1, 0, 11), share("partner", 1, 37, 33), share("app", 1, 0, 0)]);
+    let mut item = ItemState::new(Quantity::parse("total", 48).unwrap(), 1, 1);
+    item.available = 6;
+    let ask = |n| Quantity::parse("q", n).unwrap();
+    let mut web = Allocation { granted: 5, ..Default::default() };
+    let mut partner = Allocation { granted: 27, ..Default::default() };
+    let app = limits(&p, "app", 0, [("web", live(5)), ("partner", live(27))], NOW, 0);
+    assert_eq!(app.usable(item.available), 0, "a channel without a floor takes nothing kept for floors");
+    let l = limits(&p, "web", web.held(), [("partner", live(partner.held())), ("app", live(0))], NOW, 0);
+    assert_eq!(l, Limits { room: u64::MAX, kept: 6, own_floor: 6 });
+    assert_eq!(borrow_planned(&mut item, &mut web, ask(10), RateShare::default(), l), 3, "half of what is left");
+    let l = limits(&p, "partner", partner.held(), [("web", live(web.held())), ("app", live(0))], NOW, 0);
+    assert_eq!(borrow_planned(&mut item, &mut partner, ask(10), RateShare::default(), l), 2, "3 by 6 of 9 lacking");
+    let l = limits(&p, "web", web.held(), [("partner", live(partner.held())), ("app", live(0))], NOW, 0);
+    assert_eq!(borrow_planned(&mut item, &mut web, ask(10), RateShare::default(), l), 1, "the last unit");
+    assert_eq!(item.available, 0);
 }
