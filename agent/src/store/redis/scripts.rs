@@ -23,6 +23,8 @@ pub(super) struct Scripts {
     pub(super) events: Script,
     pub(super) trim_events: Script,
     pub(super) moves: Script,
+    /// `return 1` on a pool's key: what a script call costs Redis when it does nothing.
+    pub(super) bare: Script,
 }
 
 /// A script that reads or writes a pool's structures: `lua/intact.lua` (whether the pool
@@ -96,6 +98,7 @@ impl Scripts {
             events: Script::new(include_str!("../../../../lua/events.lua")),
             trim_events: Script::new(include_str!("../../../../lua/trim_events.lua")),
             moves: Script::new(include_str!("../../../../lua/moves.lua")),
+            bare: Script::new("return 1"),
         }
     }
 }
