@@ -115,7 +115,9 @@ pub async fn run(args: MemoryArgs) -> anyhow::Result<bool> {
 }
 
 async fn measure(url: &str, records: u64, args: &MemoryArgs, users: Arc<UserSampler>) -> anyhow::Result<MemoryReport> {
-    let mut conn = redis::Client::open(url)?.get_multiplexed_async_connection().await?;
+    // MEMORY USAGE of a million elements takes longer than the client's default wait.
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(60)));
+    let mut conn = redis::Client::open(url)?.get_multiplexed_async_connection_with_config(&config).await?;
     let store = Arc::new(RedisPoolStore::new(url, PREFIX).await?);
     let pool = PoolKey::new("bench", "bytes");
     store.refill(&pool, "bench-bytes-refill", records, 0).await?;
