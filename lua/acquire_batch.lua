@@ -17,7 +17,7 @@
 --
 -- KEYS: as acquire.lua (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
 --   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
---   2 res     hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key,
+--   2 res     hash  reservation_id -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key,
 --                                  r = requested quantity, only when fewer were reserved}
 --   3 due     zset  reservation_id scored by expires_at_ms (RESERVED ones only)
 --   4 held    hash  user_id -> units held (reserved + confirmed)
@@ -87,7 +87,7 @@ local function acquire(user, qty, key, new_id, limit, ttl, expect, partial)
     existing = redis.call('HGET', K_IDEM, key)
     if existing then
       local raw = redis.call('HGET', K_RES, existing)
-      rec = raw and cjson.decode(raw)
+      rec = raw and record_decode(raw)
     end
   end
   if rec then
@@ -107,7 +107,7 @@ local function acquire(user, qty, key, new_id, limit, ttl, expect, partial)
   local expires_at = now + ttl
   rec = new_record(user, key, qty, requested, expires_at)
   -- The record first, and only if the id is new: nothing else is written otherwise.
-  if redis.call('HSETNX', K_RES, new_id, reservation_json(rec)) == 0 then
+  if redis.call('HSETNX', K_RES, new_id, record_encode(rec)) == 0 then
     return {'duplicate_id'}
   end
   available = available - qty

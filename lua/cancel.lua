@@ -6,7 +6,7 @@
 --
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
 --   1 pool  hash  available, reserved, sold, generation, event_seq, events_dropped
---   2 res   hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
+--   2 res   hash  reservation_id -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
 --   3 due   zset  reservation_id scored by expires_at_ms (RESERVED ones only)
 --   4 held  hash  user_id -> units held (reserved + confirmed)
 --   5 gc    zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten
@@ -43,7 +43,7 @@ end
 if state == 'missing' then
   return {'lost'}
 end
-local rec = cjson.decode(raw)
+local rec = record_decode(raw)
 if rec.s == 'confirmed' or rec.s == 'refunded' then
   return {'refused', rec.s}
 elseif rec.s ~= 'reserved' then

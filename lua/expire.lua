@@ -1,10 +1,11 @@
 -- expire.lua: the sweeper's call. Expires up to max_count RESERVED reservations whose
 -- expires_at_ms <= Redis TIME (units back to available, the users' allowance freed), then
--- forgets up to gc_batch finished records whose retention ran out, so memory stays bounded.
+-- forgets up to gc_batch finished records whose retention ran out, so memory stays bounded,
+-- and converts up to about gc_batch records of a pool written with JSON records.
 --
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
 --   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
---   2 res     hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
+--   2 res     hash  reservation_id -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
 --   3 due     zset  reservation_id scored by expires_at_ms (RESERVED ones only)
 --   4 held    hash  user_id -> units held (reserved + confirmed)
 --   5 idem    hash  idempotency_key -> reservation_id
@@ -45,7 +46,7 @@ if max_count > 0 then
     redis.call('ZREM', K_DUE, id)
     local raw = redis.call('HGET', K_RES, id)
     if raw then
-      local rec = cjson.decode(raw)
+      local rec = record_decode(raw)
       if rec.s == 'reserved' then
         freed = freed + release_reserved(k, id, rec, 'expired', now, retention, outbox_max)
       end
@@ -60,7 +61,7 @@ if gc_batch > 0 then
     if kind == 'r' then
       local raw = redis.call('HGET', K_RES, id)
       if raw then
-        local rec = cjson.decode(raw)
+        local rec = record_decode(raw)
         if rec.s ~= 'reserved' then
           redis.call('HDEL', K_RES, id)
           if redis.call('HGET', K_IDEM, rec.k) == id then
@@ -74,6 +75,26 @@ if gc_batch > 0 then
       redis.call('HDEL', K_TAKES, id)
     end
     redis.call('ZREM', K_GC, member)
+  end
+end
+
+-- A pool written before the compact record encoding (codec.lua) holds JSON records: they
+-- are rewritten compact, about gc_batch per call (an HSCAN whose cursor the pool hash
+-- keeps), until a full pass of the hash is done and the pool hash says `records` =
+-- 'compact'. Nothing read changes meaning: the same record in another encoding.
+if gc_batch > 0 and redis.call('HGET', K_POOL, 'records') ~= 'compact' then
+  local step = redis.call('HSCAN', K_RES, redis.call('HGET', K_POOL, 'records_cursor') or '0', 'COUNT', gc_batch)
+  local fields = step[2]
+  for i = 1, #fields, 2 do
+    if string.sub(fields[i + 1], 1, 1) == '{' then
+      redis.call('HSET', K_RES, fields[i], record_encode(cjson.decode(fields[i + 1])))
+    end
+  end
+  if step[1] == '0' then
+    redis.call('HSET', K_POOL, 'records', 'compact')
+    redis.call('HDEL', K_POOL, 'records_cursor')
+  else
+    redis.call('HSET', K_POOL, 'records_cursor', step[1])
   end
 end
 

@@ -7,7 +7,7 @@
 --
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
 --   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
---   2 res     hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
+--   2 res     hash  reservation_id -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
 --   3 due     zset  reservation_id scored by expires_at_ms (RESERVED ones only)
 --   4 held    hash  user_id -> units held (reserved + confirmed)
 --   5 gc      zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten
@@ -46,7 +46,7 @@ end
 if state == 'missing' then
   return {'lost'}
 end
-local rec = cjson.decode(raw)
+local rec = record_decode(raw)
 if rec.s ~= 'reserved' then
   return {'refused', rec.s}
 end
@@ -60,7 +60,7 @@ end
 local expires_at = math.max(tonumber(rec.e), now + extend_ms)
 if expires_at ~= tonumber(rec.e) then
   rec.e = expires_at
-  redis.call('HSET', K_RES, id, cjson.encode(rec))
+  redis.call('HSET', K_RES, id, record_encode(rec))
   redis.call('ZADD', K_DUE, expires_at, id)
   pool_wrote()
 end

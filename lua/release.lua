@@ -17,7 +17,7 @@ local function release_reserved(k, id, rec, to, now, retention, outbox_max)
   if redis.call('HINCRBY', k.held, rec.u, -qty) <= 0 then
     redis.call('HDEL', k.held, rec.u)
   end
-  redis.call('HSET', k.res, id, cjson.encode(rec))
+  redis.call('HSET', k.res, id, record_encode(rec))
   outbox_emit(k.pool, k.outbox, outbox_max, id, rec, 'reserved', now)
   return qty
 end

@@ -2,7 +2,7 @@
 -- past its expiry stays 'reserved' until the sweeper, a confirm or a cancel expires it.
 --
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
---   1 res   hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key,
+--   1 res   hash  reservation_id -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key,
 --                                  r = requested quantity when fewer were reserved (allow_partial)}
 --   2 idem  hash  idempotency_key -> reservation_id
 --   3 pool  hash  generation
@@ -29,5 +29,5 @@ local raw = redis.call('HGET', KEYS[1], id)
 if not raw then
   return false
 end
-local rec = cjson.decode(raw)
+local rec = record_decode(raw)
 return {id, rec.s, string.format('%d', rec.q), string.format('%d', rec.e), rec.u, rec.k, string.format('%d', rec.r or 0)}

@@ -2,7 +2,7 @@
 -- past its expiry stays 'reserved' until the sweeper, a confirm or a cancel expires it.
 --
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
---   1 res  hash  reservation_id -> cjson {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
+--   1 res  hash  reservation_id -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
 --   2 pool hash  generation
 --   3..10      the pool's structures, checked for their markers (intact.lua, prepended)
 -- ARGV:
@@ -17,4 +17,4 @@ local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then
   return false
 end
-return cjson.decode(raw).s
+return record_decode(raw).s

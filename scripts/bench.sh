@@ -8,7 +8,9 @@
 # bench-results/latest.json (--output FILE to change). Then figure (i) of segmented stock:
 # acquire.lua straight from Rust for one hot item in 1 and in 8 segments on a private
 # 3-master Redis Cluster it starts (redis-server and redis-cli needed), with the Redis CPU
-# per call; table to stdout, JSON to bench-results/segments.json.
+# per call; table to stdout, JSON to bench-results/segments.json. Before it, the Redis bytes
+# per live reservation: a million live reservations in one pool (50,000 with --quick) on a
+# private redis-server it starts and kills; JSON to bench-results/memory.json.
 #
 #   scripts/bench.sh            # the full run, about 2 minutes
 #   scripts/bench.sh --quick    # about a second per measurement (what CI runs)
@@ -20,11 +22,12 @@ cd "$(dirname "$0")/.."
 profile=release
 args=()
 segment_secs=5s
+memory_args=()
 segments=yes
 for a in "$@"; do
     case "$a" in
         --debug) profile=debug ;;
-        --quick) segment_secs=1s; args+=("$a") ;;
+        --quick) segment_secs=1s; memory_args+=(--quick); args+=("$a") ;;
         --only|--only=*) segments=no; args+=("$a") ;;
         *) args+=("$a") ;;
     esac
@@ -35,7 +38,9 @@ if [[ $profile == release ]]; then
 else
     cargo build -p inventory-bench
 fi
-"target/$profile/inventory-bench" suite "${args[@]}"
+bench="${CARGO_TARGET_DIR:-target}/$profile/inventory-bench"
+"$bench" suite "${args[@]}"
 [[ $segments == yes ]] || exit 0
 mkdir -p bench-results
-exec "target/$profile/inventory-bench" segments --duration "$segment_secs" --output bench-results/segments.json
+"$bench" memory "${memory_args[@]}" --output bench-results/memory.json
+exec "$bench" segments --duration "$segment_secs" --output bench-results/segments.json

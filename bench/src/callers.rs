@@ -1,5 +1,11 @@
-//! The other callers of the suite: the floor (gRPC health check), the naive baseline (one
-//! PostgreSQL row per purchase) and center Borrow.
+//! The other callers of the suite: the floor (gRPC health check), the bare script call on
+//! the Redis store's connections, the naive baseline (one PostgreSQL row per purchase) and
+//! center Borrow.
+
+use std::sync::Arc;
+
+use inventory_agent::store::PoolKey;
+use inventory_agent::store::redis::RedisPoolStore;
 
 use inventory_proto::v1 as pb;
 use inventory_proto::v1::center_client::CenterClient;
@@ -48,6 +54,22 @@ impl Caller for HealthCaller {
                     _ => Class::Error,
                 }
             }
+        }
+    }
+}
+
+/// One script call that does nothing (`return 1` on the pool's key) through the Redis
+/// store's own connections: what any script call costs Redis before it touches data.
+pub struct BareScriptCaller {
+    pub store: Arc<RedisPoolStore>,
+    pub pool: PoolKey,
+}
+
+impl Caller for BareScriptCaller {
+    async fn call(&mut self) -> Class {
+        match tokio::time::timeout(CALL_TIMEOUT, self.store.bare_call(&self.pool)).await {
+            Ok(Ok(())) => Class::Ok,
+            _ => Class::Error,
         }
     }
 }

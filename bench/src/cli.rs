@@ -45,6 +45,10 @@ pub enum Command {
     /// Figure (iv) of the suite alone: the opening second of a scheduled sale beside an
     /// unscheduled one (starts its own center and agents; local PostgreSQL and Redis).
     Opening(crate::opening::OpeningArgs),
+    /// Redis bytes per live reservation: one pool of a million live reservations (50,000
+    /// with --quick) on a private redis-server, `used_memory` before and after, and
+    /// `MEMORY USAGE` of each of the pool's structures.
+    Memory(crate::memory::MemoryArgs),
 }
 
 #[derive(Debug, Clone, clap::Args)]

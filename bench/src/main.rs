@@ -8,6 +8,7 @@
 //!   opening second of a scheduled sale beside an unscheduled one;
 //! - [`skew`], [`stats`], [`args`], [`report`]: pure helpers; [`auth`]: token and TLS of `acquire`; [`sysinfo`]: machine and CPU use;
 //! - [`segments`]: figure (i) of segmented stock, one segment against eight on a Redis Cluster;
+//! - [`memory`]: Redis bytes per live reservation, on a private redis-server;
 //! - [`env`]: fresh database, Redis prefix, in-process center and agents; [`suite`]: the run.
 //!
 //! **Invariant:** traffic goes only to this machine (loopback addresses; anything else is
@@ -22,6 +23,7 @@ mod cli;
 mod env;
 mod light;
 mod load;
+mod memory;
 mod opening;
 mod report;
 mod segments;
@@ -41,6 +43,7 @@ fn main() -> anyhow::Result<()> {
     let ok = match cli.command {
         cli::Command::Acquire(args) => client.block_on(cli::acquire(args))?,
         cli::Command::Segments(args) => client.block_on(segments::run(args))?,
+        cli::Command::Memory(args) => client.block_on(memory::run(args))?,
         cli::Command::Opening(args) => {
             let servers = runtime("bench-servers", 2)?;
             let ok = client.block_on(opening::run_alone(args, servers.handle().clone()));

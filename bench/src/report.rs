@@ -16,6 +16,7 @@ pub enum Phase {
     B,
     C,
     D,
+    D0,
     E,
     F,
     G,
@@ -25,8 +26,8 @@ pub enum Phase {
 }
 
 impl Phase {
-    pub const ALL: [Phase; 10] =
-        [Phase::A, Phase::B, Phase::C, Phase::D, Phase::E, Phase::F, Phase::G, Phase::H, Phase::I, Phase::J];
+    pub const ALL: [Phase; 11] =
+        [Phase::A, Phase::B, Phase::C, Phase::D, Phase::D0, Phase::E, Phase::F, Phase::G, Phase::H, Phase::I, Phase::J];
 
     pub fn id(self) -> &'static str {
         match self {
@@ -34,6 +35,7 @@ impl Phase {
             Phase::B => "b",
             Phase::C => "c",
             Phase::D => "d",
+            Phase::D0 => "d0",
             Phase::E => "e",
             Phase::F => "f",
             Phase::G => "g",
@@ -49,6 +51,7 @@ impl Phase {
             Phase::B => "Acquire, agent with memory store",
             Phase::C => "Acquire, agent with Redis store",
             Phase::D => "acquire.lua from Rust (EVALSHA), no gRPC",
+            Phase::D0 => "bare script (return 1) over the store's connections",
             Phase::E => "naive: UPDATE one PostgreSQL row per purchase",
             Phase::F => "center Borrow on PostgreSQL, one item",
             Phase::G => "Acquire, Redis store, open loop at 70% of c",
@@ -227,6 +230,9 @@ pub struct Ratios {
     pub c_over_a_by_cpu: Option<f64>,
     pub sold_out_over_in_stock_by_cpu: Option<f64>,
     pub h_over_a_by_cpu: Option<f64>,
+    /// Redis CPU per Acquire on the agent's Redis store (c) over Redis CPU per bare script
+    /// call (d0): what the reservation's data costs Redis beyond the call itself.
+    pub redis_cpu_c_over_d0: Option<f64>,
 }
 
 pub fn ratios(phases: &[PhaseResult]) -> Ratios {
@@ -236,7 +242,9 @@ pub fn ratios(phases: &[PhaseResult]) -> Ratios {
     let cpu = |p: Phase| get(p).map(|r| r.cpu_per_call.total_us());
     let by_cpu = |x: Phase, y: Phase| cpu(y).zip(cpu(x)).and_then(|(a, b)| stats::ratio(a, b));
     let g = get(Phase::G);
+    let redis_cpu = |p: Phase| get(p).map(|r| r.cpu_per_call.redis_us);
     Ratios {
+        redis_cpu_c_over_d0: redis_cpu(Phase::C).zip(redis_cpu(Phase::D0)).and_then(|(c, d0)| stats::ratio(c, d0)),
         b_over_a_by_cpu: by_cpu(Phase::B, Phase::A),
         c_over_a_by_cpu: by_cpu(Phase::C, Phase::A),
         sold_out_over_in_stock_by_cpu: by_cpu(Phase::H, Phase::C),
@@ -264,6 +272,7 @@ pub fn targets(q: &Ratios, client: ClientKind) -> Vec<Goal> {
         Goal::check("p99 of Acquire (Redis) at 70% of c, ms", q.p99_ms_at_70pct, Bound::AtMost, 10.0),
         Goal::check("center calls per 1,000 acquires (g)", q.center_calls_per_1000_acquires, Bound::AtMost, 20.0),
         Goal::check("h/c (sold-out rate vs in-stock rate)", q.sold_out_over_in_stock, Bound::AtLeast, 1.5),
+        Goal::check("c/d0 (Redis CPU per Acquire vs bare script)", q.redis_cpu_c_over_d0, Bound::AtMost, 1.0),
     ];
     if client == ClientKind::Light {
         goals.push(Goal::check("h/a (sold-out answers vs floor)", q.h_over_a, Bound::AtLeast, 0.9));
@@ -529,10 +538,13 @@ mod tests {
             result(Phase::G, 0, 40.0, 9_000.0, Some(4)),
             result(Phase::G, 1, 40.0, 5_000.0, Some(0)),
             result(Phase::G, 2, 40.0, 20_000.0, Some(2)),
+            result(Phase::D0, 0, 80.0, 1.0, None),
         ];
         let mut phases = aggregate(results, 2);
         phases[0].cpu_per_call = CpuPerCall { client_us: 20.0, servers_us: 20.0, ..CpuPerCall::default() };
         phases[1].cpu_per_call = CpuPerCall { client_us: 30.0, servers_us: 40.0, redis_us: 30.0, postgres_us: 0.0 };
+        assert_eq!(phases[2].id, "d0");
+        phases[2].cpu_per_call = CpuPerCall { redis_us: 12.0, ..CpuPerCall::default() };
         let a = &phases[0];
         assert_eq!((a.id, a.round, a.throughput), ("a", 2, 200.0));
         assert_eq!(a.rounds.iter().map(|f| f.throughput).collect::<Vec<_>>(), [100.0, 300.0, 200.0]);
@@ -540,7 +552,7 @@ mod tests {
         let c = &phases[1];
         assert_eq!((c.throughput, c.center_calls, c.acquires), (60.0, Some(6), 3_000));
         assert_eq!(c.center_calls_per_1000_acquires, Some(2.0));
-        let g = &phases[2];
+        let g = &phases[3];
         assert_eq!(g.latency_us.p99_us, 9_000.0, "the open-loop phase takes its median p99");
 
         let q = ratios(&phases);
@@ -548,10 +560,12 @@ mod tests {
         assert_eq!(q.b_over_a, None);
         assert_eq!(q.c_over_a_by_cpu, Some(0.4), "a costs 40 µs of CPU per call, c 100 µs");
         assert_eq!(q.p99_ms_at_70pct, Some(9.0));
+        assert_eq!(q.redis_cpu_c_over_d0, Some(2.5), "c costs Redis 30 µs per call, a bare script 12 µs");
         assert_eq!(q.center_calls_per_1000_acquires, Some(2.0));
         let t = targets(&q, ClientKind::Tonic);
         assert!(t.iter().any(|t| t.name.starts_with("p99") && t.met));
         assert!(t.iter().any(|t| t.name.starts_with("c/a") && !t.met));
+        assert!(t.iter().any(|t| t.name.starts_with("c/d0") && !t.met));
     }
 
     #[test]

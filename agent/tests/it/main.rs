@@ -44,5 +44,6 @@ mod store_durable;
 mod store_events;
 mod store_floor;
 mod store_full;
+mod store_layout;
 mod store_partial;
 mod token_files;

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use inventory_agent::store::redis::{DEFAULT_ACQUIRE_BATCH_MAX, RedisPoolStore};
+use inventory_agent::store::redis::{DEFAULT_ACQUIRE_BATCH_MAX, DEFAULT_CONNECTIONS, RedisPoolStore};
 use inventory_agent::store::{PoolKey, PoolStore};
 use inventory_proto::v1 as pb;
 use inventory_proto::v1::agent_client::AgentClient;
@@ -19,7 +19,7 @@ use super::{
     borrow_item, naive_connections,
 };
 use crate::acquire::{AcquireCaller, Target, Workload};
-use crate::callers::{BorrowCaller, HealthCaller, NaiveCaller};
+use crate::callers::{BareScriptCaller, BorrowCaller, HealthCaller, NaiveCaller};
 use crate::env::{AgentHandle, channels};
 use crate::load::{self, LoadSpec};
 use crate::report::ClientKind;
@@ -98,6 +98,18 @@ impl Runner<'_> {
                 };
                 AcquireCaller::new(i, target, Arc::clone(&workload))
             })
+            .collect())
+    }
+
+    /// Callers of a bare script call (d0) on one store built as the Redis agent builds
+    /// its own (the same number of multiplexed connections, used in turn), one call per
+    /// request: group commit never joins these.
+    pub(super) async fn bare_callers(&self) -> anyhow::Result<Vec<BareScriptCaller>> {
+        let connections = self.opts.redis.connections.unwrap_or(DEFAULT_CONNECTIONS);
+        let store = Arc::new(RedisPoolStore::with_connections(&self.redis.url, &self.redis.prefix, connections).await?);
+        let pool = PoolKey::new("bare-script", "bench-bare");
+        Ok((0..self.opts.concurrency)
+            .map(|_| BareScriptCaller { store: Arc::clone(&store), pool: pool.clone() })
             .collect())
     }
 

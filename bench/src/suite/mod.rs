@@ -6,6 +6,10 @@
 //! - c: Acquire on an agent with the Redis store;
 //! - d: `RedisPoolStore::acquire` straight from Rust (acquire.lua, or acquire_batch.lua for
 //!   the calls of a pool that arrive while one is in flight), no gRPC;
+//! - d0: a script that does nothing (`return 1` on a pool's key), one call per request,
+//!   over a store's connections built as the Redis agent builds its own: what a script
+//!   call costs Redis before it touches data (c's Redis CPU per call over d0's:
+//!   `ratios.redis_cpu_c_over_d0`);
 //! - e: the naive baseline, one PostgreSQL row updated per purchase;
 //! - f: center Borrow on PostgreSQL, every caller on one item (group commit joins them);
 //! - g: Acquire (Redis store) open loop at 70% of c, with default watermarks: its p99 and
@@ -41,7 +45,7 @@ use sqlx::PgPool;
 use tokio::runtime::Handle;
 
 use crate::acquire::{self, AcquireCaller};
-use crate::callers::{BorrowCaller, HealthCaller, NaiveCaller};
+use crate::callers::{BareScriptCaller, BorrowCaller, HealthCaller, NaiveCaller};
 use crate::env::{AgentHandle, BenchDatabase, BenchRedis, CenterHandle, RedisTuning, Store, channels};
 use crate::load::{self, Caller, LoadReport, LoadSpec};
 use crate::report::{ClientKind, Phase, PhaseResult, Report, Settings, render};
@@ -374,6 +378,7 @@ struct Fixtures {
     memory: Option<Vec<AcquireCaller>>,
     redis: Option<Vec<AcquireCaller>>,
     lua: Option<Vec<AcquireCaller>>,
+    bare: Option<Vec<BareScriptCaller>>,
     naive_pool: Option<PgPool>,
     naive: Option<Vec<NaiveCaller>>,
     borrow: Option<Vec<BorrowCaller>>,
@@ -465,6 +470,14 @@ impl<'a> Runner<'a> {
                 };
                 let (_, callers) = self.measure(phase, round, &spec, callers, None).await?;
                 self.fx.lua = Some(callers);
+            }
+            Phase::D0 => {
+                let callers = match self.fx.bare.take() {
+                    Some(c) => c,
+                    None => self.bare_callers().await?,
+                };
+                let (_, callers) = self.measure(phase, round, &spec, callers, None).await?;
+                self.fx.bare = Some(callers);
             }
             Phase::E => {
                 let callers = match self.fx.naive.take() {

@@ -337,6 +337,16 @@ impl RedisPoolStore {
         acquire_result(entry.acknowledged(reply)?, pool, &args.new_reservation_id)
     }
 
+    /// One call of a script that does nothing (`return 1`, the pool's `pool` key as its
+    /// only key, so a cluster routes it as the pool's scripts) over the store's
+    /// connections: the floor under what any script call of the pool costs Redis, which
+    /// the benchmark measures beside Acquire.
+    pub async fn bare_call(&self, pool: &PoolKey) -> Result<(), StoreError> {
+        let entry = self.entry(pool);
+        let _: Value = self.read(&self.shared.scripts.bare.key(&entry.keys.pool)).await?;
+        Ok(())
+    }
+
     fn batch(&self) -> BatchConfig {
         BatchConfig { durability: self.durability, max: self.batch_max, outbox_max: self.outbox_max }
     }

@@ -23,13 +23,20 @@ pub(super) struct Scripts {
     pub(super) events: Script,
     pub(super) trim_events: Script,
     pub(super) moves: Script,
+    /// `return 1` on a pool's key: what a script call costs Redis when it does nothing.
+    pub(super) bare: Script,
 }
 
 /// A script that reads or writes a pool's structures: `lua/intact.lua` (whether the pool
-/// still has all of them) joined with the script's own text.
+/// still has all of them) and `lua/codec.lua` (a reservation's record as stored) joined
+/// with the script's own text.
 macro_rules! with_intact {
     ($name:literal) => {
-        Script::new(concat!(include_str!("../../../../lua/intact.lua"), wrapped!($name)))
+        Script::new(concat!(
+            include_str!("../../../../lua/intact.lua"),
+            include_str!("../../../../lua/codec.lua"),
+            wrapped!($name)
+        ))
     };
 }
 
@@ -45,13 +52,14 @@ macro_rules! wrapped {
     };
 }
 
-/// A script that changes reservation states: `lua/intact.lua`, `lua/outbox.lua` (which
-/// writes the events) and `lua/release.lua` (a reservation back to available) joined with
-/// the script's own text.
+/// A script that changes reservation states: `lua/intact.lua`, `lua/codec.lua`,
+/// `lua/outbox.lua` (which writes the events) and `lua/release.lua` (a reservation back to
+/// available) joined with the script's own text.
 macro_rules! with_outbox {
     ($name:literal) => {
         Script::new(concat!(
             include_str!("../../../../lua/intact.lua"),
+            include_str!("../../../../lua/codec.lua"),
             include_str!("../../../../lua/outbox.lua"),
             include_str!("../../../../lua/release.lua"),
             wrapped!($name)
@@ -59,13 +67,14 @@ macro_rules! with_outbox {
     };
 }
 
-/// An acquire script: `lua/intact.lua`, the outbox and `lua/record.lua` (a new
-/// reservation's record, the replay and partial-acquire rules) joined with the script's
-/// own text.
+/// An acquire script: `lua/intact.lua`, `lua/codec.lua`, the outbox and `lua/record.lua`
+/// (a new reservation's record, the replay and partial-acquire rules) joined with the
+/// script's own text.
 macro_rules! for_acquire {
     ($name:literal) => {
         Script::new(concat!(
             include_str!("../../../../lua/intact.lua"),
+            include_str!("../../../../lua/codec.lua"),
             include_str!("../../../../lua/outbox.lua"),
             include_str!("../../../../lua/record.lua"),
             wrapped!($name)
@@ -96,6 +105,7 @@ impl Scripts {
             events: Script::new(include_str!("../../../../lua/events.lua")),
             trim_events: Script::new(include_str!("../../../../lua/trim_events.lua")),
             moves: Script::new(include_str!("../../../../lua/moves.lua")),
+            bare: Script::new("return 1"),
         }
     }
 }
