@@ -45,4 +45,5 @@ mod store_events;
 mod store_floor;
 mod store_full;
 mod store_partial;
+mod store_scripts;
 mod token_files;
