@@ -5,6 +5,10 @@ pub use inventory_net::{LogFormat, init_tracing};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+/// Default of `--basket-pending-ms`. Here rather than in `baskets`, so the configuration
+/// sits below the parts it configures.
+pub const DEFAULT_BASKET_PENDING_MS: u64 = 5_000;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum StoreKind {
     /// In-process pools (dashmap): no server needed; pools die with the process.
@@ -208,7 +212,7 @@ pub struct AgentConfig {
     /// derived keys is cancelled. Raised to at least twice --miss-wait-ms plus 1 s: a
     /// driver starts no line after half of it, so no line of a live basket is in flight
     /// when it is undone.
-    #[arg(long, env = "INVENTORY_BASKET_PENDING_MS", default_value_t = crate::baskets::DEFAULT_PENDING_MS)]
+    #[arg(long, env = "INVENTORY_BASKET_PENDING_MS", default_value_t = DEFAULT_BASKET_PENDING_MS)]
     pub basket_pending_ms: u64,
     /// Test-only fault point: the process aborts (no cleanup, as under kill -9) when a
     /// basket of this user has reserved its first line and not yet the next.
@@ -295,7 +299,7 @@ impl AgentConfig {
             buyer_registry_prefix: redis_prefix.to_owned(),
             buyer_claim_pending_ms: crate::buyers::limit::DEFAULT_PENDING_MS,
             test_abort_after_claim: None,
-            basket_pending_ms: crate::baskets::DEFAULT_PENDING_MS,
+            basket_pending_ms: DEFAULT_BASKET_PENDING_MS,
             test_abort_between_basket_lines: None,
             test_abort_after_move_take: false,
             test_clock_skew_ms: 0,

@@ -112,7 +112,7 @@ pub struct Item {
     /// Each segment's counters as last read (metrics and reports render from them).
     segment_snapshots: Mutex<Vec<inventory_core::pool::PoolSnapshot>>,
     /// Which segments the store lost (the leading replica's reads).
-    segment_health: Mutex<crate::segmented::SegmentHealth>,
+    segment_health: Mutex<crate::segment_health::SegmentHealth>,
 }
 
 impl Item {
@@ -188,7 +188,7 @@ impl Item {
         self.segment_snapshots.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|s| s.available).collect()
     }
 
-    pub(crate) fn with_segment_health<R>(&self, f: impl FnOnce(&mut crate::segmented::SegmentHealth) -> R) -> R {
+    pub(crate) fn with_segment_health<R>(&self, f: impl FnOnce(&mut crate::segment_health::SegmentHealth) -> R) -> R {
         f(&mut self.segment_health.lock().unwrap_or_else(|e| e.into_inner()))
     }
 

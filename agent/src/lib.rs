@@ -6,9 +6,11 @@
 //! - [`selling`]: the hot path (Acquire) and the reservation calls;
 //! - [`stocking`]: carries out each item's Borrows, Returns and resyncs, one at a time;
 //! - [`segmented`]: an item's segment pools as one pool for the rules, and moves between them;
+//! - [`segment_health`]: which segments the store lost, and one generation for many;
 //! - [`reporting`]: the pools as heartbeats report them;
 //! - [`events`]: the center's channel events;
 //! - [`outbox`]: the pools' reservation events on the wire, and `StreamEvents`;
+//! - [`wire`]: the store's reservation types as the wire's messages;
 //! - [`replicas`]: one leader per channel among replicas sharing a pool store;
 //! - [`link`]: the center client (request ids, retries, epoch, lease);
 //! - [`agent`]: the parts put together, registration and drain;
@@ -32,12 +34,14 @@ pub mod replicas;
 pub mod reporting;
 pub mod role;
 pub mod security;
+pub mod segment_health;
 pub mod segmented;
 pub mod selling;
 pub mod service;
 pub mod startup;
 pub mod stocking;
 pub mod store;
+pub mod wire;
 pub mod workers;
 
 pub use config::AgentConfig;

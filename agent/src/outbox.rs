@@ -22,8 +22,8 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::task::TaskTracker;
 
 use crate::items::{Item, Items};
-use crate::selling::reservation_state_pb;
 use crate::store::{PoolEvent, PoolKey, PoolStore};
+use crate::wire::reservation_state_pb;
 
 /// Events read from one pool per store call.
 const PAGE: u64 = 256;

@@ -14,8 +14,9 @@ use tonic::{Request, Response, Status};
 use crate::agent::Agent;
 use crate::error::AgentError;
 use crate::metrics::Method;
-use crate::selling::{AcquireRequest, reservation_state_pb};
+use crate::selling::AcquireRequest;
 use crate::store::ReservationRef;
+use crate::wire::reservation_state_pb;
 
 /// The longest Extend asks for: 1e9 ms (about 11.6 days), far beyond any reservation TTL.
 const MAX_EXTEND_MS: u64 = 1_000_000_000;

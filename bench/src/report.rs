@@ -233,6 +233,12 @@ pub struct Ratios {
     /// Redis CPU per Acquire on the agent's Redis store (c) over Redis CPU per bare script
     /// call (d0): what the reservation's data costs Redis beyond the call itself.
     pub redis_cpu_c_over_d0: Option<f64>,
+    /// The servers' threads' CPU per Acquire on the Redis store over their CPU per floor
+    /// call (x/y = cpu(x) / cpu(y), a cost ratio: lower is better): what the agent itself
+    /// adds to a call, Redis and the load generator left out.
+    pub servers_cpu_c_over_a: Option<f64>,
+    /// The same for the memory store.
+    pub servers_cpu_b_over_a: Option<f64>,
 }
 
 pub fn ratios(phases: &[PhaseResult]) -> Ratios {
@@ -241,10 +247,14 @@ pub fn ratios(phases: &[PhaseResult]) -> Ratios {
     let over = |x: Phase, y: Phase| rate(x).zip(rate(y)).and_then(|(a, b)| stats::ratio(a, b));
     let cpu = |p: Phase| get(p).map(|r| r.cpu_per_call.total_us());
     let by_cpu = |x: Phase, y: Phase| cpu(y).zip(cpu(x)).and_then(|(a, b)| stats::ratio(a, b));
+    let servers = |p: Phase| get(p).map(|r| r.cpu_per_call.servers_us);
+    let servers_cost = |x: Phase, y: Phase| servers(x).zip(servers(y)).and_then(|(a, b)| stats::ratio(a, b));
     let g = get(Phase::G);
     let redis_cpu = |p: Phase| get(p).map(|r| r.cpu_per_call.redis_us);
     Ratios {
         redis_cpu_c_over_d0: redis_cpu(Phase::C).zip(redis_cpu(Phase::D0)).and_then(|(c, d0)| stats::ratio(c, d0)),
+        servers_cpu_c_over_a: servers_cost(Phase::C, Phase::A),
+        servers_cpu_b_over_a: servers_cost(Phase::B, Phase::A),
         b_over_a_by_cpu: by_cpu(Phase::B, Phase::A),
         c_over_a_by_cpu: by_cpu(Phase::C, Phase::A),
         sold_out_over_in_stock_by_cpu: by_cpu(Phase::H, Phase::C),
@@ -448,6 +458,8 @@ pub fn render(report: &Report) -> String {
         ("c/a by CPU per call", q.c_over_a_by_cpu),
         ("h/c by CPU per call", q.sold_out_over_in_stock_by_cpu),
         ("h/a by CPU per call", q.h_over_a_by_cpu),
+        ("servers' CPU per call c/a (cost)", q.servers_cpu_c_over_a),
+        ("servers' CPU per call b/a (cost)", q.servers_cpu_b_over_a),
     ] {
         goals.push(vec![name.into(), opt(v, 2), "info".into(), String::new()]);
     }
@@ -559,6 +571,7 @@ mod tests {
         assert_eq!(q.c_over_a, Some(0.3));
         assert_eq!(q.b_over_a, None);
         assert_eq!(q.c_over_a_by_cpu, Some(0.4), "a costs 40 µs of CPU per call, c 100 µs");
+        assert_eq!(q.servers_cpu_c_over_a, Some(2.0), "the servers' part: 40 µs against 20 µs");
         assert_eq!(q.p99_ms_at_70pct, Some(9.0));
         assert_eq!(q.redis_cpu_c_over_d0, Some(2.5), "c costs Redis 30 µs per call, a bare script 12 µs");
         assert_eq!(q.center_calls_per_1000_acquires, Some(2.0));

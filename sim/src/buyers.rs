@@ -1,4 +1,4 @@
-//! Buyers and the agent's selling path, as `agent/src/selling.rs` runs it over the rules:
+//! Buyers and the agent's selling path, as `agent/src/selling/acquire.rs` runs it over the rules:
 //! admission, one pool call, and on a miss the rules' plan (answer, signal in the
 //! background, or wait up to the miss wait for the item's Borrow and try once more).
 

@@ -23,9 +23,6 @@ use crate::store::{BasketWrite, ReservationRef, ReservationState, StoredBasket};
 
 mod settle;
 
-/// Default of `--basket-pending-ms`.
-pub const DEFAULT_PENDING_MS: u64 = 5_000;
-
 /// How often a replay looks again at an intent another caller drives.
 const WAIT_STEP: Duration = Duration::from_millis(25);
 
@@ -42,7 +39,7 @@ pub struct Baskets {
 
 impl Default for Baskets {
     fn default() -> Self {
-        Self { pending_ms: DEFAULT_PENDING_MS, abort_between_lines: None }
+        Self { pending_ms: crate::config::DEFAULT_BASKET_PENDING_MS, abort_between_lines: None }
     }
 }
 

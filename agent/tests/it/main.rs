@@ -46,4 +46,5 @@ mod store_floor;
 mod store_full;
 mod store_layout;
 mod store_partial;
+mod store_scripts;
 mod token_files;

@@ -39,8 +39,8 @@ impl PoolEntry {
     }
 
     /// Appends the floor as the script's last ARGV, where `lua/intact.lua` reads it.
-    pub(super) fn floor_arg(&self, call: &mut ScriptInvocation<'_>) {
-        call.arg(self.floor.load(Ordering::Acquire));
+    pub(super) fn floor_arg(&self, call: &mut impl Argv) {
+        call.push(self.floor.load(Ordering::Acquire));
     }
 
     /// The reply of a script wrapped by `lua/intact.lua`'s `pool_reply`, `{wseq, reply}`:
@@ -157,23 +157,22 @@ pub(super) async fn send_batch(
     batch: &[Waiter],
 ) -> Result<Vec<Result<AcquireResult, StoreError>>, StoreError> {
     let (pool, k) = (&entry.pool, &entry.keys);
-    let mut call = shared.scripts.acquire_batch.key(&k.pool);
-    call.key(&k.res).key(&k.due).key(&k.held).key(&k.idem).key(&k.outbox);
-    k.structures(&mut call);
-    call.arg(batch.len()).arg(config.outbox_max);
-    for w in batch {
-        let a = &w.args;
-        call.arg(&a.user_id).arg(a.quantity).arg(&a.idempotency_key).arg(&a.new_reservation_id);
-        call.arg(a.per_user_limit).arg(a.reservation_ttl_ms).arg(a.expect_generation.unwrap_or(0));
-        call.arg(u8::from(a.allow_partial));
-    }
-    entry.floor_arg(&mut call);
+    let keys = k.acquire_keys();
+    let script = &shared.scripts.acquire_batch;
     let stats = &shared.stats;
     let n = u64::try_from(batch.len()).unwrap_or(u64::MAX);
     stats.calls.fetch_add(1, Ordering::Relaxed);
     stats.requests.fetch_add(n, Ordering::Relaxed);
     stats.largest.fetch_max(n, Ordering::Relaxed);
-    let reply: Value = write(shared, config.durability, &k.pool, &call).await?;
+    let reply: Value = if config.durability.is_none() {
+        let mut call = Evalsha::new(script, &keys, 3 + 8 * batch.len());
+        batch_argv(&mut call, entry, config.outbox_max, batch);
+        call.run(shared.conn()).await?
+    } else {
+        let mut call = invocation(script, &keys);
+        batch_argv(&mut call, entry, config.outbox_max, batch);
+        write(shared, config.durability, &k.pool, &call).await?
+    };
     let replies = array("acquire_batch", entry.acknowledged(reply)?)?;
     if replies.len() != batch.len() {
         return Err(StoreError::Protocol(format!(
@@ -183,6 +182,18 @@ pub(super) async fn send_batch(
         )));
     }
     Ok(replies.into_iter().zip(batch).map(|(r, w)| acquire_result(r, pool, &w.args.new_reservation_id)).collect())
+}
+
+/// acquire_batch.lua's ARGV: the count and the outbox bound, eight per Acquire, the floor.
+fn batch_argv(call: &mut impl Argv, entry: &PoolEntry, outbox_max: u64, batch: &[Waiter]) {
+    call.push(batch.len()).push(outbox_max);
+    for w in batch {
+        let a = &w.args;
+        call.push(&a.user_id).push(a.quantity).push(&a.idempotency_key).push(&a.new_reservation_id);
+        call.push(a.per_user_limit).push(a.reservation_ttl_ms).push(a.expect_generation.unwrap_or(0));
+        call.push(u8::from(a.allow_partial));
+    }
+    entry.floor_arg(call);
 }
 
 /// The same error for each caller of a failed batch.

@@ -40,6 +40,7 @@ mod baskets;
 mod batch;
 mod durable;
 mod errors;
+mod evalsha;
 mod orders;
 pub mod policy;
 mod reply;
@@ -50,6 +51,7 @@ use batch::{BatchConfig, BatchCounters, Handoff, PoolEntry, Waiter, unwrap_seq};
 use durable::{ClusterNodes, Durability, DurablePool, DurableWrites, write};
 pub use errors::OUT_OF_MEMORY;
 use errors::map_err;
+use evalsha::{Argv, Evalsha, invocation};
 use reply::{acquire_result, array, int, state, string, transition, uint};
 use scripts::{Keys, Scripts};
 
@@ -325,15 +327,17 @@ impl RedisPoolStore {
         // lane passes on to those who queued meanwhile.
         let _handoff = Handoff { entry: Arc::clone(&entry), shared: Arc::clone(&self.shared), batch: self.batch() };
         let k = &entry.keys;
-        let mut call = self.shared.scripts.acquire.key(&k.pool);
-        call.key(&k.res).key(&k.due).key(&k.held).key(&k.idem).key(&k.outbox);
-        k.structures(&mut call);
-        call.arg(&args.user_id).arg(args.quantity).arg(&args.idempotency_key).arg(&args.new_reservation_id);
-        // 0 expects nothing: no pool has generation 0 and answered a reservation.
-        call.arg(args.per_user_limit).arg(args.reservation_ttl_ms).arg(args.expect_generation.unwrap_or(0));
-        call.arg(self.outbox_max).arg(u8::from(args.allow_partial));
-        entry.floor_arg(&mut call);
-        let reply: Value = self.write(&k.pool, &call).await?;
+        let keys = k.acquire_keys();
+        let script = &self.shared.scripts.acquire;
+        let reply: Value = if self.durability.is_none() {
+            let mut call = Evalsha::new(script, &keys, 10);
+            acquire_argv(&mut call, &entry, args, self.outbox_max);
+            self.noted(call.run(self.shared.conn()).await)?
+        } else {
+            let mut call = invocation(script, &keys);
+            acquire_argv(&mut call, &entry, args, self.outbox_max);
+            self.write(&k.pool, &call).await?
+        };
         acquire_result(entry.acknowledged(reply)?, pool, &args.new_reservation_id)
     }
 
@@ -350,6 +354,15 @@ impl RedisPoolStore {
     fn batch(&self) -> BatchConfig {
         BatchConfig { durability: self.durability, max: self.batch_max, outbox_max: self.outbox_max }
     }
+}
+
+/// acquire.lua's ARGV for one Acquire, then the floor.
+fn acquire_argv(call: &mut impl Argv, entry: &PoolEntry, args: &AcquireArgs, outbox_max: u64) {
+    call.push(&args.user_id).push(args.quantity).push(&args.idempotency_key).push(&args.new_reservation_id);
+    // 0 expects nothing: no pool has generation 0 and answered a reservation.
+    call.push(args.per_user_limit).push(args.reservation_ttl_ms).push(args.expect_generation.unwrap_or(0));
+    call.push(outbox_max).push(u8::from(args.allow_partial));
+    entry.floor_arg(call);
 }
 
 /// Runs a script that only reads.

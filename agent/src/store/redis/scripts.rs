@@ -125,6 +125,27 @@ pub(super) struct Keys {
 }
 
 impl Keys {
+    /// KEYS of `acquire.lua` and `acquire_batch.lua`: pool, res, due, held, idem, outbox,
+    /// then the structures.
+    pub(super) fn acquire_keys(&self) -> [&str; 14] {
+        [
+            &self.pool,
+            &self.res,
+            &self.due,
+            &self.held,
+            &self.idem,
+            &self.outbox,
+            &self.res,
+            &self.due,
+            &self.held,
+            &self.idem,
+            &self.gc,
+            &self.grants,
+            &self.takes,
+            &self.outbox,
+        ]
+    }
+
     /// Appends the pool's eight structures to a script's KEYS, in the order
     /// `lua/intact.lua`'s `structures_from` reads them: every script that reads or writes
     /// a pool checks them all for their markers before anything else.
