@@ -45,6 +45,10 @@ pub enum Command {
     /// Figure (iv) of the suite alone: the opening second of a scheduled sale beside an
     /// unscheduled one (starts its own center and agents; local PostgreSQL and Redis).
     Opening(crate::opening::OpeningArgs),
+    /// Figure (iii) of the suite alone: stocking many items through one agent, then a full
+    /// heartbeat, the scrapes and the console's reads at that size (own center and agent;
+    /// local PostgreSQL and Redis).
+    Stocking(crate::stocking::StockingArgs),
 }
 
 #[derive(Debug, Clone, clap::Args)]
