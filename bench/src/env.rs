@@ -250,6 +250,8 @@ impl AgentHandle {
     pub async fn start_stocking(rt: &Handle, center_url: &str, channel: &str, store: &Store) -> anyhow::Result<Self> {
         let mut config = Self::config(center_url, channel, store, None);
         config.item_lookups_per_sec = 1_000_000;
+        // A heartbeat of every pool is one call, whose time is measured rather than cut.
+        config.center_timeout_ms = 60_000;
         Self::start_configured(rt, config).await
     }
 

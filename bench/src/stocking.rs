@@ -57,8 +57,9 @@ pub struct AfterStocking {
     pub report_read_s: f64,
     pub heartbeat_pools: usize,
     pub heartbeat_bytes: usize,
-    /// The Heartbeat call carrying every pool, until the center answered.
+    /// The Heartbeat call carrying every pool, until the center answered (or failed).
     pub heartbeat_call_s: f64,
+    pub heartbeat_error: Option<String>,
     pub agent_scrape: Fetch,
     pub center_scrape: Fetch,
     pub console_page: Fetch,
@@ -122,10 +123,11 @@ pub async fn measure(
     let agent = AgentHandle::start_stocking(rt, &center.url, "stocking", store).await?;
     let figure = stock(&agent, items, &id).await;
     let after = match &figure {
-        Ok(_) => Some(after_stocking(center, &agent, items).await.context("after stocking")?),
+        Ok(_) => Some(after_stocking(center, &agent, items).await),
         Err(_) => None,
     };
     agent.stop("stocking agent").await;
+    let after = after.transpose().context("after stocking")?;
     figure.map(|(load_s, stocked_s, calls)| StockingFigure {
         items,
         create_s,
@@ -148,7 +150,7 @@ async fn after_stocking(center: &CenterHandle, agent: &AgentHandle, items: usize
         pb::HeartbeatRequest { channel: "stocking".into(), epoch: 1, pools: full.clone(), last_report: false }
             .encoded_len();
     let started = Instant::now();
-    agent.agent.link.heartbeat(full, false).await.map_err(|e| anyhow::anyhow!("full heartbeat: {e}"))?;
+    let heartbeat_error = agent.agent.link.heartbeat(full, false).await.err().map(|e| e.to_string());
     let heartbeat_call_s = started.elapsed().as_secs_f64();
     let last_page = format!("/api/items?offset={}&limit=100", items.saturating_sub(100));
     Ok(AfterStocking {
@@ -156,6 +158,7 @@ async fn after_stocking(center: &CenterHandle, agent: &AgentHandle, items: usize
         heartbeat_pools,
         heartbeat_bytes,
         heartbeat_call_s,
+        heartbeat_error,
         agent_scrape: get(agent.http, "/metrics").await?,
         center_scrape: get(center.http, "/metrics").await?,
         console_page: get(center.http, "/").await?,
@@ -243,13 +246,14 @@ fn render_after(a: &AfterStocking) -> String {
     let fetch =
         |what: &str, f: &Fetch| format!("{what} {:.1} ms, {:.1} KiB (HTTP {})", f.s * 1e3, kb(f.bytes), f.status);
     format!(
-        "full heartbeat of {} pools: read {:.2} s, {:.1} KiB, the call {:.2} s\n\
+        "full heartbeat of {} pools: read {:.2} s, {:.1} KiB, the call {:.2} s{}\n\
          {}; {}\n\
          console: {}; {}; {}; {}\n",
         a.heartbeat_pools,
         a.report_read_s,
         kb(a.heartbeat_bytes),
         a.heartbeat_call_s,
+        a.heartbeat_error.as_ref().map(|e| format!(" (failed: {e})")).unwrap_or_default(),
         fetch("agent /metrics", &a.agent_scrape),
         fetch("center /metrics", &a.center_scrape),
         fetch("page", &a.console_page),
