@@ -249,6 +249,9 @@ where
 
 type Labels = Vec<(&'static str, String)>;
 
+/// One state of a reported pool, read from its allocation.
+type StateOf = fn(&Allocation) -> u64;
+
 /// The samples of the per-item families: one per shown item (or item and channel), then
 /// the folded items' sums, without the item label ([`crate::fold`]).
 struct Folding<'a> {
@@ -418,7 +421,7 @@ impl Collector for LedgerMetrics {
                 None,
                 gauge,
             )?;
-            let states: [(&str, fn(&Allocation) -> u64); 3] = [
+            let states: [(&str, StateOf); 3] = [
                 ("available", |a| a.reported.available),
                 ("reserved", |a| a.reported.reserved),
                 ("sold", |a| a.reported.sold),
