@@ -47,7 +47,12 @@ pub struct AgentSettings {
     pub item_lookups_per_sec: u32,
     /// The pool store's outbox bound per pool (for the metrics; the store applies it).
     pub outbox_max_events: u64,
+    /// Items shown on `/metrics` with series of their own at most (`http.rs`).
+    pub metrics_per_item_limit: usize,
 }
+
+/// Items shown on `/metrics` with series of their own unless an operator sets another limit.
+pub const DEFAULT_METRICS_PER_ITEM_LIMIT: usize = 1_000;
 
 impl Default for AgentSettings {
     fn default() -> Self {
@@ -57,6 +62,7 @@ impl Default for AgentSettings {
             leader_ttl_ms: 3_000,
             item_lookups_per_sec: crate::items::DEFAULT_LOOKUPS_PER_SEC,
             outbox_max_events: crate::store::DEFAULT_OUTBOX_MAX,
+            metrics_per_item_limit: DEFAULT_METRICS_PER_ITEM_LIMIT,
         }
     }
 }

@@ -96,6 +96,12 @@ pub struct AgentConfig {
     #[arg(long, env = "INVENTORY_OUTBOX_MAX_EVENTS", default_value_t = crate::store::DEFAULT_OUTBOX_MAX,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub outbox_max_events: u64,
+    /// Items shown on /metrics with series of their own at most. With more items, those an
+    /// alert looks at (a frozen pool, a lost segment, an empty shelf, a filling outbox) are
+    /// shown first and the rest are summed into series without the item label
+    /// (inventory_agent_metrics_folded_items counts them).
+    #[arg(long, env = "INVENTORY_METRICS_PER_ITEM_LIMIT", default_value_t = crate::agent::DEFAULT_METRICS_PER_ITEM_LIMIT)]
+    pub metrics_per_item_limit: usize,
     /// Replicas of one channel sharing a pool store elect a leader through it; a leader's
     /// claim lasts this long unless renewed (a dead leader is replaced after it).
     #[arg(long, env = "INVENTORY_LEADER_TTL_MS", default_value_t = 3_000)]
@@ -273,6 +279,7 @@ impl AgentConfig {
             redis_check_interval_ms: 100,
             redis_acquire_batch_max: 64,
             outbox_max_events: crate::store::DEFAULT_OUTBOX_MAX,
+            metrics_per_item_limit: crate::agent::DEFAULT_METRICS_PER_ITEM_LIMIT,
             leader_ttl_ms: 1_000,
             rebalance_interval_ms: 20,
             heartbeat_interval_ms: 200,

@@ -23,6 +23,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
 use crate::agent::Agent;
+use crate::items::Item;
 use inventory_core::channel::Mode;
 
 #[derive(Clone)]
@@ -80,6 +81,9 @@ impl std::fmt::Debug for AgentState {
     }
 }
 
+/// The folded items' samples carry no label of their own (the channel's comes with the registry).
+const NO_LABELS: [(&str, &str); 0] = [];
+
 /// One family of a single unlabelled (but for the channel) sample.
 fn single(encoder: &mut DescriptorEncoder, name: &str, help: &str, metric: &impl EncodeMetric) -> std::fmt::Result {
     metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
@@ -93,29 +97,49 @@ impl Collector for AgentState {
         // The pools are the channel's, shared by its replicas: the leading replica reports
         // them, from the snapshots its rebalancer and heartbeats read (no store call here).
         let leading = agent.is_leading();
+        let max_events = agent.settings.outbox_max_events;
+        let (shown, folded) = split(&items, agent.settings.metrics_per_item_limit, max_events);
+        single(
+            &mut encoder,
+            "inventory_agent_metrics_folded_items",
+            "Items whose series are summed into the series without the item label (more items than --metrics-per-item-limit).",
+            &ConstGauge::new(folded.len() as u64),
+        )?;
         {
             let mut family = encoder.encode_descriptor(
                 "inventory_agent_pool_units",
-                "Units in the channel's pool, by state.",
+                "Units in the channel's pool, by state (without the item label: the folded items' sum).",
                 None,
                 MetricType::Gauge,
             )?;
-            for item in items.iter().filter(|_| leading) {
-                let Some(s) = item.last_snapshot() else { continue };
-                for (state, v) in [("available", s.available), ("reserved", s.reserved), ("sold", s.sold)] {
-                    let labels = [("item", item.item_id.as_str()), ("state", state)];
-                    ConstGauge::new(v).encode(family.encode_family(&labels)?)?;
+            let mut sums = [0u64; 3];
+            for (item, show) in shown.iter().map(|i| (i, true)).chain(folded.iter().map(|i| (i, false))) {
+                let Some(s) = item.last_snapshot().filter(|_| leading) else { continue };
+                for (n, (state, v)) in
+                    [("available", s.available), ("reserved", s.reserved), ("sold", s.sold)].into_iter().enumerate()
+                {
+                    if show {
+                        let labels = [("item", item.item_id.as_str()), ("state", state)];
+                        ConstGauge::new(v).encode(family.encode_family(&labels)?)?;
+                    } else {
+                        sums[n] += v;
+                    }
+                }
+            }
+            if leading && !folded.is_empty() {
+                for (state, v) in ["available", "reserved", "sold"].into_iter().zip(sums) {
+                    ConstGauge::new(v).encode(family.encode_family(&[("state", state)])?)?;
                 }
             }
         }
         {
             let mut family = encoder.encode_descriptor(
                 "inventory_agent_segment_available_units",
-                "Available units in each segment of a segmented item's pool (as last read).",
+                "Available units in each segment of a segmented item's pool (as last read; shown items only).",
                 None,
                 MetricType::Gauge,
             )?;
-            for item in items.iter().filter(|i| leading && i.is_segmented()) {
+            for item in shown.iter().filter(|i| leading && i.is_segmented()) {
                 for (segment, v) in item.segment_available().into_iter().enumerate() {
                     let segment = segment.to_string();
                     let labels = [("item", item.item_id.as_str()), ("segment", segment.as_str())];
@@ -124,6 +148,7 @@ impl Collector for AgentState {
             }
         }
         {
+            // Only lost segments have samples, so this family stays small whatever the items.
             let mut family = encoder.encode_descriptor(
                 "inventory_agent_segment_lost",
                 "1 for each segment of a segmented item's pool the store lost (its buyers wait, its units in doubt until resolved).",
@@ -140,23 +165,32 @@ impl Collector for AgentState {
         }
         {
             let now = crate::clock::now_ms();
-            let rates: Vec<_> = items.iter().filter(|_| leading).map(|i| (i, i.rate_and_batch(now))).collect();
+            let rate_of = |i: &Arc<Item>| i.rate_and_batch(now);
+            let per_sec = |rate: u64| {
+                #[allow(clippy::cast_precision_loss)] // a rate far below 2^52
+                let r = rate as f64 / 1000.0;
+                r
+            };
+            let rates: Vec<_> = shown.iter().filter(|_| leading).map(|i| (i, rate_of(i))).collect();
             {
                 let mut family = encoder.encode_descriptor(
                     "inventory_agent_pool_sell_rate",
-                    "The pool's recent sell rate (units reserved per second, an average with a half-life).",
+                    "The pool's recent sell rate (units reserved per second, an average with a half-life; without the item label: the folded items' sum).",
                     None,
                     MetricType::Gauge,
                 )?;
                 for (item, (rate, _)) in &rates {
-                    #[allow(clippy::cast_precision_loss)] // a rate far below 2^52
-                    let per_sec = *rate as f64 / 1000.0;
-                    ConstGauge::new(per_sec).encode(family.encode_family(&[("item", item.item_id.as_str())])?)?;
+                    let labels = [("item", item.item_id.as_str())];
+                    ConstGauge::new(per_sec(*rate)).encode(family.encode_family(&labels)?)?;
+                }
+                if leading && !folded.is_empty() {
+                    let sum: u64 = folded.iter().map(|i| rate_of(i).0).sum();
+                    ConstGauge::new(per_sec(sum)).encode(family.encode_family(&NO_LABELS)?)?;
                 }
             }
             let mut family = encoder.encode_descriptor(
                 "inventory_agent_pool_batch_units",
-                "The batch the pool borrows now: about target_ms of its sales when the item's batches follow the rate.",
+                "The batch the pool borrows now: about target_ms of its sales when the item's batches follow the rate (shown items only).",
                 None,
                 MetricType::Gauge,
             )?;
@@ -164,16 +198,20 @@ impl Collector for AgentState {
                 ConstGauge::new(*batch).encode(family.encode_family(&[("item", item.item_id.as_str())])?)?;
             }
         }
+        let folded_outbox: Vec<_> = folded.iter().filter(|_| leading).filter_map(|i| i.outbox_stats()).collect();
         {
             let mut family = encoder.encode_descriptor(
                 "inventory_agent_outbox_events",
-                "Reservation events kept in the pool's outbox (at most inventory_agent_outbox_max_events; a segmented pool's fullest segment).",
+                "Reservation events kept in the pool's outbox (at most inventory_agent_outbox_max_events; a segmented pool's fullest segment; without the item label: the fullest folded pool).",
                 None,
                 MetricType::Gauge,
             )?;
-            for item in items.iter().filter(|_| leading) {
+            for item in shown.iter().filter(|_| leading) {
                 let Some(s) = item.outbox_stats() else { continue };
                 ConstGauge::new(s.kept).encode(family.encode_family(&[("item", item.item_id.as_str())])?)?;
+            }
+            if let Some(kept) = folded_outbox.iter().map(|s| s.kept).max() {
+                ConstGauge::new(kept).encode(family.encode_family(&NO_LABELS)?)?;
             }
         }
         {
@@ -183,21 +221,29 @@ impl Collector for AgentState {
                 None,
                 MetricType::Counter,
             )?;
-            for item in items.iter().filter(|_| leading) {
+            for item in shown.iter().filter(|_| leading) {
                 let Some(s) = item.outbox_stats() else { continue };
                 ConstCounter::new(s.dropped).encode(family.encode_family(&[("item", item.item_id.as_str())])?)?;
+            }
+            if !folded_outbox.is_empty() {
+                let dropped: u64 = folded_outbox.iter().map(|s| s.dropped).sum();
+                ConstCounter::new(dropped).encode(family.encode_family(&NO_LABELS)?)?;
             }
         }
         {
             let mut family = encoder.encode_descriptor(
                 "inventory_agent_pool_frozen",
-                "1 while selling is frozen because the pool store lost the pool.",
+                "1 while selling is frozen because the pool store lost the pool (without the item label: how many folded pools are).",
                 None,
                 MetricType::Gauge,
             )?;
-            for item in &items {
+            for item in &shown {
                 let frozen = u64::from(item.mode() == Mode::Lost);
                 ConstGauge::new(frozen).encode(family.encode_family(&[("item", item.item_id.as_str())])?)?;
+            }
+            if !folded.is_empty() {
+                let frozen = folded.iter().filter(|i| i.mode() == Mode::Lost).count() as u64;
+                ConstGauge::new(frozen).encode(family.encode_family(&NO_LABELS)?)?;
             }
         }
         for (name, help, v) in [
@@ -254,4 +300,30 @@ impl Collector for AgentState {
         }
         Ok(())
     }
+}
+
+/// With more items than `limit`, at most `limit` keep series labelled with their id: those
+/// an alert looks at first (a frozen pool, a lost segment, an empty shelf, an outbox past
+/// 80 % of its bound or that dropped events), in item order; the rest are folded into
+/// series without the item label, as Prometheus users expect of a high-cardinality label.
+fn split(items: &[Arc<Item>], limit: usize, max_events: u64) -> (Vec<&Arc<Item>>, Vec<&Arc<Item>>) {
+    if items.len() <= limit {
+        return (items.iter().collect(), Vec::new());
+    }
+    let needs_attention = |i: &Arc<Item>| {
+        i.mode() == Mode::Lost
+            || (i.is_segmented() && !i.lost_segments().is_empty())
+            || i.last_snapshot().is_some_and(|s| s.available == 0)
+            || i.outbox_stats()
+                .is_some_and(|s| s.dropped > 0 || s.kept.saturating_mul(5) > max_events.saturating_mul(4))
+    };
+    let (mut shown, mut folded) = (Vec::with_capacity(limit), Vec::with_capacity(items.len()));
+    for item in items {
+        if shown.len() < limit && needs_attention(item) {
+            shown.push(item);
+        } else {
+            folded.push(item);
+        }
+    }
+    (shown, folded)
 }

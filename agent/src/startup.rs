@@ -142,6 +142,7 @@ impl Application {
             leader_ttl_ms: config.leader_ttl_ms.max(30),
             item_lookups_per_sec: config.item_lookups_per_sec,
             outbox_max_events: config.outbox_max_events,
+            metrics_per_item_limit: config.metrics_per_item_limit,
         };
         let limits = UserLimits::new(config.user_rate_per_sec, config.user_burst);
         // Bind before registering: an agent that cannot serve must not leave a registered

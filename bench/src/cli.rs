@@ -49,6 +49,10 @@ pub enum Command {
     /// with --quick) on a private redis-server, `used_memory` before and after, and
     /// `MEMORY USAGE` of each of the pool's structures.
     Memory(crate::memory::MemoryArgs),
+    /// Figure (iii) of the suite alone: stocking many items through one agent, then a full
+    /// heartbeat, the scrapes and the console's reads at that size (own center and agent;
+    /// local PostgreSQL and Redis).
+    Stocking(crate::stocking::StockingArgs),
 }
 
 #[derive(Debug, Clone, clap::Args)]

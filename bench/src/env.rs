@@ -174,6 +174,8 @@ impl Running {
 
 pub struct CenterHandle {
     pub url: String,
+    /// The HTTP port: `/metrics` and the console's feeds.
+    pub http: std::net::SocketAddr,
     running: Running,
 }
 
@@ -185,13 +187,13 @@ impl CenterHandle {
         config.channel_rate_per_sec = 10_000_000;
         config.channel_burst = 10_000_000;
         let app = rt.spawn(CenterApp::build(config)).await?.context("start the center")?;
-        let url = format!("http://{}", app.grpc_addr());
+        let (url, http) = (format!("http://{}", app.grpc_addr()), app.http_addr());
         let running = Running::spawn(rt, move |rx| {
             app.run_until(async move {
                 let _ = rx.await;
             })
         });
-        Ok(Self { url, running })
+        Ok(Self { url, http, running })
     }
 
     pub async fn stop(self) {
@@ -201,6 +203,8 @@ impl CenterHandle {
 
 pub struct AgentHandle {
     pub url: String,
+    /// The HTTP port: `/metrics`.
+    pub http: std::net::SocketAddr,
     pub agent: Arc<Agent>,
     running: Running,
 }
@@ -246,6 +250,8 @@ impl AgentHandle {
     pub async fn start_stocking(rt: &Handle, center_url: &str, channel: &str, store: &Store) -> anyhow::Result<Self> {
         let mut config = Self::config(center_url, channel, store, None);
         config.item_lookups_per_sec = 1_000_000;
+        // A heartbeat of every pool is one call, whose time is measured rather than cut.
+        config.center_timeout_ms = 60_000;
         Self::start_configured(rt, config).await
     }
 
@@ -279,13 +285,13 @@ impl AgentHandle {
     async fn start_configured(rt: &Handle, config: AgentConfig) -> anyhow::Result<Self> {
         let channel = config.channel.clone();
         let app = rt.spawn(AgentApp::build(config)).await?.with_context(|| format!("start agent {channel}"))?;
-        let (addr, agent) = (app.grpc_addr(), app.agent());
+        let (addr, http, agent) = (app.grpc_addr(), app.http_addr(), app.agent());
         let running = Running::spawn(rt, move |rx| {
             app.run_until(async move {
                 let _ = rx.await;
             })
         });
-        Ok(Self { url: format!("http://{addr}"), agent, running })
+        Ok(Self { url: format!("http://{addr}"), http, agent, running })
     }
 
     pub fn center_calls(&self) -> u64 {

@@ -4,7 +4,7 @@
 //! - [`load`]: the driver (callers, warm-up, bounds, open/closed loop, HDR histograms);
 //! - [`acquire`]: the Acquire workload and its outcome check; [`callers`]: the others;
 //!   [`batching`]: figure (ii), Borrow calls per 1,000 acquires by batching; [`stocking`]:
-//!   figure (iii), stocking 10,000 items through one agent; [`opening`]: figure (iv), the
+//!   figure (iii), stocking 100,000 items through one agent (alone: `stocking`); [`opening`]: figure (iv), the
 //!   opening second of a scheduled sale beside an unscheduled one;
 //! - [`skew`], [`stats`], [`args`], [`report`]: pure helpers; [`auth`]: token and TLS of `acquire`; [`sysinfo`]: machine and CPU use;
 //! - [`segments`]: figure (i) of segmented stock, one segment against eight on a Redis Cluster;
@@ -47,6 +47,12 @@ fn main() -> anyhow::Result<()> {
         cli::Command::Opening(args) => {
             let servers = runtime("bench-servers", 2)?;
             let ok = client.block_on(opening::run_alone(args, servers.handle().clone()));
+            servers.shutdown_timeout(std::time::Duration::from_secs(5));
+            ok?
+        }
+        cli::Command::Stocking(args) => {
+            let servers = runtime("bench-servers", 2)?;
+            let ok = client.block_on(stocking::run_alone(args, servers.handle().clone()));
             servers.shutdown_timeout(std::time::Duration::from_secs(5));
             ok?
         }

@@ -4,6 +4,12 @@
 //! low watermark. The figure is how long that takes and how many center calls it makes:
 //! loads made while one is in flight go together as one DescribeItems, and the Borrows of
 //! pools that need stock at once as one BorrowMany.
+//!
+//! Once every pool is stocked, what a catalogue that large costs elsewhere: a full
+//! heartbeat of every pool (the agent's read of its pools, the call to the center),
+//! `/metrics` of the agent and of the center (bounded by `--metrics-per-item-limit`), and
+//! the center's console: the page, `/api/history`, and `/api/items` (a default page, and the
+//! console's page of 100 items at the end of the catalogue).
 
 use std::time::{Duration, Instant};
 
@@ -18,7 +24,7 @@ use tokio::runtime::Handle;
 use crate::env::{AgentHandle, CenterHandle, Store};
 
 /// Items of a full run and of `--quick`.
-pub const ITEMS: usize = 10_000;
+pub const ITEMS: usize = 100_000;
 pub const QUICK_ITEMS: usize = 1_000;
 /// Each item's stock and watermarks: small, so stocking is one Borrow's worth per pool.
 const UNITS: u64 = 20;
@@ -40,6 +46,36 @@ pub struct StockingFigure {
     pub describe_items_calls: u64,
     pub borrow_many_calls: u64,
     pub borrow_calls: u64,
+    /// After stocking: a full heartbeat, scrapes and the console's reads.
+    pub after: Option<AfterStocking>,
+}
+
+/// What a catalogue of this size costs once stocked (seconds, bytes).
+#[derive(Debug, Clone, Serialize)]
+pub struct AfterStocking {
+    /// The agent's read of every pool for a full report (what a registration sends).
+    pub report_read_s: f64,
+    pub heartbeat_pools: usize,
+    pub heartbeat_bytes: usize,
+    /// The Heartbeat call carrying every pool, until the center answered (or failed).
+    pub heartbeat_call_s: f64,
+    pub heartbeat_error: Option<String>,
+    pub agent_scrape: Fetch,
+    pub center_scrape: Fetch,
+    pub console_page: Fetch,
+    pub api_history: Fetch,
+    /// `/api/items` as it is (its default page).
+    pub api_items: Fetch,
+    /// `/api/items?offset=…&limit=100`: the console's last page.
+    pub api_items_page: Fetch,
+}
+
+/// One GET: its time and body size.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Fetch {
+    pub s: f64,
+    pub bytes: usize,
+    pub status: u16,
 }
 
 impl StockingFigure {
@@ -86,7 +122,12 @@ pub async fn measure(
 
     let agent = AgentHandle::start_stocking(rt, &center.url, "stocking", store).await?;
     let figure = stock(&agent, items, &id).await;
+    let after = match &figure {
+        Ok(_) => Some(after_stocking(center, &agent, items).await),
+        Err(_) => None,
+    };
     agent.stop("stocking agent").await;
+    let after = after.transpose().context("after stocking")?;
     figure.map(|(load_s, stocked_s, calls)| StockingFigure {
         items,
         create_s,
@@ -95,7 +136,53 @@ pub async fn measure(
         describe_items_calls: calls.0,
         borrow_many_calls: calls.1,
         borrow_calls: calls.2,
+        after,
     })
+}
+
+async fn after_stocking(center: &CenterHandle, agent: &AgentHandle, items: usize) -> anyhow::Result<AfterStocking> {
+    use prost::Message;
+    let started = Instant::now();
+    let full = agent.agent.reports().await;
+    let report_read_s = started.elapsed().as_secs_f64();
+    let heartbeat_pools = full.len();
+    let heartbeat_bytes =
+        pb::HeartbeatRequest { channel: "stocking".into(), epoch: 1, pools: full.clone(), last_report: false }
+            .encoded_len();
+    let started = Instant::now();
+    let heartbeat_error = agent.agent.link.heartbeat(full, false).await.err().map(|e| e.to_string());
+    let heartbeat_call_s = started.elapsed().as_secs_f64();
+    let last_page = format!("/api/items?offset={}&limit=100", items.saturating_sub(100));
+    Ok(AfterStocking {
+        report_read_s,
+        heartbeat_pools,
+        heartbeat_bytes,
+        heartbeat_call_s,
+        heartbeat_error,
+        agent_scrape: get(agent.http, "/metrics").await?,
+        center_scrape: get(center.http, "/metrics").await?,
+        console_page: get(center.http, "/").await?,
+        api_history: get(center.http, "/api/history").await?,
+        api_items: get(center.http, "/api/items").await?,
+        api_items_page: get(center.http, &last_page).await?,
+    })
+}
+
+/// A plain HTTP/1.1 GET on loopback, timed from the connect to the last byte.
+async fn get(addr: std::net::SocketAddr, path: &str) -> anyhow::Result<Fetch> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let started = Instant::now();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.with_context(|| format!("connect {addr}"))?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await?;
+    let s = started.elapsed().as_secs_f64();
+    let head_end = raw.windows(4).position(|w| w == b"\r\n\r\n").context("an HTTP response")?;
+    let head = String::from_utf8_lossy(&raw[..head_end]);
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("a status code")?;
+    // Chunked bodies count their chunk headers too: a few bytes per chunk.
+    Ok(Fetch { s, bytes: raw.len() - head_end - 4, status })
 }
 
 type Calls = (u64, u64, u64);
@@ -151,5 +238,56 @@ pub fn render(figure: Option<&StockingFigure>) -> String {
         f.borrow_calls,
         f.center_calls(),
         f.center_calls() as f64 * 1_000.0 / f.items.max(1) as f64
+    ) + &f.after.as_ref().map(render_after).unwrap_or_default()
+}
+
+fn render_after(a: &AfterStocking) -> String {
+    let kb = |b: usize| b as f64 / 1024.0;
+    let fetch =
+        |what: &str, f: &Fetch| format!("{what} {:.1} ms, {:.1} KiB (HTTP {})", f.s * 1e3, kb(f.bytes), f.status);
+    format!(
+        "full heartbeat of {} pools: read {:.2} s, {:.1} KiB, the call {:.2} s{}\n\
+         {}; {}\n\
+         console: {}; {}; {}; {}\n",
+        a.heartbeat_pools,
+        a.report_read_s,
+        kb(a.heartbeat_bytes),
+        a.heartbeat_call_s,
+        a.heartbeat_error.as_ref().map(|e| format!(" (failed: {e})")).unwrap_or_default(),
+        fetch("agent /metrics", &a.agent_scrape),
+        fetch("center /metrics", &a.center_scrape),
+        fetch("page", &a.console_page),
+        fetch("/api/history", &a.api_history),
+        fetch("/api/items", &a.api_items),
+        fetch("its last page of 100", &a.api_items_page),
     )
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct StockingArgs {
+    /// Items to create and stock (default 100,000; 1,000 with --quick).
+    #[arg(long)]
+    pub items: Option<usize>,
+    #[arg(long)]
+    pub quick: bool,
+}
+
+/// The figure alone: a center on a fresh PostgreSQL database, an agent on Redis under a
+/// fresh key prefix (removed afterwards).
+pub async fn run_alone(args: StockingArgs, rt: Handle) -> anyhow::Result<bool> {
+    let items = args.items.unwrap_or(if args.quick { QUICK_ITEMS } else { ITEMS });
+    let (redis, mut conn) = crate::env::BenchRedis::connect().await?;
+    let db = crate::env::BenchDatabase::create().await?;
+    let result = async {
+        let center = CenterHandle::start(&rt, &db.url).await?;
+        let store = Store::Redis { url: redis.url.clone(), prefix: redis.prefix.clone(), tuning: Default::default() };
+        let figure = measure(&rt, &center, &store, items).await;
+        center.stop().await;
+        figure
+    }
+    .await;
+    db.drop_database().await;
+    redis.delete_keys(&mut conn).await;
+    println!("{}", render(Some(&result?)));
+    Ok(true)
 }

@@ -19,6 +19,11 @@ pub struct CenterConfig {
     /// probes, no token); --http-listen then serves only the console.
     #[arg(long, env = "INVENTORY_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Items shown on /metrics with series of their own at most. With more items, those an
+    /// alert looks at (drift, units in doubt) are shown first and the rest are summed into
+    /// series without the item label (inventory_center_metrics_folded_items counts them).
+    #[arg(long, env = "INVENTORY_METRICS_PER_ITEM_LIMIT", default_value_t = crate::fold::DEFAULT_PER_ITEM_LIMIT)]
+    pub metrics_per_item_limit: usize,
     /// Ledger database: sqlite://FILE (created if missing) or postgres://...
     #[arg(long, env = "INVENTORY_DATABASE_URL", default_value = "sqlite://inventory.db")]
     pub database_url: String,
@@ -101,6 +106,7 @@ impl CenterConfig {
             listen: "127.0.0.1:0".parse().expect("literal address"),
             http_listen: "127.0.0.1:0".parse().expect("literal address"),
             metrics_listen: None,
+            metrics_per_item_limit: crate::fold::DEFAULT_PER_ITEM_LIMIT,
             database_url: database_url.to_owned(),
             require_synchronous_replication: false,
             lease_ttl_ms: 10_000,

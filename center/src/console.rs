@@ -1,11 +1,11 @@
 //! The console: the page (`console.html`, served as is at `/`) and its JSON feeds,
-//! `/api/items` (the ledger as [`api_view`] shapes it) and `/api/history` (the samples of
-//! [`crate::history`]). Routed by [`crate::http`], behind [`crate::http_auth`].
+//! `/api/items` (the ledger as [`api_page`] shapes it, a page of `?offset=&limit=` items at
+//! a time) and `/api/history` (the samples of [`crate::history`]). Routed by [`crate::http`], behind [`crate::http_auth`].
 
 use std::sync::atomic::Ordering;
 
 use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, Uri, header};
 use axum::response::{Html, IntoResponse};
 use inventory_core::watermarks::Watermarks;
 use serde::Serialize;
@@ -39,10 +39,17 @@ pub(crate) fn console_page(status: StatusCode) -> axum::response::Response {
         .into_response()
 }
 
-/// The console's feed: the ledger of every item.
+/// Items in one answer of `/api/items` unless the caller asks for fewer (`limit`); the
+/// console pages through the rest, so a catalogue of 100,000 items costs each poll one page.
+pub const DEFAULT_PAGE: usize = 1_000;
+
+/// The console's feed: one page of the ledger's items, in item order.
 #[derive(Debug, Serialize)]
 pub struct ApiItems {
     pub now_ms: i64,
+    /// Every item the ledger holds, and the first one of this page (`items` starts there).
+    pub total_items: usize,
+    pub offset: usize,
     pub items: Vec<ApiItem>,
     /// Every registered channel, with or without items.
     pub channels: Vec<ApiSession>,
@@ -130,11 +137,48 @@ pub struct ApiSegment {
     pub lost: bool,
 }
 
+/// Which items `/api/items` answers with: `offset` items skipped, `limit` at most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Page {
+    pub offset: usize,
+    pub limit: usize,
+}
+
+impl Default for Page {
+    fn default() -> Self {
+        Self { offset: 0, limit: DEFAULT_PAGE }
+    }
+}
+
+impl Page {
+    /// `offset=N&limit=M` of a query string; a missing or malformed one keeps its default,
+    /// and the limit stays at most [`DEFAULT_PAGE`].
+    pub fn parse(query: Option<&str>) -> Self {
+        let mut page = Self::default();
+        for (key, value) in query.unwrap_or_default().split('&').filter_map(|p| p.split_once('=')) {
+            match (key, value.parse::<usize>()) {
+                ("offset", Ok(n)) => page.offset = n,
+                ("limit", Ok(n)) => page.limit = n.min(DEFAULT_PAGE),
+                _ => {}
+            }
+        }
+        page
+    }
+}
+
+/// The feed's first page ([`DEFAULT_PAGE`] items at most); see [`api_page`].
 pub fn api_view(view: &LedgerView, history: &History, now_ms: i64) -> ApiItems {
+    api_page(view, history, now_ms, Page::default())
+}
+
+/// One page of the feed: only its items are shaped, so its cost follows the page.
+pub fn api_page(view: &LedgerView, history: &History, now_ms: i64, page: Page) -> ApiItems {
     let api_wm = |w: &Watermarks| ApiWatermarks { low: w.low, high: w.high, batch: w.batch };
     let items = view
         .items
         .iter()
+        .skip(page.offset)
+        .take(page.limit)
         .map(|l| {
             let own = view.overrides.get(&l.item.item_id);
             let channels: Vec<ApiChannel> = l
@@ -210,12 +254,13 @@ pub fn api_view(view: &LedgerView, history: &History, now_ms: i64) -> ApiItems {
             heartbeat_age_ms: now_ms - c.session.last_heartbeat_ms,
         })
         .collect();
-    ApiItems { now_ms, items, channels }
+    ApiItems { now_ms, total_items: view.items.len(), offset: page.offset, items, channels }
 }
 
-pub(crate) async fn api_items(State(state): State<HttpState>) -> axum::response::Response {
+pub(crate) async fn api_items(State(state): State<HttpState>, uri: Uri) -> axum::response::Response {
+    let page = Page::parse(uri.query());
     let (status, body) = match read_ledger(state.store.as_ref()).await {
-        Ok(view) => match serde_json::to_string(&api_view(&view, &state.history, crate::clock::now_ms())) {
+        Ok(view) => match serde_json::to_string(&api_page(&view, &state.history, crate::clock::now_ms(), page)) {
             Ok(json) => (StatusCode::OK, json),
             Err(e) => {
                 tracing::error!(error = %e, "console: cannot encode the ledger view");
@@ -247,5 +292,18 @@ pub(crate) async fn api_history(State(state): State<HttpState>) -> axum::respons
             tracing::error!(error = %e, "console: cannot encode the history");
             (StatusCode::INTERNAL_SERVER_ERROR, headers, r#"{"error":"internal error"}"#.to_owned()).into_response()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_is_read_from_the_query_and_never_larger_than_the_default() {
+        assert_eq!(Page::parse(None), Page::default());
+        assert_eq!(Page::parse(Some("offset=200&limit=100")), Page { offset: 200, limit: 100 });
+        assert_eq!(Page::parse(Some("limit=5000000")), Page { offset: 0, limit: DEFAULT_PAGE });
+        assert_eq!(Page::parse(Some("offset=x&limit=&other=1")), Page::default());
     }
 }

@@ -25,6 +25,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use inventory_core::ledger::Allocation;
 use inventory_core::watermarks::Watermarks;
 use inventory_net::metrics::RpcMetrics;
 use prometheus_client::collector::Collector;
@@ -37,7 +38,7 @@ use prometheus_client::registry::Registry;
 use crate::error::CenterError;
 use crate::health::{Health, Serving};
 use crate::history::{History, HistoryConfig};
-use crate::store::{ChannelView, ItemLedger, LedgerStore};
+use crate::store::{ChannelRecord, ChannelView, ItemLedger, LedgerStore};
 
 #[derive(Clone)]
 pub(crate) struct HttpState {
@@ -49,6 +50,8 @@ pub(crate) struct HttpState {
     registry: Arc<Registry>,
     /// Whether the database answers, for `/healthz`.
     health: Health,
+    /// Items with `/metrics` series of their own at most ([`crate::fold`]).
+    per_item_limit: usize,
 }
 
 /// Per-RPC metrics for the center's gRPC server: its methods are those of the API, health
@@ -101,7 +104,7 @@ pub fn router_with_history(
     rpc: RpcMetrics,
     health: Health,
 ) -> Router {
-    let routes = routes_with_history(store, database_errors, history, rpc, health);
+    let routes = routes_with_history(store, database_errors, history, rpc, health, crate::fold::DEFAULT_PER_ITEM_LIMIT);
     routes.console.merge(routes.probes)
 }
 
@@ -114,18 +117,20 @@ pub struct HttpRoutes {
     pub probes: Router,
 }
 
-/// The routes of [`router_with_history`], apart.
+/// The routes of [`router_with_history`], apart, with at most `per_item_limit` items shown
+/// with series of their own on `/metrics` ([`crate::fold`]).
 pub fn routes_with_history(
     store: Arc<dyn LedgerStore>,
     database_errors: Arc<AtomicU64>,
     history: Arc<History>,
     rpc: RpcMetrics,
     health: Health,
+    per_item_limit: usize,
 ) -> HttpRoutes {
     let mut registry = Registry::default();
     inventory_net::metrics::register_build_info(&mut registry);
     rpc.register(&mut registry);
-    let state = HttpState { store, database_errors, history, registry: Arc::new(registry), health };
+    let state = HttpState { store, database_errors, history, registry: Arc::new(registry), health, per_item_limit };
     HttpRoutes {
         console: Router::new()
             .route("/", get(crate::console::page))
@@ -174,7 +179,8 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
     }
     // Always 200: a scrape that fails would hide the error counter with everything else.
     let errors = state.database_errors.load(Ordering::Relaxed);
-    let mut body = render(ledger.ok(), errors, state.store.group_commits(), crate::clock::now_ms());
+    let mut body =
+        render(ledger.ok(), errors, state.store.group_commits(), crate::clock::now_ms(), state.per_item_limit);
     if let Err(e) = prometheus_text::encode(&mut body, &state.registry) {
         tracing::error!(error = %e, "metrics: cannot encode");
     }
@@ -183,9 +189,22 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
 
 /// Prometheus text for the ledger (`None`: unreadable, only the error counters).
 /// `group_commits`: the store's Borrow/Return transactions and the calls they answered.
-pub fn render(view: Option<LedgerView>, database_errors: u64, group_commits: (u64, u64), now_ms: i64) -> String {
+/// `per_item_limit`: items with series of their own at most ([`crate::fold`]).
+pub fn render(
+    view: Option<LedgerView>,
+    database_errors: u64,
+    group_commits: (u64, u64),
+    now_ms: i64,
+    per_item_limit: usize,
+) -> String {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(LedgerMetrics { view, database_errors, group_commits, now_ms }));
+    registry.register_collector(Box::new(LedgerMetrics {
+        view,
+        database_errors,
+        group_commits,
+        now_ms,
+        per_item_limit,
+    }));
     let mut out = String::new();
     if let Err(e) = prometheus_text::encode(&mut out, &registry) {
         tracing::error!(error = %e, "metrics: cannot encode the ledger");
@@ -200,6 +219,7 @@ pub struct LedgerMetrics {
     database_errors: u64,
     group_commits: (u64, u64),
     now_ms: i64,
+    per_item_limit: usize,
 }
 
 impl std::fmt::Debug for LedgerMetrics {
@@ -225,6 +245,85 @@ where
         metric.encode(family.encode_family(&labels)?)?;
     }
     Ok(())
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+/// One state of a reported pool, read from its allocation.
+type StateOf = fn(&Allocation) -> u64;
+
+/// The samples of the per-item families: one per shown item (or item and channel), then
+/// the folded items' sums, without the item label ([`crate::fold`]).
+struct Folding<'a> {
+    split: &'a crate::fold::Split<'a>,
+}
+
+impl Folding<'_> {
+    fn per_item<T: Copy + Default + std::ops::Add<Output = T>>(
+        &self,
+        v: impl Fn(&ItemLedger) -> T,
+    ) -> Vec<(Labels, T)> {
+        let mut out: Vec<(Labels, T)> =
+            self.split.shown.iter().map(|l| (vec![("item", l.item.item_id.clone())], v(l))).collect();
+        if !self.split.folded.is_empty() {
+            out.push((Vec::new(), self.split.folded.iter().fold(T::default(), |sum, l| sum + v(l))));
+        }
+        out
+    }
+
+    /// The shown items' ledger lines, labelled with item and channel, in item order.
+    fn lines(&self) -> Vec<(Labels, &Allocation)> {
+        self.split
+            .shown
+            .iter()
+            .flat_map(|l| {
+                l.channels
+                    .iter()
+                    .map(|c| (vec![("item", l.item.item_id.clone()), ("channel", c.channel.clone())], &c.allocation))
+            })
+            .collect()
+    }
+
+    /// The folded items' lines summed per channel, in channel order.
+    fn folded_by_channel<T: Copy + Default + std::ops::Add<Output = T>>(
+        &self,
+        v: impl Fn(&ItemLedger, &ChannelRecord) -> T,
+    ) -> Vec<(String, T)> {
+        let mut sums = std::collections::BTreeMap::<&str, T>::new();
+        for l in &self.split.folded {
+            for c in &l.channels {
+                let sum = sums.entry(c.channel.as_str()).or_default();
+                *sum = *sum + v(l, c);
+            }
+        }
+        sums.into_iter().map(|(c, v)| (c.to_owned(), v)).collect()
+    }
+
+    fn per_line_record<T: Copy + Default + std::ops::Add<Output = T>>(
+        &self,
+        v: impl Fn(&ItemLedger, &ChannelRecord) -> T,
+    ) -> Vec<(Labels, T)> {
+        let mut out: Vec<(Labels, T)> = self
+            .split
+            .shown
+            .iter()
+            .flat_map(|l| {
+                l.channels
+                    .iter()
+                    .map(|c| (vec![("item", l.item.item_id.clone()), ("channel", c.channel.clone())], v(l, c)))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        out.extend(self.folded_by_channel(&v).into_iter().map(|(c, v)| (vec![("channel", c)], v)));
+        out
+    }
+
+    fn per_line<T: Copy + Default + std::ops::Add<Output = T>>(
+        &self,
+        v: impl Fn(&ItemLedger, &Allocation) -> T,
+    ) -> Vec<(Labels, T)> {
+        self.per_line_record(|l, c| v(l, &c.allocation))
+    }
 }
 
 impl Collector for LedgerMetrics {
@@ -263,89 +362,104 @@ impl Collector for LedgerMetrics {
             [(none, ConstCounter::new(self.group_commits.1))],
         )?;
         let (ledgers, channels) = self.view.as_ref().map_or((&[][..], &[][..]), |v| (&v.items[..], &v.channels[..]));
+        let split = crate::fold::split(ledgers, self.per_item_limit);
+        family(
+            e,
+            "inventory_center_metrics_folded_items",
+            "Items whose series are summed into the series without the item label (more items than --metrics-per-item-limit).",
+            gauge,
+            [(none, ConstGauge::new(split.folded.len() as u64))],
+        )?;
+        let items = Folding { split: &split };
 
-        let item = |l: &'_ ItemLedger| [("item", l.item.item_id.clone())];
         family(
             e,
             "inventory_center_item_total_units",
-            "Units of the item in existence.",
+            "Units of the item in existence (without the item label: the folded items' sum).",
             gauge,
-            ledgers.iter().map(|l| (item(l), ConstGauge::new(l.item.state.total))),
+            items.per_item(|l| l.item.state.total).into_iter().map(|(l, v)| (l, ConstGauge::new(v))),
         )?;
         family(
             e,
             "inventory_center_available_units",
             "Units at the center, not held by any channel.",
             gauge,
-            ledgers.iter().map(|l| (item(l), ConstGauge::new(l.item.state.available))),
+            items.per_item(|l| l.item.state.available).into_iter().map(|(l, v)| (l, ConstGauge::new(v))),
         )?;
-        // Per item and channel, in item order.
-        let lines = || {
-            ledgers.iter().flat_map(|l| {
-                l.channels
-                    .iter()
-                    .map(move |c| ([("item", l.item.item_id.clone()), ("channel", c.channel.clone())], &c.allocation))
-            })
-        };
         family(
             e,
             "inventory_center_held_units",
             "Units the center regards as out with a channel (granted - returned - reclaimed).",
             gauge,
-            lines().map(|(labels, a)| (labels, ConstGauge::new(a.held()))),
+            items.per_line(|_, a| a.held()).into_iter().map(|(l, v)| (l, ConstGauge::new(v))),
         )?;
         family(
             e,
             "inventory_center_channel_drift_units",
             "Held minus the channel's last reported pool; 0 at quiescence.",
             gauge,
-            lines().map(|(labels, a)| (labels, ConstGauge::new(a.drift()))),
+            items.per_line(|_, a| a.drift()).into_iter().map(|(l, v)| (l, ConstGauge::new(v))),
         )?;
         family(
             e,
             "inventory_center_in_doubt_units",
             "Units in doubt because the channel's pool store lost the pool; an operator resolves them.",
             gauge,
-            lines().map(|(labels, a)| (labels, ConstGauge::new(a.in_doubt))),
+            items.per_line(|_, a| a.in_doubt).into_iter().map(|(l, v)| (l, ConstGauge::new(v))),
         )?;
         family(
             e,
             "inventory_center_written_off_units",
             "Units written off as sold outside the pools when in-doubt units were resolved.",
             counter,
-            ledgers.iter().map(|l| (item(l), ConstCounter::new(l.item.state.written_off))),
+            items.per_item(|l| l.item.state.written_off).into_iter().map(|(l, v)| (l, ConstCounter::new(v))),
         )?;
-        family(
-            e,
-            "inventory_center_reported_pool_units",
-            "The channel's pool as its agent last reported it, by state.",
-            gauge,
-            lines().flat_map(|(labels, a)| {
-                let r = &a.reported;
-                [("available", r.available), ("reserved", r.reserved), ("sold", r.sold)]
-                    .map(|(state, v)| ((labels.clone(), [("state", state)]), ConstGauge::new(v)))
-            }),
-        )?;
+        {
+            let mut family = e.encode_descriptor(
+                "inventory_center_reported_pool_units",
+                "The channel's pool as its agent last reported it, by state.",
+                None,
+                gauge,
+            )?;
+            let states: [(&str, StateOf); 3] = [
+                ("available", |a| a.reported.available),
+                ("reserved", |a| a.reported.reserved),
+                ("sold", |a| a.reported.sold),
+            ];
+            for (labels, a) in items.lines() {
+                for (state, v) in &states {
+                    let mut labels = labels.clone();
+                    labels.push(("state", (*state).to_owned()));
+                    ConstGauge::new(v(a)).encode(family.encode_family(&labels)?)?;
+                }
+            }
+            for (state, v) in &states {
+                for (channel, sum) in items.folded_by_channel(|_, c| v(&c.allocation)) {
+                    let labels = [("channel", channel), ("state", (*state).to_owned())];
+                    ConstGauge::new(sum).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
         family(
             e,
             "inventory_center_granted_units",
             "Units granted to the channel.",
             counter,
-            lines().map(|(labels, a)| (labels, ConstCounter::new(a.granted))),
+            items.per_line(|_, a| a.granted).into_iter().map(|(l, v)| (l, ConstCounter::new(v))),
         )?;
         family(
             e,
             "inventory_center_returned_units",
             "Units the channel gave back.",
             counter,
-            lines().map(|(labels, a)| (labels, ConstCounter::new(a.returned))),
+            items.per_line(|_, a| a.returned).into_iter().map(|(l, v)| (l, ConstCounter::new(v))),
         )?;
         family(
             e,
             "inventory_center_reclaimed_units",
             "Units taken back from the channel after its lease expired.",
             counter,
-            lines().map(|(labels, a)| (labels, ConstCounter::new(a.reclaimed))),
+            items.per_line(|_, a| a.reclaimed).into_iter().map(|(l, v)| (l, ConstCounter::new(v))),
         )?;
 
         family(
@@ -353,20 +467,20 @@ impl Collector for LedgerMetrics {
             "inventory_center_channel_sell_rate",
             "The channel's recent sell rate of the item as last reported, units per second.",
             gauge,
-            lines().map(|(labels, a)| (labels, ConstGauge::new(a.sell_rate_milli as f64 / 1000.0))),
+            items.per_line(|_, a| a.sell_rate_milli as f64 / 1000.0).into_iter().map(|(l, v)| (l, ConstGauge::new(v))),
         )?;
         family(
             e,
             "inventory_center_channel_batch_units",
             "The batch the channel's pool borrows now: by its reported rate when the item's batches follow it.",
             gauge,
-            ledgers.iter().flat_map(|l| {
-                l.channels.iter().map(move |c| {
+            items
+                .per_line_record(|l, c| {
                     let own = c.watermarks_overridden.then_some(c.watermarks);
-                    let batch = crate::service::current_batch(&l.item, own, c.allocation.sell_rate_milli);
-                    ([("item", l.item.item_id.clone()), ("channel", c.channel.clone())], ConstGauge::new(batch))
+                    crate::service::current_batch(&l.item, own, c.allocation.sell_rate_milli)
                 })
-            }),
+                .into_iter()
+                .map(|(l, v)| (l, ConstGauge::new(v))),
         )?;
 
         crate::readiness::encode_schedule(e, self.view.as_ref(), self.now_ms)?;
@@ -403,12 +517,15 @@ mod tests {
 
     #[test]
     fn an_unreadable_ledger_still_renders_every_family_and_the_error_counters() {
-        let text = render(None, 3, (0, 0), 0);
+        let text = render(None, 3, (0, 0), 0, 10);
         assert!(text.lines().any(|l| l == "inventory_center_database_up 0"), "{text}");
         assert!(text.lines().any(|l| l == "inventory_center_database_errors_total 3"), "{text}");
         let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
-        assert_eq!(families, 23, "every family is announced even without samples:\n{text}");
+        assert_eq!(families, 24, "every family is announced even without samples:\n{text}");
         let empty = LedgerView { items: Vec::new(), channels: Vec::new(), overrides: HashMap::new() };
-        assert_eq!(render(Some(empty), 0, (0, 0), 0).lines().filter(|l| l.starts_with("# TYPE ")).count(), families);
+        assert_eq!(
+            render(Some(empty), 0, (0, 0), 0, 10).lines().filter(|l| l.starts_with("# TYPE ")).count(),
+            families
+        );
     }
 }

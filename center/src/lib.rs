@@ -11,6 +11,7 @@ pub mod config;
 pub mod console;
 pub mod error;
 pub mod events;
+pub mod fold;
 pub mod health;
 pub mod history;
 pub mod http;

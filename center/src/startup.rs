@@ -48,6 +48,7 @@ pub struct Application {
     auto_reclaim_after_ms: u64,
     prune_interval: Duration,
     request_max_age_ms: u64,
+    metrics_per_item_limit: usize,
     limits: Arc<crate::limits::ChannelLimits>,
     security: Arc<Security>,
     tls: Option<tonic::transport::ServerTlsConfig>,
@@ -95,6 +96,7 @@ impl Application {
             auto_reclaim_after_ms: config.auto_reclaim_after_ms,
             prune_interval: Duration::from_millis(config.prune_interval_ms),
             request_max_age_ms: config.request_max_age_ms,
+            metrics_per_item_limit: config.metrics_per_item_limit,
             limits: Arc::new(crate::limits::ChannelLimits::new(
                 config.channel_rate_per_sec,
                 config.channel_burst,
@@ -167,6 +169,7 @@ impl Application {
             history,
             rpc.clone(),
             db_health,
+            self.metrics_per_item_limit,
         );
         // The console shows the ledger: the operator token, as Admin asks. The probes stay
         // open, on the console's port or on their own.

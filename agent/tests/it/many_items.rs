@@ -166,6 +166,8 @@ async fn ten_thousand_items_cost_little_per_item_to_report_look_at_and_scrape() 
     // A full heartbeat of 10,000 pools is one call the center takes seconds over in a debug
     // build; the figures printed below say how long.
     config.center_timeout_ms = 60_000;
+    // Every pool on /metrics, to measure what rendering them all costs.
+    config.metrics_per_item_limit = N;
     let inner: Arc<dyn PoolStore> = Arc::new(RedisPoolStore::new(&redis.url, &redis.prefix).await.expect("redis"));
     let counting = Arc::new(ObservedStore::over(inner));
     let agent = LocalAgent::start_with(config, Some(Arc::clone(&counting) as Arc<dyn PoolStore>)).await;
@@ -283,4 +285,74 @@ async fn ten_thousand_items_cost_little_per_item_to_report_look_at_and_scrape() 
         per(scrape_in)
     );
     drop(agent);
+}
+
+/// Past `--metrics-per-item-limit` items, the scrape keeps series of their own for the
+/// items an alert looks at (here the sold-out one) and sums the rest without the item label;
+/// below it every item has its series, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_per_item_limit_the_scrape_sums_the_quiet_items() {
+    use std::collections::BTreeSet;
+    use std::time::Duration;
+
+    use crate::harness::{agent_config, http_get, sample};
+
+    const N: usize = 12;
+    const LIMIT: usize = 4;
+    let center = Center::start_sqlite().await;
+    for i in 0..N - 1 {
+        center.create_item(&format!("q-{i:02}"), 20, 1, (2, 8, 4)).await;
+    }
+    center.create_item("empty", 1, 1, (1, 4, 1)).await;
+    let quiet: Vec<String> = (0..N - 1).map(|i| format!("q-{i:02}")).collect();
+    // One channel per limit: "empty" sells its one unit in the first.
+    let scrape = |channel: &'static str, limit: usize, ids: Vec<String>| {
+        let center = &center;
+        async move {
+            let mut config = agent_config(&center.url, channel, &StoreSpec::Memory);
+            config.metrics_per_item_limit = limit;
+            let agent = LocalAgent::start_with(config, None).await;
+            let mut client = agent.client().await;
+            for id in &ids {
+                let r = client.acquire(acquire_req(id, "u", 1, &format!("k-{id}"))).await.unwrap().into_inner();
+                assert_eq!(r.outcome(), pb::AcquireOutcome::Reserved, "{id}");
+            }
+            // Every pool's snapshot shows its reservation (the rebalancer reads them).
+            let seen = inventory_test_support::wait_until(Duration::from_secs(10), || async {
+                let items = agent.agent.items();
+                items.len() == ids.len() && items.iter().all(|i| i.last_snapshot().is_some_and(|s| s.reserved == 1))
+            })
+            .await;
+            assert!(seen, "every pool read after its reservation");
+            let text = http_get(agent.http_addr, "/metrics").await;
+            agent.stop().await;
+            text
+        }
+    };
+    let labelled = |text: &str| -> BTreeSet<String> {
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split_once("item=\"").and_then(|(_, r)| r.split_once('"')).map(|(id, _)| id.to_owned()))
+            .collect()
+    };
+
+    let text = scrape("app", LIMIT, quiet.iter().cloned().chain(["empty".to_owned()]).collect()).await;
+    let shown = labelled(&text);
+    assert!(shown.len() <= LIMIT, "at most {LIMIT} items with series of their own: {shown:?}");
+    assert!(shown.contains("empty"), "the sold-out pool is shown: {shown:?}");
+    let folded = N - shown.len();
+    assert_eq!(sample(&text, r#"inventory_agent_metrics_folded_items{channel="app"}"#), Some(folded as f64));
+    assert_eq!(sample(&text, r#"inventory_agent_pool_units{channel="app",state="reserved"}"#), Some(folded as f64));
+    assert_eq!(sample(&text, r#"inventory_agent_pool_frozen{channel="app"}"#), Some(0.0));
+    let samples = text
+        .lines()
+        .filter(|l| l.starts_with("inventory_agent_pool") || l.starts_with("inventory_agent_outbox_events"))
+        .count();
+    assert!(samples <= 8 * (LIMIT + 1), "{samples} per-pool samples:\n{text}");
+
+    let text = scrape("web", 1_000, quiet).await;
+    assert_eq!(labelled(&text).len(), N - 1, "below the limit every item has its series");
+    assert_eq!(sample(&text, r#"inventory_agent_metrics_folded_items{channel="web"}"#), Some(0.0));
+    assert_eq!(sample(&text, r#"inventory_agent_pool_units{channel="web",state="reserved"}"#), None);
+    assert_eq!(sample(&text, r#"inventory_agent_pool_units{channel="web",item="q-03",state="reserved"}"#), Some(1.0));
 }

@@ -15,6 +15,7 @@ mod http_auth;
 mod limit_scope;
 mod limits;
 mod lost_reply;
+mod many_items;
 mod model;
 mod opening;
 mod rates;
