@@ -5,7 +5,8 @@ use inventory_agent::store::{
     AcquireArgs, AcquireResult, PoolKey, PoolStore, ReservationRef, ReservationState, Transition,
 };
 
-use super::store_contract::{Backend, LONG_TTL_MS, acquire_args, counters, pool};
+use super::store_contract::{Backend, LONG_TTL_MS, ROUNDS_FOR_A_BATCH, acquire_args, counters, pool};
+use inventory_agent::store::redis::RedisPoolStore;
 
 contract_suite!(
     a_partial_acquire_reserves_what_is_left_and_its_replay_returns_it,
@@ -107,9 +108,22 @@ async fn a_partial_acquire_of_an_empty_pool_or_a_full_allowance_writes_nothing(b
 
 async fn partial_acquires_in_one_batch_answer_as_a_sequential_run(backend: &Backend) {
     // 7 units, 6 callers asking 2 each with the flag, then replays of the first three:
-    // 2, 2, 2, 1, sold out, sold out; the replays return the first reservations.
+    // 2, 2, 2, 1, sold out, sold out; the replays return the first reservations. Whether
+    // the concurrent calls meet in a batch depends on the scheduler: a few rounds on fresh
+    // pools, each checked in full, until one formed a batch.
     let (store, redis) = backend.grouping_store().await;
-    let (seq, batched) = (pool("sku-partial-seq"), pool("sku-partial-batched"));
+    for round in 0..ROUNDS_FOR_A_BATCH {
+        if partial_round(&*store, redis.as_deref(), round).await {
+            return;
+        }
+    }
+    panic!("no real batch formed in {ROUNDS_FOR_A_BATCH} rounds");
+}
+
+/// One round of [`partial_acquires_in_one_batch_answer_as_a_sequential_run`]: whether a
+/// batch formed (always true without a Redis store to ask).
+async fn partial_round(store: &dyn PoolStore, redis: Option<&RedisPoolStore>, round: usize) -> bool {
+    let (seq, batched) = (pool(&format!("sku-partial-seq-{round}")), pool(&format!("sku-partial-batched-{round}")));
     assert!(store.refill(&seq, "grant", 7, 0).await.unwrap());
     assert!(store.refill(&batched, "grant", 7, 0).await.unwrap());
     let mut requests: Vec<AcquireArgs> = (0..6).map(|i| partial(&format!("u{i}"), 2, &format!("k{i}"), 5)).collect();
@@ -123,20 +137,20 @@ async fn partial_acquires_in_one_batch_answer_as_a_sequential_run(backend: &Back
     };
     let mut sequential = Vec::new();
     for a in &requests {
-        sequential.push(summary(&acquire(&*store, &seq, a).await));
+        sequential.push(summary(&acquire(store, &seq, a).await));
     }
-    let before = redis.as_ref().map(|r| r.batch_stats());
+    let before = redis.map(|r| r.batch_stats());
     let together: Vec<String> = futures::future::join_all(requests.iter().map(|a| store.acquire(&batched, a)))
         .await
         .iter()
         .map(|r| summary(r.as_ref().expect("batched acquire")))
         .collect();
-    if let (Some(redis), Some(before)) = (redis, before) {
-        // The first call goes alone; the later ones wait for it and go in batches.
-        let batched = redis.batch_stats().requests - before.requests;
-        assert!(batched >= 2, "no real batch formed: {batched} requests batched");
-    }
     assert_eq!(sequential, ["2", "2", "2", "1", "sold_out(0)", "sold_out(0)", "1r", "2r", "sold_out(0)"]);
     assert_eq!(together, sequential);
-    assert_eq!(counters(&*store, &batched).await, (0, 7, 0));
+    assert_eq!(counters(store, &batched).await, (0, 7, 0));
+    // The first call goes alone; the later ones wait for it and go in batches.
+    match (redis, before) {
+        (Some(redis), Some(before)) => redis.batch_stats().requests - before.requests >= 2,
+        _ => true,
+    }
 }

@@ -164,15 +164,9 @@ pub(super) async fn send_batch(
     stats.calls.fetch_add(1, Ordering::Relaxed);
     stats.requests.fetch_add(n, Ordering::Relaxed);
     stats.largest.fetch_max(n, Ordering::Relaxed);
-    let reply: Value = if config.durability.is_none() {
-        let mut call = Evalsha::new(script, &keys, 3 + 8 * batch.len());
-        batch_argv(&mut call, entry, config.outbox_max, batch);
-        call.run(shared.conn()).await?
-    } else {
-        let mut call = invocation(script, &keys);
-        batch_argv(&mut call, entry, config.outbox_max, batch);
-        write(shared, config.durability, &k.pool, &call).await?
-    };
+    let mut call = invocation(script, &keys);
+    batch_argv(&mut call, entry, config.outbox_max, batch);
+    let reply: Value = write(shared, config.durability, &k.pool, &call).await?;
     let replies = array("acquire_batch", entry.acknowledged(reply)?)?;
     if replies.len() != batch.len() {
         return Err(StoreError::Protocol(format!(

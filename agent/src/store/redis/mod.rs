@@ -36,22 +36,22 @@ use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, FromRedisValue, Script, ScriptInvocation, ServerErrorKind, Value};
 use tokio::sync::oneshot;
 
+mod argv;
 mod baskets;
 mod batch;
 mod durable;
 mod errors;
-mod evalsha;
 mod orders;
 pub mod policy;
 mod reply;
 mod scripts;
 
+use argv::{Argv, invocation};
 pub use batch::BatchStats;
 use batch::{BatchConfig, BatchCounters, Handoff, PoolEntry, Waiter, unwrap_seq};
 use durable::{ClusterNodes, Durability, DurablePool, DurableWrites, write};
 pub use errors::OUT_OF_MEMORY;
 use errors::map_err;
-use evalsha::{Argv, Evalsha, invocation};
 use reply::{acquire_result, array, int, state, string, transition, uint};
 use scripts::{Keys, Scripts};
 
@@ -329,15 +329,9 @@ impl RedisPoolStore {
         let k = &entry.keys;
         let keys = k.acquire_keys();
         let script = &self.shared.scripts.acquire;
-        let reply: Value = if self.durability.is_none() {
-            let mut call = Evalsha::new(script, &keys, 10);
-            acquire_argv(&mut call, &entry, args, self.outbox_max);
-            self.noted(call.run(self.shared.conn()).await)?
-        } else {
-            let mut call = invocation(script, &keys);
-            acquire_argv(&mut call, &entry, args, self.outbox_max);
-            self.write(&k.pool, &call).await?
-        };
+        let mut call = invocation(script, &keys);
+        acquire_argv(&mut call, &entry, args, self.outbox_max);
+        let reply: Value = self.write(&k.pool, &call).await?;
         acquire_result(entry.acknowledged(reply)?, pool, &args.new_reservation_id)
     }
 
