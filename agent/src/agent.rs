@@ -264,6 +264,12 @@ impl Agent {
     /// On shutdown: give every pool's available units back to the center, wait for every
     /// operation to finish, and send the last report (the agent's last word).
     pub async fn drain(&self) {
+        // The changed pools first, before any take: the center's floors then cover every
+        // sale made, so a pool store that goes back before them is caught by the next
+        // process even if this one dies mid-drain (the Returns carry their own floors).
+        if let Err(s) = self.reporting.send(self.reporting.changed().await, false).await {
+            tracing::warn!(code = ?s.code(), "report before the drain failed");
+        }
         for item in self.items() {
             let given = self.stocking.give_back(&item, u64::MAX).await;
             if given > 0 {

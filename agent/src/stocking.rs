@@ -133,7 +133,12 @@ impl Stocking {
             }
             Effect::Return { request_id, quantity, epoch } => {
                 let span = tracing::info_span!("return", item = %item.item_id, quantity, trace_id = %request_id);
-                match self.link.give_back(&item.item_id, *quantity, request_id, *epoch).instrument(span).await {
+                // The take and every sale before it are acknowledged: the center keeps how far
+                // the pool got, so a store that goes back before them is caught by whichever
+                // process of the channel comes next, even if no report follows.
+                let floors: Vec<u64> = item.pools.iter().map(|p| self.store.floor(p)).collect();
+                let call = self.link.give_back(&item.item_id, *quantity, request_id, *epoch, &floors);
+                match call.instrument(span).await {
                     Ok(_) => {
                         self.metrics.returned(*quantity);
                         Reply::Done

@@ -310,7 +310,7 @@ async fn channel_remove_is_refused_while_the_channel_holds_stock() {
     );
     let (item_id, channel) = (String::from("i"), String::from("app"));
     let (quantity, request_id) = (20, String::from("r-1"));
-    let give_back = pb::ReturnRequest { item_id, channel, epoch, quantity, request_id };
+    let give_back = pb::ReturnRequest { item_id, channel, epoch, quantity, request_id, write_seq_floors: vec![] };
     center.r#return(give_back).await.unwrap();
     let o = invctl(&c.url, &["channel", "remove", "app"]).await;
     assert!(o.status.success(), "{}", stderr(&o));

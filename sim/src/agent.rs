@@ -183,6 +183,8 @@ impl World {
                     Effect::Borrow { sell_rate_milli, .. } => (true, sell_rate_milli),
                     _ => (false, 0),
                 };
+                // The Return tells the center how far the pool got, its take included.
+                let write_seq = if borrow { 0 } else { self.floor(c, item) };
                 self.slot(c, item).call = Some(Call {
                     op: work.op,
                     borrow,
@@ -191,6 +193,7 @@ impl World {
                     epoch: *epoch,
                     attempt: 1,
                     sell_rate_milli,
+                    write_seq,
                 });
                 return self.send(c, item);
             }
@@ -337,6 +340,15 @@ impl World {
             let Some(st) = mem.stopping.as_ref() else { return Ok(()) };
             if mem.registering.is_some() || mem.watcher_awaits.is_some() || st.awaits.is_some() {
                 return Ok(());
+            }
+            if !st.reported {
+                // `Agent::drain`: the changed pools are reported before the first take, so
+                // the center's floors cover every sale made (a store that then goes back is
+                // caught by whichever process comes next). Lost: the Returns still carry
+                // their own write sequences.
+                self.mem(c).stopping.as_mut().expect("stopping").reported = true;
+                self.send_reports(c, false, false, true);
+                continue;
             }
             if let Some(item) = st.left.front().cloned() {
                 self.mem(c).stopping.as_mut().expect("stopping").left.pop_front();

@@ -308,6 +308,8 @@ impl World {
             pool.cancel(id, now, RECORD_RETENTION_MS)
         };
         let t = t.map_err(broken)?;
+        // Acknowledged like every pool write: the store layer's floor rises to it.
+        self.saw_pool(c, item);
         self.log(format!("{what} -> {t:?}"));
         let returned = match t {
             Transition::Refused(ReservationState::Expired) => confirm,

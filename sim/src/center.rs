@@ -380,6 +380,16 @@ impl Center {
         }
     }
 
+    /// A Return's write sequence: the floor rises to it, never falls
+    /// (`core::pool::remember_write_seq`).
+    pub fn raise_write_seq(&mut self, item: &str, channel: &str, write_seq: u64) {
+        if write_seq == 0 {
+            return;
+        }
+        let seq = self.write_seqs.entry((item.to_owned(), channel.to_owned())).or_default();
+        *seq = remember_write_seq(*seq, write_seq);
+    }
+
     /// The highest write sequence the channel reported for the item's pool (0: none).
     pub fn write_seq_floor(&self, item: &str, channel: &str) -> u64 {
         self.write_seqs.get(&(item.to_owned(), channel.to_owned())).copied().unwrap_or(0)

@@ -87,7 +87,8 @@ pub fn check_state(w: &World) -> Res {
         }
         // Units written off as sold left the total but may still show as sold in a pool.
         let ever = u128::from(item.state.total) + u128::from(item.state.written_off);
-        if committed > ever + lost {
+        let unwitnessed: u128 = (0..w.agents.len()).map(|c| u128::from(w.unwitnessed(c, name))).sum();
+        if committed > ever + lost + unwitnessed {
             return Err(Violation::new(
                 "3",
                 format!(
@@ -107,8 +108,10 @@ pub fn check_state(w: &World) -> Res {
             let written_off = u128::from(w.reference.written_off.get(&(c, name.clone())).copied().unwrap_or(0));
             // Written-off units are sold units the channel no longer holds; units a rolled-back
             // ledger forgot it holds and has not re-learned yet are the channel's too.
-            let held =
-                u128::from(w.center.held(name, agent.name())) + written_off + u128::from(w.rollback_allowance(c, name));
+            let held = u128::from(w.center.held(name, agent.name()))
+                + written_off
+                + u128::from(w.rollback_allowance(c, name))
+                + u128::from(w.unwitnessed(c, name));
             // Units sold from pool data that was later lost are still the channel's: they
             // are in doubt (invariant 8), never back at the center or in the pool.
             let lost_sold = u128::from(w.lost_sold(c, name));
@@ -252,7 +255,9 @@ pub fn check_quiescent(w: &World) -> Res {
             // Units a rolled-back ledger lent again before it saw the loss cannot be
             // re-learned (the relearn came up short): the pool keeps them beyond the ledger
             // and the item is no longer lent (counted apart).
-            let beyond_ledger = in_pool > held && in_pool - held <= w.rollback_allowance(c, name);
+            // So do sold units a pool rollback forgot with no witness left (counted apart).
+            let beyond_ledger =
+                in_pool > held && in_pool - held <= w.rollback_allowance(c, name) + w.unwitnessed(c, name);
             // And units it lost the Returns of stay with the channel and on no shelf.
             let stranded = held > in_pool && held - in_pool <= w.stranded_by_rollback(c, name);
             if in_pool != held && !beyond_ledger && !stranded {

@@ -144,7 +144,7 @@ impl World {
 
     /// `Reporting::send` of every pool (`all`) or of those whose report changed: renews the
     /// lease and stops selling what the center holds in doubt. `None`: the heartbeat was lost.
-    fn send_reports(
+    pub(crate) fn send_reports(
         &mut self,
         c: usize,
         all: bool,
@@ -298,6 +298,7 @@ impl World {
     pub fn crash(&mut self, c: usize) {
         let calls = self.agents[c].mem.take().map_or(0, |m| m.items.values().filter(|s| s.call.is_some()).count());
         self.stats.crashes += 1;
+        self.witnesses_gone(c);
         self.forget_prestocks(c);
         self.log(format!("{} crashes ({calls} calls in flight abandoned)", self.name(c)));
     }
@@ -307,7 +308,7 @@ impl World {
     pub fn stop(&mut self, c: usize) -> Res {
         self.log(format!("{} stops gracefully", self.name(c)));
         let left = self.item_names().into();
-        self.mem(c).stopping = Some(Stopping { left, awaits: None });
+        self.mem(c).stopping = Some(Stopping { left, awaits: None, reported: false });
         self.settle(c)
     }
 
@@ -317,6 +318,7 @@ impl World {
         let answer = self.send_reports(c, true, true, false);
         self.agents[c].stopped_gracefully = matches!(answer, Some(Ok(_)));
         self.agents[c].mem = None;
+        self.witnesses_gone(c);
         self.forget_prestocks(c);
         self.log(format!("{} exits", self.name(c)));
         Ok(())

@@ -48,6 +48,7 @@ impl World {
             request_id: call.request_id,
             attempt: call.attempt,
             sell_rate_milli: call.sell_rate_milli,
+            write_seq: call.write_seq,
         });
         Ok(())
     }
@@ -130,6 +131,7 @@ impl World {
                 request_id,
                 attempt,
                 sell_rate_milli,
+                write_seq,
                 ..
             } => {
                 let ch = self.agents[c].channel.clone();
@@ -148,6 +150,9 @@ impl World {
                     self.stats.planned_borrows += u64::from(quantity > plan.now().room || plan.now().kept > 0);
                     result
                 } else {
+                    // Before the Return applies, whatever it answers: the pool got at least
+                    // this far (the Center service's `raise_write_seqs`).
+                    self.center.raise_write_seq(&item, ch.as_str(), write_seq);
                     self.center.give_back(&item, &ch, epoch, quantity, &request_id, &breakage)
                 };
                 match &result {

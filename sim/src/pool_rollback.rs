@@ -30,6 +30,7 @@ impl World {
             return; // a pool the store lost outright: only its sequence continues
         }
         *self.reference.lost_sold.entry((c, item.to_owned())).or_default() += sold;
+        self.reference.rollback_unseen.remove(&(c, item.to_owned()));
         self.stats.rollbacks_caught += 1;
         self.log(format!("{} store {item}: behind its floor {floor}: lost", self.name(c)));
     }
@@ -79,6 +80,12 @@ impl World {
         Some(Cow::Owned(dropped))
     }
 
+    /// Sold units of the channel's pool that rollbacks without a surviving witness forgot
+    /// ([`World::witnesses_gone`]): the most that may exist twice on their account.
+    pub fn unwitnessed(&self, c: usize, item: &str) -> u64 {
+        self.reference.unwitnessed.get(&(c, item.to_owned())).copied().unwrap_or(0)
+    }
+
     /// Units sold from pool data since lost, with those of a pool below its floor.
     pub fn lost_sold(&self, c: usize, item: &str) -> u64 {
         let lost = self.reference.lost_sold.get(&(c, item.to_owned())).copied().unwrap_or(0);
@@ -96,6 +103,38 @@ impl World {
         }
         if let Some(floor) = self.agents[c].rival_floors.get_mut(item) {
             *floor = (*floor).max(seq);
+        }
+    }
+
+    /// When the channel's process is gone (crashed, or exited): a rollback it had not
+    /// caught yet is caught by the next one only if the center's floor or another process
+    /// of the channel (a rival on the same store) saw the pool further than it now is.
+    /// Otherwise nobody can know what it forgot: its sold units may be sold again, and
+    /// are counted as such (`units_forgotten_unwitnessed`), never more.
+    pub(crate) fn witnesses_gone(&mut self, c: usize) {
+        let name = self.agents[c].name().to_owned();
+        let unseen: Vec<(String, u64)> = self
+            .reference
+            .rollback_unseen
+            .iter()
+            .filter(|((ch, _), _)| *ch == c)
+            .map(|((_, item), n)| (item.clone(), *n))
+            .collect();
+        for (item, forgotten) in unseen {
+            let Some(seq) = self.agents[c].pools.get(&item).map(Pool::write_seq) else { continue };
+            let remembered = self.center.write_seq_floor(&item, &name);
+            let rival = self.agents[c].rival_floors.get(&item).copied().unwrap_or(0);
+            if went_back(remembered.max(rival), seq) {
+                continue; // the next process adopts the floor and finds the pool lost
+            }
+            self.reference.rollback_unseen.remove(&(c, item.clone()));
+            *self.reference.unwitnessed.entry((c, item.clone())).or_default() += forgotten;
+            self.stats.rollbacks_unwitnessed += 1;
+            self.stats.units_forgotten_unwitnessed += forgotten;
+            self.log(format!(
+                "{name}/{item}: the pool went back and every process that saw its later writes is gone ({forgotten} \
+                 sold units forgotten for good)"
+            ));
         }
     }
 
@@ -129,6 +168,7 @@ impl World {
                 let lost = self.reference.lost_sold.entry((c, item.to_owned())).or_default();
                 *lost = (*lost + pool.sold()).saturating_sub(copy.sold());
                 let forgotten = pool.sold().saturating_sub(copy.sold());
+                *self.reference.rollback_unseen.entry((c, item.to_owned())).or_default() += forgotten;
                 *self.reference.pool_losses.entry((c, item.to_owned())).or_default() += 1;
                 self.stats.pool_rollbacks += 1;
                 self.log(format!(

@@ -65,6 +65,10 @@ pub struct LedgerHistory {
     pub allowance: BTreeMap<(usize, String), u64>,
     /// Reference model: item -> units rollbacks took from the channels' `held`, in all.
     pub lost: BTreeMap<String, u64>,
+    /// Reference model: (channel index, item) -> the same, by channel: a channel may hold
+    /// that much beyond its cap once relearned (the ledger forgot it held them and lent
+    /// it up to the cap again).
+    pub taken: BTreeMap<(usize, String), u64>,
     /// The most units buyers held over the total at any step.
     pub oversold: u64,
     /// Reference model: (channel index, item) -> units a rollback put back with the channel
@@ -107,6 +111,7 @@ impl World {
                 if now > then {
                     *self.ledger.allowance.entry((c, item.clone())).or_default() += now - then;
                     *self.ledger.lost.entry(item.clone()).or_default() += now - then;
+                    *self.ledger.taken.entry((c, item.clone())).or_default() += now - then;
                     lost_units += now - then;
                 }
                 if then > now {
@@ -296,6 +301,11 @@ impl World {
     /// what rollbacks took from its `held` and no relearn gave back.
     pub fn rollback_allowance(&self, c: usize, item: &str) -> u64 {
         self.ledger.allowance.get(&(c, item.to_owned())).copied().unwrap_or(0)
+    }
+
+    /// Units of `item` rollbacks took from channel `c`'s `held`, in all.
+    pub fn taken_by_rollbacks(&self, c: usize, item: &str) -> u64 {
+        self.ledger.taken.get(&(c, item.to_owned())).copied().unwrap_or(0)
     }
 
     /// Units of `item` rollbacks took from the channels, in all: the most buyers may hold

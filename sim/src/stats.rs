@@ -76,8 +76,15 @@ stats! {
     pool_losses_during_borrow,
     /// Pools a store put back to an earlier copy (same generation, older contents)...
     pool_rollbacks,
-    /// ... and pools the agent's store layer found below its floor (lost).
+    /// ... and pools the agent's store layer found below its floor (lost)...
     rollbacks_caught,
+    /// ... and pools whose every witness died first: the process that saw the later writes
+    /// crashed (or exited without its last report) before it touched the pool again, and
+    /// no report or Return had told the center (a store that acknowledged writes it did
+    /// not keep, and died with the agent)...
+    rollbacks_unwitnessed,
+    /// ... whose forgotten sold units the product cannot know of: they may be sold again.
+    units_forgotten_unwitnessed,
     /// Items an agent stopped selling because a heartbeat answer listed them in doubt.
     frozen_by_center,
     /// Pools the center marked lost because a report came with another generation.

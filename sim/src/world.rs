@@ -120,6 +120,9 @@ pub struct Call {
     pub attempt: u32,
     /// A Borrow's sell rate, as the rules put it in the effect.
     pub sell_rate_milli: u64,
+    /// A Return's pool write sequence: the store layer's floor once its take was
+    /// acknowledged (`ReturnRequest.write_seq_floors`; 0 for a Borrow).
+    pub write_seq: u64,
 }
 
 /// An Acquire that found the pool empty and waits for its Borrow.
@@ -169,6 +172,8 @@ pub struct Stopping {
     pub left: VecDeque<String>,
     /// The give-back under way.
     pub awaits: Option<(String, OpId)>,
+    /// The drain's first report went out (before its first take).
+    pub reported: bool,
 }
 
 /// A Borrow/Return attempt or its reply in flight. Separate calls are separate HTTP/2
@@ -188,6 +193,8 @@ pub enum Message {
         attempt: u32,
         /// A Borrow's sell rate (units/s × 1000).
         sell_rate_milli: u64,
+        /// A Return's pool write sequence after its take (see [`Call::write_seq`]).
+        write_seq: u64,
     },
     Reply {
         sent_at_ms: i64,
@@ -240,6 +247,12 @@ pub struct Reference {
     /// (channel, item) -> units a reclaim without the agent's last word put in doubt (a
     /// legitimate doubt without any data loss).
     pub reclaimed_into_doubt: BTreeMap<(usize, String), u64>,
+    /// (channel, item) -> sold units a pool rollback forgot that no process has caught
+    /// yet (the running process will at its next call on the pool).
+    pub rollback_unseen: BTreeMap<(usize, String), u64>,
+    /// (channel, item) -> sold units of rollbacks whose every witness died
+    /// ([`crate::stats::Stats::rollbacks_unwitnessed`]): they may exist twice.
+    pub unwitnessed: BTreeMap<(usize, String), u64>,
 }
 
 impl Reference {

@@ -535,13 +535,15 @@ impl CenterLink {
 
     /// A Return under `epoch`: the epoch under which its units were taken out of the pool.
     /// Sent under a later epoch, it could be accepted after another incarnation's resync
-    /// already counted those units back into the pool.
+    /// already counted those units back into the pool. `write_seq_floors`: the pool's
+    /// segments' floors once the take was acknowledged, which the center keeps.
     pub async fn give_back(
         &self,
         item_id: &str,
         quantity: u64,
         request_id: &str,
         epoch: u64,
+        write_seq_floors: &[u64],
     ) -> Result<pb::ReturnResponse, Status> {
         self.retry(epoch, |mut c, epoch| {
             let req = pb::ReturnRequest {
@@ -550,6 +552,7 @@ impl CenterLink {
                 epoch,
                 quantity,
                 request_id: request_id.to_owned(),
+                write_seq_floors: write_seq_floors.to_vec(),
             };
             let mut req = self.req(req);
             with_traceparent(&mut req, request_id);

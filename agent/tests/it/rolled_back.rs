@@ -300,3 +300,36 @@ async fn a_snapshot_restored_after_the_agent_restarted_is_caught_by_the_floor_th
     frozen_and_in_doubt(&center, &client, &replayed, held).await;
     resolved_and_sold(&center, &client, replayed, before + after).await;
 }
+
+/// A Return tells the center how far the pool got. With no heartbeat after the sales (the
+/// agent's are an hour apart), an operator's CloseItem makes the agent take its idle
+/// units and return them: the center's floor for the pool is then the pool's write
+/// sequence after the take, so a store that goes back to before the take, or before a
+/// sale, is caught by whichever process of the channel comes next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_return_carries_the_pools_write_sequence_to_the_center() {
+    let center = Center::start_sqlite().await;
+    center.create_item(ITEM, TOTAL, 1, (10, 40, 20)).await;
+    let redis = RedisServer::start().await;
+    let spec = StoreSpec::Redis { url: redis.url.clone(), prefix: "inv:".into() };
+    let mut config = agent_config(&center.url, "app", &spec);
+    config.heartbeat_interval_ms = 3_600_000;
+    let agent = LocalAgent::start_with(config, None).await;
+    let client = agent.client().await;
+    for i in 0..5 {
+        acquire(&client, &format!("u{i}")).await;
+    }
+    let sold_to = wseq(&redis.url).await;
+    assert!(center_floor(&center).await < sold_to, "no report told the center of the sales");
+
+    let close = pb::CloseItemRequest { item_id: ITEM.into(), closed: true };
+    center.admin().await.close_item(close).await.expect("close item");
+    let returned =
+        wait_until(Duration::from_secs(10), || async { center.ledger(ITEM).await.channels[0].held == 5 }).await;
+    assert!(returned, "the idle units never came back: {:?}", center.ledger(ITEM).await);
+    let after_take = wseq(&redis.url).await;
+    assert!(after_take > sold_to, "the take wrote to the pool");
+    assert_eq!(center_floor(&center).await, after_take, "the Return carried the pool's write sequence");
+    let reported_at = center.ledger(ITEM).await.channels[0].reported_at_unix_ms;
+    assert_eq!(reported_at, 0, "no heartbeat reported the pool: only the Return can have told");
+}

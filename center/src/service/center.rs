@@ -521,6 +521,10 @@ impl CenterService {
         let request_id = RequestId::parse("request_id", &r.request_id).map_err(CenterError::from)?;
         tracing::Span::current().record("request_id", request_id.as_str());
         self.refuse_if_too_old(&request_id)?;
+        let write_seqs = inventory_core::pool::return_write_seqs(&r.write_seq_floors).map_err(CenterError::from)?;
+        if !write_seqs.is_empty() {
+            self.store.raise_write_seqs(&channel, &item, &write_seqs).await?;
+        }
         let out = self.store.give_back(&item, &channel, r.epoch, quantity, &request_id).await?;
         if !out.replayed {
             self.events.publish(LedgerEvent::Restocked {

@@ -277,6 +277,9 @@ pub trait LedgerStore: Send + Sync + 'static {
         quantity: Quantity,
         request_id: &RequestId,
     ) -> Result<ReturnOutcome>;
+    /// Raises the channel's remembered write sequences of the item's pool (`(segment,
+    /// write_seq)`), never lowering one: a Return's, before it applies.
+    async fn raise_write_seqs(&self, channel: &Channel, item: &ItemId, seqs: &[(u32, u64)]) -> Result<()>;
     /// Records the reports, each chunk in one transaction that also applies the loss rule
     /// (`loss::apply_report`: a lost pool puts what the channel holds of the item in
     /// doubt), then renews the lease.

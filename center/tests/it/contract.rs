@@ -91,6 +91,7 @@ pub async fn give_back(
             epoch,
             quantity,
             request_id: request_id.into(),
+            write_seq_floors: vec![],
         })
         .await
         .map(|r| r.into_inner())
@@ -564,6 +565,7 @@ async fn describe_item_answers_for_the_channel_asked_about(c: TestCenter) {
             epoch: web,
             quantity: 5,
             request_id: "w2".into(),
+            write_seq_floors: vec![],
         })
         .await
         .unwrap();

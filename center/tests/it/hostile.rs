@@ -80,6 +80,7 @@ async fn every_field_of_every_rpc_refuses_hostile_values() {
             epoch,
             quantity: 1,
             request_id: rid.into(),
+            write_seq_floors: vec![],
         };
         refused(&what("Return", "item_id"), "item_id", center.r#return(rt(&v, "app", "r")).await);
         refused(&what("Return", "channel"), "channel", center.r#return(rt("i", &v, "r")).await);
@@ -166,8 +167,23 @@ async fn every_field_of_every_rpc_refuses_hostile_values() {
             epoch,
             quantity: n,
             request_id: "rq".into(),
+            write_seq_floors: vec![],
         };
         refused(&format!("Return.quantity = {n}"), "quantity", center.r#return(r).await);
+        if n == u64::MAX {
+            // A write sequence the ledger cannot store, and more than a pool has segments.
+            let r = |floors: Vec<u64>| pb::ReturnRequest {
+                item_id: "i".into(),
+                channel: "app".into(),
+                epoch,
+                quantity: 1,
+                request_id: "rq".into(),
+                write_seq_floors: floors,
+            };
+            let field = "write_seq_floors[1]";
+            refused("Return.write_seq_floors[1] = max", field, center.r#return(r(vec![3, n])).await);
+            refused("Return.write_seq_floors x65", "write_seq_floors", center.r#return(r(vec![3; 65])).await);
+        }
         let a = pb::AddStockRequest { item_id: "i".into(), quantity: n, request_id: "rq".into() };
         refused(&format!("AddStock.quantity = {n}"), "quantity", admin.add_stock(a).await);
         let ci = pb::CreateItemRequest { item_id: "j".into(), total: n, ..Default::default() };

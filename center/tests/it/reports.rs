@@ -12,6 +12,7 @@ use crate::support::TestCenter;
 crate::for_each_backend!(
     a_lost_or_recreated_pool_puts_its_units_in_doubt,
     the_highest_write_sequence_reported_is_the_floor_handed_back,
+    a_returns_write_sequences_raise_the_floors_whatever_it_answers,
 );
 
 async fn report(
@@ -161,4 +162,44 @@ async fn the_highest_write_sequence_reported_is_the_floor_handed_back(c: TestCen
         .expect_err("too large");
     assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
     assert!(refused.message().contains("pools[0].write_seq"), "{refused:?}");
+}
+
+async fn a_returns_write_sequences_raise_the_floors_whatever_it_answers(c: TestCenter) {
+    let (mut admin, mut center) = (c.admin().await, c.center().await);
+    create(&mut admin, "a", 100).await;
+    admin
+        .create_item(pb::CreateItemRequest { item_id: "s".into(), total: 100, segments: 3, ..Default::default() })
+        .await
+        .expect("create segmented item");
+    let epoch = register(&mut center, "app").await;
+    borrow(&mut center, "a", "app", epoch, 10, "a1").await.unwrap();
+    borrow(&mut center, "s", "app", epoch, 9, "s1").await.unwrap();
+    let give_back = |item: &str, quantity, request_id: &str, floors: Vec<u64>| pb::ReturnRequest {
+        item_id: item.into(),
+        channel: "app".into(),
+        epoch,
+        quantity,
+        request_id: request_id.into(),
+        write_seq_floors: floors,
+    };
+    let r = center.r#return(give_back("a", 4, "r1", vec![33])).await.expect("return").into_inner();
+    assert_eq!(r.center_available, 94);
+    center.r#return(give_back("s", 2, "r2", vec![0, 21, 5])).await.expect("return");
+    let epoch = register(&mut center, "app").await;
+    assert_eq!(floors(&mut center, "a").await, (vec![33], vec![33]), "the Return's floor is handed back");
+    assert_eq!(floors(&mut center, "s").await.1, vec![0, 21, 5]);
+
+    // A Return the ledger refuses (more than held) still tells how far the pool got; a
+    // lower floor lowers nothing; the refused Return moved no unit.
+    let epoch = register(&mut center, "app").await;
+    let refused = center
+        .r#return(pb::ReturnRequest { epoch, ..give_back("a", 7, "r3", vec![50]) })
+        .await
+        .expect_err("more than held");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("holds 6"), "{refused:?}");
+    center.r#return(pb::ReturnRequest { epoch, ..give_back("s", 1, "r4", vec![9, 3, 6]) }).await.expect("return");
+    assert_eq!(floors(&mut center, "a").await.1, vec![50]);
+    assert_eq!(floors(&mut center, "s").await.1, vec![9, 21, 6]);
+    assert_eq!(ledger(&mut admin, "a").await.channels[0].held, 6);
 }

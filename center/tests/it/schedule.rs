@@ -242,6 +242,7 @@ async fn closes_at_closes_the_item_and_asks_every_channel_to_give_back(c: TestCe
             epoch,
             quantity: 10,
             request_id: "r1".into(),
+            write_seq_floors: vec![],
         })
         .await
         .unwrap()

@@ -222,6 +222,28 @@ pub fn reported_write_seqs(pool_write_seq: u64, segments: &[(u32, u64)]) -> Vec<
     all.into_iter().filter(|(_, seq)| *seq > 0).collect()
 }
 
+/// A Return's write sequences (`ReturnRequest.write_seq_floors`: segment s at index s, 0
+/// where none is known) as `(segment, write_seq)`, those of 0 left out. At most one per
+/// segment a pool can have, each storable as a signed 64-bit number.
+pub fn return_write_seqs(floors: &[u64]) -> Result<Vec<(u32, u64)>, crate::ValidationError> {
+    let max = crate::segments::MAX_SEGMENTS as usize;
+    if floors.len() > max {
+        let reason = format!("must hold at most {max} write sequences (one per segment)");
+        return Err(crate::ValidationError::new("write_seq_floors", floors.len() as u64, reason));
+    }
+    let mut out = Vec::new();
+    for (segment, &seq) in (0u32..).zip(floors) {
+        if i64::try_from(seq).is_err() {
+            let reason = format!("must be at most {}", i64::MAX);
+            return Err(crate::ValidationError::new(format!("write_seq_floors[{segment}]"), seq, reason));
+        }
+        if seq > 0 {
+            out.push((segment, seq));
+        }
+    }
+    Ok(out)
+}
+
 /// Floors by segment (segment s at index s, 0 where none is known) from `(segment,
 /// floor)` pairs: what the center hands an agent.
 pub fn floors_by_segment(pairs: impl IntoIterator<Item = (u32, u64)>) -> Vec<u64> {

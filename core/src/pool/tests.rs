@@ -521,3 +521,15 @@ fn the_center_remembers_the_highest_write_sequence_per_segment() {
     assert_eq!(super::floors_by_segment([(2, 9), (0, 3), (2, 4)]), vec![3, 0, 9]);
     assert_eq!(super::floors_by_segment([(64, 9)]), Vec::<u64>::new(), "no such segment");
 }
+
+#[test]
+fn a_returns_write_sequences_are_checked_and_named_by_segment() {
+    assert_eq!(super::return_write_seqs(&[]).unwrap(), vec![]);
+    assert_eq!(super::return_write_seqs(&[5]).unwrap(), vec![(0, 5)]);
+    assert_eq!(super::return_write_seqs(&[0, 8, 0, 2]).unwrap(), vec![(1, 8), (3, 2)], "0 is nothing known");
+    let e = super::return_write_seqs(&[1, u64::MAX]).unwrap_err();
+    assert_eq!((e.field.as_str(), e.value.as_str()), ("write_seq_floors[1]", "18446744073709551615"));
+    let e = super::return_write_seqs(&[1; 65]).unwrap_err();
+    assert_eq!((e.field.as_str(), e.value.as_str()), ("write_seq_floors", "65"));
+    assert!(e.reason.contains("64"), "{}", e.reason);
+}

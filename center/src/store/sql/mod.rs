@@ -173,6 +173,10 @@ impl LedgerStore for SqlLedger {
         self.submit(op).await?.into_return()
     }
 
+    async fn raise_write_seqs(&self, channel: &Channel, item: &ItemId, seqs: &[(u32, u64)]) -> Result<()> {
+        SqlLedger::raise_write_seqs(self, channel, item, seqs).await
+    }
+
     async fn heartbeat(
         &self,
         channel: &Channel,

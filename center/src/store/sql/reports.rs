@@ -78,6 +78,22 @@ impl SqlLedger {
     async fn remember_write_seqs(tx: &mut Tx, channel: &Channel, chunk: &[&PoolReportIn]) -> Result<()> {
         let seqs: Vec<(&str, u32, u64)> =
             chunk.iter().flat_map(|r| r.write_seqs.iter().map(|(s, w)| (r.item.as_str(), *s, *w))).collect();
+        Self::upsert_write_seqs(tx, channel, &seqs).await
+    }
+
+    /// A Return's write sequences (`ReturnRequest.write_seq_floors`), raised in a
+    /// transaction of their own before the Return applies: whatever it answers, the pool
+    /// got that far.
+    pub(super) async fn raise_write_seqs(&self, channel: &Channel, item: &ItemId, seqs: &[(u32, u64)]) -> Result<()> {
+        let seqs: Vec<(&str, u32, u64)> = seqs.iter().map(|(s, w)| (item.as_str(), *s, *w)).collect();
+        let mut tx = self.begin().await?;
+        Self::upsert_write_seqs(&mut tx, channel, &seqs).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// `(item, segment, write_seq)` rows as one conditional upsert per few hundred.
+    async fn upsert_write_seqs(tx: &mut Tx, channel: &Channel, seqs: &[(&str, u32, u64)]) -> Result<()> {
         for part in seqs.chunks(REPORT_ROWS_PER_STATEMENT) {
             let rows = (0..part.len())
                 .map(|k| {
