@@ -78,6 +78,13 @@ pub struct AgentConfig {
     /// (UNAVAILABLE, NOT_SERVING) while a node's policy is changed at run time.
     #[arg(long, env = "INVENTORY_ALLOW_EVICTING_REDIS")]
     pub allow_evicting_redis: bool,
+    /// Refuse to start unless the pool store loses no write it acknowledged: replica acks
+    /// (`--redis-replica-acks` 1 or more), `appendfsync always`, or no persistence at all
+    /// (a restart then loses pools outright, which the agent finds). Without it, a store
+    /// that may come back older than its acknowledged writes (snapshots, `appendfsync
+    /// everysec`) draws one warning at start-up.
+    #[arg(long, env = "INVENTORY_REQUIRE_DURABLE_REDIS")]
+    pub require_durable_redis: bool,
     /// How often the agent reads its Redis nodes' maxmemory-policy and memory (pool store
     /// and buyer registry).
     #[arg(long, env = "INVENTORY_REDIS_CHECK_INTERVAL_MS", default_value_t = 2_000,
@@ -276,6 +283,7 @@ impl AgentConfig {
             redis_replica_ack_timeout_ms: 500,
             redis_connections: 4,
             allow_evicting_redis: false,
+            require_durable_redis: false,
             redis_check_interval_ms: 100,
             redis_acquire_batch_max: 64,
             outbox_max_events: crate::store::DEFAULT_OUTBOX_MAX,

@@ -138,6 +138,9 @@ impl Reporting {
                 tracing::error!(item = %id, "center holds units of the item in doubt; not selling it");
             }
         }
+        for item in self.items.all().into_iter().filter(|i| !answer.in_doubt_items.contains(&i.item_id)) {
+            item.with(|c| c.on_not_in_doubt());
+        }
         Ok(answer)
     }
 }

@@ -23,6 +23,7 @@ use crate::store::PoolStore;
 use crate::store::health::StoreHealth;
 use crate::store::memory::MemoryPoolStore;
 use crate::store::redis::RedisPoolStore;
+use crate::store::redis::persistence;
 use crate::store::redis::policy::PolicyWatch;
 use crate::workers;
 use tonic::service::interceptor::InterceptedService;
@@ -71,6 +72,7 @@ impl Application {
                 let store = tune(store, &config, acks_timeout, &health);
                 // Before anything else: an evicting store must not sell.
                 watch.add("pool store", store.nodes()).await.map_err(anyhow::Error::msg)?;
+                check_persistence(&store, &config).await?;
                 Arc::new(store)
             }
             StoreKind::Memory => match config.memory_state_path() {
@@ -93,6 +95,7 @@ impl Application {
                         .await?;
                 let store = tune(store, &config, acks_timeout, &health);
                 watch.add("pool store", store.nodes()).await.map_err(anyhow::Error::msg)?;
+                check_persistence(&store, &config).await?;
                 Arc::new(store)
             }
         };
@@ -424,6 +427,14 @@ async fn relay(config: &AgentConfig, url: &str, agent: &Arc<Agent>) -> anyhow::R
 }
 
 /// The policy check of the agent's Redis nodes, empty until a store is added.
+/// Whether the pool store keeps what it acknowledges (`store::redis::persistence`).
+async fn check_persistence(store: &RedisPoolStore, config: &AgentConfig) -> anyhow::Result<()> {
+    let nodes = store.nodes();
+    persistence::check(&nodes, config.redis_replica_acks, config.require_durable_redis)
+        .await
+        .map_err(anyhow::Error::msg)
+}
+
 fn policy_watch(config: &AgentConfig, health: &Arc<StoreHealth>) -> PolicyWatch {
     PolicyWatch::new(
         Arc::clone(health),

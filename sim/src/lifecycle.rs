@@ -200,6 +200,9 @@ impl World {
                         self.stats.frozen_by_center += 1;
                     }
                 }
+                for item in self.item_names().into_iter().filter(|i| !answer.in_doubt_items.contains(i)) {
+                    self.slot(c, &item).core.on_not_in_doubt();
+                }
                 self.log(format!("heartbeat {channel} epoch {epoch} last {last_report}: {wire:?} -> {answer:?}"));
             }
             Err(r) => self.log(format!("heartbeat {channel} epoch {epoch}: {wire:?} -> {r}")),

@@ -214,3 +214,34 @@ async fn every_master_of_a_cluster_and_the_buyer_registry_are_checked() {
 fn url_of(port: u16) -> String {
     format!("redis://127.0.0.1:{port}")
 }
+
+/// `--require-durable-redis`: a pool store that keeps only snapshots may come back older
+/// than the sales it acknowledged, so the agent refuses to start on it, naming the node
+/// and the setting; on `appendfsync always` it starts and sells. (Without the flag the
+/// same store draws a warning and the agent starts: every other test here.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_may_lose_acknowledged_writes_is_refused_when_durability_is_required() {
+    let center = Center::start_sqlite().await;
+    center.create_item("d", 100, 1, (10, 40, 20)).await;
+    let redis = RedisServer::start().await;
+    config_set(&redis, "save", "3600 1").await;
+    let store = StoreSpec::Redis { url: redis.url.clone(), prefix: "inv:".into() };
+    let mut config = agent_config(&center.url, "app", &store);
+    config.require_durable_redis = true;
+    let refused = inventory_agent::Application::build(config.clone()).await.err().expect("refused: snapshots only");
+    let line = refused.to_string();
+    let expected = format!("pool store {} keeps only snapshots (save \"3600 1\")", redis.url);
+    assert!(line.contains("--require-durable-redis") && line.contains(&expected), "{line}");
+    assert!(line.contains("--redis-replica-acks"), "says what closes it: {line}");
+
+    config_set(&redis, "appendonly", "yes").await;
+    config_set(&redis, "appendfsync", "everysec").await;
+    let refused = inventory_agent::Application::build(config.clone()).await.err().expect("refused: everysec");
+    assert!(refused.to_string().contains("appendfsync everysec"), "{refused}");
+
+    config_set(&redis, "appendfsync", "always").await;
+    let agent = LocalAgent::start_with(config, None).await;
+    let mut client = agent.client().await;
+    let r = client.acquire(acquire_req("d", "u1", 1, "k1")).await.expect("sells").into_inner();
+    assert_eq!(r.outcome(), pb::AcquireOutcome::Reserved);
+}

@@ -615,6 +615,17 @@ impl ItemCore {
         self.last_reported_rate = rate_milli;
     }
 
+    /// A heartbeat's answer did not list the item in doubt. A lost or in-doubt item is then
+    /// reported again at the next heartbeat: if a rolled-back ledger forgot the report that
+    /// put its units in doubt, the center marks them again (marking is idempotent), instead
+    /// of counting them with the channel while the agent, whose report was acknowledged,
+    /// never sends it again.
+    pub fn on_not_in_doubt(&mut self) {
+        if matches!(self.mode, Mode::Lost | Mode::InDoubt) {
+            self.last_reported = None;
+        }
+    }
+
     /// The center holds units of the item in doubt for the channel (a heartbeat's answer):
     /// stop selling it. True when this is news.
     /// With part of the pool lost, those units are what the center holds in doubt: the

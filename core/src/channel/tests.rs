@@ -527,6 +527,27 @@ fn a_resync_finding_units_not_in_doubt_of_a_lost_pool_reports_it_again() {
     assert!(!core2.report_changed(&Report::Lost, 0));
 }
 
+/// A heartbeat's answer that does not list a lost pool's item in doubt (a rolled-back
+/// ledger forgot the report that put its units there) has it reported again; an answer
+/// that lists it, or a selling item, leaves the last report standing.
+#[test]
+fn a_lost_pool_the_center_no_longer_holds_in_doubt_is_reported_again() {
+    let mut core = item();
+    let mut notes = Vec::new();
+    core.on_not_in_doubt();
+    core.check_pool(&view(0, 3), ctx(0, 1), &mut notes);
+    let counts = core.report(Some(view(0, 3)), core.begin_read(), ctx(0, 1), &mut notes).expect("a report");
+    core.reported(counts.clone(), 0);
+    core.on_not_in_doubt();
+    assert!(!core.report_changed(&counts, 0), "a selling item is not reported again");
+    assert_eq!(core.report(Some(view(0, 0)), core.begin_read(), ctx(10, 1), &mut notes), Some(Report::Lost));
+    core.reported(Report::Lost, 0);
+    assert!(core.on_in_doubt() || core.mode() == Mode::Lost);
+    assert!(!core.report_changed(&Report::Lost, 0), "acknowledged, and held in doubt");
+    core.on_not_in_doubt();
+    assert!(core.report_changed(&Report::Lost, 0), "the center must hear of the loss again");
+}
+
 /// A pool read that began before an operation of this agent created the pool (so it saw
 /// no pool) says nothing about a loss: the rebalancer's look and a heartbeat's report run
 /// beside the item's operations.

@@ -42,6 +42,7 @@ mod batch;
 mod durable;
 mod errors;
 mod orders;
+pub mod persistence;
 pub mod policy;
 mod reply;
 mod scripts;

@@ -68,6 +68,23 @@ impl Memory {
 }
 
 impl RedisNodes {
+    /// Every node's answer to `cmd` (every master of a cluster), named as readings name
+    /// them; a server's error answer is kept as that node's answer. Err: no answer at all.
+    pub(super) async fn ask(&self, cmd: &redis::Cmd) -> Result<Vec<(String, Value)>, String> {
+        match self {
+            Self::Single { node, conn } => Ok(vec![(node.clone(), answer(cmd.query_async(&mut conn.clone()).await)?)]),
+            Self::Cluster(conn) => {
+                let every_master = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                let answers =
+                    per_node(conn.clone().route_command(cmd.clone(), every_master).await.map_err(|e| e.to_string())?)?;
+                let mut out: Vec<(String, Value)> =
+                    answers.into_iter().map(|(node, v)| (format!("redis://{node}"), v)).collect();
+                out.sort_by(|a, b| a.0.cmp(&b.0));
+                Ok(out)
+            }
+        }
+    }
+
     /// Every node's reading; Err when the store could not be asked at all (connection
     /// trouble: nothing learned).
     pub async fn read(&self) -> Result<Vec<NodeReading>, String> {
@@ -114,7 +131,7 @@ impl RedisNodes {
 }
 
 /// A server's error answer is an answer (kept, per node); anything else is no answer.
-fn answer(r: Result<Value, RedisError>) -> Result<Value, String> {
+pub(super) fn answer(r: Result<Value, RedisError>) -> Result<Value, String> {
     match r {
         Ok(v) => Ok(v),
         Err(e) if e.code().is_some() => Ok(error_value(&e)),
@@ -127,10 +144,10 @@ fn error_value(e: &RedisError) -> Value {
     Value::SimpleString(format!("{ERROR_MARK}{e}"))
 }
 
-const ERROR_MARK: &str = "\u{0}refused: ";
+pub(super) const ERROR_MARK: &str = "\u{0}refused: ";
 
 /// A cluster fan-out's answer: (node address, its answer) per master.
-fn per_node(v: Value) -> Result<Vec<(String, Value)>, String> {
+pub(super) fn per_node(v: Value) -> Result<Vec<(String, Value)>, String> {
     let Value::Map(pairs) = v else { return Err(format!("unexpected cluster answer {v:?}")) };
     pairs
         .into_iter()
@@ -145,7 +162,7 @@ fn per_node(v: Value) -> Result<Vec<(String, Value)>, String> {
         .collect()
 }
 
-fn text(v: &Value) -> Option<String> {
+pub(super) fn text(v: &Value) -> Option<String> {
     match v {
         Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
         Value::SimpleString(s) | Value::VerbatimString { text: s, .. } => Some(s.clone()),
@@ -153,7 +170,7 @@ fn text(v: &Value) -> Option<String> {
     }
 }
 
-fn refusal(v: &Value) -> Option<String> {
+pub(super) fn refusal(v: &Value) -> Option<String> {
     match v {
         Value::SimpleString(s) => s.strip_prefix(ERROR_MARK).map(str::to_owned),
         Value::ServerError(e) => Some(e.to_string()),
