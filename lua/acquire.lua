@@ -10,7 +10,8 @@
 --   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
 --   2 res     hash  reservation_id -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key,
 --                                  r = requested quantity, only when fewer were reserved}
---   3 due     zset  reservation_id scored by expires_at_ms (RESERVED ones only)
+--   3 due     list  reservation ids in the order made (due.lua, prepended); one made out of
+--                   the list's order is an exception in gc, the fifth structure (KEYS[11])
 --   4 held    hash  user_id -> units held (reserved + confirmed)
 --   5 idem    hash  idempotency_key -> reservation_id
 --   6 outbox  stream the pool's events (see outbox.lua, prepended to this script with
@@ -40,6 +41,8 @@
 --   {'duplicate_id'}   new_reservation_id names an existing reservation (a caller bug)
 
 local K_POOL, K_RES, K_DUE, K_HELD, K_IDEM, K_OUTBOX = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+-- gc, among the structures (res, due, held, idem, gc, ...) from KEYS[7]: the exceptions.
+local K_GC = KEYS[11]
 local outbox_max = tonumber(ARGV[8])
 local user, key, new_id = ARGV[1], ARGV[3], ARGV[4]
 local qty = tonumber(ARGV[2])
@@ -57,7 +60,7 @@ if state == 'partial' then
   end
   return {'sold_out', 0}
 end
-local fields = redis.call('HMGET', K_POOL, 'generation', 'available', 'reserved', 'event_seq')
+local fields = redis.call('HMGET', K_POOL, 'generation', 'available', 'reserved', 'event_seq', 'due_tail')
 local stored = fields[1] or '0'
 if expect ~= '0' and expect ~= stored then
   return {'generation', expect, stored}
@@ -91,10 +94,17 @@ if redis.call('HSETNX', K_RES, new_id, record_encode(rec)) == 0 then
   return {'duplicate_id'}
 end
 local seq = tonumber(fields[4] or '0') + 1
-redis.call('HSET', K_POOL, 'available', string.format('%d', available - qty),
-  'reserved', string.format('%d', tonumber(fields[3] or '0') + qty), 'event_seq', string.format('%d', seq))
+local counters = {'available', string.format('%d', available - qty),
+  'reserved', string.format('%d', tonumber(fields[3] or '0') + qty), 'event_seq', string.format('%d', seq)}
+if due_in_order(fields[5], expires_at) then
+  redis.call('RPUSH', K_DUE, new_id)
+  counters[#counters + 1] = 'due_tail'
+  counters[#counters + 1] = string.format('%d', expires_at)
+else
+  due_except(K_GC, new_id, expires_at)
+end
+redis.call('HSET', K_POOL, unpack(counters))
 redis.call('HINCRBY', K_HELD, user, qty)
-redis.call('ZADD', K_DUE, expires_at, new_id)
 redis.call('HSET', K_IDEM, key, new_id)
 outbox_add(K_OUTBOX, seq, new_id, rec, nil, now)
 outbox_trim(K_POOL, K_OUTBOX, outbox_max)

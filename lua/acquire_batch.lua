@@ -10,7 +10,7 @@
 --
 -- What the batch touches more than once is read once and written once at the end (the
 -- script is atomic, so nobody sees the intermediate values): the pool's counters and event
--- sequence (one HSET), users' holdings (one HSET), the due set (one ZADD) and the
+-- sequence (one HSET), users' holdings (one HSET), the due list (one RPUSH) and the
 -- idempotency index (one HSET); a later request reads what an earlier one wrote from the
 -- batch's own tables. Per reservation there remain the record (HSETNX, which also answers
 -- duplicate_id) and its event (XADD); the outbox is trimmed once.
@@ -19,7 +19,8 @@
 --   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
 --   2 res     hash  reservation_id -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key,
 --                                  r = requested quantity, only when fewer were reserved}
---   3 due     zset  reservation_id scored by expires_at_ms (RESERVED ones only)
+--   3 due     list  reservation ids in the order made (due.lua, prepended); one made out of
+--                   the list's order is an exception in gc, the fifth structure (KEYS[11])
 --   4 held    hash  user_id -> units held (reserved + confirmed)
 --   5 idem    hash  idempotency_key -> reservation_id
 --   6 outbox  stream the pool's events (see outbox.lua, prepended to this script)
@@ -40,6 +41,8 @@
 --   {'duplicate_id'}
 
 local K_POOL, K_RES, K_DUE, K_HELD, K_IDEM, K_OUTBOX = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+-- gc, among the structures (res, due, held, idem, gc, ...) from KEYS[7]: the exceptions.
+local K_GC = KEYS[11]
 local n = tonumber(ARGV[1])
 local outbox_max = tonumber(ARGV[2])
 
@@ -63,7 +66,7 @@ if state == 'partial' then
   return out
 end
 
-local fields = redis.call('HMGET', K_POOL, 'generation', 'available', 'reserved', 'event_seq')
+local fields = redis.call('HMGET', K_POOL, 'generation', 'available', 'reserved', 'event_seq', 'due_tail')
 local available = tonumber(fields[2] or '0')
 local taken = 0
 local seq = tonumber(fields[4] or '0')
@@ -75,7 +78,8 @@ local generation = tonumber(stored)
 -- in first-touch order), new reservations' ids by idempotency key and records by id.
 local held_by, held_users = {}, {}
 local new_ids, new_recs = {}, {}
-local due, idem = {}, {}
+-- The ids for the due list (and the expiry of the last), the exceptions (due.lua).
+local due, due_tail, excepts, idem = {}, fields[5], {}, {}
 
 local function acquire(user, qty, key, new_id, limit, ttl, expect, partial)
   if expect ~= '0' and expect ~= stored then
@@ -117,8 +121,13 @@ local function acquire(user, qty, key, new_id, limit, ttl, expect, partial)
   end
   held_by[user] = held + qty
   new_ids[key], new_recs[new_id] = new_id, rec
-  due[#due + 1] = expires_at
-  due[#due + 1] = new_id
+  if due_in_order(due_tail, expires_at) then
+    due[#due + 1] = new_id
+    due_tail = expires_at
+  else
+    excepts[#excepts + 1] = -expires_at
+    excepts[#excepts + 1] = DUE_EXCEPTION .. new_id
+  end
   idem[#idem + 1] = key
   idem[#idem + 1] = new_id
   seq = seq + 1
@@ -134,15 +143,23 @@ for i = 1, n do
 end
 
 if taken > 0 then
-  redis.call('HSET', K_POOL, 'available', string.format('%d', available),
-    'reserved', string.format('%d', tonumber(fields[3] or '0') + taken), 'event_seq', string.format('%d', seq))
+  local counters = {'available', string.format('%d', available),
+    'reserved', string.format('%d', tonumber(fields[3] or '0') + taken), 'event_seq', string.format('%d', seq)}
+  if #due > 0 then
+    redis.call('RPUSH', K_DUE, unpack(due))
+    counters[#counters + 1] = 'due_tail'
+    counters[#counters + 1] = string.format('%d', due_tail)
+  end
+  if #excepts > 0 then
+    redis.call('ZADD', K_GC, unpack(excepts))
+  end
+  redis.call('HSET', K_POOL, unpack(counters))
   local holdings = {}
   for _, user in ipairs(held_users) do
     holdings[#holdings + 1] = user
     holdings[#holdings + 1] = string.format('%d', held_by[user])
   end
   redis.call('HSET', K_HELD, unpack(holdings))
-  redis.call('ZADD', K_DUE, unpack(due))
   redis.call('HSET', K_IDEM, unpack(idem))
   outbox_trim(K_POOL, K_OUTBOX, outbox_max)
 end

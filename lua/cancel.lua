@@ -7,7 +7,7 @@
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
 --   1 pool  hash  available, reserved, sold, generation, event_seq, events_dropped
 --   2 res   hash  reservation_id -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
---   3 due   zset  reservation_id scored by expires_at_ms (RESERVED ones only)
+--   3 due   list  reservation ids in the order made, and exceptions in gc (due.lua)
 --   4 held  hash  user_id -> units held (reserved + confirmed)
 --   5 gc    zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten
 --   6 outbox stream the pool's events (see outbox.lua, prepended to this script with

@@ -6,9 +6,10 @@
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
 --   1 pool  hash  available, reserved, sold, generation, event_seq, events_dropped
 --   2 res   hash  reservation_id -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
---   3 due   zset  reservation_id scored by expires_at_ms (RESERVED ones only)
+--   3 due   list  reservation ids in the order made, and exceptions in gc (due.lua)
 --   4 held  hash  user_id -> units held (reserved + confirmed)
---   5 gc    zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten
+--   5 gc    zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten;
+--                 "d:<id>" the expiry exceptions (due.lua)
 --   6 outbox stream the pool's events (see outbox.lua, prepended to this script)
 --   7..14       the pool's structures, checked for their markers (intact.lua, prepended)
 -- ARGV:
@@ -48,13 +49,13 @@ elseif rec.s ~= 'reserved' then
   return {'refused', rec.s}
 end
 
+local k = {pool = K_POOL, res = K_RES, due = K_DUE, held = K_HELD, gc = K_GC, outbox = K_OUTBOX}
 if tonumber(rec.e) <= now then
-  local k = {pool = K_POOL, res = K_RES, due = K_DUE, held = K_HELD, gc = K_GC, outbox = K_OUTBOX}
   release_reserved(k, id, rec, 'expired', now, retention, outbox_max)
   return {'refused', 'expired'}
 end
 local qty = tonumber(rec.q)
-redis.call('ZREM', K_DUE, id)
+due_forget(k, id)
 redis.call('ZADD', K_GC, now + retention, 'r:' .. id)
 redis.call('HINCRBY', K_POOL, 'reserved', -qty)
 rec.s = 'confirmed'

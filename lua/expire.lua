@@ -1,15 +1,18 @@
 -- expire.lua: the sweeper's call. Expires up to max_count RESERVED reservations whose
--- expires_at_ms <= Redis TIME (units back to available, the users' allowance freed), then
--- forgets up to gc_batch finished records whose retention ran out, so memory stays bounded,
--- and converts up to about gc_batch records of a pool written with JSON records.
+-- expires_at_ms <= Redis TIME (units back to available, the users' allowance freed): the
+-- exceptions first, then the due list from its head (due.lua); then forgets up to gc_batch
+-- finished records whose retention ran out, so memory stays bounded, and converts up to
+-- about gc_batch records of a pool written with JSON records, and of a pool whose `due`
+-- is still the old sorted set, up to gc_batch of its entries.
 --
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
 --   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
 --   2 res     hash  reservation_id -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
---   3 due     zset  reservation_id scored by expires_at_ms (RESERVED ones only)
+--   3 due     list  reservation ids in the order made (due.lua, prepended)
 --   4 held    hash  user_id -> units held (reserved + confirmed)
 --   5 idem    hash  idempotency_key -> reservation_id
---   6 gc      zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten
+--   6 gc      zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten;
+--                   "d:<id>" the expiry exceptions, scored by the expiry negated (due.lua)
 --   7 grants  hash  grant_id -> units applied
 --   8 takes   hash  take_id -> cjson {n = units, b = 0|1 (put back)}
 --   9 outbox  stream the pool's events (see outbox.lua, prepended to this script)
@@ -34,28 +37,94 @@ local gc_batch = tonumber(ARGV[3])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-if pool_state(K_POOL, structures_from(2)) ~= 'ok' then
+local state, gen = pool_state(K_POOL, structures_from(2))
+if state ~= 'ok' then
   return 0
 end
 
-local freed = 0
-if max_count > 0 then
-  local k = {pool = K_POOL, res = K_RES, due = K_DUE, held = K_HELD, gc = K_GC, outbox = K_OUTBOX}
-  local due = redis.call('ZRANGEBYSCORE', K_DUE, '-inf', now, 'LIMIT', 0, max_count)
-  for _, id in ipairs(due) do
-    redis.call('ZREM', K_DUE, id)
-    local raw = redis.call('HGET', K_RES, id)
-    if raw then
-      local rec = record_decode(raw)
-      if rec.s == 'reserved' then
+-- A head of the due list dropped without being expired (finished, or extended and so an
+-- exception) costs a record lookup: at most this many per call, so a list whose head is
+-- a run of confirmed reservations is worked off over several calls.
+local DUE_DROP_MAX = 1000
+-- How many ids of the list's head are read at once.
+local DUE_CHUNK = 100
+
+local freed, expired = 0, 0
+local k = {pool = K_POOL, res = K_RES, due = K_DUE, held = K_HELD, gc = K_GC, outbox = K_OUTBOX}
+
+-- Expires reservation `id` if it is still reserved (the caller took it off the exceptions,
+-- or the old sorted set, already).
+local function expire_one(id)
+  local raw = redis.call('HGET', K_RES, id)
+  if raw then
+    local rec = record_decode(raw)
+    if rec.s == 'reserved' then
+      if tonumber(rec.e) <= now then
         freed = freed + release_reserved(k, id, rec, 'expired', now, retention, outbox_max)
+        expired = expired + 1
+      else
+        -- Not due after all (cannot happen: an extend moves the score): kept in order.
+        due_except(K_GC, id, tonumber(rec.e))
       end
     end
   end
 end
 
+if max_count > 0 then
+  -- The exceptions due by now: scores in [-now, 0), the earliest expiry first.
+  for _, member in ipairs(redis.call('ZREVRANGEBYSCORE', K_GC, '(0', -now, 'LIMIT', 0, max_count)) do
+    redis.call('ZREM', K_GC, member)
+    expire_one(string.sub(member, #DUE_EXCEPTION + 1))
+  end
+end
+
+if max_count > expired and not due_is_list then
+  -- The old layout's sorted set, as before.
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', K_DUE, '-inf', now, 'LIMIT', 0, max_count - expired)) do
+    redis.call('ZREM', K_DUE, id)
+    expire_one(id)
+  end
+elseif max_count > expired then
+  -- The list from its head (index 0 is the marker) while its heads are due or done.
+  local popped, dropped, stop = 0, 0, false
+  while not stop do
+    local ids = redis.call('LRANGE', K_DUE, popped + 1, popped + DUE_CHUNK)
+    for _, id in ipairs(ids) do
+      if expired >= max_count or dropped >= DUE_DROP_MAX then
+        stop = true
+        break
+      end
+      local raw = redis.call('HGET', K_RES, id)
+      local rec = raw and record_decode(raw)
+      if rec and rec.s == 'reserved' then
+        if tonumber(rec.e) <= now then
+          freed = freed + release_reserved(k, id, rec, 'expired', now, retention, outbox_max)
+          expired = expired + 1
+        elseif redis.call('ZSCORE', K_GC, DUE_EXCEPTION .. id) then
+          -- Extended: the exceptions have it.
+          dropped = dropped + 1
+        else
+          -- Not due yet, and nothing behind it is.
+          stop = true
+          break
+        end
+      else
+        dropped = dropped + 1
+      end
+      popped = popped + 1
+    end
+    stop = stop or #ids < DUE_CHUNK
+  end
+  if popped > 0 then
+    -- The popped ids go, the marker stays at the head (intact.lua).
+    redis.call('LTRIM', K_DUE, popped, -1)
+    redis.call('LSET', K_DUE, 0, MARK .. ':' .. gen)
+  end
+end
+
 if gc_batch > 0 then
-  local old = redis.call('ZRANGEBYSCORE', K_GC, '-inf', now, 'LIMIT', 0, gc_batch)
+  -- From 0: the exceptions below it are expiries, not records to forget (due.lua).
+  local old = redis.call('ZRANGEBYSCORE', K_GC, 0, now, 'LIMIT', 0, gc_batch)
   for _, member in ipairs(old) do
     local kind, id = string.sub(member, 1, 1), string.sub(member, 3)
     if kind == 'r' then
@@ -95,6 +164,29 @@ if gc_batch > 0 and redis.call('HGET', K_POOL, 'records') ~= 'compact' then
     redis.call('HDEL', K_POOL, 'records_cursor')
   else
     redis.call('HSET', K_POOL, 'records_cursor', step[1])
+  end
+end
+
+-- A pool whose `due` is still the old sorted set: its new and extended reservations are
+-- exceptions already, so the set only shrinks; up to gc_batch of its entries move to the
+-- exceptions per call and, once it holds only its marker, `due` becomes the list (with
+-- its marker) and the pool hash says `due` = 'list'. A call's work stays bounded however
+-- many reservations the pool holds, and no answer changes: each reservation is due at the
+-- same time, from one structure or the other.
+if gc_batch > 0 and not due_is_list then
+  local entries = redis.call('ZRANGE', K_DUE, 0, gc_batch - 1, 'WITHSCORES')
+  for i = 1, #entries, 2 do
+    local member = entries[i]
+    if string.sub(member, 1, 1) ~= ' ' then
+      due_except(K_GC, member, tonumber(entries[i + 1]))
+      redis.call('ZREM', K_DUE, member)
+    end
+  end
+  if redis.call('ZCARD', K_DUE) <= 1 then
+    redis.call('DEL', K_DUE)
+    redis.call('RPUSH', K_DUE, MARK .. ':' .. gen)
+    redis.call('HSET', K_POOL, 'due', 'list')
+    redis.call('HDEL', K_POOL, 'due_tail')
   end
 end
 

@@ -8,9 +8,10 @@
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
 --   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
 --   2 res     hash  reservation_id -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
---   3 due     zset  reservation_id scored by expires_at_ms (RESERVED ones only)
+--   3 due     list  reservation ids in the order made, and exceptions in gc (due.lua)
 --   4 held    hash  user_id -> units held (reserved + confirmed)
---   5 gc      zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten
+--   5 gc      zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten;
+--                   "d:<id>" the expiry exceptions (due.lua): an extended reservation becomes one
 --   6 outbox  stream the pool's events (see outbox.lua, prepended to this script)
 --   7..14     the pool's structures, checked for their markers (intact.lua, prepended)
 -- ARGV:
@@ -61,7 +62,10 @@ local expires_at = math.max(tonumber(rec.e), now + extend_ms)
 if expires_at ~= tonumber(rec.e) then
   rec.e = expires_at
   redis.call('HSET', K_RES, id, record_encode(rec))
-  redis.call('ZADD', K_DUE, expires_at, id)
+  due_except(K_GC, id, expires_at)
+  if not due_is_list then
+    redis.call('ZREM', K_DUE, id)
+  end
   pool_wrote()
 end
 return {'extended', expires_at}

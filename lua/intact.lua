@@ -2,14 +2,18 @@
 -- the store to every script that reads or writes a pool's structures, so each checks
 -- before its first write.
 --
--- Redis deletes an empty hash or sorted set, so a structure lost on its own (evicted,
+-- Redis deletes an empty hash, sorted set or list, so a structure lost on its own (evicted,
 -- deleted by hand) could not be told from an empty one, and the scripts would quietly
 -- create it again, empty: reservations forgotten, idempotency keys reserving anew. So
 -- refill.lua, when it creates a pool, marks the pool hash (`marked`) and puts a marker
 -- carrying the pool's generation into each structure, which stays there for the pool's
 -- life:
 --   res, held, idem, grants, takes   hash field ' gen' = generation
---   due, gc                          member ' gen:<generation>' scored +inf (never due)
+--   gc                               member ' gen:<generation>' scored +inf (never due)
+--   due                              element ' gen:<generation>' at the list's head, put
+--                                    back by the sweeper after each pop (due.lua); in a
+--                                    pool of the old layout (a sorted set, the pool hash
+--                                    without `due` = 'list') a member as gc's
 --   outbox                           the stream exists (created empty)
 -- A marker's name starts with a space, which no reservation id, idempotency key, user id
 -- (0x21-0x7E), grant id or take id can. A pool hash without `marked` (created before the
@@ -33,6 +37,9 @@ local WSEQ_FLOOR = tonumber(ARGV[#ARGV]) or 0
 -- The pool hash this call found intact (raised by pool_reply if the call wrote), and its
 -- sequence as found (also for a lost pool, so its next generation continues above it).
 local wseq_pool, wseq_found, wseq_wrote = nil, 0, false
+-- Whether the pool's `due` is the list of due.lua (the pool hash's `due` = 'list'), or
+-- still the sorted set of the layout before it; set by pool_state.
+local due_is_list = false
 
 local function pool_wrote()
   wseq_wrote = true
@@ -58,23 +65,26 @@ local MARK = ' gen'
 local function has_mark(key, kind, gen)
   if kind == 'hash' then
     return redis.call('HGET', key, MARK) == gen
-  elseif kind == 'zset' then
+  elseif kind == 'zset' or (kind == 'due' and not due_is_list) then
     return redis.call('ZSCORE', key, MARK .. ':' .. gen) ~= false
+  elseif kind == 'due' then
+    return redis.call('LINDEX', key, 0) == MARK .. ':' .. gen
   end
   return redis.call('EXISTS', key) == 1
 end
 
 -- The pool's state: 'ok', 'missing' (no pool hash) or 'partial' (created with markers and
--- one of `structures`, {key, 'hash' | 'zset' | 'stream'} pairs, has lost its own; or its
+-- one of `structures`, {key, 'hash' | 'zset' | 'due' | 'stream'} pairs, has lost its own; or its
 -- write sequence is below the caller's floor, or was found so before); and
 -- the generation as stored (a decimal string), nil when missing. A partial pool is a lost
 -- pool, answered as one: nothing of it is read or written.
 local function pool_state(k_pool, structures)
-  local v = redis.call('HMGET', k_pool, 'generation', 'marked', 'wseq', 'behind')
+  local v = redis.call('HMGET', k_pool, 'generation', 'marked', 'wseq', 'behind', 'due')
   local gen = v[1]
   if not gen then
     return 'missing', nil
   end
+  due_is_list = v[5] == 'list'
   wseq_found = math.max(tonumber(v[3] or '0'), tonumber(v[4] or '0'))
   if v[4] then
     return 'partial', gen
@@ -100,7 +110,7 @@ end
 -- one is lost for each of them alike.
 local function structures_from(first)
   return {
-    {KEYS[first], 'hash'}, {KEYS[first + 1], 'zset'}, {KEYS[first + 2], 'hash'}, {KEYS[first + 3], 'hash'},
+    {KEYS[first], 'hash'}, {KEYS[first + 1], 'due'}, {KEYS[first + 2], 'hash'}, {KEYS[first + 3], 'hash'},
     {KEYS[first + 4], 'zset'}, {KEYS[first + 5], 'hash'}, {KEYS[first + 6], 'hash'}, {KEYS[first + 7], 'stream'},
   }
 end
@@ -112,6 +122,10 @@ local function mark_structures(structures, gen)
       redis.call('HSET', s[1], MARK, gen)
     elseif s[2] == 'zset' then
       redis.call('ZADD', s[1], 'inf', MARK .. ':' .. gen)
+    elseif s[2] == 'due' then
+      -- A new pool's due is the list (the caller sets the pool hash's `due` = 'list').
+      redis.call('DEL', s[1])
+      redis.call('RPUSH', s[1], MARK .. ':' .. gen)
     elseif redis.call('EXISTS', s[1]) == 0 then
       -- An empty stream: an entry added and deleted leaves the key, with last id 0-1.
       redis.call('XADD', s[1], '0-1', 'm', gen)

@@ -5,8 +5,8 @@
 -- its structures counts as lost like a pool whose hash is gone: refused with must_exist,
 -- created anew without (the agent's rules open a lost pool again only once the center
 -- settled its units). Creating a pool drops what a lost one left of its reservations
--- (res, due, held, idem) and its outbox; grant and take records stay, so a replay of a
--- center call stays a replay.
+-- (res, due, held, idem, its expiry exceptions in gc) and its outbox; grant and take
+-- records stay, so a replay of a center call stays a replay.
 --
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
 --   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
@@ -52,7 +52,11 @@ end
 if state ~= 'ok' then
   local generation = string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2]))
   redis.call('DEL', K_RES, K_DUE, K_HELD, K_IDEM, K_OUTBOX, K_POOL)
-  redis.call('HSET', K_POOL, 'available', 0, 'reserved', 0, 'sold', 0, 'generation', generation, 'marked', 1)
+  -- The lost generation's expiry exceptions (due.lua: gc's scores below 0).
+  redis.call('ZREMRANGEBYSCORE', K_GC, '-inf', '(0')
+  -- A new pool keeps its expiries in the due list (due.lua), `due` = 'list'.
+  redis.call('HSET', K_POOL, 'available', 0, 'reserved', 0, 'sold', 0, 'generation', generation, 'marked', 1,
+    'due', 'list')
   mark_structures(structures, generation)
   pool_created(K_POOL)
   pool_wrote()

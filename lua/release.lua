@@ -4,13 +4,13 @@
 --
 -- k: the pool's keys {pool, res, due, held, gc, outbox}; rec: the decoded record of
 -- reservation `id`, in state 'reserved'; to: 'cancelled' | 'expired'. Its units leave
--- reserved for available, the user's allowance is freed, it leaves the due set, is
+-- reserved for available, the user's allowance is freed, it leaves the exceptions (due.lua), is
 -- forgotten after `retention` ms, and its event (previous state 'reserved') is written.
 -- Returns the units put back.
 local function release_reserved(k, id, rec, to, now, retention, outbox_max)
   local qty = tonumber(rec.q)
   rec.s = to
-  redis.call('ZREM', k.due, id)
+  due_forget(k, id)
   redis.call('ZADD', k.gc, now + retention, 'r:' .. id)
   redis.call('HINCRBY', k.pool, 'reserved', -qty)
   redis.call('HINCRBY', k.pool, 'available', qty)

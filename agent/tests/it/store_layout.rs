@@ -1,12 +1,19 @@
-//! The Redis pool's record encoding: a pool written with JSON records (the layout before
+//! The Redis pool's layout: a pool written with JSON records (the layout before
 //! `lua/codec.lua`) answers as before, and the sweeper rewrites its records compact
-//! without changing any answer.
+//! without changing any answer; the due list of `lua/due.lua` expires reservations in
+//! order and on time, and a pool whose `due` is the sorted set of the layout before it
+//! answers as before and is converted by the sweeper.
+
+use std::sync::Arc;
 
 use inventory_agent::store::redis::RedisPoolStore;
-use inventory_agent::store::{AcquireArgs, AcquireResult, PoolKey, PoolStore, Reservation, ReservationRef, Transition};
+use inventory_agent::store::{
+    AcquireArgs, AcquireResult, ExtendResult, PoolKey, PoolStore, Reservation, ReservationRef, ReservationState,
+    Transition,
+};
 use inventory_test_support::TestRedis;
 
-use super::store_contract::{LONG_TTL_MS, acquire_args, pool, reserve_with};
+use super::store_contract::{LONG_TTL_MS, SHORT_TTL_MS, acquire_args, counters, pool, reserve_with, snap, wait_past};
 
 /// Every reservation of `p`, by id and by key, as the store answers.
 async fn lookups(store: &RedisPoolStore, p: &PoolKey, made: &[AcquireArgs]) -> Vec<(String, Reservation)> {
@@ -114,4 +121,145 @@ async fn redis_a_pool_with_json_records_answers_as_before_and_the_sweeper_makes_
     assert!(matches!(store.confirm(&p, &made[3].new_reservation_id).await.unwrap(), Transition::Done(_)));
     let after = store.snapshot(&p).await.unwrap();
     assert_eq!((after.available, after.reserved, after.sold), (snapshot.available + 1, 1, 5));
+}
+
+async fn state(store: &dyn PoolStore, p: &PoolKey, id: &str) -> Option<ReservationState> {
+    store.reservation_state(p, id).await.unwrap()
+}
+
+/// The due list as stored: the marker of `lua/intact.lua` first, then the ids.
+async fn due_list(conn: &mut redis::aio::MultiplexedConnection, base: &str) -> Vec<String> {
+    redis::cmd("LRANGE").arg(format!("{base}:due")).arg(0).arg(-1).query_async(conn).await.unwrap()
+}
+
+/// The score of reservation `id` among the expiry exceptions in `gc` (the expiry negated).
+async fn exception(conn: &mut redis::aio::MultiplexedConnection, base: &str, id: &str) -> Option<f64> {
+    redis::cmd("ZSCORE").arg(format!("{base}:gc")).arg(format!("d:{id}")).query_async(conn).await.unwrap()
+}
+
+async fn key_type(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> String {
+    redis::cmd("TYPE").arg(key).query_async(conn).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_the_due_list_expires_in_order_drops_finished_heads_and_keeps_its_marker() {
+    let redis = TestRedis::create().await;
+    let store: Arc<dyn PoolStore> = Arc::new(RedisPoolStore::new(&redis.url, &redis.prefix).await.unwrap());
+    let p = pool("sku-due-list");
+    store.refill(&p, "grant-1", 10, 0).await.unwrap();
+    let mut conn = redis::Client::open(redis.url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let base = format!("{}{}", redis.prefix, p.hash_tag());
+    let marker = format!(" gen:{}", snap(&*store, &p).await.generation);
+
+    // Long enough to confirm and extend before it runs out.
+    let short = |user: &str| acquire_args(user, 1, &format!("k-{user}"), 100, 2_000);
+    let confirmed = reserve_with(&*store, &p, &short("confirmed")).await;
+    let extended = reserve_with(&*store, &p, &short("extended")).await;
+    let due = reserve_with(&*store, &p, &short("due")).await;
+    let long = reserve_with(&*store, &p, &acquire_args("long", 1, "k-long", 100, LONG_TTL_MS)).await;
+    // Made after `long` with an earlier expiry: out of the list's order, an exception.
+    let early = reserve_with(&*store, &p, &short("early")).await;
+    assert_eq!(
+        due_list(&mut conn, &base).await,
+        [marker.as_str(), confirmed.0.as_str(), extended.0.as_str(), due.0.as_str(), long.0.as_str()]
+    );
+    assert_eq!(exception(&mut conn, &base, &early.0).await, Some(-(early.1 as f64)));
+
+    assert!(matches!(store.confirm(&p, &confirmed.0).await.unwrap(), Transition::Done(_)));
+    let ExtendResult::Extended { expires_at_ms } =
+        store.extend(&p, &extended.0, LONG_TTL_MS, LONG_TTL_MS).await.unwrap()
+    else {
+        panic!("extend refused");
+    };
+    // An extended reservation is an exception too; it stays in the list until the sweeper.
+    assert_eq!(exception(&mut conn, &base, &extended.0).await, Some(-(expires_at_ms as f64)));
+    assert_eq!(due_list(&mut conn, &base).await.len(), 5);
+
+    wait_past(&store, &p, due.1.max(early.1)).await;
+    // The batch limit holds: the exception due first, one reservation.
+    assert_eq!(store.expire_due(&p, 1).await.unwrap(), 1);
+    assert_eq!(state(&*store, &p, &early.0).await, Some(ReservationState::Expired));
+    assert_eq!(state(&*store, &p, &due.0).await, Some(ReservationState::Reserved));
+    // Then the list from its head: the confirmed and the extended heads are dropped, the
+    // due one expires, the long one is not due and stays, behind the marker.
+    assert_eq!(store.expire_due(&p, 10).await.unwrap(), 1);
+    assert_eq!(state(&*store, &p, &due.0).await, Some(ReservationState::Expired));
+    assert_eq!(state(&*store, &p, &extended.0).await, Some(ReservationState::Reserved));
+    assert_eq!(state(&*store, &p, &confirmed.0).await, Some(ReservationState::Confirmed));
+    assert_eq!(due_list(&mut conn, &base).await, [marker.as_str(), long.0.as_str()]);
+    assert_eq!(store.expire_due(&p, 10).await.unwrap(), 0);
+    assert_eq!(counters(&*store, &p).await, (7, 2, 1));
+    assert_eq!(snap(&*store, &p).await.generation.to_string(), marker[5..], "the pool reads intact");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_pool_with_the_old_due_set_expires_confirms_and_cancels_as_before_and_is_converted() {
+    let redis = TestRedis::create().await;
+    let store: Arc<dyn PoolStore> = Arc::new(RedisPoolStore::new(&redis.url, &redis.prefix).await.unwrap());
+    let p = pool("sku-old-due");
+    store.refill(&p, "grant-1", 10, 0).await.unwrap();
+    let mut conn = redis::Client::open(redis.url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let base = format!("{}{}", redis.prefix, p.hash_tag());
+    let due_key = format!("{base}:due");
+    let generation = snap(&*store, &p).await.generation;
+    let marker = format!(" gen:{generation}");
+
+    let long = |user: &str| acquire_args(user, 1, &format!("k-{user}"), 100, LONG_TTL_MS);
+    let confirmed = reserve_with(&*store, &p, &long("confirmed")).await;
+    let cancelled = reserve_with(&*store, &p, &long("cancelled")).await;
+    let later = reserve_with(&*store, &p, &long("later")).await;
+    let short = reserve_with(&*store, &p, &acquire_args("short", 2, "k-short", 100, SHORT_TTL_MS)).await;
+
+    // `due` as the layout before the due list wrote it: a sorted set of the reserved ids
+    // scored by expiry, with its marker; no exceptions; the pool hash without `due`.
+    let _: () = redis::cmd("DEL").arg(&due_key).query_async(&mut conn).await.unwrap();
+    let _: () = redis::cmd("ZADD").arg(&due_key).arg("inf").arg(&marker).query_async(&mut conn).await.unwrap();
+    for (id, expires_at) in [&confirmed, &cancelled, &later, &short] {
+        let _: () = redis::cmd("ZADD").arg(&due_key).arg(expires_at).arg(id).query_async(&mut conn).await.unwrap();
+    }
+    let _: () = redis::cmd("ZREMRANGEBYSCORE")
+        .arg(format!("{base}:gc"))
+        .arg("-inf")
+        .arg("(0")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () =
+        redis::cmd("HDEL").arg(format!("{base}:pool")).arg("due").arg("due_tail").query_async(&mut conn).await.unwrap();
+    assert_eq!(snap(&*store, &p).await.generation, generation, "the old set's marker keeps the pool intact");
+
+    // Confirm and cancel take their reservations out of the old set, as before.
+    assert!(matches!(store.confirm(&p, &confirmed.0).await.unwrap(), Transition::Done(_)));
+    assert!(matches!(store.cancel(&p, &cancelled.0).await.unwrap(), Transition::Done(_)));
+    let members: Vec<String> = redis::cmd("ZRANGE").arg(&due_key).arg(0).arg(-1).query_async(&mut conn).await.unwrap();
+    // By expiry: the short one first.
+    assert_eq!(members, [short.0.as_str(), later.0.as_str(), marker.as_str()]);
+    // A reservation made meanwhile is an exception: the old set only shrinks.
+    let meanwhile = reserve_with(&*store, &p, &long("meanwhile")).await;
+    assert_eq!(exception(&mut conn, &base, &meanwhile.0).await, Some(-(meanwhile.1 as f64)));
+    assert_eq!(key_type(&mut conn, &due_key).await, "zset");
+
+    // The short one expires from the old set on time; the same sweep converts the pool.
+    wait_past(&store, &p, short.1).await;
+    assert_eq!(store.expire_due(&p, 10).await.unwrap(), 2);
+    assert_eq!(state(&*store, &p, &short.0).await, Some(ReservationState::Expired));
+    let flag: Option<String> =
+        redis::cmd("HGET").arg(format!("{base}:pool")).arg("due").query_async(&mut conn).await.unwrap();
+    assert_eq!(flag.as_deref(), Some("list"));
+    assert_eq!(key_type(&mut conn, &due_key).await, "list");
+    assert_eq!(due_list(&mut conn, &base).await, [marker.as_str()]);
+    // What the old set held is an exception now, due at the same time.
+    assert_eq!(exception(&mut conn, &base, &later.0).await, Some(-(later.1 as f64)));
+    assert_eq!(snap(&*store, &p).await.generation, generation, "the list's marker keeps the pool intact");
+
+    // After the conversion: new reservations go to the list, and the old ones change state
+    // as before.
+    let after = reserve_with(&*store, &p, &long("after")).await;
+    assert_eq!(due_list(&mut conn, &base).await, [marker.as_str(), after.0.as_str()]);
+    assert!(matches!(store.cancel(&p, &later.0).await.unwrap(), Transition::Done(_)));
+    assert!(matches!(store.confirm(&p, &meanwhile.0).await.unwrap(), Transition::Done(_)));
+    assert_eq!(exception(&mut conn, &base, &later.0).await, None);
+    assert_eq!(exception(&mut conn, &base, &meanwhile.0).await, None);
+    assert_eq!(store.expire_due(&p, 10).await.unwrap(), 0);
+    assert_eq!(counters(&*store, &p).await, (7, 1, 2));
 }

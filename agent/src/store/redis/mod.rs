@@ -69,7 +69,7 @@ use policy::RedisNodes;
 /// How many requests one `acquire_batch.lua` call carries at most: bounds how long one
 /// script call holds the (single-threaded) Redis server.
 pub const DEFAULT_ACQUIRE_BATCH_MAX: usize = 64;
-/// The most a setting may ask for: the script writes a batch's due times, holdings and
+/// The most a setting may ask for: the script writes a batch's due ids, holdings and
 /// idempotency keys with one command each, whose arguments Lua's `unpack` must hold.
 pub const ACQUIRE_BATCH_LIMIT: usize = 1_000;
 

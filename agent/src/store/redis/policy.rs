@@ -1,7 +1,7 @@
 //! The Redis nodes' `maxmemory-policy` and memory, checked at start and every few seconds.
 //!
 //! Pools are only safe on `noeviction`: any other policy lets Redis drop a pool's keys
-//! (a reservation record, the idempotency index, the due set) when memory runs short,
+//! (a reservation record, the idempotency index, the due list) when memory runs short,
 //! and what is gone cannot be told from what never was. So the agent refuses to start
 //! when a node of its pool store (every master of a Redis Cluster) or of its buyer
 //! registry runs another policy, with one line naming the node and the policy, unless

@@ -53,29 +53,31 @@ macro_rules! wrapped {
 }
 
 /// A script that changes reservation states: `lua/intact.lua`, `lua/codec.lua`,
-/// `lua/outbox.lua` (which writes the events) and `lua/release.lua` (a reservation back to
-/// available) joined with the script's own text.
+/// `lua/outbox.lua` (which writes the events), `lua/due.lua` (where expiries are kept) and
+/// `lua/release.lua` (a reservation back to available) joined with the script's own text.
 macro_rules! with_outbox {
     ($name:literal) => {
         Script::new(concat!(
             include_str!("../../../../lua/intact.lua"),
             include_str!("../../../../lua/codec.lua"),
             include_str!("../../../../lua/outbox.lua"),
+            include_str!("../../../../lua/due.lua"),
             include_str!("../../../../lua/release.lua"),
             wrapped!($name)
         ))
     };
 }
 
-/// An acquire script: `lua/intact.lua`, `lua/codec.lua`, the outbox and `lua/record.lua`
-/// (a new reservation's record, the replay and partial-acquire rules) joined with the
-/// script's own text.
+/// An acquire script: `lua/intact.lua`, `lua/codec.lua`, the outbox, `lua/due.lua` and
+/// `lua/record.lua` (a new reservation's record, the replay and partial-acquire rules)
+/// joined with the script's own text.
 macro_rules! for_acquire {
     ($name:literal) => {
         Script::new(concat!(
             include_str!("../../../../lua/intact.lua"),
             include_str!("../../../../lua/codec.lua"),
             include_str!("../../../../lua/outbox.lua"),
+            include_str!("../../../../lua/due.lua"),
             include_str!("../../../../lua/record.lua"),
             wrapped!($name)
         ))
