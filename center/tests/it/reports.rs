@@ -185,7 +185,6 @@ async fn a_returns_write_sequences_raise_the_floors_whatever_it_answers(c: TestC
     let r = center.r#return(give_back("a", 4, "r1", vec![33])).await.expect("return").into_inner();
     assert_eq!(r.center_available, 94);
     center.r#return(give_back("s", 2, "r2", vec![0, 21, 5])).await.expect("return");
-    let epoch = register(&mut center, "app").await;
     assert_eq!(floors(&mut center, "a").await, (vec![33], vec![33]), "the Return's floor is handed back");
     assert_eq!(floors(&mut center, "s").await.1, vec![0, 21, 5]);
 

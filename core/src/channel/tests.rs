@@ -537,7 +537,7 @@ fn a_lost_pool_the_center_no_longer_holds_in_doubt_is_reported_again() {
     core.on_not_in_doubt();
     core.check_pool(&view(0, 3), ctx(0, 1), &mut notes);
     let counts = core.report(Some(view(0, 3)), core.begin_read(), ctx(0, 1), &mut notes).expect("a report");
-    core.reported(counts.clone(), 0);
+    core.reported(counts, 0);
     core.on_not_in_doubt();
     assert!(!core.report_changed(&counts, 0), "a selling item is not reported again");
     assert_eq!(core.report(Some(view(0, 0)), core.begin_read(), ctx(10, 1), &mut notes), Some(Report::Lost));
