@@ -146,8 +146,8 @@ mod tests {
         assert!(g.push(0));
         assert!(matches!(g.next(false, all), Next::Send(_)));
         assert!(g.push(1));
-        for i in 2..=ENOUGH as u32 {
-            g.push(i);
+        for i in 2..=ENOUGH {
+            g.push(u32::try_from(i).unwrap());
         }
         assert!(matches!(g.next(false, all), Next::Send(b) if b.len() == ENOUGH));
     }
