@@ -2,7 +2,9 @@
 //! center puts what the channel holds in doubt), never as an empty one; a heartbeat
 //! carries only the pools whose report changed since the center acknowledged one.
 
+use std::ops::Range;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use futures::StreamExt;
 use inventory_core::channel::Report;
@@ -16,10 +18,25 @@ use crate::store::PoolStore;
 /// Pool reads in flight at once when reading many pools.
 const STORE_READS_IN_FLIGHT: usize = 64;
 
+/// Pools one Heartbeat carries at most: a full report of a large catalogue (a registration's,
+/// a drain's) goes in several calls, each well within the center's request deadline.
+pub const MAX_POOLS_PER_CALL: usize = 5_000;
+
+/// The calls of a report of `len` pools, at most `max` each: each call's range of the
+/// reports and whether it carries `last_report` (only the last one may). A report of no
+/// pools is one call (it still renews the lease).
+pub fn parts(len: usize, max: usize, last_report: bool) -> Vec<(Range<usize>, bool)> {
+    let max = max.max(1);
+    let calls = len.div_ceil(max).max(1);
+    (0..calls).map(|k| (k * max..((k + 1) * max).min(len), last_report && k + 1 == calls)).collect()
+}
+
 pub struct Reporting {
     store: Arc<dyn PoolStore>,
     link: Arc<CenterLink>,
     items: Arc<Items>,
+    /// Pools per Heartbeat call ([`MAX_POOLS_PER_CALL`]).
+    max_pools: AtomicUsize,
 }
 
 /// `floors[s]`: segment s's floor in the store layer when the report was read (its write
@@ -81,7 +98,7 @@ impl Reports {
 
 impl Reporting {
     pub fn new(store: Arc<dyn PoolStore>, link: Arc<CenterLink>, items: Arc<Items>) -> Self {
-        Self { store, link, items }
+        Self { store, link, items, max_pools: AtomicUsize::new(MAX_POOLS_PER_CALL) }
     }
 
     /// Every pool's report. Pools are read concurrently (pipelined on the store's
@@ -120,14 +137,52 @@ impl Reporting {
         Reports(all.into_iter().filter(|(item, r, rate, _)| item.with(|c| c.report_changed(r, *rate))).collect())
     }
 
-    /// One heartbeat carrying `reports`: renews the lease, records the reports the center
-    /// acknowledged, and stops selling the items it holds in doubt.
+    /// Pools one Heartbeat carries at most from now on (a test hook; [`MAX_POOLS_PER_CALL`]
+    /// otherwise).
+    pub fn set_max_pools_per_call(&self, n: usize) {
+        self.max_pools.store(n.max(1), Ordering::Relaxed);
+    }
+
+    /// Heartbeats carrying `reports`: renew the lease, record the reports the center
+    /// acknowledged, and stop selling the items it holds in doubt. Past
+    /// [`MAX_POOLS_PER_CALL`] pools the reports go in several calls, one after another
+    /// ([`parts`]): each renews the lease and records its own pools; only the last carries
+    /// `last_report`, and it is sent only once every other part was answered, so the center
+    /// takes it as the agent's last word only when every part landed. The first failure
+    /// stops the rest.
     pub async fn send(&self, reports: Reports, last_report: bool) -> Result<pb::HeartbeatResponse, Status> {
-        let answer = self.link.heartbeat(reports.to_pb(), last_report).await?;
-        let now = crate::clock::now_ms();
-        for item in self.items.all() {
-            item.with(|c| c.on_center_answered(now));
+        let max = self.max_pools.load(Ordering::Relaxed);
+        let mut rest = reports.0;
+        let mut answered = false;
+        let mut result = Err(Status::internal("no heartbeat sent"));
+        for (range, last) in parts(rest.len(), max, last_report) {
+            let tail = rest.split_off(range.len());
+            let part = Reports(std::mem::replace(&mut rest, tail));
+            result = self.send_part(part, last).await;
+            answered |= result.is_ok();
+            if result.is_err() {
+                break;
+            }
         }
+        if answered {
+            let now = crate::clock::now_ms();
+            for item in self.items.all() {
+                item.with(|c| c.on_center_answered(now));
+            }
+        }
+        // Every answer lists all the channel's items in doubt: the last one says which
+        // frozen items the center no longer holds in doubt (reported again next time).
+        if let Ok(answer) = &result {
+            let in_doubt: std::collections::HashSet<&str> = answer.in_doubt_items.iter().map(String::as_str).collect();
+            for item in self.items.all().into_iter().filter(|i| !in_doubt.contains(i.item_id.as_str())) {
+                item.with(|c| c.on_not_in_doubt());
+            }
+        }
+        result
+    }
+
+    async fn send_part(&self, reports: Reports, last_report: bool) -> Result<pb::HeartbeatResponse, Status> {
+        let answer = self.link.heartbeat(reports.to_pb(), last_report).await?;
         for (item, r, rate, _) in reports.0 {
             item.with(|c| c.reported(r, rate));
         }
@@ -138,9 +193,25 @@ impl Reporting {
                 tracing::error!(item = %id, "center holds units of the item in doubt; not selling it");
             }
         }
-        for item in self.items.all().into_iter().filter(|i| !answer.in_doubt_items.contains(&i.item_id)) {
-            item.with(|c| c.on_not_in_doubt());
-        }
         Ok(answer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parts;
+
+    #[test]
+    fn a_report_within_one_call_goes_whole() {
+        assert_eq!(parts(0, 5, true), vec![(0..0, true)]);
+        assert_eq!(parts(5, 5, false), vec![(0..5, false)]);
+    }
+
+    #[test]
+    fn a_large_report_goes_in_parts_and_only_the_last_is_the_last_word() {
+        assert_eq!(parts(11, 5, true), vec![(0..5, false), (5..10, false), (10..11, true)]);
+        assert_eq!(parts(10, 5, false), vec![(0..5, false), (5..10, false)]);
+        let covered: usize = parts(100_000, 5_000, true).iter().map(|(r, _)| r.len()).sum();
+        assert_eq!(covered, 100_000);
     }
 }

@@ -6,7 +6,7 @@
 //! pools that need stock at once as one BorrowMany.
 //!
 //! Once every pool is stocked, what a catalogue that large costs elsewhere: a full
-//! heartbeat of every pool (the agent's read of its pools, the call to the center),
+//! heartbeat of every pool (the agent's read of its pools, the calls to the center),
 //! `/metrics` of the agent and of the center (bounded by `--metrics-per-item-limit`), and
 //! the center's console: the page, `/api/history`, and `/api/items` (a default page, and the
 //! console's page of 100 items at the end of the catalogue).
@@ -57,7 +57,10 @@ pub struct AfterStocking {
     pub report_read_s: f64,
     pub heartbeat_pools: usize,
     pub heartbeat_bytes: usize,
-    /// The Heartbeat call carrying every pool, until the center answered (or failed).
+    /// Heartbeat calls the report went in.
+    pub heartbeat_calls: usize,
+    /// The Heartbeat calls carrying every pool, one after another, until the center
+    /// answered the last (or one failed).
     pub heartbeat_call_s: f64,
     pub heartbeat_error: Option<String>,
     pub agent_scrape: Fetch,
@@ -141,22 +144,27 @@ pub async fn measure(
 }
 
 async fn after_stocking(center: &CenterHandle, agent: &AgentHandle, items: usize) -> anyhow::Result<AfterStocking> {
+    use inventory_agent::reporting::{MAX_POOLS_PER_CALL, parts};
     use prost::Message;
+    let reporting = &agent.agent.reporting;
     let started = Instant::now();
-    let full = agent.agent.reports().await;
+    let full = reporting.all().await;
     let report_read_s = started.elapsed().as_secs_f64();
     let heartbeat_pools = full.len();
     let heartbeat_bytes =
-        pb::HeartbeatRequest { channel: "stocking".into(), epoch: 1, pools: full.clone(), last_report: false }
+        pb::HeartbeatRequest { channel: "stocking".into(), epoch: 1, pools: full.to_pb(), last_report: false }
             .encoded_len();
+    let heartbeat_calls = parts(heartbeat_pools, MAX_POOLS_PER_CALL, false).len();
+    // As a registration sends it: in parts of at most MAX_POOLS_PER_CALL pools.
     let started = Instant::now();
-    let heartbeat_error = agent.agent.link.heartbeat(full, false).await.err().map(|e| e.to_string());
+    let heartbeat_error = reporting.send(full, false).await.err().map(|e| e.to_string());
     let heartbeat_call_s = started.elapsed().as_secs_f64();
     let last_page = format!("/api/items?offset={}&limit=100", items.saturating_sub(100));
     Ok(AfterStocking {
         report_read_s,
         heartbeat_pools,
         heartbeat_bytes,
+        heartbeat_calls,
         heartbeat_call_s,
         heartbeat_error,
         agent_scrape: get(agent.http, "/metrics").await?,
@@ -246,12 +254,13 @@ fn render_after(a: &AfterStocking) -> String {
     let fetch =
         |what: &str, f: &Fetch| format!("{what} {:.1} ms, {:.1} KiB (HTTP {})", f.s * 1e3, kb(f.bytes), f.status);
     format!(
-        "full heartbeat of {} pools: read {:.2} s, {:.1} KiB, the call {:.2} s{}\n\
+        "full heartbeat of {} pools: read {:.2} s, {:.1} KiB, {} call(s) {:.2} s{}\n\
          {}; {}\n\
          console: {}; {}; {}; {}\n",
         a.heartbeat_pools,
         a.report_read_s,
         kb(a.heartbeat_bytes),
+        a.heartbeat_calls,
         a.heartbeat_call_s,
         a.heartbeat_error.as_ref().map(|e| format!(" (failed: {e})")).unwrap_or_default(),
         fetch("agent /metrics", &a.agent_scrape),

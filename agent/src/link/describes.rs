@@ -49,12 +49,11 @@ impl CenterLink {
 
     /// Sends what waits, a call at a time, until nothing does.
     async fn send_describes(self: Arc<Self>) {
-        while let Some(batch) = self.describes.queue.next(|waiting| {
+        let pick = |waiting: &mut Vec<_>| {
             let n = waiting.len().min(MAX_ITEMS);
             waiting.drain(..n).collect()
-        }) {
-            self.describe_batch(batch).await;
-        }
+        };
+        self.describes.queue.drain(pick, |batch| self.describe_batch(batch)).await;
     }
 
     async fn describe_batch(&self, batch: Vec<(String, oneshot::Sender<Answer>)>) {

@@ -373,8 +373,9 @@ impl CenterLink {
     /// the call and the pool writes that go with it belong to one incarnation.
     ///
     /// Borrows of many pools at once (stocking after a start) go to the center together:
-    /// one alone is sent at once as a Borrow; those made while a few calls are in flight
-    /// wait and go together in the next one, a BorrowMany of their epoch, each line keeping its
+    /// one alone is sent at once as a Borrow; those made while other calls are in flight
+    /// gather for a few milliseconds (or until every sender is busy) and go together, a
+    /// BorrowMany of their epoch, each line keeping its
     /// request id and its own answer or error. Against a center that answers BorrowMany
     /// UNIMPLEMENTED, every Borrow goes alone.
     pub async fn borrow(
@@ -414,7 +415,7 @@ impl CenterLink {
 
     /// Sends what waits, one call at a time, until nothing does.
     async fn send_waiting(self: Arc<Self>) {
-        while let Some(batch) = self.coalesce.next(|waiting| {
+        let pick = |waiting: &mut Vec<Waiting>| {
             // One epoch per call; the others wait for the next one.
             let epoch = waiting[0].epoch;
             let mut batch = Vec::new();
@@ -428,13 +429,16 @@ impl CenterLink {
             }
             *waiting = rest;
             batch
-        }) {
-            if batch.len() == 1 || self.borrow_many.load(Ordering::Acquire) == MANY_REFUSED {
-                futures::future::join_all(batch.into_iter().map(|w| self.answer_one(w))).await;
-            } else {
-                self.send_many(batch).await;
-            }
-        }
+        };
+        self.coalesce
+            .drain(pick, |batch| async {
+                if batch.len() == 1 || self.borrow_many.load(Ordering::Acquire) == MANY_REFUSED {
+                    futures::future::join_all(batch.into_iter().map(|w| self.answer_one(w))).await;
+                } else {
+                    self.send_many(batch).await;
+                }
+            })
+            .await;
     }
 
     async fn answer_one(&self, w: Waiting) {

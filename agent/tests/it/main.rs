@@ -29,6 +29,7 @@ mod rate;
 mod redis_policy;
 mod relay;
 mod replicas;
+mod report_parts;
 mod rolled_back;
 mod sale;
 mod schedule;

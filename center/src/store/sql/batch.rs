@@ -134,7 +134,7 @@ impl SqlLedger {
                 "{} WHERE item_id IN ({}) ORDER BY item_id{}",
                 super::rows::ITEM_SELECT,
                 placeholders(1, chunk.len()),
-                self.dialect.for_update()
+                self.dialect.for_no_key_update()
             );
             let mut q = sqlx::query(&sql);
             for id in chunk {

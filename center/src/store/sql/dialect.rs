@@ -52,6 +52,9 @@ impl Dialect {
 
 /// Statements whose text depends on the dialect, built once.
 pub(super) struct Queries {
+    /// An item's movements: exclude each other, not the key-share lock a foreign key check
+    /// of another transaction's allocation insert takes (a report of another item's pool
+    /// must not wait for a Borrow, nor wait in a cycle with one).
     pub(super) lock_item: String,
     /// Borrow, Return, reports, loss: exclude only a new registration or a reclaim.
     pub(super) lock_channel_share: String,
@@ -64,7 +67,7 @@ pub(super) struct Queries {
 impl Queries {
     pub(super) fn new(d: Dialect) -> Self {
         Self {
-            lock_item: format!("{ITEM_SELECT} WHERE item_id = $1{}", d.for_update()),
+            lock_item: format!("{ITEM_SELECT} WHERE item_id = $1{}", d.for_no_key_update()),
             lock_channel_share: format!("{SESSION_SELECT} WHERE channel = $1{}", d.for_key_share()),
             lock_channel_renew: format!("{SESSION_SELECT} WHERE channel = $1{}", d.for_no_key_update()),
             lock_channel_update: format!("{SESSION_SELECT} WHERE channel = $1{}", d.for_update()),

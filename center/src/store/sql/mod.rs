@@ -1,8 +1,9 @@
 //! The ledger over sqlx, for PostgreSQL and SQLite.
 //!
 //! One body of SQL serves both engines; [`Dialect`] holds the differences:
-//! - PostgreSQL: each mutation locks the item row with `SELECT ... FOR UPDATE` (and the
-//!   channel row `FOR SHARE`), so concurrent center replicas serialise per item;
+//! - PostgreSQL: each mutation locks the item row with `SELECT ... FOR NO KEY UPDATE` (and
+//!   the channel row `FOR KEY SHARE`), so concurrent center replicas serialise per item,
+//!   while the foreign key checks of allocation inserts (key share) never wait on it;
 //! - SQLite: a single connection is the single writer; row locks do not exist and are not
 //!   needed.
 //!
