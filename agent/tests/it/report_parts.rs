@@ -16,7 +16,9 @@ const ITEMS: usize = 10;
 /// pool stocked.
 async fn stocked_agent(center: &Center, channel: &str) -> LocalAgent {
     let mut config = agent_config(&center.url, channel, &StoreSpec::Memory);
-    config.heartbeat_interval_ms = 0;
+    // An hour apart: a periodic heartbeat after the last word would be a word more (0
+    // means a third of the lease, not none).
+    config.heartbeat_interval_ms = 3_600_000;
     let agent = LocalAgent::start_with(config, None).await;
     for i in 0..ITEMS {
         let id = ItemId::parse("item_id", &format!("p-{i}")).unwrap();
