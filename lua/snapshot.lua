@@ -1,21 +1,37 @@
--- snapshot.lua: the pool counters, its generation and the Redis clock. Read-only.
+-- snapshot.lua: the counters of one or more pools, their generations and the Redis clock.
+-- Read-only, but for the `behind` mark intact.lua writes into a pool found below its floor.
+-- A full report reads thousands of pools: on one Redis server they go many to a call, so
+-- the report costs a few calls instead of one per pool. On a Redis Cluster each call reads
+-- one pool (a script may only touch one slot's keys).
 --
--- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
---   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
---   2 res, 3 due, 4 held, 5 idem, 6 gc, 7 grants, 8 takes, 9 outbox: checked for their
---     markers (intact.lua, prepended)
--- ARGV: 1 the caller's floor (intact.lua)
--- Returns {available, reserved, sold, generation, now_ms, wseq}; all counters, the
--- generation and wseq are 0 when the pool does not exist (never refilled, or Redis lost
--- it), when it lost one of its structures (a partly lost pool is a lost pool) and when it
--- went back in time (its wseq below the floor). Wrapped: {0, reply}.
+-- KEYS, nine per pool (all of one pool share its hash tag, `<prefix>{channel:item}:<name>`):
+--   pool    hash  available, reserved, sold, generation, event_seq, events_dropped
+--   res, due, held, idem, gc, grants, takes, outbox: checked for their markers (intact.lua,
+--   prepended)
+-- ARGV: each pool's floor (intact.lua), in the order of KEYS; then the floor the store
+--   appends to every script's ARGV (0: each pool's own comes first)
+-- Returns, per pool in the order of KEYS, {available, reserved, sold, generation, now_ms,
+-- wseq}; all counters, the generation and wseq are 0 when the pool does not exist (never
+-- refilled, or Redis lost it), when it lost one of its structures (a partly lost pool is a
+-- lost pool) and when it went back in time (its wseq below the floor). Wrapped: {0, reply}.
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local state = pool_state(KEYS[1], structures_from(2))
-if state ~= 'ok' then
-  return {0, 0, 0, 0, now, 0}
+local out = {}
+for i = 1, #ARGV - 1 do
+  local first = (i - 1) * 9 + 1
+  -- intact.lua's state is per pool: its floor, and what pool_state found.
+  WSEQ_FLOOR = tonumber(ARGV[i]) or 0
+  wseq_found, due_is_list = 0, false
+  local state = pool_state(KEYS[first], structures_from(first + 1))
+  if state ~= 'ok' then
+    out[i] = {0, 0, 0, 0, now, 0}
+  else
+    local v = redis.call('HMGET', KEYS[first], 'available', 'reserved', 'sold', 'generation', 'wseq')
+    out[i] = {tonumber(v[1] or '0'), tonumber(v[2] or '0'), tonumber(v[3] or '0'), tonumber(v[4]), now, tonumber(v[5] or '0')}
+  end
 end
-local v = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold', 'generation', 'wseq')
-return {tonumber(v[1] or '0'), tonumber(v[2] or '0'), tonumber(v[3] or '0'), tonumber(v[4]), now, tonumber(v[5] or '0')}
+-- Nothing was written for any caller's floor to count (pool_reply answers {0, reply}).
+wseq_pool = nil
+return out

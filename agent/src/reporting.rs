@@ -15,8 +15,10 @@ use crate::items::{Item, Items, view};
 use crate::link::CenterLink;
 use crate::store::PoolStore;
 
-/// Pool reads in flight at once when reading many pools.
-const STORE_READS_IN_FLIGHT: usize = 64;
+/// Items whose pools one store call reads when reading every pool (the Redis store reads
+/// them in one script call on one server), and such calls in flight at once.
+const ITEMS_PER_READ: usize = 100;
+const READS_IN_FLIGHT: usize = 8;
 
 /// Pools one Heartbeat carries at most: a full report of a large catalogue (a registration's,
 /// a drain's) goes in several calls, each well within the center's request deadline.
@@ -101,34 +103,62 @@ impl Reporting {
         Self { store, link, items, max_pools: AtomicUsize::new(MAX_POOLS_PER_CALL) }
     }
 
-    /// Every pool's report. Pools are read concurrently (pipelined on the store's
-    /// connection): with thousands of items a report costs one round of pipelined reads.
+    /// Every pool's report. Pools are read a hundred items to a store call, several calls
+    /// in flight: with thousands of items a report costs a few rounds of reads.
     pub async fn all(&self) -> Reports {
-        let ctx =
-            |link: &CenterLink| inventory_core::channel::Ctx { now_ms: crate::clock::now_ms(), epoch: link.epoch() };
-        let read = futures::stream::iter(self.items.all())
-            .map(|item| async move {
-                let (needs_read, token) = item.with(|c| (c.report_needs_read(), c.begin_read()));
-                let snap = if needs_read { Some(crate::segmented::snapshot(self.store.as_ref(), &item, self.link.epoch()).await.ok()?) } else { None };
-                let mut notes = Vec::new();
-                let ctx = ctx(&self.link);
-                let (report, rate) = item.with(|c| {
-                    let report = c.report(snap.as_ref().map(view), token, ctx, &mut notes)?;
-                    // A lost pool sells nothing: its rate is not reported.
-                    let rate = if report == Report::Lost { 0 } else { c.sell_rate_milli(ctx.now_ms) };
-                    Some((report, rate))
-                })?;
-                for n in notes {
-                    tracing::error!(item = %item.item_id, note = ?n, "pool lost its data in the store; frozen, its units in doubt");
-                }
-                let floors = item.pools.iter().map(|p| self.store.floor(p)).collect();
-                Some((item, report, rate, floors))
-            })
-            .buffer_unordered(STORE_READS_IN_FLIGHT)
-            .filter_map(|x| async move { x })
+        let chunks: Vec<Vec<Arc<Item>>> = self.items.all().chunks(ITEMS_PER_READ).map(<[_]>::to_vec).collect();
+        let read: Vec<Vec<_>> = futures::stream::iter(chunks)
+            .map(|chunk| self.read_chunk(chunk))
+            .buffer_unordered(READS_IN_FLIGHT)
             .collect()
             .await;
-        Reports(read)
+        Reports(read.into_iter().flatten().collect())
+    }
+
+    /// The reports of `chunk`'s items: the unsegmented pools in one store call, each
+    /// segmented item as its segments read together ([`crate::segmented::snapshot`]). An
+    /// item whose read failed is left out (reported next time).
+    async fn read_chunk(&self, chunk: Vec<Arc<Item>>) -> Vec<(Arc<Item>, Report, u64, Vec<u64>)> {
+        let store = self.store.as_ref();
+        let epoch = self.link.epoch();
+        // Each item's token is taken before its read, so a change made while the read is
+        // in flight is not taken for the read's (`ItemCore::report`).
+        let tokens: Vec<_> = chunk.iter().map(|item| item.with(|c| (c.report_needs_read(), c.begin_read()))).collect();
+        let reads =
+            |segmented: bool| chunk.iter().zip(&tokens).filter(move |(i, (r, _))| *r && i.is_segmented() == segmented);
+        let plain: Vec<_> = reads(false).map(|(item, _)| item.pool.clone()).collect();
+        let (plain, segmented) = futures::join!(
+            store.snapshots(&plain),
+            futures::future::join_all(reads(true).map(|(item, _)| crate::segmented::snapshot(store, item, epoch)))
+        );
+        let (mut plain, mut segmented) = (plain.into_iter(), segmented.into_iter());
+        let mut out = Vec::with_capacity(chunk.len());
+        for (item, (needs_read, token)) in chunk.into_iter().zip(tokens) {
+            let snap = match (needs_read, item.is_segmented()) {
+                (false, _) => None,
+                (true, false) => plain.next().and_then(Result::ok).map(|s| crate::segmented::sum(&[s])),
+                (true, true) => segmented.next().and_then(Result::ok),
+            };
+            if needs_read && snap.is_none() {
+                continue;
+            }
+            let mut notes = Vec::new();
+            let ctx = inventory_core::channel::Ctx { now_ms: crate::clock::now_ms(), epoch: self.link.epoch() };
+            let Some((report, rate)) = item.with(|c| {
+                let report = c.report(snap.as_ref().map(view), token, ctx, &mut notes)?;
+                // A lost pool sells nothing: its rate is not reported.
+                let rate = if report == Report::Lost { 0 } else { c.sell_rate_milli(ctx.now_ms) };
+                Some((report, rate))
+            }) else {
+                continue;
+            };
+            for n in notes {
+                tracing::error!(item = %item.item_id, note = ?n, "pool lost its data in the store; frozen, its units in doubt");
+            }
+            let floors = item.pools.iter().map(|p| self.store.floor(p)).collect();
+            out.push((item, report, rate, floors));
+        }
+        out
     }
 
     /// Only the pools whose report changed since the center last acknowledged one.

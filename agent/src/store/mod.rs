@@ -80,7 +80,7 @@ impl MoveIntent {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("pool store unavailable: {0}")]
     Unavailable(String),
@@ -213,6 +213,12 @@ pub trait PoolStore: Send + Sync + 'static {
 
     /// The counters, the generation and the store's clock.
     async fn snapshot(&self, pool: &PoolKey) -> Result<PoolSnapshot, StoreError>;
+
+    /// [`PoolStore::snapshot`] of each of `pools`, in their order: what a full report
+    /// reads. A store that can read many pools in one call does (the Redis store).
+    async fn snapshots(&self, pools: &[PoolKey]) -> Vec<Result<PoolSnapshot, StoreError>> {
+        futures::future::join_all(pools.iter().map(|p| self.snapshot(p))).await
+    }
 
     /// The state of one reservation, if the store still knows it.
     async fn reservation_state(

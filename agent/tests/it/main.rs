@@ -48,4 +48,5 @@ mod store_full;
 mod store_layout;
 mod store_partial;
 mod store_scripts;
+mod store_snapshots;
 mod token_files;

@@ -46,6 +46,7 @@ pub mod persistence;
 pub mod policy;
 mod reply;
 mod scripts;
+mod snapshots;
 
 use argv::{Argv, invocation};
 pub use batch::BatchStats;
@@ -564,25 +565,12 @@ impl PoolStore for RedisPoolStore {
     }
 
     async fn snapshot(&self, pool: &PoolKey) -> Result<PoolSnapshot, StoreError> {
-        const WHAT: &str = "snapshot";
-        let entry = self.entry(pool);
-        let k = &entry.keys;
-        let mut call = self.shared.scripts.snapshot.key(&k.pool);
-        k.structures(&mut call);
-        entry.floor_arg(&mut call);
-        let (_, reply) = unwrap_seq(self.read(&call).await?)?;
-        let items = array(WHAT, reply)?;
-        let [available, reserved, sold, generation, now_ms, write_seq] = items.as_slice() else {
-            return Err(StoreError::Protocol(format!("snapshot: unexpected reply {items:?}")));
-        };
-        Ok(PoolSnapshot {
-            available: uint(WHAT, available)?,
-            reserved: uint(WHAT, reserved)?,
-            sold: uint(WHAT, sold)?,
-            generation: uint(WHAT, generation)?,
-            now_ms: int(WHAT, now_ms)?,
-            write_seq: uint(WHAT, write_seq)?,
-        })
+        let mut snaps = self.snapshot_call(std::slice::from_ref(pool)).await?;
+        snaps.pop().ok_or_else(|| StoreError::Protocol("snapshot: no pool answered".to_owned()))
+    }
+
+    async fn snapshots(&self, pools: &[PoolKey]) -> Vec<Result<PoolSnapshot, StoreError>> {
+        self.snapshot_pools(pools).await
     }
 
     async fn reservation_state(
