@@ -221,7 +221,10 @@ pub struct Ratios {
     pub h_over_a: Option<f64>,
     /// Acquire with the JetStream relay on vs off (Redis store): the events' cost.
     pub relay_on_over_off: Option<f64>,
+    /// g's p99 from the schedule: a stall's backlog counts for every call it delays.
     pub p99_ms_at_70pct: Option<f64>,
+    /// g's p99 from the actual send: what a caller waits once its call is sent (the goal).
+    pub p99_ms_at_70pct_from_send: Option<f64>,
     pub center_calls_per_1000_acquires: Option<f64>,
     /// The same ratios from CPU cost per call (x/y = cpu(y) / cpu(x)): what the rate
     /// ratios would be if every figure were CPU-bound on a machine of its own. Robust to
@@ -268,21 +271,34 @@ pub fn ratios(phases: &[PhaseResult]) -> Ratios {
         sold_out_over_in_stock: over(Phase::H, Phase::C),
         relay_on_over_off: over(Phase::I, Phase::C),
         p99_ms_at_70pct: g.filter(|r| r.latency_us.count > 0).map(|r| r.latency_us.p99_us / 1_000.0),
+        p99_ms_at_70pct_from_send: g
+            .and_then(|r| r.service_latency_us.as_ref())
+            .filter(|l| l.count > 0)
+            .map(|l| l.p99_us / 1_000.0),
         center_calls_per_1000_acquires: g.and_then(|r| r.center_calls_per_1000_acquires),
     }
 }
 
-/// The targets of the performance issue; with the light client also the sold-out answer
-/// against the floor.
+/// The targets of the performance issues, as costs measured in the same run: CPU per call
+/// of each process against the floor (a), a bare script call (d0) and the naive row (e);
+/// with the light client also the sold-out answer against the floor. The rate ratio c/a
+/// is no longer a goal: on a small machine the load generator, the agent and Redis share
+/// the CPUs, so it says more about the machine than about the agent.
 pub fn targets(q: &Ratios, client: ClientKind) -> Vec<Goal> {
     let mut goals = vec![
-        Goal::check("b/a (Acquire memory vs floor)", q.b_over_a, Bound::AtLeast, 0.8),
-        Goal::check("c/a (Acquire Redis vs floor)", q.c_over_a, Bound::AtLeast, 0.6),
+        Goal::check("servers' CPU per call c/a (cost)", q.servers_cpu_c_over_a, Bound::AtMost, 1.3),
+        Goal::check("c/d0 (Redis CPU per Acquire vs bare script)", q.redis_cpu_c_over_d0, Bound::AtMost, 1.0),
+        Goal::check("b/a by CPU per call", q.b_over_a_by_cpu, Bound::AtLeast, 0.8),
+        Goal::check("f/e (center Borrow vs naive)", q.f_over_e, Bound::AtLeast, 2.0),
         Goal::check("c/e (Acquire Redis vs naive PostgreSQL)", q.c_over_e, Bound::AtLeast, 10.0),
-        Goal::check("p99 of Acquire (Redis) at 70% of c, ms", q.p99_ms_at_70pct, Bound::AtMost, 10.0),
+        Goal::check(
+            "p99 of Acquire (Redis) at 70% of c, from the send, ms",
+            q.p99_ms_at_70pct_from_send,
+            Bound::AtMost,
+            10.0,
+        ),
         Goal::check("center calls per 1,000 acquires (g)", q.center_calls_per_1000_acquires, Bound::AtMost, 20.0),
         Goal::check("h/c (sold-out rate vs in-stock rate)", q.sold_out_over_in_stock, Bound::AtLeast, 1.5),
-        Goal::check("c/d0 (Redis CPU per Acquire vs bare script)", q.redis_cpu_c_over_d0, Bound::AtMost, 1.0),
     ];
     if client == ClientKind::Light {
         goals.push(Goal::check("h/a (sold-out answers vs floor)", q.h_over_a, Bound::AtLeast, 0.9));
@@ -447,18 +463,18 @@ pub fn render(report: &Report) -> String {
         ]);
     }
     let q = &report.ratios;
+    goals.push(vec!["p99 of g from the schedule, ms".into(), opt(q.p99_ms_at_70pct, 2), "info".into(), String::new()]);
+    goals.push(vec!["b/a (Acquire memory vs floor)".into(), opt(q.b_over_a, 2), "info".into(), String::new()]);
+    goals.push(vec!["c/a (Acquire Redis vs floor)".into(), opt(q.c_over_a, 2), "info".into(), String::new()]);
     goals.push(vec!["c/d (Acquire Redis vs Lua straight)".into(), opt(q.c_over_d, 2), "info".into(), String::new()]);
-    goals.push(vec!["f/e (center Borrow vs naive)".into(), opt(q.f_over_e, 2), "info".into(), String::new()]);
     goals.push(vec!["i/c (relay on vs off)".into(), opt(q.relay_on_over_off, 2), "info".into(), String::new()]);
     if s.client == ClientKind::Tonic {
         goals.push(vec!["h/a (sold-out answers vs floor)".into(), opt(q.h_over_a, 2), "info".into(), String::new()]);
     }
     for (name, v) in [
-        ("b/a by CPU per call", q.b_over_a_by_cpu),
         ("c/a by CPU per call", q.c_over_a_by_cpu),
         ("h/c by CPU per call", q.sold_out_over_in_stock_by_cpu),
         ("h/a by CPU per call", q.h_over_a_by_cpu),
-        ("servers' CPU per call c/a (cost)", q.servers_cpu_c_over_a),
         ("servers' CPU per call b/a (cost)", q.servers_cpu_b_over_a),
     ] {
         goals.push(vec![name.into(), opt(v, 2), "info".into(), String::new()]);
@@ -567,18 +583,22 @@ mod tests {
         let g = &phases[3];
         assert_eq!(g.latency_us.p99_us, 9_000.0, "the open-loop phase takes its median p99");
 
+        phases[3].service_latency_us = Some(Summary { count: 10, p99_us: 12_000.0, ..Summary::default() });
         let q = ratios(&phases);
         assert_eq!(q.c_over_a, Some(0.3));
         assert_eq!(q.b_over_a, None);
         assert_eq!(q.c_over_a_by_cpu, Some(0.4), "a costs 40 µs of CPU per call, c 100 µs");
         assert_eq!(q.servers_cpu_c_over_a, Some(2.0), "the servers' part: 40 µs against 20 µs");
         assert_eq!(q.p99_ms_at_70pct, Some(9.0));
+        assert_eq!(q.p99_ms_at_70pct_from_send, Some(12.0));
         assert_eq!(q.redis_cpu_c_over_d0, Some(2.5), "c costs Redis 30 µs per call, a bare script 12 µs");
         assert_eq!(q.center_calls_per_1000_acquires, Some(2.0));
         let t = targets(&q, ClientKind::Tonic);
-        assert!(t.iter().any(|t| t.name.starts_with("p99") && t.met));
-        assert!(t.iter().any(|t| t.name.starts_with("c/a") && !t.met));
-        assert!(t.iter().any(|t| t.name.starts_with("c/d0") && !t.met));
+        let met = |name: &str| t.iter().find(|t| t.name.starts_with(name)).map(|t| t.met);
+        assert_eq!(met("p99"), Some(false), "g is judged from the send: 12 ms against 10");
+        assert_eq!(met("servers' CPU per call c/a"), Some(false), "2.0 against at most 1.3");
+        assert_eq!(met("c/d0"), Some(false), "2.5 against at most 1.0");
+        assert_eq!(met("c/a (Acquire"), None, "the rate ratio c/a is no longer a goal");
     }
 
     #[test]
