@@ -54,9 +54,10 @@ if state ~= 'ok' then
   redis.call('DEL', K_RES, K_DUE, K_HELD, K_IDEM, K_OUTBOX, K_POOL)
   -- The lost generation's expiry exceptions (due.lua: gc's scores below 0).
   redis.call('ZREMRANGEBYSCORE', K_GC, '-inf', '(0')
-  -- A new pool keeps its expiries in the due list (due.lua), `due` = 'list'.
+  -- A new pool keeps its expiries in the due list (due.lua), `due` = 'list', and has no
+  -- records addressed by id (ids.lua), `keys` = 'derived'.
   redis.call('HSET', K_POOL, 'available', 0, 'reserved', 0, 'sold', 0, 'generation', generation, 'marked', 1,
-    'due', 'list')
+    'due', 'list', 'keys', 'derived')
   mark_structures(structures, generation)
   pool_created(K_POOL)
   pool_wrote()
