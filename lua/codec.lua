@@ -46,3 +46,12 @@ local function record_decode(raw)
   local letter, q, e, r, k, u = string.match(raw, '^(%a)(%d+)|(%d+)|(%d*)|([^|]*)|(.*)$')
   return {s = RECORD_STATE[letter], q = tonumber(q), e = tonumber(e), u = u, k = k, r = tonumber(r), p = p}
 end
+
+-- The idempotency key of a stored record, without decoding the rest (nil for what is not a
+-- record, such as a marker's value: intact.lua).
+local function record_key(raw)
+  if string.sub(raw, 1, 1) == '{' then
+    return cjson.decode(raw).k
+  end
+  return string.match(raw, '^[^|]*|[^|]*|[^|]*|([^|]*)|')
+end

@@ -11,7 +11,7 @@
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
 --   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
 --   2 grants  hash  grant_id -> units applied
---   3 gc      zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten
+--   3 gc      zset  "r:<field>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten
 --   4 fence   string  the highest center epoch that fenced the pool (see fence.lua)
 --   5 outbox  stream  the pool's events: dropped when the pool is created, so a new
 --                     generation numbers its events from 1 again

@@ -123,8 +123,7 @@ pub trait PoolStore: Send + Sync + 'static {
 
     /// A `new_reservation_id` for an Acquire on segment `segment` of an item: a fresh id
     /// tagged with the segment (`inventory_core::segments::tag_reservation_id`), or what
-    /// the store turns into one. Any id of the caller's own (the id charset, at most 64
-    /// bytes) is taken as it is.
+    /// the store turns into one. Other ids of the caller's own are taken as they are.
     fn new_reservation_id(&self, segment: u32) -> String {
         inventory_core::segments::tag_reservation_id(segment, &uuid::Uuid::new_v4().simple().to_string())
     }

@@ -350,6 +350,7 @@ async fn redis_a_new_reservation_is_addressed_by_its_key_and_a_forged_id_names_n
     let again = keyed_args(&*store, 3, "ann", "order-17");
     assert_eq!(replayed_id(&*store, &p, &again).await, id);
     assert_eq!(inventory_core::segments::split_reservation_id(&id, 4).map(|(s, _)| s), Some(3));
+    assert_eq!(store.idempotency_keys(&p).await.unwrap(), ["order-17"]);
 
     // The right h with another nonce names no reservation.
     let forged = format!("s3.k{}{h}", if &id[4..12] == "00000000" { "11111111" } else { "00000000" });
@@ -414,6 +415,9 @@ async fn redis_a_pool_with_records_by_id_answers_as_before_and_drains_to_keyed_r
     assert!(hget(&mut conn, &res, &format!("={h}")).await.is_some());
     assert_eq!(hget(&mut conn, &idem, "key-dan").await, None);
     assert_eq!(by_key(&*store, &p, "key-dan").await.map(|(id, _)| id), Some(new_id.clone()));
+    let mut keys = store.idempotency_keys(&p).await.unwrap();
+    keys.sort();
+    assert_eq!(keys, ["key-ann", "key-bob", "key-cy", "key-dan"]);
 
     // Old records change state as before.
     assert_eq!(
