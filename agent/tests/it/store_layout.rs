@@ -270,6 +270,9 @@ async fn redis_a_pool_with_the_old_due_set_expires_confirms_and_cancels_as_befor
 
 type Conn = redis::aio::MultiplexedConnection;
 
+/// How long finished records are remembered in the tests of records by key.
+const RETENTION_MS: u64 = 200;
+
 async fn hget(conn: &mut Conn, key: &str, field: &str) -> Option<String> {
     redis::cmd("HGET").arg(key).arg(field).query_async(conn).await.unwrap()
 }
@@ -322,7 +325,7 @@ async fn by_id(store: &dyn PoolStore, p: &PoolKey, id: &str) -> Option<(String, 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_a_new_reservation_is_addressed_by_its_key_and_a_forged_id_names_none() {
     let redis = TestRedis::create().await;
-    let retention = Duration::from_millis(200);
+    let retention = Duration::from_millis(RETENTION_MS);
     let store: Arc<dyn PoolStore> =
         Arc::new(RedisPoolStore::new(&redis.url, &redis.prefix).await.unwrap().with_record_retention(retention));
     let p = PoolKey { segment: 3, ..pool("sku-keyed") };
@@ -364,7 +367,7 @@ async fn redis_a_new_reservation_is_addressed_by_its_key_and_a_forged_id_names_n
     // dedupe by id), at the same field.
     assert_eq!(store.cancel(&p, &id).await.unwrap(), Transition::Done(ReservationState::Cancelled));
     let now = snap(&*store, &p).await.now_ms;
-    wait_past(&store, &p, now + retention.as_millis() as i64).await;
+    wait_past(&store, &p, now.saturating_add_unsigned(RETENTION_MS)).await;
     assert_eq!(store.expire_due(&p, 10).await.unwrap(), 0);
     assert_eq!(by_key(&*store, &p, "order-17").await, None);
     assert_eq!(state(&*store, &p, &id).await, None);
@@ -379,7 +382,7 @@ async fn redis_a_new_reservation_is_addressed_by_its_key_and_a_forged_id_names_n
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_a_pool_with_records_by_id_answers_as_before_and_drains_to_keyed_records() {
     let redis = TestRedis::create().await;
-    let retention = Duration::from_millis(200);
+    let retention = Duration::from_millis(RETENTION_MS);
     let store: Arc<dyn PoolStore> =
         Arc::new(RedisPoolStore::new(&redis.url, &redis.prefix).await.unwrap().with_record_retention(retention));
     let p = pool("sku-by-id");
@@ -439,7 +442,7 @@ async fn redis_a_pool_with_records_by_id_answers_as_before_and_drains_to_keyed_r
 
     // Once they are forgotten no idem entry is left, and the sweeper sets the flag.
     let now = snap(&*store, &p).await.now_ms;
-    wait_past(&store, &p, now + retention.as_millis() as i64).await;
+    wait_past(&store, &p, now.saturating_add_unsigned(RETENTION_MS)).await;
     assert_eq!(store.expire_due(&p, 10).await.unwrap(), 0);
     assert_eq!(fields(&mut conn, &idem).await, [" gen"]);
     assert_eq!(hget(&mut conn, &pool_key, "keys").await.as_deref(), Some("derived"));
