@@ -54,8 +54,9 @@ macro_rules! wrapped {
 }
 
 /// A script that changes reservation states: `lua/intact.lua`, `lua/codec.lua`,
-/// `lua/ids.lua`, `lua/outbox.lua` (which writes the events), `lua/due.lua` (where expiries are kept) and
-/// `lua/release.lua` (a reservation back to available) joined with the script's own text.
+/// `lua/ids.lua`, `lua/outbox.lua` (which writes the events), `lua/due.lua` (where
+/// expiries are kept) and `lua/release.lua` (a reservation back to available) joined with
+/// the script's own text.
 macro_rules! with_outbox {
     ($name:literal) => {
         Script::new(concat!(
@@ -70,9 +71,9 @@ macro_rules! with_outbox {
     };
 }
 
-/// An acquire script: `lua/intact.lua`, `lua/codec.lua`, `lua/ids.lua`, the outbox, `lua/due.lua` and
-/// `lua/record.lua` (a new reservation's record, the replay and partial-acquire rules)
-/// joined with the script's own text.
+/// An acquire script: `lua/intact.lua`, `lua/codec.lua`, `lua/ids.lua`, the outbox,
+/// `lua/due.lua` and `lua/record.lua` (a new reservation's record, the replay and
+/// partial-acquire rules) joined with the script's own text.
 macro_rules! for_acquire {
     ($name:literal) => {
         Script::new(concat!(
