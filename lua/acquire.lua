@@ -7,13 +7,15 @@
 -- comes from Redis TIME only.
 --
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
---   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
---   2 res     hash  reservation_id -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key,
---                                  r = requested quantity, only when fewer were reserved}
---   3 due     list  reservation ids in the order made (due.lua, prepended); one made out of
+--   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped, keys
+--   2 res     hash  record field (ids.lua: '=' .. h of the idempotency key, or an id of the
+--                   caller's own) -> record (codec.lua) {s = state, q = quantity,
+--                   e = expires_at_ms, u = user_id, k = idempotency_key, r = requested
+--                   quantity, only when fewer were reserved, p = the id's prefix}
+--   3 due     list  record fields in the order made (due.lua, prepended); one made out of
 --                   the list's order is an exception in gc, the fifth structure (KEYS[11])
 --   4 held    hash  user_id -> units held (reserved + confirmed)
---   5 idem    hash  idempotency_key -> reservation_id
+--   5 idem    hash  idempotency_key -> reservation_id, only for records addressed by id
 --   6 outbox  stream the pool's events (see outbox.lua, prepended to this script with
 --             record.lua, which builds the new record)
 --   7..14     the pool's structures, checked for their markers (intact.lua, prepended)
@@ -21,7 +23,8 @@
 --   1 user_id
 --   2 quantity
 --   3 idempotency_key
---   4 new_reservation_id (used only if this call reserves)
+--   4 new_reservation_id (used only if this call reserves): the id's prefix, completed
+--     with h of the key (ids.lua), or an id of the caller's own
 --   5 per_user_limit
 --   6 reservation_ttl_ms
 --   7 expected pool generation (0: not checked); a pool of another generation (0 when it
@@ -38,7 +41,8 @@
 --   {'sold_out', available}
 --   {'limit', held}
 --   {'conflict'}
---   {'duplicate_id'}   new_reservation_id names an existing reservation (a caller bug)
+--   {'duplicate_id'}   new_reservation_id names an existing reservation (a caller bug), or
+--                      the key's field holds another key's record
 
 local K_POOL, K_RES, K_DUE, K_HELD, K_IDEM, K_OUTBOX = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 -- gc, among the structures (res, due, held, idem, gc, ...) from KEYS[7]: the exceptions.
@@ -71,12 +75,10 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 -- Replay: the key already reserved; return that reservation whatever its state now.
-local existing = redis.call('HGET', K_IDEM, key)
-if existing then
-  local raw = redis.call('HGET', K_RES, existing)
-  if raw then
-    return replay_answer(existing, record_decode(raw), user, qty, generation)
-  end
+local field = key_field(key)
+local found, existing = find_by_key(K_RES, K_IDEM, key, field)
+if found then
+  return replay_answer(record_id(found, existing), existing, user, qty, generation)
 end
 
 local held = tonumber(redis.call('HGET', K_HELD, user) or '0')
@@ -89,24 +91,36 @@ if not qty then
 end
 local expires_at = now + ttl
 local rec = new_record(user, key, qty, requested, expires_at)
--- The record first, and only if the id is new: nothing else is written otherwise.
-if redis.call('HSETNX', K_RES, new_id, record_encode(rec)) == 0 then
+local id, by_id = new_id, not is_id_prefix(new_id)
+if by_id then
+  field = new_id
+else
+  rec.p = new_id
+  id = record_id(field, rec)
+end
+-- The record first, and only if the field is new: nothing else is written otherwise.
+if redis.call('HSETNX', K_RES, field, record_encode(rec)) == 0 then
   return {'duplicate_id'}
 end
 local seq = tonumber(fields[4] or '0') + 1
 local counters = {'available', string.format('%d', available - qty),
   'reserved', string.format('%d', tonumber(fields[3] or '0') + qty), 'event_seq', string.format('%d', seq)}
 if due_in_order(fields[5], expires_at) then
-  redis.call('RPUSH', K_DUE, new_id)
+  redis.call('RPUSH', K_DUE, field)
   counters[#counters + 1] = 'due_tail'
   counters[#counters + 1] = string.format('%d', expires_at)
 else
-  due_except(K_GC, new_id, expires_at)
+  due_except(K_GC, field, expires_at)
 end
 redis.call('HSET', K_POOL, unpack(counters))
 redis.call('HINCRBY', K_HELD, user, qty)
-redis.call('HSET', K_IDEM, key, new_id)
-outbox_add(K_OUTBOX, seq, new_id, rec, nil, now)
+if by_id then
+  redis.call('HSET', K_IDEM, key, id)
+  if keys_derived then
+    redis.call('HDEL', K_POOL, 'keys')
+  end
+end
+outbox_add(K_OUTBOX, seq, id, rec, nil, now)
 outbox_trim(K_POOL, K_OUTBOX, outbox_max)
 
-return {'reserved', new_id, qty, expires_at, 0, generation}
+return {'reserved', id, qty, expires_at, 0, generation}

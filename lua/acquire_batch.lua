@@ -11,25 +11,25 @@
 -- What the batch touches more than once is read once and written once at the end (the
 -- script is atomic, so nobody sees the intermediate values): the pool's counters and event
 -- sequence (one HSET), users' holdings (one HSET), the due list (one RPUSH) and the
--- idempotency index (one HSET); a later request reads what an earlier one wrote from the
--- batch's own tables. Per reservation there remain the record (HSETNX, which also answers
+-- idempotency index of records addressed by id (one HSET, none for prefixed ids: ids.lua);
+-- a later request reads what an earlier one wrote from the batch's own tables. Per reservation there remain the record (HSETNX, which also answers
 -- duplicate_id) and its event (XADD); the outbox is trimmed once.
 --
 -- KEYS: as acquire.lua (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
---   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
---   2 res     hash  reservation_id -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key,
---                                  r = requested quantity, only when fewer were reserved}
---   3 due     list  reservation ids in the order made (due.lua, prepended); one made out of
+--   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped, keys
+--   2 res     hash  record field (ids.lua) -> record (codec.lua), as in acquire.lua
+--   3 due     list  record fields in the order made (due.lua, prepended); one made out of
 --                   the list's order is an exception in gc, the fifth structure (KEYS[11])
 --   4 held    hash  user_id -> units held (reserved + confirmed)
---   5 idem    hash  idempotency_key -> reservation_id
+--   5 idem    hash  idempotency_key -> reservation_id, only for records addressed by id
 --   6 outbox  stream the pool's events (see outbox.lua, prepended to this script)
 --   7..14     the pool's structures, checked for their markers (intact.lua, prepended)
 -- ARGV:
 --   1 n, the number of requests
 --   2 outbox_max: how many events the outbox keeps at most
 --   then n groups of eight, acquire.lua's ARGV per request:
---     user_id, quantity, idempotency_key, new_reservation_id, per_user_limit,
+--     user_id, quantity, idempotency_key, new_reservation_id (a prefix or an id, as in
+--     acquire.lua), per_user_limit,
 --     reservation_ttl_ms, expected pool generation (0: not checked), allow_partial ('1' | '0')
 -- Each new reservation writes its 'reserved' event, in request order; replays write none.
 -- Returns an array of n replies, the i-th answering the i-th request, each one of acquire.lua's:
@@ -75,24 +75,23 @@ local stored = fields[1] or '0'
 local generation = tonumber(stored)
 
 -- What this batch wrote, read back by its later requests: holdings by user (and the users
--- in first-touch order), new reservations' ids by idempotency key and records by id.
+-- in first-touch order), new reservations' ids and records by idempotency key.
 local held_by, held_users = {}, {}
 local new_ids, new_recs = {}, {}
--- The ids for the due list (and the expiry of the last), the exceptions (due.lua).
+-- The fields for the due list (and the expiry of the last), the exceptions (due.lua), the
+-- idempotency index's new entries.
 local due, due_tail, excepts, idem = {}, fields[5], {}, {}
 
 local function acquire(user, qty, key, new_id, limit, ttl, expect, partial)
   if expect ~= '0' and expect ~= stored then
     return {'generation', expect, stored}
   end
-  local existing = new_ids[key]
-  local rec = existing and new_recs[existing]
+  local existing, rec = new_ids[key], new_recs[key]
+  local field = key_field(key)
   if not existing then
-    existing = redis.call('HGET', K_IDEM, key)
-    if existing then
-      local raw = redis.call('HGET', K_RES, existing)
-      rec = raw and record_decode(raw)
-    end
+    local found
+    found, rec = find_by_key(K_RES, K_IDEM, key, field)
+    existing = found and record_id(found, rec)
   end
   if rec then
     return replay_answer(existing, rec, user, qty, generation)
@@ -110,8 +109,15 @@ local function acquire(user, qty, key, new_id, limit, ttl, expect, partial)
   end
   local expires_at = now + ttl
   rec = new_record(user, key, qty, requested, expires_at)
-  -- The record first, and only if the id is new: nothing else is written otherwise.
-  if redis.call('HSETNX', K_RES, new_id, record_encode(rec)) == 0 then
+  local id, by_id = new_id, not is_id_prefix(new_id)
+  if by_id then
+    field = new_id
+  else
+    rec.p = new_id
+    id = record_id(field, rec)
+  end
+  -- The record first, and only if the field is new: nothing else is written otherwise.
+  if redis.call('HSETNX', K_RES, field, record_encode(rec)) == 0 then
     return {'duplicate_id'}
   end
   available = available - qty
@@ -120,19 +126,21 @@ local function acquire(user, qty, key, new_id, limit, ttl, expect, partial)
     held_users[#held_users + 1] = user
   end
   held_by[user] = held + qty
-  new_ids[key], new_recs[new_id] = new_id, rec
+  new_ids[key], new_recs[key] = id, rec
   if due_in_order(due_tail, expires_at) then
-    due[#due + 1] = new_id
+    due[#due + 1] = field
     due_tail = expires_at
   else
     excepts[#excepts + 1] = -expires_at
-    excepts[#excepts + 1] = DUE_EXCEPTION .. new_id
+    excepts[#excepts + 1] = DUE_EXCEPTION .. field
   end
-  idem[#idem + 1] = key
-  idem[#idem + 1] = new_id
+  if by_id then
+    idem[#idem + 1] = key
+    idem[#idem + 1] = id
+  end
   seq = seq + 1
-  outbox_add(K_OUTBOX, seq, new_id, rec, nil, now)
-  return {'reserved', new_id, qty, expires_at, 0, generation}
+  outbox_add(K_OUTBOX, seq, id, rec, nil, now)
+  return {'reserved', id, qty, expires_at, 0, generation}
 end
 
 local out = {}
@@ -160,7 +168,12 @@ if taken > 0 then
     holdings[#holdings + 1] = string.format('%d', held_by[user])
   end
   redis.call('HSET', K_HELD, unpack(holdings))
-  redis.call('HSET', K_IDEM, unpack(idem))
+  if #idem > 0 then
+    redis.call('HSET', K_IDEM, unpack(idem))
+    if keys_derived then
+      redis.call('HDEL', K_POOL, 'keys')
+    end
+  end
   outbox_trim(K_POOL, K_OUTBOX, outbox_max)
 end
 

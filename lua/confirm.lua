@@ -5,11 +5,12 @@
 --
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
 --   1 pool  hash  available, reserved, sold, generation, event_seq, events_dropped
---   2 res   hash  reservation_id -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
---   3 due   list  reservation ids in the order made, and exceptions in gc (due.lua)
+--   2 res   hash  record field -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key};
+--                 the field of reservation_id: ids.lua
+--   3 due   list  record fields in the order made, and exceptions in gc (due.lua)
 --   4 held  hash  user_id -> units held (reserved + confirmed)
---   5 gc    zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten;
---                 "d:<id>" the expiry exceptions (due.lua)
+--   5 gc    zset  "r:<field>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten;
+--                 "d:<field>" the expiry exceptions (due.lua)
 --   6 outbox stream the pool's events (see outbox.lua, prepended to this script)
 --   7..14       the pool's structures, checked for their markers (intact.lua, prepended)
 -- ARGV:
@@ -35,14 +36,13 @@ local state = pool_state(K_POOL, structures_from(7))
 if state == 'partial' then
   return {'lost'}
 end
-local raw = redis.call('HGET', K_RES, id)
-if not raw then
+local field, rec = find_by_id(K_RES, id)
+if not field then
   return {'not_found', ''}
 end
 if state == 'missing' then
   return {'lost'}
 end
-local rec = record_decode(raw)
 if rec.s == 'confirmed' then
   return {'done', 'confirmed'}
 elseif rec.s ~= 'reserved' then
@@ -51,15 +51,15 @@ end
 
 local k = {pool = K_POOL, res = K_RES, due = K_DUE, held = K_HELD, gc = K_GC, outbox = K_OUTBOX}
 if tonumber(rec.e) <= now then
-  release_reserved(k, id, rec, 'expired', now, retention, outbox_max)
+  release_reserved(k, field, rec, 'expired', now, retention, outbox_max)
   return {'refused', 'expired'}
 end
 local qty = tonumber(rec.q)
-due_forget(k, id)
-redis.call('ZADD', K_GC, now + retention, 'r:' .. id)
+due_forget(k, field)
+redis.call('ZADD', K_GC, now + retention, 'r:' .. field)
 redis.call('HINCRBY', K_POOL, 'reserved', -qty)
 rec.s = 'confirmed'
 redis.call('HINCRBY', K_POOL, 'sold', qty)
-redis.call('HSET', K_RES, id, record_encode(rec))
+redis.call('HSET', K_RES, field, record_encode(rec))
 outbox_emit(K_POOL, K_OUTBOX, outbox_max, id, rec, 'reserved', now)
 return {'done', 'confirmed'}

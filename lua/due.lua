@@ -3,14 +3,14 @@
 -- states.
 --
 -- A pool's reservations are made in time order, mostly with its item's one TTL, so the
--- ids in the order made are in expiry order: `due` is a list of reservation ids, its head
--- the marker of intact.lua, then the ids in the order made (RPUSH); the pool hash's
--- `due_tail` is the expiry of the last id pushed. The list is never edited in the middle:
+-- ids in the order made are in expiry order: `due` is a list of record fields (ids.lua:
+-- '=' .. h of the key, or an id), its head the marker of intact.lua, then the fields in the
+-- order made (RPUSH); the pool hash's `due_tail` is the expiry of the last one pushed. The list is never edited in the middle:
 -- a reservation confirmed, cancelled or expired stays in it until the sweeper (expire.lua)
 -- reaches it at the head and drops it. What would break the order goes to the exceptions
 -- instead: a reservation made with an expiry before `due_tail` (a shorter TTL, Redis's
 -- clock stepping back) and one whose expiry an extend moved. The exceptions are members
--- 'd:<id>' of the pool's `gc` sorted set scored by the expiry NEGATED: gc's own entries
+-- 'd:<field>' of the pool's `gc` sorted set scored by the expiry NEGATED: gc's own entries
 -- (records to forget) are scored by a time >= 0, its marker +inf, so the two never meet
 -- in a range of scores, and the reservations due by `now` are the scores in [-now, 0).
 --
@@ -29,16 +29,16 @@ local function due_in_order(tail, expires_at)
   return due_is_list and (not tail or expires_at >= tonumber(tail))
 end
 
--- Reservation `id` expires at `expires_at` out of the list's order: an exception.
-local function due_except(k_gc, id, expires_at)
-  redis.call('ZADD', k_gc, -expires_at, DUE_EXCEPTION .. id)
+-- The reservation at `field` expires at `expires_at` out of the list's order: an exception.
+local function due_except(k_gc, field, expires_at)
+  redis.call('ZADD', k_gc, -expires_at, DUE_EXCEPTION .. field)
 end
 
--- Reservation `id` leaves RESERVED: it leaves the exceptions (and the old layout's
--- sorted set). An id in the list stays there until the sweeper drops it.
-local function due_forget(k, id)
-  redis.call('ZREM', k.gc, DUE_EXCEPTION .. id)
+-- The reservation at `field` leaves RESERVED: it leaves the exceptions (and the old
+-- layout's sorted set). A field in the list stays there until the sweeper drops it.
+local function due_forget(k, field)
+  redis.call('ZREM', k.gc, DUE_EXCEPTION .. field)
   if not due_is_list then
-    redis.call('ZREM', k.due, id)
+    redis.call('ZREM', k.due, field)
   end
 end

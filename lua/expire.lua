@@ -3,16 +3,18 @@
 -- exceptions first, then the due list from its head (due.lua); then forgets up to gc_batch
 -- finished records whose retention ran out, so memory stays bounded, and converts up to
 -- about gc_batch records of a pool written with JSON records, and of a pool whose `due`
--- is still the old sorted set, up to gc_batch of its entries.
+-- is still the old sorted set, up to gc_batch of its entries. A pool whose `idem` holds
+-- its marker alone has no record addressed by id left (ids.lua): its hash gets `keys` =
+-- 'derived', and lookups by key stop looking in `idem`.
 --
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
 --   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
---   2 res     hash  reservation_id -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
---   3 due     list  reservation ids in the order made (due.lua, prepended)
+--   2 res     hash  record field (ids.lua) -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
+--   3 due     list  record fields in the order made (due.lua, prepended)
 --   4 held    hash  user_id -> units held (reserved + confirmed)
---   5 idem    hash  idempotency_key -> reservation_id
---   6 gc      zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten;
---                   "d:<id>" the expiry exceptions, scored by the expiry negated (due.lua)
+--   5 idem    hash  idempotency_key -> reservation_id, only for records addressed by id
+--   6 gc      zset  "r:<field>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten;
+--                   "d:<field>" the expiry exceptions, scored by the expiry negated (due.lua)
 --   7 grants  hash  grant_id -> units applied
 --   8 takes   hash  take_id -> cjson {n = units, b = 0|1 (put back)}
 --   9 outbox  stream the pool's events (see outbox.lua, prepended to this script)
@@ -52,19 +54,19 @@ local DUE_CHUNK = 100
 local freed, expired = 0, 0
 local k = {pool = K_POOL, res = K_RES, due = K_DUE, held = K_HELD, gc = K_GC, outbox = K_OUTBOX}
 
--- Expires reservation `id` if it is still reserved (the caller took it off the exceptions,
--- or the old sorted set, already).
-local function expire_one(id)
-  local raw = redis.call('HGET', K_RES, id)
+-- Expires the reservation at `field` if it is still reserved (the caller took it off the
+-- exceptions, or the old sorted set, already).
+local function expire_one(field)
+  local raw = redis.call('HGET', K_RES, field)
   if raw then
     local rec = record_decode(raw)
     if rec.s == 'reserved' then
       if tonumber(rec.e) <= now then
-        freed = freed + release_reserved(k, id, rec, 'expired', now, retention, outbox_max)
+        freed = freed + release_reserved(k, field, rec, 'expired', now, retention, outbox_max)
         expired = expired + 1
       else
         -- Not due after all (cannot happen: an extend moves the score): kept in order.
-        due_except(K_GC, id, tonumber(rec.e))
+        due_except(K_GC, field, tonumber(rec.e))
       end
     end
   end
@@ -80,27 +82,27 @@ end
 
 if max_count > expired and not due_is_list then
   -- The old layout's sorted set, as before.
-  for _, id in ipairs(redis.call('ZRANGEBYSCORE', K_DUE, '-inf', now, 'LIMIT', 0, max_count - expired)) do
-    redis.call('ZREM', K_DUE, id)
-    expire_one(id)
+  for _, field in ipairs(redis.call('ZRANGEBYSCORE', K_DUE, '-inf', now, 'LIMIT', 0, max_count - expired)) do
+    redis.call('ZREM', K_DUE, field)
+    expire_one(field)
   end
 elseif max_count > expired then
   -- The list from its head (index 0 is the marker) while its heads are due or done.
   local popped, dropped, stop = 0, 0, false
   while not stop do
-    local ids = redis.call('LRANGE', K_DUE, popped + 1, popped + DUE_CHUNK)
-    for _, id in ipairs(ids) do
+    local fields = redis.call('LRANGE', K_DUE, popped + 1, popped + DUE_CHUNK)
+    for _, field in ipairs(fields) do
       if expired >= max_count or dropped >= DUE_DROP_MAX then
         stop = true
         break
       end
-      local raw = redis.call('HGET', K_RES, id)
+      local raw = redis.call('HGET', K_RES, field)
       local rec = raw and record_decode(raw)
       if rec and rec.s == 'reserved' then
         if tonumber(rec.e) <= now then
-          freed = freed + release_reserved(k, id, rec, 'expired', now, retention, outbox_max)
+          freed = freed + release_reserved(k, field, rec, 'expired', now, retention, outbox_max)
           expired = expired + 1
-        elseif redis.call('ZSCORE', K_GC, DUE_EXCEPTION .. id) then
+        elseif redis.call('ZSCORE', K_GC, DUE_EXCEPTION .. field) then
           -- Extended: the exceptions have it.
           dropped = dropped + 1
         else
@@ -113,10 +115,10 @@ elseif max_count > expired then
       end
       popped = popped + 1
     end
-    stop = stop or #ids < DUE_CHUNK
+    stop = stop or #fields < DUE_CHUNK
   end
   if popped > 0 then
-    -- The popped ids go, the marker stays at the head (intact.lua).
+    -- The popped fields go, the marker stays at the head (intact.lua).
     redis.call('LTRIM', K_DUE, popped, -1)
     redis.call('LSET', K_DUE, 0, MARK .. ':' .. gen)
   end
@@ -128,12 +130,13 @@ if gc_batch > 0 then
   for _, member in ipairs(old) do
     local kind, id = string.sub(member, 1, 1), string.sub(member, 3)
     if kind == 'r' then
+      -- A record's member holds its field (ids.lua); one addressed by id has an idem entry.
       local raw = redis.call('HGET', K_RES, id)
       if raw then
         local rec = record_decode(raw)
         if rec.s ~= 'reserved' then
           redis.call('HDEL', K_RES, id)
-          if redis.call('HGET', K_IDEM, rec.k) == id then
+          if not rec.p and redis.call('HGET', K_IDEM, rec.k) == id then
             redis.call('HDEL', K_IDEM, rec.k)
           end
         end
@@ -145,6 +148,13 @@ if gc_batch > 0 then
     end
     redis.call('ZREM', K_GC, member)
   end
+end
+
+-- A pool with records addressed by id (ids.lua) looks up keys in `idem` too, until `idem`
+-- holds its marker alone: then it has none left, and the pool hash says `keys` =
+-- 'derived' (an acquire given an id of its own clears it again).
+if not keys_derived and redis.call('HLEN', K_IDEM) <= 1 then
+  redis.call('HSET', K_POOL, 'keys', 'derived')
 end
 
 -- A pool written before the compact record encoding (codec.lua) holds JSON records: they

@@ -7,11 +7,12 @@
 --
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
 --   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
---   2 res     hash  reservation_id -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
---   3 due     list  reservation ids in the order made, and exceptions in gc (due.lua)
+--   2 res     hash  record field -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key};
+--                   the field of reservation_id: ids.lua
+--   3 due     list  record fields in the order made, and exceptions in gc (due.lua)
 --   4 held    hash  user_id -> units held (reserved + confirmed)
---   5 gc      zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten;
---                   "d:<id>" the expiry exceptions (due.lua): an extended reservation becomes one
+--   5 gc      zset  "r:<field>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten;
+--                   "d:<field>" the expiry exceptions (due.lua): an extended reservation becomes one
 --   6 outbox  stream the pool's events (see outbox.lua, prepended to this script)
 --   7..14     the pool's structures, checked for their markers (intact.lua, prepended)
 -- ARGV:
@@ -40,31 +41,30 @@ local state = pool_state(K_POOL, structures_from(7))
 if state == 'partial' then
   return {'lost'}
 end
-local raw = redis.call('HGET', K_RES, id)
-if not raw then
+local field, rec = find_by_id(K_RES, id)
+if not field then
   return {'not_found'}
 end
 if state == 'missing' then
   return {'lost'}
 end
-local rec = record_decode(raw)
 if rec.s ~= 'reserved' then
   return {'refused', rec.s}
 end
 
 if tonumber(rec.e) <= now then
   local k = {pool = K_POOL, res = K_RES, due = K_DUE, held = K_HELD, gc = K_GC, outbox = K_OUTBOX}
-  release_reserved(k, id, rec, 'expired', now, retention, outbox_max)
+  release_reserved(k, field, rec, 'expired', now, retention, outbox_max)
   return {'refused', 'expired'}
 end
 
 local expires_at = math.max(tonumber(rec.e), now + extend_ms)
 if expires_at ~= tonumber(rec.e) then
   rec.e = expires_at
-  redis.call('HSET', K_RES, id, record_encode(rec))
-  due_except(K_GC, id, expires_at)
+  redis.call('HSET', K_RES, field, record_encode(rec))
+  due_except(K_GC, field, expires_at)
   if not due_is_list then
-    redis.call('ZREM', K_DUE, id)
+    redis.call('ZREM', K_DUE, field)
   end
   pool_wrote()
 end

@@ -40,6 +40,9 @@ local wseq_pool, wseq_found, wseq_wrote = nil, 0, false
 -- Whether the pool's `due` is the list of due.lua (the pool hash's `due` = 'list'), or
 -- still the sorted set of the layout before it; set by pool_state.
 local due_is_list = false
+-- Whether every record of the pool is addressed by its key (ids.lua: the pool hash's
+-- `keys` = 'derived'), so lookups by key need not look in `idem`; set by pool_state.
+local keys_derived = false
 
 local function pool_wrote()
   wseq_wrote = true
@@ -79,12 +82,13 @@ end
 -- the generation as stored (a decimal string), nil when missing. A partial pool is a lost
 -- pool, answered as one: nothing of it is read or written.
 local function pool_state(k_pool, structures)
-  local v = redis.call('HMGET', k_pool, 'generation', 'marked', 'wseq', 'behind', 'due')
+  local v = redis.call('HMGET', k_pool, 'generation', 'marked', 'wseq', 'behind', 'due', 'keys')
   local gen = v[1]
   if not gen then
     return 'missing', nil
   end
   due_is_list = v[5] == 'list'
+  keys_derived = v[6] == 'derived'
   wseq_found = math.max(tonumber(v[3] or '0'), tonumber(v[4] or '0'))
   if v[4] then
     return 'partial', gen

@@ -11,7 +11,7 @@
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
 --   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
 --   2 grants  hash  grant_id -> units applied
---   3 gc      zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten
+--   3 gc      zset  "r:<field>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten
 --   4 fence   string  the highest center epoch that fenced the pool (see fence.lua)
 --   5 outbox  stream  the pool's events: dropped when the pool is created, so a new
 --                     generation numbers its events from 1 again
@@ -54,9 +54,10 @@ if state ~= 'ok' then
   redis.call('DEL', K_RES, K_DUE, K_HELD, K_IDEM, K_OUTBOX, K_POOL)
   -- The lost generation's expiry exceptions (due.lua: gc's scores below 0).
   redis.call('ZREMRANGEBYSCORE', K_GC, '-inf', '(0')
-  -- A new pool keeps its expiries in the due list (due.lua), `due` = 'list'.
+  -- A new pool keeps its expiries in the due list (due.lua), `due` = 'list', and has no
+  -- records addressed by id (ids.lua), `keys` = 'derived'.
   redis.call('HSET', K_POOL, 'available', 0, 'reserved', 0, 'sold', 0, 'generation', generation, 'marked', 1,
-    'due', 'list')
+    'due', 'list', 'keys', 'derived')
   mark_structures(structures, generation)
   pool_created(K_POOL)
   pool_wrote()

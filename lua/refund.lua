@@ -6,7 +6,8 @@
 --
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
 --   1 pool    hash  available, reserved, sold, generation, event_seq, events_dropped
---   2 res     hash  reservation_id -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
+--   2 res     hash  record field -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key};
+--                   the field of reservation_id: ids.lua
 --   3 held    hash  user_id -> units held (reserved + confirmed)
 --   4 outbox  stream the pool's events (see outbox.lua, prepended to this script)
 --   5..12     the pool's structures, checked for their markers (intact.lua, prepended)
@@ -26,14 +27,13 @@ local state = pool_state(K_POOL, structures_from(5))
 if state == 'partial' then
   return {'lost'}
 end
-local raw = redis.call('HGET', K_RES, id)
-if not raw then
+local field, rec = find_by_id(K_RES, id)
+if not field then
   return {'not_found', ''}
 end
 if state == 'missing' then
   return {'lost'}
 end
-local rec = record_decode(raw)
 if rec.s == 'refunded' then
   return {'done', 'refunded'}
 elseif rec.s ~= 'confirmed' then
@@ -50,6 +50,6 @@ redis.call('HINCRBY', K_POOL, 'available', qty)
 if redis.call('HINCRBY', K_HELD, rec.u, -qty) <= 0 then
   redis.call('HDEL', K_HELD, rec.u)
 end
-redis.call('HSET', K_RES, id, record_encode(rec))
+redis.call('HSET', K_RES, field, record_encode(rec))
 outbox_emit(K_POOL, K_OUTBOX, outbox_max, id, rec, 'confirmed', now)
 return {'done', 'refunded'}

@@ -2,10 +2,10 @@
 -- past its expiry stays 'reserved' until the sweeper, a confirm or a cancel expires it.
 --
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
---   1 res   hash  reservation_id -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key,
---                                  r = requested quantity when fewer were reserved (allow_partial)}
---   2 idem  hash  idempotency_key -> reservation_id
---   3 pool  hash  generation
+--   1 res   hash  record field (ids.lua) -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key,
+--                                  r = requested quantity when fewer were reserved (allow_partial), p = the id's prefix}
+--   2 idem  hash  idempotency_key -> reservation_id, only for records addressed by id
+--   3 pool  hash  generation, keys
 --   4..11         the pool's structures, checked for their markers (intact.lua, prepended)
 -- ARGV:
 --   1 'id' | 'key'
@@ -18,16 +18,13 @@
 if pool_state(KEYS[3], structures_from(4)) == 'partial' then
   return 'lost'
 end
-local id = ARGV[2]
+local field, rec
 if ARGV[1] == 'key' then
-  id = redis.call('HGET', KEYS[2], ARGV[2])
-  if not id then
-    return false
-  end
+  field, rec = find_by_key(KEYS[1], KEYS[2], ARGV[2], key_field(ARGV[2]))
+else
+  field, rec = find_by_id(KEYS[1], ARGV[2])
 end
-local raw = redis.call('HGET', KEYS[1], id)
-if not raw then
+if not field then
   return false
 end
-local rec = record_decode(raw)
-return {id, rec.s, string.format('%d', rec.q), string.format('%d', rec.e), rec.u, rec.k, string.format('%d', rec.r or 0)}
+return {record_id(field, rec), rec.s, string.format('%d', rec.q), string.format('%d', rec.e), rec.u, rec.k, string.format('%d', rec.r or 0)}

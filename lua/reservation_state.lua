@@ -2,7 +2,8 @@
 -- past its expiry stays 'reserved' until the sweeper, a confirm or a cancel expires it.
 --
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
---   1 res  hash  reservation_id -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key}
+--   1 res  hash  record field -> record (codec.lua) {s = state, q = quantity, e = expires_at_ms, u = user_id, k = idempotency_key};
+--              the field of reservation_id: ids.lua
 --   2 pool hash  generation
 --   3..10      the pool's structures, checked for their markers (intact.lua, prepended)
 -- ARGV:
@@ -13,8 +14,8 @@
 if pool_state(KEYS[2], structures_from(3)) == 'partial' then
   return 'lost'
 end
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-if not raw then
+local field, rec = find_by_id(KEYS[1], ARGV[1])
+if not field then
   return false
 end
-return record_decode(raw).s
+return rec.s

@@ -6,7 +6,7 @@
 -- KEYS (all share the pool's hash tag, `<prefix>{channel:item}:<name>`):
 --   1 pool   hash  available, reserved, sold, generation, event_seq, events_dropped
 --   2 takes  hash  take_id -> cjson {n = units taken, b = 0|1 (put back by untake)}
---   3 gc     zset  "r:<id>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten
+--   3 gc     zset  "r:<field>" / "g:<id>" / "t:<id>" scored by the ms after which the record may be forgotten
 --   4 fence  string  the highest center epoch that fenced the pool (see fence.lua)
 --   5..12    the pool's structures, checked for their markers (intact.lua, prepended)
 -- ARGV:

@@ -245,7 +245,7 @@ impl Caller for AcquireCaller {
                     user_id,
                     quantity,
                     idempotency_key: key,
-                    new_reservation_id: uuid::Uuid::new_v4().simple().to_string(),
+                    new_reservation_id: store.new_reservation_id(pool.segment),
                     per_user_limit,
                     reservation_ttl_ms,
                     expect_generation: None,

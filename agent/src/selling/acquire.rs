@@ -191,10 +191,7 @@ impl Selling {
         quantity: u64,
     ) -> Result<Attempt, AgentError> {
         let args = AcquireArgs {
-            new_reservation_id: inventory_core::segments::tag_reservation_id(
-                a.pool.segment,
-                &uuid::Uuid::new_v4().simple().to_string(),
-            ),
+            new_reservation_id: self.store.new_reservation_id(a.pool.segment),
             user_id: user,
             quantity,
             idempotency_key: req.idempotency_key,

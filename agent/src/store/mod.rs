@@ -116,8 +116,17 @@ pub fn channel_tag(channel: &str) -> String {
 pub trait PoolStore: Send + Sync + 'static {
     /// Atomically: replay check on the idempotency key, per-user limit check, deduct
     /// `quantity` from available into reserved, record the reservation with an expiry of
-    /// store-clock now + ttl. A sold-out or limit answer writes nothing.
+    /// store-clock now + ttl. A sold-out or limit answer writes nothing. The reservation's
+    /// id is `args.new_reservation_id`, or, when that is one [`PoolStore::new_reservation_id`]
+    /// made, what the store completes it to; the answer says which.
     async fn acquire(&self, pool: &PoolKey, args: &AcquireArgs) -> Result<AcquireResult, StoreError>;
+
+    /// A `new_reservation_id` for an Acquire on segment `segment` of an item: a fresh id
+    /// tagged with the segment (`inventory_core::segments::tag_reservation_id`), or what
+    /// the store turns into one. Other ids of the caller's own are taken as they are.
+    fn new_reservation_id(&self, segment: u32) -> String {
+        inventory_core::segments::tag_reservation_id(segment, &uuid::Uuid::new_v4().simple().to_string())
+    }
 
     /// RESERVED -> CONFIRMED (reserved -> sold). Idempotent. A reservation past its expiry
     /// is expired on the spot and the confirm is refused.

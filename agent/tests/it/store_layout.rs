@@ -2,9 +2,13 @@
 //! `lua/codec.lua`) answers as before, and the sweeper rewrites its records compact
 //! without changing any answer; the due list of `lua/due.lua` expires reservations in
 //! order and on time, and a pool whose `due` is the sorted set of the layout before it
-//! answers as before and is converted by the sweeper.
+//! answers as before and is converted by the sweeper; records addressed by their
+//! idempotency key (`lua/ids.lua`), and a pool whose records are addressed by id with an
+//! `idem` entry each (the layout before) answering as before until the sweeper has
+//! forgotten them.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use inventory_agent::store::redis::RedisPoolStore;
 use inventory_agent::store::{
@@ -16,7 +20,7 @@ use inventory_test_support::TestRedis;
 use super::store_contract::{LONG_TTL_MS, SHORT_TTL_MS, acquire_args, counters, pool, reserve_with, snap, wait_past};
 
 /// Every reservation of `p`, by id and by key, as the store answers.
-async fn lookups(store: &RedisPoolStore, p: &PoolKey, made: &[AcquireArgs]) -> Vec<(String, Reservation)> {
+async fn lookups(store: &dyn PoolStore, p: &PoolKey, made: &[AcquireArgs]) -> Vec<(String, Reservation)> {
     let mut out = Vec::new();
     for args in made {
         let by_id = store.reservation(p, &ReservationRef::Id(args.new_reservation_id.clone())).await.unwrap();
@@ -262,4 +266,193 @@ async fn redis_a_pool_with_the_old_due_set_expires_confirms_and_cancels_as_befor
     assert_eq!(exception(&mut conn, &base, &meanwhile.0).await, None);
     assert_eq!(store.expire_due(&p, 10).await.unwrap(), 0);
     assert_eq!(counters(&*store, &p).await, (7, 1, 2));
+}
+
+type Conn = redis::aio::MultiplexedConnection;
+
+/// How long finished records are remembered in the tests of records by key.
+const RETENTION_MS: u64 = 200;
+
+async fn hget(conn: &mut Conn, key: &str, field: &str) -> Option<String> {
+    redis::cmd("HGET").arg(key).arg(field).query_async(conn).await.unwrap()
+}
+
+/// The fields of hash `key`, sorted.
+async fn fields(conn: &mut Conn, key: &str) -> Vec<String> {
+    let mut all: Vec<String> = redis::cmd("HKEYS").arg(key).query_async(conn).await.unwrap();
+    all.sort();
+    all
+}
+
+/// h of `key` as `lua/ids.lua` derives it: SHA-1 by Redis, its first 24 hex digits.
+async fn key_hash(conn: &mut Conn, key: &str) -> String {
+    let hex: String =
+        redis::cmd("EVAL").arg("return redis.sha1hex(ARGV[1])").arg(0).arg(key).query_async(conn).await.unwrap();
+    hex[..24].to_owned()
+}
+
+/// An Acquire as the agent makes it on the Redis store: the store's id prefix.
+fn keyed_args(store: &dyn PoolStore, segment: u32, user: &str, key: &str) -> AcquireArgs {
+    AcquireArgs {
+        new_reservation_id: store.new_reservation_id(segment),
+        ..acquire_args(user, 1, key, 100, LONG_TTL_MS)
+    }
+}
+
+/// Acquires `args`, which must reserve anew; returns the reservation id.
+async fn reserve_keyed(store: &dyn PoolStore, p: &PoolKey, args: &AcquireArgs) -> String {
+    match store.acquire(p, args).await.unwrap() {
+        AcquireResult::Reserved { reservation_id, replayed: false, .. } => reservation_id,
+        other => panic!("expected a fresh reservation for {args:?}, got {other:?}"),
+    }
+}
+
+async fn replayed_id(store: &dyn PoolStore, p: &PoolKey, args: &AcquireArgs) -> String {
+    match store.acquire(p, args).await.unwrap() {
+        AcquireResult::Reserved { reservation_id, replayed: true, .. } => reservation_id,
+        other => panic!("expected a replay of {args:?}, got {other:?}"),
+    }
+}
+
+async fn by_key(store: &dyn PoolStore, p: &PoolKey, key: &str) -> Option<(String, Reservation)> {
+    store.reservation(p, &ReservationRef::IdempotencyKey(key.to_owned())).await.unwrap()
+}
+
+async fn by_id(store: &dyn PoolStore, p: &PoolKey, id: &str) -> Option<(String, Reservation)> {
+    store.reservation(p, &ReservationRef::Id(id.to_owned())).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_new_reservation_is_addressed_by_its_key_and_a_forged_id_names_none() {
+    let redis = TestRedis::create().await;
+    let retention = Duration::from_millis(RETENTION_MS);
+    let store: Arc<dyn PoolStore> =
+        Arc::new(RedisPoolStore::new(&redis.url, &redis.prefix).await.unwrap().with_record_retention(retention));
+    let p = PoolKey { segment: 3, ..pool("sku-keyed") };
+    store.refill(&p, "grant-1", 10, 0).await.unwrap();
+    let mut conn = redis::Client::open(redis.url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let base = format!("{}{}", redis.prefix, p.hash_tag());
+    let marker = format!(" gen:{}", snap(&*store, &p).await.generation);
+    assert_eq!(hget(&mut conn, &format!("{base}:pool"), "keys").await.as_deref(), Some("derived"), "a new pool");
+
+    let args = keyed_args(&*store, 3, "ann", "order-17");
+    assert!(args.new_reservation_id.starts_with("s3.k"), "{}", args.new_reservation_id);
+    let id = reserve_keyed(&*store, &p, &args).await;
+    let h = key_hash(&mut conn, "order-17").await;
+    assert_eq!(id, format!("{}{h}", args.new_reservation_id));
+    // The record's field is '=' .. h; no idem entry; the due list holds the field.
+    let field = format!("={h}");
+    assert_eq!(fields(&mut conn, &format!("{base}:res")).await, [" gen".to_owned(), field.clone()]);
+    assert_eq!(fields(&mut conn, &format!("{base}:idem")).await, [" gen"]);
+    assert_eq!(due_list(&mut conn, &base).await, [marker.clone(), field.clone()]);
+
+    // Found by id and by key; a replay answers the id; the id's tag still names the segment.
+    let found = by_id(&*store, &p, &id).await.expect("by id");
+    assert_eq!(found.0, id);
+    assert_eq!(by_key(&*store, &p, "order-17").await, Some(found));
+    let again = keyed_args(&*store, 3, "ann", "order-17");
+    assert_eq!(replayed_id(&*store, &p, &again).await, id);
+    assert_eq!(inventory_core::segments::split_reservation_id(&id, 4).map(|(s, _)| s), Some(3));
+    assert_eq!(store.idempotency_keys(&p).await.unwrap(), ["order-17"]);
+
+    // The right h with another nonce names no reservation.
+    let forged = format!("s3.k{}{h}", if &id[4..12] == "00000000" { "11111111" } else { "00000000" });
+    assert_eq!(store.confirm(&p, &forged).await.unwrap(), Transition::NotFound);
+    assert_eq!(store.cancel(&p, &forged).await.unwrap(), Transition::NotFound);
+    assert_eq!(store.reservation_state(&p, &forged).await.unwrap(), None);
+    assert_eq!(by_id(&*store, &p, &forged).await, None);
+    assert_eq!(state(&*store, &p, &id).await, Some(ReservationState::Reserved));
+
+    // Once its record is forgotten, the key reserves anew under another id (order sinks
+    // dedupe by id), at the same field.
+    assert_eq!(store.cancel(&p, &id).await.unwrap(), Transition::Done(ReservationState::Cancelled));
+    let now = snap(&*store, &p).await.now_ms;
+    wait_past(&store, &p, now.saturating_add_unsigned(RETENTION_MS)).await;
+    assert_eq!(store.expire_due(&p, 10).await.unwrap(), 0);
+    assert_eq!(by_key(&*store, &p, "order-17").await, None);
+    assert_eq!(state(&*store, &p, &id).await, None);
+    let reused = reserve_keyed(&*store, &p, &again).await;
+    assert_ne!(reused, id);
+    assert!(reused.ends_with(&h));
+    assert_eq!(state(&*store, &p, &reused).await, Some(ReservationState::Reserved));
+    assert_eq!(state(&*store, &p, &id).await, None, "the old id names no reservation");
+    assert_eq!(counters(&*store, &p).await, (9, 1, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_pool_with_records_by_id_answers_as_before_and_drains_to_keyed_records() {
+    let redis = TestRedis::create().await;
+    let retention = Duration::from_millis(RETENTION_MS);
+    let store: Arc<dyn PoolStore> =
+        Arc::new(RedisPoolStore::new(&redis.url, &redis.prefix).await.unwrap().with_record_retention(retention));
+    let p = pool("sku-by-id");
+    store.refill(&p, "grant-1", 10, 0).await.unwrap();
+    let mut conn = redis::Client::open(redis.url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let base = format!("{}{}", redis.prefix, p.hash_tag());
+    let (pool_key, res, idem) = (format!("{base}:pool"), format!("{base}:res"), format!("{base}:idem"));
+
+    // The layout before: ids of the caller's own (uuids), each record under its id and an
+    // idem entry key -> id, the pool hash without `keys`.
+    let old: Vec<AcquireArgs> =
+        ["ann", "bob", "cy"].map(|u| acquire_args(u, 1, &format!("key-{u}"), 100, LONG_TTL_MS)).into();
+    for args in &old {
+        reserve_with(&*store, &p, args).await;
+    }
+    assert_eq!(hget(&mut conn, &pool_key, "keys").await, None);
+    for args in &old {
+        assert_eq!(hget(&mut conn, &idem, &args.idempotency_key).await.as_ref(), Some(&args.new_reservation_id));
+        let record = hget(&mut conn, &res, &args.new_reservation_id).await.expect("record by id");
+        assert!(record.starts_with("r1|"), "{record}");
+    }
+
+    // Answered by old id and by key, replayed with the old id.
+    let before = lookups(&*store, &p, &old).await;
+    let replay = AcquireArgs { new_reservation_id: store.new_reservation_id(0), ..old[0].clone() };
+    assert_eq!(replayed_id(&*store, &p, &replay).await, old[0].new_reservation_id);
+    assert_eq!(lookups(&*store, &p, &old).await, before);
+
+    // New reservations in it go keyed: no idem entry.
+    let new = keyed_args(&*store, 0, "dan", "key-dan");
+    let new_id = reserve_keyed(&*store, &p, &new).await;
+    let h = key_hash(&mut conn, "key-dan").await;
+    assert!(hget(&mut conn, &res, &format!("={h}")).await.is_some());
+    assert_eq!(hget(&mut conn, &idem, "key-dan").await, None);
+    assert_eq!(by_key(&*store, &p, "key-dan").await.map(|(id, _)| id), Some(new_id.clone()));
+    let mut keys = store.idempotency_keys(&p).await.unwrap();
+    keys.sort();
+    assert_eq!(keys, ["key-ann", "key-bob", "key-cy", "key-dan"]);
+
+    // Old records change state as before.
+    assert_eq!(
+        store.confirm(&p, &old[1].new_reservation_id).await.unwrap(),
+        Transition::Done(ReservationState::Confirmed)
+    );
+    assert_eq!(
+        store.cancel(&p, &old[2].new_reservation_id).await.unwrap(),
+        Transition::Done(ReservationState::Cancelled)
+    );
+    assert_eq!(
+        store.cancel(&p, &old[0].new_reservation_id).await.unwrap(),
+        Transition::Done(ReservationState::Cancelled)
+    );
+    assert_eq!(by_key(&*store, &p, "key-bob").await.map(|(_, r)| r.state), Some(ReservationState::Confirmed));
+    // A sweep before their retention ran out keeps looking keys up in idem.
+    assert_eq!(store.expire_due(&p, 10).await.unwrap(), 0);
+    assert_eq!(hget(&mut conn, &pool_key, "keys").await, None);
+
+    // Once they are forgotten no idem entry is left, and the sweeper sets the flag.
+    let now = snap(&*store, &p).await.now_ms;
+    wait_past(&store, &p, now.saturating_add_unsigned(RETENTION_MS)).await;
+    assert_eq!(store.expire_due(&p, 10).await.unwrap(), 0);
+    assert_eq!(fields(&mut conn, &idem).await, [" gen"]);
+    assert_eq!(hget(&mut conn, &pool_key, "keys").await.as_deref(), Some("derived"));
+    for args in &old {
+        assert_eq!(by_id(&*store, &p, &args.new_reservation_id).await, None);
+    }
+    // The keyed one answers as before; a forgotten key reserves anew, keyed.
+    assert_eq!(replayed_id(&*store, &p, &keyed_args(&*store, 0, "dan", "key-dan")).await, new_id);
+    let reused = reserve_keyed(&*store, &p, &keyed_args(&*store, 0, "ann", "key-ann")).await;
+    assert_ne!(reused, old[0].new_reservation_id);
+    assert_eq!(fields(&mut conn, &idem).await, [" gen"]);
+    assert_eq!(counters(&*store, &p).await, (7, 2, 1));
 }

@@ -438,6 +438,14 @@ impl PoolStore for RedisPoolStore {
         answer
     }
 
+    /// The id's prefix, `<segment tag>k<8 hex digits of randomness>`: acquire completes it
+    /// with a hash of the idempotency key, which addresses the record (`lua/ids.lua`), so
+    /// the pool keeps no index from key to id.
+    fn new_reservation_id(&self, segment: u32) -> String {
+        let nonce = uuid::Uuid::new_v4().simple().to_string();
+        inventory_core::segments::tag_reservation_id(segment, &format!("k{}", &nonce[..8]))
+    }
+
     async fn confirm(&self, pool: &PoolKey, reservation_id: &str) -> Result<Transition, StoreError> {
         self.transition_script(&self.shared.scripts.confirm, "confirm", pool, reservation_id).await
     }
@@ -596,7 +604,7 @@ impl PoolStore for RedisPoolStore {
     async fn idempotency_keys(&self, pool: &PoolKey) -> Result<Vec<String>, StoreError> {
         let entry = self.entry(pool);
         let k = &entry.keys;
-        self.read(&self.shared.scripts.idempotency_keys.key(&k.idem)).await
+        self.read(&self.shared.scripts.idempotency_keys.key(&k.res)).await
     }
 
     async fn basket(&self, channel: &str, basket_id: &str) -> Result<Option<StoredBasket>, StoreError> {

@@ -28,13 +28,14 @@ pub(super) struct Scripts {
 }
 
 /// A script that reads or writes a pool's structures: `lua/intact.lua` (whether the pool
-/// still has all of them) and `lua/codec.lua` (a reservation's record as stored) joined
-/// with the script's own text.
+/// still has all of them), `lua/codec.lua` (a reservation's record as stored) and
+/// `lua/ids.lua` (where a record is, and its id) joined with the script's own text.
 macro_rules! with_intact {
     ($name:literal) => {
         Script::new(concat!(
             include_str!("../../../../lua/intact.lua"),
             include_str!("../../../../lua/codec.lua"),
+            include_str!("../../../../lua/ids.lua"),
             wrapped!($name)
         ))
     };
@@ -53,13 +54,15 @@ macro_rules! wrapped {
 }
 
 /// A script that changes reservation states: `lua/intact.lua`, `lua/codec.lua`,
-/// `lua/outbox.lua` (which writes the events), `lua/due.lua` (where expiries are kept) and
-/// `lua/release.lua` (a reservation back to available) joined with the script's own text.
+/// `lua/ids.lua`, `lua/outbox.lua` (which writes the events), `lua/due.lua` (where
+/// expiries are kept) and `lua/release.lua` (a reservation back to available) joined with
+/// the script's own text.
 macro_rules! with_outbox {
     ($name:literal) => {
         Script::new(concat!(
             include_str!("../../../../lua/intact.lua"),
             include_str!("../../../../lua/codec.lua"),
+            include_str!("../../../../lua/ids.lua"),
             include_str!("../../../../lua/outbox.lua"),
             include_str!("../../../../lua/due.lua"),
             include_str!("../../../../lua/release.lua"),
@@ -68,14 +71,15 @@ macro_rules! with_outbox {
     };
 }
 
-/// An acquire script: `lua/intact.lua`, `lua/codec.lua`, the outbox, `lua/due.lua` and
-/// `lua/record.lua` (a new reservation's record, the replay and partial-acquire rules)
-/// joined with the script's own text.
+/// An acquire script: `lua/intact.lua`, `lua/codec.lua`, `lua/ids.lua`, the outbox,
+/// `lua/due.lua` and `lua/record.lua` (a new reservation's record, the replay and
+/// partial-acquire rules) joined with the script's own text.
 macro_rules! for_acquire {
     ($name:literal) => {
         Script::new(concat!(
             include_str!("../../../../lua/intact.lua"),
             include_str!("../../../../lua/codec.lua"),
+            include_str!("../../../../lua/ids.lua"),
             include_str!("../../../../lua/outbox.lua"),
             include_str!("../../../../lua/due.lua"),
             include_str!("../../../../lua/record.lua"),
@@ -97,7 +101,10 @@ impl Scripts {
             untake: with_intact!("untake.lua"),
             snapshot: with_intact!("snapshot.lua"),
             reservation_state: with_intact!("reservation_state.lua"),
-            idempotency_keys: Script::new(include_str!("../../../../lua/idempotency_keys.lua")),
+            idempotency_keys: Script::new(concat!(
+                include_str!("../../../../lua/codec.lua"),
+                include_str!("../../../../lua/idempotency_keys.lua")
+            )),
             fence: Script::new(include_str!("../../../../lua/fence.lua")),
             channel: Script::new(include_str!("../../../../lua/channel.lua")),
             basket: Script::new(include_str!("../../../../lua/basket.lua")),
