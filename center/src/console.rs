@@ -1,6 +1,6 @@
 //! The console: the page (`console.html`, served as is at `/`) and its JSON feeds,
 //! `/api/items` (the ledger as [`api_page`] shapes it, a page of `?offset=&limit=` items at
-//! a time) and `/api/history` (the samples of [`crate::history`]). Routed by [`crate::http`], behind [`crate::http_auth`].
+//! a time, read as a page by the store) and `/api/history` (the samples of [`crate::history`]). Routed by [`crate::http`], behind [`crate::http_auth`].
 
 use std::sync::atomic::Ordering;
 
@@ -11,7 +11,7 @@ use inventory_core::watermarks::Watermarks;
 use serde::Serialize;
 
 use crate::history::History;
-use crate::http::{HttpState, LedgerView, read_ledger};
+use crate::http::{HttpState, LedgerView, read_page};
 
 /// The console page, served as is.
 pub const CONSOLE_HTML: &str = include_str!("console.html");
@@ -166,19 +166,13 @@ impl Page {
     }
 }
 
-/// The feed's first page ([`DEFAULT_PAGE`] items at most); see [`api_page`].
-pub fn api_view(view: &LedgerView, history: &History, now_ms: i64) -> ApiItems {
-    api_page(view, history, now_ms, Page::default())
-}
-
-/// One page of the feed: only its items are shaped, so its cost follows the page.
-pub fn api_page(view: &LedgerView, history: &History, now_ms: i64, page: Page) -> ApiItems {
+/// One page of the feed: the items of `view` (a page read by the store, [`read_page`]), so
+/// its cost follows the page.
+pub fn api_page(view: &LedgerView, history: &History, now_ms: i64) -> ApiItems {
     let api_wm = |w: &Watermarks| ApiWatermarks { low: w.low, high: w.high, batch: w.batch };
     let items = view
         .items
         .iter()
-        .skip(page.offset)
-        .take(page.limit)
         .map(|l| {
             let own = view.overrides.get(&l.item.item_id);
             let channels: Vec<ApiChannel> = l
@@ -244,23 +238,23 @@ pub fn api_page(view: &LedgerView, history: &History, now_ms: i64, page: Page) -
         })
         .collect();
     let channels = view
-        .channels
+        .sessions
         .iter()
-        .map(|c| ApiSession {
-            channel: c.channel.clone(),
-            agent_id: c.session.agent_id.clone(),
-            epoch: c.session.epoch,
-            lease_remaining_ms: c.session.lease_expires_at_ms - now_ms,
-            heartbeat_age_ms: now_ms - c.session.last_heartbeat_ms,
+        .map(|(channel, session)| ApiSession {
+            channel: channel.clone(),
+            agent_id: session.agent_id.clone(),
+            epoch: session.epoch,
+            lease_remaining_ms: session.lease_expires_at_ms - now_ms,
+            heartbeat_age_ms: now_ms - session.last_heartbeat_ms,
         })
         .collect();
-    ApiItems { now_ms, total_items: view.items.len(), offset: page.offset, items, channels }
+    ApiItems { now_ms, total_items: view.total_items, offset: view.offset, items, channels }
 }
 
 pub(crate) async fn api_items(State(state): State<HttpState>, uri: Uri) -> axum::response::Response {
     let page = Page::parse(uri.query());
-    let (status, body) = match read_ledger(state.store.as_ref()).await {
-        Ok(view) => match serde_json::to_string(&api_page(&view, &state.history, crate::clock::now_ms(), page)) {
+    let (status, body) = match read_page(state.store.as_ref(), page.offset, page.limit).await {
+        Ok(view) => match serde_json::to_string(&api_page(&view, &state.history, crate::clock::now_ms())) {
             Ok(json) => (StatusCode::OK, json),
             Err(e) => {
                 tracing::error!(error = %e, "console: cannot encode the ledger view");

@@ -1,7 +1,8 @@
 //! The console's memory and its reading of drift.
 //!
-//! The center samples the ledger every `period` (two queries: the items, and every
-//! channel's allocations) and keeps the last `keep` of samples, so a console opened in the
+//! The center samples the ledger every `period` (two narrow queries: every item's units at
+//! the center, and every ledger line; a catalogue whose read takes more than a quarter of
+//! the period is sampled less often) and keeps the last `keep` of samples, so a console opened in the
 //! middle of an incident shows how it got there. Samples are kept for the `max_items` items
 //! that changed last, which bounds their memory whatever the catalogue's size; what drift
 //! needs (one held value and time per channel and item) is kept for every item.
@@ -93,6 +94,8 @@ struct State {
     /// (`ledger::hold_back`): (item, channel) → drift.
     held_back: HashMap<(String, String), i64>,
     last_sample_ms: Option<i64>,
+    /// How long the last sample took (read and bookkeeping).
+    last_sample_took: Duration,
     /// Until when negative drifts hold lending back (None: no sample has succeeded since
     /// start or since the database last failed a sample).
     trusted_from_ms: Option<i64>,
@@ -121,49 +124,56 @@ impl History {
         self.config
     }
 
-    /// Samples `store` every period until `history` is dropped (its router is gone).
+    /// Samples `store` every period until `history` is dropped (its router is gone). A
+    /// catalogue whose read takes longer than a fraction of the period is sampled less
+    /// often ([`pause_after`]), so the sampler never keeps the database busy.
     pub fn spawn_sampler(history: &Arc<History>, store: Arc<dyn LedgerStore>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let weak: Weak<History> = Arc::downgrade(history);
         let period = history.config.period;
         runtime.spawn(async move {
-            let mut tick = tokio::time::interval(period);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut pause = Duration::ZERO;
             loop {
-                tick.tick().await;
+                tokio::time::sleep(pause).await;
                 let Some(history) = weak.upgrade() else { return };
+                let started = std::time::Instant::now();
                 if let Err(e) = history.sample(store.as_ref(), crate::clock::now_ms()).await {
                     tracing::debug!(error = %e, "console history: ledger unreadable, sample skipped");
                     history.state.lock().unwrap_or_else(|p| p.into_inner()).trusted_from_ms = None;
-                    continue;
+                } else {
+                    history.relearn_lost_grants(store.as_ref()).await;
                 }
-                history.relearn_lost_grants(store.as_ref()).await;
+                pause = pause_after(period, started.elapsed());
             }
         });
     }
 
     /// Reads the ledger once and records it.
     pub async fn sample(&self, store: &dyn LedgerStore, now_ms: i64) -> Result<(), crate::error::CenterError> {
-        let items = store.list_items().await?;
-        let channels = store.channels().await?;
+        let started = std::time::Instant::now();
+        let snapshot = store.sample().await?;
         let mut by_item: HashMap<&str, Vec<(&str, &Allocation)>> = HashMap::new();
-        for c in &channels {
-            for (item, allocation) in &c.allocations {
-                by_item.entry(item.as_str()).or_default().push((c.channel.as_str(), allocation));
-            }
+        for (item, channel, allocation) in &snapshot.lines {
+            by_item.entry(item.as_str()).or_default().push((channel.as_str(), allocation));
         }
+        let lines_of = |item: &str| by_item.get(item).map(Vec::as_slice).unwrap_or_default();
+        // Saturating, as `ItemRecord::held`: a corrupted ledger shows in Reconcile.
+        let held_of = |item: &str| lines_of(item).iter().fold(0u64, |sum, (_, a)| sum.saturating_add(a.held()));
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let previous = state.last_sample_ms;
         let trusted_from = *state.trusted_from_ms.get_or_insert(now_ms + inventory_core::ledger::behind::QUIET_MS);
         let mut held_back = HashMap::new();
-        for record in &items {
-            let key = (record.state.available, record.held);
-            let entry = state.activity.entry(record.item_id.clone()).or_insert((key, now_ms));
-            if entry.0 != key {
-                *entry = (key, now_ms);
+        for (item_id, available) in &snapshot.items {
+            let key = (*available, held_of(item_id));
+            match state.activity.get_mut(item_id) {
+                Some(entry) if entry.0 != key => *entry = (key, now_ms),
+                Some(_) => {}
+                None => {
+                    state.activity.insert(item_id.clone(), (key, now_ms));
+                }
             }
         }
-        let ids: HashSet<&str> = items.iter().map(|r| r.item_id.as_str()).collect();
+        let ids: HashSet<&str> = snapshot.items.iter().map(|(id, _)| id.as_str()).collect();
         state.activity.retain(|id, _| ids.contains(id.as_str()));
         // The items that changed last keep (or get) a history.
         let mut ranked: Vec<(&String, i64)> = state.activity.iter().map(|(id, (_, at))| (id, *at)).collect();
@@ -172,11 +182,11 @@ impl History {
 
         let oldest = now_ms.saturating_sub(millis(self.config.keep));
         let mut stuck = HashMap::new();
-        for record in &items {
-            let with_history = kept.contains(&record.item_id);
+        for (item_id, available) in &snapshot.items {
+            let with_history = kept.contains(item_id);
             let mut channels = HashMap::new();
-            for (channel, a) in by_item.get(record.item_id.as_str()).map(Vec::as_slice).unwrap_or_default() {
-                let track_key = (record.item_id.clone(), (*channel).to_owned());
+            for (channel, a) in lines_of(item_id) {
+                let track_key = (item_id.clone(), (*channel).to_owned());
                 let held = a.held();
                 let drift = a.drift();
                 let known = state.tracks.get(&track_key).copied();
@@ -184,9 +194,9 @@ impl History {
                 state.tracks.insert(track_key, track);
                 let stuck_after = millis(self.config.stuck_after);
                 if track.persists(a, now_ms, stuck_after) || track.ledger_behind(a, now_ms, stuck_after) {
-                    stuck.insert((record.item_id.clone(), (*channel).to_owned()), drift);
+                    stuck.insert((item_id.clone(), (*channel).to_owned()), drift);
                 } else if inventory_core::ledger::hold_back(a, now_ms, trusted_from) {
-                    held_back.insert((record.item_id.clone(), (*channel).to_owned()), drift);
+                    held_back.insert((item_id.clone(), (*channel).to_owned()), drift);
                 }
                 if with_history {
                     let split = split_drift(a, Some(track), now_ms, self.config.stuck_after);
@@ -202,8 +212,8 @@ impl History {
                 }
             }
             if with_history {
-                let samples = state.items.entry(record.item_id.clone()).or_default();
-                samples.push_back(Sample { t: now_ms, available: record.state.available, channels });
+                let samples = state.items.entry(item_id.clone()).or_default();
+                samples.push_back(Sample { t: now_ms, available: *available, channels });
                 while samples.front().is_some_and(|s| s.t < oldest) {
                     samples.pop_front();
                 }
@@ -224,6 +234,7 @@ impl History {
         state.stuck = stuck;
         state.held_back = held_back;
         state.last_sample_ms = Some(now_ms);
+        state.last_sample_took = started.elapsed();
         Ok(())
     }
 
@@ -231,12 +242,14 @@ impl History {
     /// the center started, or its database came back: `ledger::hold_back`), a report is
     /// looked at as it arrives rather than at the next sample, so a center restarted on a
     /// ledger that went back holds the item's lending at its pools' first reports. At most
-    /// one such sample at a time, and one per 100 ms; the report's call does not wait.
+    /// one such sample at a time, and one per 100 ms or per [`SAMPLE_SHARE`] times the last
+    /// sample's duration, whichever is longer; the report's call does not wait.
     pub fn sample_if_unsure(history: &Arc<History>, store: &Arc<dyn LedgerStore>, now_ms: i64) {
         {
             let state = history.state.lock().unwrap_or_else(|p| p.into_inner());
             let unsure = state.trusted_from_ms.is_none_or(|t| now_ms < t);
-            if !unsure || state.last_sample_ms.is_some_and(|t| now_ms - t < 100) {
+            let gap = millis(Duration::from_millis(100).max(state.last_sample_took * SAMPLE_SHARE));
+            if !unsure || state.last_sample_ms.is_some_and(|t| now_ms - t < gap) {
                 return;
             }
         }
@@ -349,6 +362,16 @@ fn split_drift(a: &Allocation, track: Option<Track>, now_ms: i64, stuck_after: D
     }
 }
 
+/// The sampler takes at most one part in this many of the time.
+const SAMPLE_SHARE: u32 = 4;
+
+/// The pause after a sample that took `took`: what is left of `period`, or of
+/// [`SAMPLE_SHARE`] times `took` when that is longer (a large catalogue's slow read is
+/// made less often rather than back to back).
+fn pause_after(period: Duration, took: Duration) -> Duration {
+    period.max(took * SAMPLE_SHARE).saturating_sub(took)
+}
+
 /// A duration in whole milliseconds (saturating: no configured period is near the limit).
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -405,6 +428,15 @@ mod tests {
         assert_eq!(split_drift(&quiet, track(10, 0), 100_000, STUCK_AFTER), DriftSplit { in_flight: 0, stuck: 0 });
         let lost = Allocation { in_doubt: 10, ..allocation(10, 0, 0) };
         assert_eq!(split_drift(&lost, track(10, 0), 100_000, STUCK_AFTER), DriftSplit { in_flight: 0, stuck: 0 });
+    }
+
+    #[test]
+    fn a_slow_sample_stretches_the_period_to_a_multiple_of_its_duration() {
+        let period = Duration::from_secs(2);
+        assert_eq!(pause_after(period, Duration::from_millis(100)), Duration::from_millis(1_900));
+        assert_eq!(pause_after(period, Duration::from_millis(500)), Duration::from_millis(1_500));
+        // A 1 s read: one every 4 s, so the database is busy with it a quarter of the time.
+        assert_eq!(pause_after(period, Duration::from_secs(1)), Duration::from_secs(3));
     }
 
     #[test]

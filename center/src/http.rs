@@ -5,8 +5,9 @@
 //! ([`crate::http_auth`]); the probes may move to a listener of their own
 //! (`--metrics-listen`), see [`HttpRoutes`].
 //!
-//! Every view is read from the ledger at request time (`ledgers` and `channels`: a fixed
-//! number of queries whatever the number of items); nothing here writes. The console is one
+//! Every view is read from the ledger at request time (`ledgers`, or `ledger_page` for the
+//! console's feed, and `sessions`: a fixed number of queries whatever the number of items);
+//! nothing here writes. The console is one
 //! self-contained HTML file with inline script and SVG charts (no build step, nothing
 //! fetched from elsewhere): it loads the last minutes from `/api/history` (sampled by
 //! [`crate::history`], which also tells drift in flight from stuck drift), then polls
@@ -25,7 +26,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use inventory_core::ledger::Allocation;
+use inventory_core::ledger::{Allocation, ChannelSession};
 use inventory_core::watermarks::Watermarks;
 use inventory_net::metrics::RpcMetrics;
 use prometheus_client::collector::Collector;
@@ -38,7 +39,7 @@ use prometheus_client::registry::Registry;
 use crate::error::CenterError;
 use crate::health::{Health, Serving};
 use crate::history::{History, HistoryConfig};
-use crate::store::{ChannelRecord, ChannelView, ItemLedger, LedgerStore};
+use crate::store::{ChannelRecord, ItemLedger, LedgerStore};
 
 #[derive(Clone)]
 pub(crate) struct HttpState {
@@ -141,26 +142,41 @@ pub fn routes_with_history(
     }
 }
 
-/// What the HTTP port shows: every item with its per-channel ledger lines, in item
-/// order, and every registered channel with its session.
+/// What the HTTP port shows: every item (or one page of them) with its per-channel ledger
+/// lines, in item order, and every registered channel with its session.
 pub struct LedgerView {
     pub items: Vec<ItemLedger>,
-    pub channels: Vec<ChannelView>,
+    /// Every registered channel's session, by channel name.
+    pub sessions: Vec<(String, ChannelSession)>,
     /// Per item, the channels' own watermarks (the others follow the item's default).
     pub overrides: HashMap<String, Vec<(String, Watermarks)>>,
+    /// Items in the ledger, and how many come before `items` (a page).
+    pub total_items: usize,
+    pub offset: usize,
 }
 
-/// Reads the view: two reads of the ledger whatever the number of items and channels.
-pub(crate) async fn read_ledger(store: &dyn LedgerStore) -> Result<LedgerView, CenterError> {
-    let mut items = Vec::new();
-    let mut overrides = HashMap::new();
-    for (ledger, own) in store.ledgers().await? {
-        overrides.insert(ledger.item.item_id.clone(), own);
-        items.push(ledger);
+impl LedgerView {
+    fn new(ledgers: Vec<(ItemLedger, Vec<(String, Watermarks)>)>, sessions: Vec<(String, ChannelSession)>) -> Self {
+        let mut items = Vec::with_capacity(ledgers.len());
+        let mut overrides = HashMap::new();
+        for (ledger, own) in ledgers {
+            overrides.insert(ledger.item.item_id.clone(), own);
+            items.push(ledger);
+        }
+        Self { total_items: items.len(), offset: 0, items, sessions, overrides }
     }
-    let mut channels = store.channels().await?;
-    channels.sort_by(|a, b| a.channel.cmp(&b.channel));
-    Ok(LedgerView { items, channels, overrides })
+}
+
+/// Reads the whole view: a fixed number of reads whatever the number of items and channels.
+pub(crate) async fn read_ledger(store: &dyn LedgerStore) -> Result<LedgerView, CenterError> {
+    Ok(LedgerView::new(store.ledgers().await?, store.sessions().await?))
+}
+
+/// Reads one page of the view: the database reads only the page's items.
+pub(crate) async fn read_page(store: &dyn LedgerStore, offset: usize, limit: usize) -> Result<LedgerView, CenterError> {
+    let page = store.ledger_page(offset, limit).await?;
+    let view = LedgerView::new(page.items, store.sessions().await?);
+    Ok(LedgerView { total_items: page.total_items, offset, ..view })
 }
 
 /// 200 while the database answers; 503 with the reason while it does not.
@@ -361,7 +377,7 @@ impl Collector for LedgerMetrics {
             counter,
             [(none, ConstCounter::new(self.group_commits.1))],
         )?;
-        let (ledgers, channels) = self.view.as_ref().map_or((&[][..], &[][..]), |v| (&v.items[..], &v.channels[..]));
+        let (ledgers, sessions) = self.view.as_ref().map_or((&[][..], &[][..]), |v| (&v.items[..], &v.sessions[..]));
         let split = crate::fold::split(ledgers, self.per_item_limit);
         family(
             e,
@@ -486,27 +502,27 @@ impl Collector for LedgerMetrics {
         crate::readiness::encode_schedule(e, self.view.as_ref(), self.now_ms)?;
 
         let secs = |ms: i64| ms as f64 / 1000.0;
-        let channel = |c: &ChannelView| [("channel", c.channel.clone())];
+        let channel = |c: &(String, ChannelSession)| [("channel", c.0.clone())];
         family(
             e,
             "inventory_center_lease_remaining_seconds",
             "Seconds until the channel's lease expires; negative once expired.",
             gauge,
-            channels.iter().map(|c| (channel(c), ConstGauge::new(secs(c.session.lease_expires_at_ms - self.now_ms)))),
+            sessions.iter().map(|c| (channel(c), ConstGauge::new(secs(c.1.lease_expires_at_ms - self.now_ms)))),
         )?;
         family(
             e,
             "inventory_center_heartbeat_age_seconds",
             "Seconds since the channel's last heartbeat (or registration).",
             gauge,
-            channels.iter().map(|c| (channel(c), ConstGauge::new(secs(self.now_ms - c.session.last_heartbeat_ms)))),
+            sessions.iter().map(|c| (channel(c), ConstGauge::new(secs(self.now_ms - c.1.last_heartbeat_ms)))),
         )?;
         family(
             e,
             "inventory_center_channel_epoch",
             "The channel's current epoch.",
             gauge,
-            channels.iter().map(|c| (channel(c), ConstGauge::new(c.session.epoch))),
+            sessions.iter().map(|c| (channel(c), ConstGauge::new(c.1.epoch))),
         )
     }
 }
@@ -522,7 +538,7 @@ mod tests {
         assert!(text.lines().any(|l| l == "inventory_center_database_errors_total 3"), "{text}");
         let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
         assert_eq!(families, 24, "every family is announced even without samples:\n{text}");
-        let empty = LedgerView { items: Vec::new(), channels: Vec::new(), overrides: HashMap::new() };
+        let empty = LedgerView::new(Vec::new(), Vec::new());
         assert_eq!(
             render(Some(empty), 0, (0, 0), 0, 10).lines().filter(|l| l.starts_with("# TYPE ")).count(),
             families

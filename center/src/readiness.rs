@@ -73,7 +73,7 @@ pub fn readiness<'a>(
 /// The readiness of one item of the HTTP port's view (its sessions are every registered
 /// channel's).
 pub fn of_view(view: &LedgerView, ledger: &ItemLedger, now_ms: i64) -> Option<Vec<ChannelReadiness>> {
-    let sessions = view.channels.iter().map(|c| (c.channel.as_str(), &c.session));
+    let sessions = view.sessions.iter().map(|(name, session)| (name.as_str(), session));
     readiness(&ledger.item, &ledger.channels, sessions, now_ms)
 }
 

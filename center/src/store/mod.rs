@@ -95,6 +95,23 @@ pub struct ChannelView {
     pub segments: Vec<(String, Vec<inventory_core::segments::SegmentCounts>)>,
 }
 
+/// One page of the ledger (the console's feed): its items' ledgers with their channels'
+/// own watermarks, in item order, and how many items the ledger holds in all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerPage {
+    pub total_items: usize,
+    pub items: Vec<(ItemLedger, Vec<(String, Watermarks)>)>,
+}
+
+/// What the console's sampler reads ([`crate::history`]): only the columns drift needs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LedgerSample {
+    /// `(item_id, units at the center)`, by item.
+    pub items: Vec<(String, u64)>,
+    /// `(item_id, channel, allocation)`, by item then channel.
+    pub lines: Vec<(String, String, Allocation)>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ItemLedger {
     pub item: ItemRecord,
@@ -306,6 +323,8 @@ pub trait LedgerStore: Send + Sync + 'static {
     ) -> Result<inventory_core::ledger::Relearned>;
     /// Every registered channel with its session and allocations, by channel name.
     async fn channels(&self) -> Result<Vec<ChannelView>>;
+    /// Every registered channel's session, by channel name (no ledger lines).
+    async fn sessions(&self) -> Result<Vec<(String, ChannelSession)>>;
     /// Closes (no more grants) or reopens an item.
     async fn set_closed(&self, item: &ItemId, closed: bool) -> Result<ItemRecord>;
     /// Moves the item's schedule by `inventory_core::schedule::reschedule` at `now_ms`,
@@ -327,6 +346,11 @@ pub trait LedgerStore: Send + Sync + 'static {
     /// Every item's ledger with its channels' own watermarks, by item, from one snapshot in
     /// a fixed number of queries (the console and `/metrics`).
     async fn ledgers(&self) -> Result<Vec<(ItemLedger, Vec<(String, Watermarks)>)>>;
+    /// [`LedgerStore::ledgers`] of `limit` items at most after the first `offset`, in item
+    /// order: the database reads only the page.
+    async fn ledger_page(&self, offset: usize, limit: usize) -> Result<LedgerPage>;
+    /// Every item's units at the center and every ledger line, from one snapshot.
+    async fn sample(&self) -> Result<LedgerSample>;
     async fn list_items(&self) -> Result<Vec<ItemRecord>>;
     /// `channel = None` sets the item's default (and turns rate-following off).
     async fn set_watermarks(&self, item: &ItemId, channel: Option<&Channel>, watermarks: Watermarks) -> Result<()>;

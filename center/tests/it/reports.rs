@@ -13,6 +13,8 @@ crate::for_each_backend!(
     a_lost_or_recreated_pool_puts_its_units_in_doubt,
     the_highest_write_sequence_reported_is_the_floor_handed_back,
     a_returns_write_sequences_raise_the_floors_whatever_it_answers,
+    a_report_naming_an_unknown_item_is_refused_whole,
+    a_heartbeat_larger_than_a_chunk_stores_every_report,
 );
 
 async fn report(
@@ -76,6 +78,59 @@ async fn a_lost_or_recreated_pool_puts_its_units_in_doubt(c: TestCenter) {
     assert_eq!(ledger(&mut admin, "a").await.channels[0].in_doubt, 3);
     let rec = admin.reconcile(pb::ReconcileRequest::default()).await.unwrap().into_inner();
     assert!(rec.ok, "{rec:?}");
+}
+
+async fn a_report_naming_an_unknown_item_is_refused_whole(c: TestCenter) {
+    let (mut admin, mut center) = (c.admin().await, c.center().await);
+    create(&mut admin, "a", 100).await;
+    let epoch = register(&mut center, "app").await;
+    borrow(&mut center, "a", "app", epoch, 10, "a1").await.unwrap();
+    let pools = ["a", "nope"]
+        .iter()
+        .map(|item| pb::PoolReport { item_id: (*item).into(), available: 7, generation: 1, ..Default::default() })
+        .collect();
+    let refused = center
+        .heartbeat(pb::HeartbeatRequest { channel: "app".into(), epoch, pools, ..Default::default() })
+        .await
+        .expect_err("an unknown item");
+    assert_eq!(refused.code(), tonic::Code::NotFound, "{refused:?}");
+    assert!(refused.message().contains("nope"), "{refused:?}");
+    // The chunk's other report is not stored either.
+    assert_eq!(ledger(&mut admin, "a").await.channels[0].reported_available, 0);
+}
+
+async fn a_heartbeat_larger_than_a_chunk_stores_every_report(c: TestCenter) {
+    // More pools than one transaction of reports takes (500), of items whose ids sort
+    // differently from the order sent: each is stored with its own counts.
+    const ITEMS: u64 = 1_203;
+    let (mut admin, mut center) = (c.admin().await, c.center().await);
+    let id = |i: u64| format!("i-{:04}", (i * 7) % ITEMS);
+    for i in 0..ITEMS {
+        create(&mut admin, &id(i), 100).await;
+    }
+    let epoch = register(&mut center, "app").await;
+    let pools: Vec<pb::PoolReport> = (0..ITEMS)
+        .map(|i| pb::PoolReport {
+            item_id: id(i),
+            available: i % 5,
+            reserved: i % 3,
+            sold: i % 2,
+            generation: 1 + i,
+            sell_rate_milli: i,
+            write_seq: 10 + i,
+            ..Default::default()
+        })
+        .collect();
+    center
+        .heartbeat(pb::HeartbeatRequest { channel: "app".into(), epoch, pools, ..Default::default() })
+        .await
+        .expect("heartbeat");
+    for i in [0, 1, 499, 500, 777, ITEMS - 1] {
+        let line = ledger(&mut admin, &id(i)).await.channels[0].clone();
+        let got = (line.reported_available, line.reported_reserved, line.reported_sold, line.generation);
+        assert_eq!(got, (i % 5, i % 3, i % 2, 1 + i), "{}", id(i));
+        assert_eq!(floors(&mut center, &id(i)).await.1, [10 + i], "{}", id(i));
+    }
 }
 
 /// The floors the center hands `channel` for `item`: (registration, DescribeItem).

@@ -50,6 +50,38 @@ impl Dialect {
     }
 }
 
+/// A column of [`Dialect::json_rows`]: its name and type.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum JsonCol {
+    Text(&'static str),
+    Int(&'static str),
+}
+
+impl Dialect {
+    /// A derived table `r` of the rows of the JSON array of objects bound at `$param`, with
+    /// `columns` (each object's keys): a statement of one parameter reads or writes any
+    /// number of rows, set-based (PostgreSQL `json_to_recordset`, SQLite `json_each`).
+    pub(super) fn json_rows(self, param: usize, columns: &[JsonCol]) -> String {
+        let list = |f: &dyn Fn(&JsonCol) -> String| columns.iter().map(f).collect::<Vec<_>>().join(", ");
+        match self {
+            Dialect::Postgres => format!(
+                "json_to_recordset(${param}::json) AS r({})",
+                list(&|c| match c {
+                    JsonCol::Text(n) => format!("{n} TEXT"),
+                    JsonCol::Int(n) => format!("{n} BIGINT"),
+                })
+            ),
+            Dialect::Sqlite => format!(
+                "(SELECT {} FROM json_each(${param})) AS r",
+                list(&|c| {
+                    let (JsonCol::Text(n) | JsonCol::Int(n)) = c;
+                    format!("json_extract(value, '$.{n}') AS {n}")
+                })
+            ),
+        }
+    }
+}
+
 /// Statements whose text depends on the dialect, built once.
 pub(super) struct Queries {
     /// An item's movements: exclude each other, not the key-share lock a foreign key check
@@ -62,6 +94,13 @@ pub(super) struct Queries {
     pub(super) lock_channel_renew: String,
     /// Registration and reclaim: exclude everything else on the channel.
     pub(super) lock_channel_update: String,
+    /// A chunk of pool reports: the channel's rows of the chunk's items ($1 the channel,
+    /// $2 the items as `[{"item_id": ..}]`), and whether each item exists.
+    pub(super) report_rows: String,
+    /// A chunk of pool reports stored ($1 channel, $2 time, $3 the reports).
+    pub(super) report_write: String,
+    /// Write sequences raised, never lowered ($1 channel, $2 `[{item_id, segment, write_seq}]`).
+    pub(super) write_seqs_raise: String,
 }
 
 impl Queries {
@@ -71,8 +110,66 @@ impl Queries {
             lock_channel_share: format!("{SESSION_SELECT} WHERE channel = $1{}", d.for_key_share()),
             lock_channel_renew: format!("{SESSION_SELECT} WHERE channel = $1{}", d.for_no_key_update()),
             lock_channel_update: format!("{SESSION_SELECT} WHERE channel = $1{}", d.for_update()),
+            report_rows: report_rows(d),
+            // `WHERE true`: SQLite reads ON CONFLICT after a bare SELECT as a join's ON.
+            report_write: format!(
+                "INSERT INTO allocations (item_id, channel, reported_available, reported_reserved, reported_sold, \
+                 reported_at_ms, pool_generation, sell_rate_milli, reported_segments) \
+                 SELECT r.item_id, $1, r.available, r.reserved, r.sold, $2, r.generation, r.sell_rate_milli, \
+                 r.segments FROM {} WHERE true \
+                 ON CONFLICT (item_id, channel) DO UPDATE SET \
+                 reported_available = excluded.reported_available, reported_reserved = excluded.reported_reserved, \
+                 reported_sold = excluded.reported_sold, reported_at_ms = excluded.reported_at_ms, \
+                 pool_generation = excluded.pool_generation, sell_rate_milli = excluded.sell_rate_milli, \
+                 reported_segments = excluded.reported_segments",
+                d.json_rows(
+                    3,
+                    &[
+                        JsonCol::Text("item_id"),
+                        JsonCol::Int("available"),
+                        JsonCol::Int("reserved"),
+                        JsonCol::Int("sold"),
+                        JsonCol::Int("generation"),
+                        JsonCol::Int("sell_rate_milli"),
+                        JsonCol::Text("segments"),
+                    ]
+                )
+            ),
+            write_seqs_raise: format!(
+                "INSERT INTO pool_write_seqs (item_id, channel, segment, write_seq) \
+                 SELECT r.item_id, $1, r.segment, r.write_seq FROM {} WHERE true \
+                 ON CONFLICT (channel, item_id, segment) DO UPDATE SET write_seq = excluded.write_seq \
+                 WHERE excluded.write_seq > pool_write_seqs.write_seq",
+                d.json_rows(2, &[JsonCol::Text("item_id"), JsonCol::Int("segment"), JsonCol::Int("write_seq")])
+            ),
         }
     }
+}
+
+/// [`Queries::report_rows`]. Each report's rows are found by key, whatever the chunk's and
+/// the tables' sizes: on PostgreSQL by a lateral lookup per report (`LIMIT 1` keeps the
+/// planner from turning it into a join that scans every item and every row of the channel,
+/// which it does when its statistics lag behind the tables' growth); SQLite looks up each
+/// row of `json_each` by the primary keys.
+fn report_rows(d: Dialect) -> String {
+    const LINE: &str = "item_id, channel, granted, returned, reclaimed, reported_available, reported_reserved, \
+         reported_sold, reported_at_ms, pool_generation, in_doubt, sell_rate_milli";
+    let rows = d.json_rows(2, &[JsonCol::Text("item_id")]);
+    let (items, lines) = match d {
+        Dialect::Postgres => (
+            "LEFT JOIN LATERAL (SELECT item_id FROM items WHERE item_id = r.item_id LIMIT 1) i ON true".to_owned(),
+            format!(
+                "LEFT JOIN LATERAL (SELECT {LINE} FROM allocations WHERE item_id = r.item_id AND channel = $1 \
+                 LIMIT 1) a ON true"
+            ),
+        ),
+        Dialect::Sqlite => (
+            "LEFT JOIN items i ON i.item_id = r.item_id".to_owned(),
+            "LEFT JOIN allocations a ON a.item_id = r.item_id AND a.channel = $1".to_owned(),
+        ),
+    };
+    let cols = LINE.split(", ").map(|c| format!("a.{}", c.trim())).collect::<Vec<_>>().join(", ");
+    format!("SELECT r.item_id AS asked, i.item_id AS known, {cols} FROM {rows} {items} {lines}")
 }
 
 /// Connections of a SQLite ledger's read pool.

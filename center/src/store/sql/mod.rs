@@ -15,12 +15,15 @@
 //! One module per concern: `dialect` (connection and engine differences), `rows` (row
 //! mapping and single-row access), `movement` (the transactions that move units),
 //! `requests` (first answers by request id), `reports` (registration and heartbeats),
-//! `views` (read views) and `reclaim` (reclaim, units in doubt, removing a channel). The [`LedgerStore`] impl below only routes.
+//! `views` (read views), `pages` (views of the whole catalogue or of a page of it) and
+//! `reclaim` (reclaim, units in doubt, removing a channel). The [`LedgerStore`] impl below
+//! only routes.
 
 mod batch;
 mod dialect;
 mod group;
 mod movement;
+mod pages;
 mod reclaim;
 mod reports;
 mod requests;
@@ -40,8 +43,8 @@ pub use dialect::{Dialect, connect};
 use super::batch::{Op, OpKind};
 use super::{
     BorrowLine, BorrowOutcome, BorrowRate, ChannelView, HeartbeatOutcome, ItemLedger, ItemPolicy, ItemRecord,
-    LedgerStore, NewItem, PoolReportIn, ReclaimOutcome, Reconciliation, Registration, RemovedChannel, Result,
-    ReturnOutcome,
+    LedgerPage, LedgerSample, LedgerStore, NewItem, PoolReportIn, ReclaimOutcome, Reconciliation, Registration,
+    RemovedChannel, Result, ReturnOutcome,
 };
 use crate::error::CenterError;
 use dialect::Queries;
@@ -207,6 +210,10 @@ impl LedgerStore for SqlLedger {
         SqlLedger::channels(self).await
     }
 
+    async fn sessions(&self) -> Result<Vec<(String, ChannelSession)>> {
+        SqlLedger::sessions(self).await
+    }
+
     async fn set_closed(&self, item: &ItemId, closed: bool) -> Result<ItemRecord> {
         SqlLedger::set_closed(self, item, closed).await
     }
@@ -247,6 +254,14 @@ impl LedgerStore for SqlLedger {
 
     async fn ledgers(&self) -> Result<Vec<(ItemLedger, Vec<(String, Watermarks)>)>> {
         SqlLedger::ledgers(self).await
+    }
+
+    async fn ledger_page(&self, offset: usize, limit: usize) -> Result<LedgerPage> {
+        SqlLedger::ledger_page(self, offset, limit).await
+    }
+
+    async fn sample(&self) -> Result<LedgerSample> {
+        SqlLedger::sample(self).await
     }
 
     async fn list_items(&self) -> Result<Vec<ItemRecord>> {

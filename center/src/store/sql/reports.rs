@@ -16,69 +16,37 @@ use crate::error::CenterError;
 use crate::store::{HeartbeatOutcome, Holding, PoolReportIn, Registration, Result};
 
 impl SqlLedger {
-    /// Stores one chunk of pool reports (every item must exist).
-    pub(super) async fn write_reports(
-        tx: &mut Tx,
-        channel: &Channel,
-        chunk: &[&PoolReportIn],
-        now_ms: i64,
-    ) -> Result<()> {
-        let list = placeholders(1, chunk.len());
-        let sql = format!("SELECT item_id FROM items WHERE item_id IN ({list})");
-        let mut query = sqlx::query(&sql);
-        for r in chunk {
-            query = query.bind(r.item.as_str());
-        }
-        let known: std::collections::HashSet<String> = query
-            .fetch_all(&mut **tx)
-            .await?
-            .iter()
-            .map(|row| row.try_get("item_id"))
-            .collect::<std::result::Result<_, _>>()?;
-        if let Some(unknown) = chunk.iter().find(|r| !known.contains(r.item.as_str())) {
-            return Err(CenterError::item_not_found(unknown.item.as_str()));
-        }
-        let rows = (0..chunk.len())
-            .map(|k| {
-                let b = k * 9;
-                let n: Vec<String> = (1..=9).map(|i| format!("${}", b + i)).collect();
-                format!("({})", n.join(", "))
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
-        let sql = format!(
-            "INSERT INTO allocations (item_id, channel, reported_available, reported_reserved, reported_sold, \
-             reported_at_ms, pool_generation, sell_rate_milli, reported_segments) VALUES {rows} \
-             ON CONFLICT (item_id, channel) DO UPDATE SET \
-             reported_available = excluded.reported_available, reported_reserved = excluded.reported_reserved, \
-             reported_sold = excluded.reported_sold, reported_at_ms = excluded.reported_at_ms, \
-             pool_generation = excluded.pool_generation, sell_rate_milli = excluded.sell_rate_milli, \
-             reported_segments = excluded.reported_segments"
-        );
-        let mut query = sqlx::query(&sql);
+    /// Stores one chunk of pool reports (every item exists: [`SqlLedger::allocations_of`]
+    /// checked), in one statement whatever its size.
+    async fn write_reports(&self, tx: &mut Tx, channel: &Channel, chunk: &[&PoolReportIn], now_ms: i64) -> Result<()> {
+        let mut rows = Vec::with_capacity(chunk.len());
         for PoolReportIn { item, report, segments, .. } in chunk {
-            query = query
-                .bind(item.as_str())
-                .bind(channel.as_str())
-                .bind(to_db("available", report.counts.available)?)
-                .bind(to_db("reserved", report.counts.reserved)?)
-                .bind(to_db("sold", report.counts.sold)?)
-                .bind(now_ms)
-                .bind(to_db("generation", report.kept_generation())?)
-                .bind(to_db("sell_rate_milli", if report.lost { 0 } else { report.sell_rate_milli })?)
-                .bind(inventory_core::segments::encode(segments));
+            rows.push(serde_json::json!({
+                "item_id": item.as_str(),
+                "available": to_db("available", report.counts.available)?,
+                "reserved": to_db("reserved", report.counts.reserved)?,
+                "sold": to_db("sold", report.counts.sold)?,
+                "generation": to_db("generation", report.kept_generation())?,
+                "sell_rate_milli": to_db("sell_rate_milli", if report.lost { 0 } else { report.sell_rate_milli })?,
+                "segments": inventory_core::segments::encode(segments),
+            }));
         }
-        query.execute(&mut **tx).await?;
-        Self::remember_write_seqs(tx, channel, chunk).await
+        sqlx::query(&self.q.report_write)
+            .bind(channel.as_str())
+            .bind(now_ms)
+            .bind(serde_json::Value::Array(rows).to_string())
+            .execute(&mut **tx)
+            .await?;
+        self.remember_write_seqs(tx, channel, chunk).await
     }
 
     /// Raises the remembered write sequence of every pool segment the chunk reports, never
     /// lowering one (`core::pool::remember_write_seq`, as one conditional upsert, so two
     /// reports racing cannot lower it either).
-    async fn remember_write_seqs(tx: &mut Tx, channel: &Channel, chunk: &[&PoolReportIn]) -> Result<()> {
+    async fn remember_write_seqs(&self, tx: &mut Tx, channel: &Channel, chunk: &[&PoolReportIn]) -> Result<()> {
         let seqs: Vec<(&str, u32, u64)> =
             chunk.iter().flat_map(|r| r.write_seqs.iter().map(|(s, w)| (r.item.as_str(), *s, *w))).collect();
-        Self::upsert_write_seqs(tx, channel, &seqs).await
+        self.upsert_write_seqs(tx, channel, &seqs).await
     }
 
     /// A Return's write sequences (`ReturnRequest.write_seq_floors`), raised in a
@@ -87,33 +55,25 @@ impl SqlLedger {
     pub(super) async fn raise_write_seqs(&self, channel: &Channel, item: &ItemId, seqs: &[(u32, u64)]) -> Result<()> {
         let seqs: Vec<(&str, u32, u64)> = seqs.iter().map(|(s, w)| (item.as_str(), *s, *w)).collect();
         let mut tx = self.begin().await?;
-        Self::upsert_write_seqs(&mut tx, channel, &seqs).await?;
+        self.upsert_write_seqs(&mut tx, channel, &seqs).await?;
         tx.commit().await?;
         Ok(())
     }
 
-    /// `(item, segment, write_seq)` rows as one conditional upsert per few hundred.
-    async fn upsert_write_seqs(tx: &mut Tx, channel: &Channel, seqs: &[(&str, u32, u64)]) -> Result<()> {
-        for part in seqs.chunks(REPORT_ROWS_PER_STATEMENT) {
-            let rows = (0..part.len())
-                .map(|k| {
-                    let b = k * 4;
-                    format!("(${}, ${}, ${}, ${})", b + 1, b + 2, b + 3, b + 4)
-                })
-                .collect::<Vec<_>>()
-                .join(", ");
-            let sql = format!(
-                "INSERT INTO pool_write_seqs (item_id, channel, segment, write_seq) VALUES {rows} \
-                 ON CONFLICT (channel, item_id, segment) DO UPDATE SET write_seq = excluded.write_seq \
-                 WHERE excluded.write_seq > pool_write_seqs.write_seq"
-            );
-            let mut query = sqlx::query(&sql);
-            for (item, segment, seq) in part {
-                query =
-                    query.bind(*item).bind(channel.as_str()).bind(i64::from(*segment)).bind(to_db("write_seq", *seq)?);
-            }
-            query.execute(&mut **tx).await?;
+    /// `(item, segment, write_seq)` rows as one conditional upsert.
+    async fn upsert_write_seqs(&self, tx: &mut Tx, channel: &Channel, seqs: &[(&str, u32, u64)]) -> Result<()> {
+        if seqs.is_empty() {
+            return Ok(());
         }
+        let mut rows = Vec::with_capacity(seqs.len());
+        for (item, segment, seq) in seqs {
+            rows.push(serde_json::json!({"item_id": item, "segment": segment, "write_seq": to_db("write_seq", *seq)?}));
+        }
+        sqlx::query(&self.q.write_seqs_raise)
+            .bind(channel.as_str())
+            .bind(serde_json::Value::Array(rows).to_string())
+            .execute(&mut **tx)
+            .await?;
         Ok(())
     }
 
@@ -275,9 +235,10 @@ impl SqlLedger {
         now_ms: i64,
     ) -> Result<Vec<(String, u64)>> {
         const ATTEMPTS: usize = 3;
+        let items = items_json(chunk);
         for _ in 0..ATTEMPTS {
             let mut tx = self.begin().await?;
-            let seen = Self::allocations_of(&mut tx, channel, chunk).await?;
+            let seen = self.allocations_of(&mut tx, channel, &items).await?;
             let loses = |rows: &HashMap<String, Allocation>, r: &PoolReportIn| {
                 let before = rows.get(r.item.as_str()).copied().unwrap_or_default();
                 loss::report_touches_doubt(&before, &r.report)
@@ -289,7 +250,7 @@ impl SqlLedger {
             }
             let session = self.lock_session(&mut tx, channel, &self.q.lock_channel_share).await?;
             stale_or_unknown(channel, session.as_ref(), epoch)?;
-            let rows = Self::allocations_of(&mut tx, channel, chunk).await?;
+            let rows = self.allocations_of(&mut tx, channel, &items).await?;
             if chunk.iter().any(|r| loses(&rows, r) && !suspects.contains(&&r.item)) {
                 tx.rollback().await?;
                 continue;
@@ -308,30 +269,35 @@ impl SqlLedger {
                     lost.push((r.item.to_string(), units));
                 }
             }
-            Self::write_reports(&mut tx, channel, chunk, now_ms).await?;
+            self.write_reports(&mut tx, channel, chunk, now_ms).await?;
             tx.commit().await?;
             return Ok(lost);
         }
         Err(CenterError::Unavailable("pool reports changed meanwhile, retry".into()))
     }
 
-    /// The channel's allocation rows of the chunk's items, by item.
-    async fn allocations_of(
-        tx: &mut Tx,
-        channel: &Channel,
-        chunk: &[&PoolReportIn],
-    ) -> Result<HashMap<String, Allocation>> {
-        let list = placeholders(2, chunk.len());
-        let sql = format!("{ALLOC_SELECT} WHERE channel = $1 AND item_id IN ({list})");
-        let mut query = sqlx::query(&sql).bind(channel.as_str());
-        for r in chunk {
-            query = query.bind(r.item.as_str());
-        }
-        let mut out = HashMap::with_capacity(chunk.len());
-        for row in &query.fetch_all(&mut **tx).await? {
-            let (item, _, a) = alloc_from_row(row)?;
-            out.insert(item, a);
+    /// The channel's allocation rows of the chunk's items, by item, in one statement
+    /// (`items`: the chunk's ids as [`items_json`] writes them). NOT_FOUND for an item the
+    /// ledger does not hold.
+    async fn allocations_of(&self, tx: &mut Tx, channel: &Channel, items: &str) -> Result<HashMap<String, Allocation>> {
+        let rows = sqlx::query(&self.q.report_rows).bind(channel.as_str()).bind(items).fetch_all(&mut **tx).await?;
+        let mut out = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            if row.try_get::<Option<String>, _>("known")?.is_none() {
+                let asked: String = row.try_get("asked")?;
+                return Err(CenterError::item_not_found(&asked));
+            }
+            if row.try_get::<Option<String>, _>("channel")?.is_some() {
+                let (item, _, a) = alloc_from_row(row)?;
+                out.insert(item, a);
+            }
         }
         Ok(out)
     }
+}
+
+/// The chunk's item ids as [`Queries::report_rows`] reads them.
+fn items_json(chunk: &[&PoolReportIn]) -> String {
+    serde_json::Value::Array(chunk.iter().map(|r| serde_json::json!({"item_id": r.item.as_str()})).collect())
+        .to_string()
 }

@@ -28,7 +28,8 @@ pub(super) fn col(row: &AnyRow, column: &str) -> Result<u64> {
     u64::try_from(v).map_err(|_| CenterError::Internal(format!("column {column} holds {v}")))
 }
 
-/// Pool reports written per INSERT (8 parameters each; PostgreSQL allows 65,535).
+/// Pool reports per transaction of a heartbeat (each read and written set-based, one
+/// statement each): the chunk's row locks stay few and short.
 pub(super) const REPORT_ROWS_PER_STATEMENT: usize = 500;
 
 /// `$first, $first+1, ...`: `count` bind placeholders for an `IN (...)` list.

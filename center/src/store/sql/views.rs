@@ -3,7 +3,6 @@
 use std::collections::HashMap;
 
 use inventory_core::ledger::{self, Allocation, ChannelSession};
-use inventory_core::segments::{SegmentCounts, decode as decode_segments};
 use inventory_core::watermarks::Watermarks;
 use inventory_core::{Channel, ItemId};
 use sqlx::Row;
@@ -17,29 +16,11 @@ use crate::error::CenterError;
 use crate::store::{ChannelRecord, ChannelView, ItemLedger, ItemPolicy, ItemRecord, Reconciliation, Result};
 
 impl SqlLedger {
-    /// Every segmented pool's segments as last reported, by (item, channel), in that order.
-    async fn reported_segments(tx: &mut super::Tx) -> Result<Vec<((String, String), Vec<SegmentCounts>)>> {
-        let rows = sqlx::query(
-            "SELECT item_id, channel, reported_segments FROM allocations WHERE reported_segments <> '' \
-             ORDER BY item_id, channel",
-        )
-        .fetch_all(&mut **tx)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                let text: String = r.try_get("reported_segments")?;
-                let decoded = decode_segments(&text)
-                    .ok_or_else(|| CenterError::Internal(format!("column reported_segments holds {text:?}")))?;
-                Ok(((r.try_get("item_id")?, r.try_get("channel")?), decoded))
-            })
-            .collect()
-    }
-
     pub(super) async fn channels(&self) -> Result<Vec<ChannelView>> {
         let mut tx = self.begin_read().await?;
         let sessions = sqlx::query(&format!("{SESSION_SELECT} ORDER BY channel")).fetch_all(&mut *tx).await?;
         let allocations = sqlx::query(&format!("{ALLOC_SELECT} ORDER BY channel, item_id")).fetch_all(&mut *tx).await?;
-        let segmented = Self::reported_segments(&mut tx).await?;
+        let segmented = Self::reported_segments(&mut tx, None).await?;
         tx.commit().await?;
         let allocations = allocations.iter().map(alloc_from_row).collect::<Result<Vec<_>>>()?;
         sessions
@@ -205,101 +186,6 @@ impl SqlLedger {
         }
         tx.commit().await?;
         Ok(ItemLedger { item: record, channels })
-    }
-
-    pub(super) async fn ledgers(&self) -> Result<Vec<(ItemLedger, Vec<(String, Watermarks)>)>> {
-        let mut tx = self.begin_read().await?;
-        let items = sqlx::query(&format!("{ITEM_SELECT} ORDER BY item_id")).fetch_all(&mut *tx).await?;
-        let allocs = sqlx::query(&format!("{ALLOC_SELECT} ORDER BY item_id, channel")).fetch_all(&mut *tx).await?;
-        let sessions = sqlx::query(SESSION_SELECT).fetch_all(&mut *tx).await?;
-        let overrides =
-            sqlx::query("SELECT item_id, channel, low, high, batch FROM watermark_overrides ORDER BY item_id, channel")
-                .fetch_all(&mut *tx)
-                .await?;
-        let mut by_pool: HashMap<(String, String), Vec<SegmentCounts>> =
-            Self::reported_segments(&mut tx).await?.into_iter().collect();
-        tx.commit().await?;
-        let sessions: HashMap<String, ChannelSession> =
-            sessions.iter().map(|row| Ok((row.try_get("channel")?, session_from_row(row)?))).collect::<Result<_>>()?;
-        let mut own: HashMap<String, Vec<(String, Watermarks)>> = HashMap::new();
-        for r in &overrides {
-            let wm = Watermarks { low: col(r, "low")?, high: col(r, "high")?, batch: col(r, "batch")? };
-            own.entry(r.try_get("item_id")?).or_default().push((r.try_get("channel")?, wm));
-        }
-        let mut by_item: HashMap<String, Vec<(String, Allocation)>> = HashMap::new();
-        for row in &allocs {
-            let (item, channel, a) = alloc_from_row(row)?;
-            by_item.entry(item).or_default().push((channel, a));
-        }
-        items
-            .iter()
-            .map(|row| {
-                let (item_id, state, watermarks, rate_batching, segments, limit) = item_from_row(row)?;
-                let allocations = by_item.remove(&item_id).unwrap_or_default();
-                let overrides = own.remove(&item_id).unwrap_or_default();
-                // Saturating: a corrupted ledger shows in Reconcile, not as a panic here.
-                let held = allocations.iter().fold(0u64, |sum, (_, a)| sum.saturating_add(a.held()));
-                let channels = allocations
-                    .into_iter()
-                    .map(|(channel, allocation)| {
-                        let overridden = overrides.iter().find(|(c, _)| *c == channel).map(|(_, wm)| *wm);
-                        ChannelRecord {
-                            session: sessions.get(&channel).cloned(),
-                            segments: by_pool.remove(&(item_id.clone(), channel.clone())).unwrap_or_default(),
-                            channel,
-                            allocation,
-                            watermarks: overridden.unwrap_or(watermarks),
-                            watermarks_overridden: overridden.is_some(),
-                        }
-                    })
-                    .collect();
-                let item = ItemRecord {
-                    item_id,
-                    state,
-                    watermarks,
-                    rate_batching,
-                    segments,
-                    limit,
-                    plan: plan_from_row(row)?,
-                    shares: shares_from_row(row)?,
-                    held,
-                };
-                Ok((ItemLedger { item, channels }, overrides))
-            })
-            .collect()
-    }
-
-    pub(super) async fn list_items(&self) -> Result<Vec<ItemRecord>> {
-        let mut tx = self.begin_read().await?;
-        let rows = sqlx::query(&format!("{ITEM_SELECT} ORDER BY item_id")).fetch_all(&mut *tx).await?;
-        let allocations = sqlx::query(&format!("{ALLOC_SELECT} ORDER BY item_id, channel"))
-            .fetch_all(&mut *tx)
-            .await?
-            .iter()
-            .map(alloc_from_row)
-            .collect::<Result<Vec<_>>>()?;
-        tx.commit().await?;
-        rows.iter()
-            .map(|row| {
-                let (item_id, state, watermarks, rate_batching, segments, limit) = item_from_row(row)?;
-                // Saturating: a corrupted ledger shows in Reconcile, not as a panic here.
-                let held = allocations
-                    .iter()
-                    .filter(|(i, _, _)| *i == item_id)
-                    .fold(0u64, |sum, (_, _, a)| sum.saturating_add(a.held()));
-                Ok(ItemRecord {
-                    item_id,
-                    state,
-                    watermarks,
-                    rate_batching,
-                    segments,
-                    limit,
-                    plan: plan_from_row(row)?,
-                    shares: shares_from_row(row)?,
-                    held,
-                })
-            })
-            .collect()
     }
 
     pub(super) async fn watermarks(&self, item: &ItemId) -> Result<(Watermarks, Vec<(String, Watermarks)>)> {
