@@ -35,6 +35,10 @@ declare -A moved=(
     [7004]=$((base + 14)) [7005]=$((base + 15))
 )
 quickstart_base=$((base + 20))
+# A cluster node's bus port is its port + 10000 unless set: 375xx lies in Linux's
+# ephemeral range (32768-60999), where an outgoing connection may hold it for a moment.
+# The bus ports are set just above the moved ports instead.
+bus_offset=1000
 
 # Servers this script started: pid -> kind, grpc port, http port, channel, store.
 declare -A srv_kind=() srv_grpc=() srv_http=() srv_channel=() srv_store=()
@@ -65,7 +69,8 @@ healthy() {
     [[ "$response" == "HTTP/1."?" 200"* ]]
 }
 
-for p in "${moved[@]}" $(seq "$quickstart_base" $((quickstart_base + 7))); do
+for p in "${moved[@]}" $(seq "$quickstart_base" $((quickstart_base + 7))) \
+    $(seq $((${moved[7000]} + bus_offset)) $((${moved[7005]} + bus_offset))); do
     port_busy "$p" && die "port $p is in use; set README_CHECK_PORT_BASE to a free range"
 done
 
@@ -130,7 +135,7 @@ start_cluster() {
     mkdir -p "$work/cluster"
     for p in 7000 7001 7002 7003 7004 7005; do
         p=${moved[$p]}
-        redis-server --bind 127.0.0.1 --port "$p" --cluster-enabled yes --cluster-config-file "$work/cluster/nodes-$p.conf" \
+        redis-server --bind 127.0.0.1 --port "$p" --cluster-port $((p + bus_offset)) --cluster-enabled yes --cluster-config-file "$work/cluster/nodes-$p.conf" \
             --dir "$work/cluster" --save "" --appendonly no --logfile "$work/cluster-$p.log" &
         cluster_pids+=($!)
         nodes+=("127.0.0.1:$p")
