@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use inventory_core::ItemId;
 use inventory_core::channel::{OpKind, OpResult, ResyncWhy, Settings};
 
@@ -25,6 +26,9 @@ use crate::store::PoolStore;
 /// second one is above the fence it was shown, unless another incarnation registered in
 /// between.
 const REGISTRATIONS_ABOVE_A_FENCE: usize = 3;
+
+/// Pools giving their units back at once while the agent drains.
+const GIVE_BACKS_IN_FLIGHT: usize = 32;
 
 /// How one registration ended.
 enum Registered {
@@ -270,12 +274,16 @@ impl Agent {
         if let Err(s) = self.reporting.send(self.reporting.changed().await, false).await {
             tracing::warn!(code = ?s.code(), "report before the drain failed");
         }
-        for item in self.items() {
-            let given = self.stocking.give_back(&item, u64::MAX).await;
-            if given > 0 {
-                tracing::info!(item = %item.item_id, given, "returned unreserved units at shutdown");
-            }
-        }
+        // Several pools at a time: one Return after another would keep a catalogue of
+        // thousands of items draining for minutes, past any orchestrator's grace period.
+        futures::stream::iter(self.items())
+            .for_each_concurrent(GIVE_BACKS_IN_FLIGHT, |item| async move {
+                let given = self.stocking.give_back(&item, u64::MAX).await;
+                if given > 0 {
+                    tracing::info!(item = %item.item_id, given, "returned unreserved units at shutdown");
+                }
+            })
+            .await;
         self.stocking.wait_idle().await;
         if let Err(s) = self.reporting.send(self.reporting.all().await, true).await {
             tracing::warn!(code = ?s.code(), "final report failed");

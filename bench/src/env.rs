@@ -154,18 +154,22 @@ impl Running {
         Self { stop: Some(tx), task: rt.spawn(run(rx)) }
     }
 
-    async fn stop(mut self, what: &str) {
+    async fn stop(self, what: &str) {
+        self.stop_within(what, Duration::from_secs(10)).await;
+    }
+
+    async fn stop_within(mut self, what: &str, limit: Duration) {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
         let abort = self.task.abort_handle();
-        match tokio::time::timeout(Duration::from_secs(10), self.task).await {
+        match tokio::time::timeout(limit, self.task).await {
             Ok(Ok(Ok(()))) => {}
             Ok(Ok(Err(e))) => eprintln!("warning: {what} stopped with an error: {e}"),
             Ok(Err(e)) if e.is_cancelled() => {}
             Ok(Err(e)) => eprintln!("warning: {what} task failed: {e}"),
             Err(_) => {
-                eprintln!("warning: {what} did not stop within 10 s; aborted");
+                eprintln!("warning: {what} did not stop within {limit:?}; aborted");
                 abort.abort();
             }
         }
@@ -311,6 +315,12 @@ impl AgentHandle {
 
     pub async fn stop(self, what: &str) {
         self.running.stop(what).await;
+    }
+
+    /// Stops within `limit`: an agent with many pools sends every pool's report as it
+    /// drains, which takes longer than a small one's stop.
+    pub async fn stop_within(self, what: &str, limit: Duration) {
+        self.running.stop_within(what, limit).await;
     }
 }
 

@@ -136,6 +136,41 @@ async fn sigterm_drains_and_returns_unreserved_units() {
     assert_eq!(view.item.unwrap().available, 997);
 }
 
+/// A drain gives back the pools of many items at once (not one Return after another):
+/// every item's unreserved units reach the center, each reserved unit stays with the
+/// channel, and the last report names every pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_every_pool_of_many_items() {
+    const ITEMS: usize = 60;
+    let center = Center::start_sqlite().await;
+    let ids: Vec<String> = (0..ITEMS).map(|i| format!("many-{i:02}")).collect();
+    for id in &ids {
+        center.create_item(id, 100, 1, (10, 40, 20)).await;
+    }
+    let mut agent = AgentProcess::spawn(&center.url, "web", &StoreSpec::Memory, None).await;
+    let mut client = agent.client().await;
+    for id in &ids {
+        let r = client.acquire(acquire_req(id, &format!("buyer-{id}"), 1, &format!("k-{id}"))).await.unwrap();
+        assert_eq!(r.into_inner().outcome(), pb::AcquireOutcome::Reserved, "{id}");
+    }
+    for id in &ids {
+        let stocked = wait_until(Duration::from_secs(10), || {
+            let mut client = client.clone();
+            async move { stock(&mut client, id).await.available >= 10 }
+        })
+        .await;
+        assert!(stocked, "{id} stocked beyond its reservation");
+    }
+    assert!(agent.sigterm_and_wait().await.success(), "drains and exits cleanly");
+    for id in &ids {
+        let view = center.ledger(id).await;
+        let web = view.channels.iter().find(|c| c.channel == "web").unwrap();
+        assert_eq!(web.held, 1, "{id}: only the reserved unit stays with the channel");
+        assert_eq!((web.reported_available, web.reported_reserved), (0, 1), "{id}: last report sent");
+        assert_eq!(view.item.unwrap().available, 99, "{id}");
+    }
+}
+
 /// A planned restart of an agent on the embedded memory store is not an incident: SIGTERM
 /// in the middle of a sale with open reservations keeps the pools (reservations and their
 /// generation) for the next start, which sells on; the reservations still confirm, and

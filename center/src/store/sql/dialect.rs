@@ -48,6 +48,20 @@ impl Dialect {
             Dialect::Sqlite => "",
         }
     }
+
+    /// `LEFT JOIN` of the one row of `table` (as `alias`) that `on` finds by its primary
+    /// key from the row of the outer query. On PostgreSQL a lateral lookup with `LIMIT 1`:
+    /// the planner cannot turn it into a join that reads every row of the channel, which it
+    /// does with a plain join when its statistics lag behind the tables' growth (a catalogue
+    /// created minutes ago, autovacuum late or off).
+    pub(super) fn join_one(self, table: &str, alias: &str, on: &str) -> String {
+        match self {
+            Dialect::Postgres => {
+                format!("LEFT JOIN LATERAL (SELECT * FROM {table} {alias} WHERE {on} LIMIT 1) {alias} ON true")
+            }
+            Dialect::Sqlite => format!("LEFT JOIN {table} {alias} ON {on}"),
+        }
+    }
 }
 
 /// A column of [`Dialect::json_rows`]: its name and type.

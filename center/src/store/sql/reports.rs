@@ -11,7 +11,7 @@ use sqlx::Row;
 use super::rows::{
     ALLOC_SELECT, REPORT_ROWS_PER_STATEMENT, alloc_from_row, col, placeholders, stale_or_unknown, to_db,
 };
-use super::{SqlLedger, Tx};
+use super::{Dialect, SqlLedger, Tx};
 use crate::error::CenterError;
 use crate::store::{HeartbeatOutcome, Holding, PoolReportIn, Registration, Result};
 
@@ -81,19 +81,29 @@ impl SqlLedger {
     /// `items` (all of them when `None`), by item.
     pub(super) async fn write_seq_floors<'e, E>(
         executor: E,
+        dialect: Dialect,
         channel: &str,
         items: Option<&[&str]>,
     ) -> Result<HashMap<String, Vec<u64>>>
     where
         E: sqlx::Executor<'e, Database = sqlx::Any>,
     {
-        let mut sql = "SELECT item_id, segment, write_seq FROM pool_write_seqs WHERE channel = $1".to_owned();
-        if let Some(items) = items {
-            if items.is_empty() {
-                return Ok(HashMap::new());
-            }
-            sql.push_str(&format!(" AND item_id IN ({})", placeholders(2, items.len())));
-        }
+        let sql = match (items, dialect) {
+            (None, _) => "SELECT item_id, segment, write_seq FROM pool_write_seqs WHERE channel = $1".to_owned(),
+            (Some([]), _) => return Ok(HashMap::new()),
+            // Each item's rows by key (`OFFSET 0` keeps the lookup per item), not the
+            // channel's every row filtered, whatever the planner's statistics say.
+            (Some(items), Dialect::Postgres) => format!(
+                "SELECT k.item_id, w.segment, w.write_seq FROM (VALUES {}) AS k(item_id) CROSS JOIN LATERAL \
+                 (SELECT segment, write_seq FROM pool_write_seqs WHERE channel = $1 AND item_id = k.item_id \
+                 OFFSET 0) w",
+                (0..items.len()).map(|i| format!("(${})", i + 2)).collect::<Vec<_>>().join(", ")
+            ),
+            (Some(items), Dialect::Sqlite) => format!(
+                "SELECT item_id, segment, write_seq FROM pool_write_seqs WHERE channel = $1 AND item_id IN ({})",
+                placeholders(2, items.len())
+            ),
+        };
         let mut query = sqlx::query(&sql).bind(channel);
         for item in items.unwrap_or_default() {
             query = query.bind(*item);
@@ -155,7 +165,7 @@ impl SqlLedger {
             .bind(channel.as_str())
             .fetch_all(&mut *tx)
             .await?;
-        let mut floors = Self::write_seq_floors(&mut *tx, channel.as_str(), None).await?;
+        let mut floors = Self::write_seq_floors(&mut *tx, self.dialect, channel.as_str(), None).await?;
         let mut held = Vec::with_capacity(rows.len());
         for row in &rows {
             let (item_id, _, a) = alloc_from_row(row)?;

@@ -102,13 +102,17 @@ impl SqlLedger {
              a.channel AS channel, a.granted, a.returned, a.reclaimed, a.reported_available, \
              a.reported_reserved, a.reported_sold, a.reported_at_ms, a.pool_generation, a.in_doubt, \
              a.sell_rate_milli \
-             FROM items i \
-             LEFT JOIN watermark_overrides o ON o.item_id = i.item_id AND o.channel = $1 \
-             LEFT JOIN allocations a ON a.item_id = i.item_id AND a.channel = $1";
+             FROM items i";
         if items.is_empty() {
             return Ok(Vec::new());
         }
-        let sql = format!("{SELECT} WHERE i.item_id IN ({})", super::rows::placeholders(2, items.len()));
+        let d = self.dialect;
+        let sql = format!(
+            "{SELECT} {} {} WHERE i.item_id IN ({})",
+            d.join_one("watermark_overrides", "o", "o.item_id = i.item_id AND o.channel = $1"),
+            d.join_one("allocations", "a", "a.item_id = i.item_id AND a.channel = $1"),
+            super::rows::placeholders(2, items.len())
+        );
         let mut query = sqlx::query(&sql).bind(channel.as_str());
         for item in items {
             query = query.bind(item.as_str());
@@ -117,7 +121,7 @@ impl SqlLedger {
         // Read apart from the statement above: a floor only rises, so any read of it is one
         // the pool's write sequence has reached.
         let ids: Vec<&str> = items.iter().map(ItemId::as_str).collect();
-        let mut floors = Self::write_seq_floors(&self.read_pool, channel.as_str(), Some(&ids)).await?;
+        let mut floors = Self::write_seq_floors(&self.read_pool, self.dialect, channel.as_str(), Some(&ids)).await?;
         let mut found: HashMap<String, ItemPolicy> = HashMap::with_capacity(rows.len());
         for row in &rows {
             let (item_id, state, watermarks, rate_batching, segments, limit) = item_from_row(row)?;
