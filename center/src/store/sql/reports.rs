@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use futures::StreamExt;
 use inventory_core::ledger::{Allocation, ChannelSession};
 use inventory_core::loss;
 use inventory_core::{AgentId, Channel, ItemId};
@@ -14,6 +15,9 @@ use super::rows::{
 use super::{SqlLedger, Tx};
 use crate::error::CenterError;
 use crate::store::{HeartbeatOutcome, Holding, PoolReportIn, Registration, Result};
+
+/// Chunks of one heartbeat's reports applied at once (each holds a connection meanwhile).
+const REPORT_CHUNKS_IN_FLIGHT: usize = 2;
 
 impl SqlLedger {
     /// Stores one chunk of pool reports (every item exists: [`SqlLedger::allocations_of`]
@@ -190,10 +194,19 @@ impl SqlLedger {
             latest.insert(r.item.as_str(), r);
         }
         let latest: Vec<&PoolReportIn> = latest.into_values().collect();
+        // A few chunks at once, each its own transaction on its own connection: one chunk's
+        // round trips overlap another's statements. Their items are disjoint and each
+        // takes its item locks in order, so they never wait on each other.
+        let pending: Vec<_> = latest
+            .chunks(REPORT_ROWS_PER_STATEMENT)
+            .map(|chunk| self.report_chunk(channel, epoch, chunk, now_ms))
+            .collect();
+        let mut chunks = futures::stream::iter(pending).buffered(REPORT_CHUNKS_IN_FLIGHT);
         let mut lost = Vec::new();
-        for chunk in latest.chunks(REPORT_ROWS_PER_STATEMENT) {
-            lost.extend(self.report_chunk(channel, epoch, chunk, now_ms).await?);
+        while let Some(chunk_lost) = chunks.next().await {
+            lost.extend(chunk_lost?);
         }
+        drop(chunks);
         // Then the lease, and whether this was the agent's last word: set only once every
         // report it sent is stored (a reclaim reads both under FOR UPDATE).
         let mut tx = self.begin().await?;
