@@ -43,6 +43,9 @@ local due_is_list = false
 -- Whether every record of the pool is addressed by its key (ids.lua: the pool hash's
 -- `keys` = 'derived'), so lookups by key need not look in `idem`; set by pool_state.
 local keys_derived = false
+-- Fields of the pool hash a script reads along with pool_state's own, in the same HMGET
+-- (snapshot.lua: the counters), and their values as pool_state found them.
+local POOL_FIELDS, pool_fields = {}, {}
 
 local function pool_wrote()
   wseq_wrote = true
@@ -82,7 +85,11 @@ end
 -- the generation as stored (a decimal string), nil when missing. A partial pool is a lost
 -- pool, answered as one: nothing of it is read or written.
 local function pool_state(k_pool, structures)
-  local v = redis.call('HMGET', k_pool, 'generation', 'marked', 'wseq', 'behind', 'due', 'keys')
+  local v = redis.call('HMGET', k_pool, 'generation', 'marked', 'wseq', 'behind', 'due', 'keys', unpack(POOL_FIELDS))
+  pool_fields = {}
+  for i = 1, #POOL_FIELDS do
+    pool_fields[i] = v[6 + i]
+  end
   local gen = v[1]
   if not gen then
     return 'missing', nil

@@ -18,18 +18,22 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
+-- The counters come with pool_state's own read of the pool hash: one command fewer a pool.
+POOL_FIELDS = {'available', 'reserved', 'sold'}
+
 local out = {}
 for i = 1, #ARGV - 1 do
   local first = (i - 1) * 9 + 1
   -- intact.lua's state is per pool: its floor, and what pool_state found.
   WSEQ_FLOOR = tonumber(ARGV[i]) or 0
   wseq_found, due_is_list = 0, false
-  local state = pool_state(KEYS[first], structures_from(first + 1))
+  local state, state_gen = pool_state(KEYS[first], structures_from(first + 1))
   if state ~= 'ok' then
     out[i] = {0, 0, 0, 0, now, 0}
   else
-    local v = redis.call('HMGET', KEYS[first], 'available', 'reserved', 'sold', 'generation', 'wseq')
-    out[i] = {tonumber(v[1] or '0'), tonumber(v[2] or '0'), tonumber(v[3] or '0'), tonumber(v[4]), now, tonumber(v[5] or '0')}
+    -- An intact pool has no `behind` mark: the sequence pool_state found is its own.
+    local v = pool_fields
+    out[i] = {tonumber(v[1] or '0'), tonumber(v[2] or '0'), tonumber(v[3] or '0'), tonumber(state_gen), now, wseq_found}
   end
 end
 -- Nothing was written for any caller's floor to count (pool_reply answers {0, reply}).

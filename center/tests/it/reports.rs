@@ -15,6 +15,7 @@ crate::for_each_backend!(
     a_returns_write_sequences_raise_the_floors_whatever_it_answers,
     a_report_naming_an_unknown_item_is_refused_whole,
     a_heartbeat_larger_than_a_chunk_stores_every_report,
+    a_loss_within_a_large_heartbeat_is_applied_with_its_chunk,
 );
 
 async fn report(
@@ -130,6 +131,34 @@ async fn a_heartbeat_larger_than_a_chunk_stores_every_report(c: TestCenter) {
         let got = (line.reported_available, line.reported_reserved, line.reported_sold, line.generation);
         assert_eq!(got, (i % 5, i % 3, i % 2, 1 + i), "{}", id(i));
         assert_eq!(floors(&mut center, &id(i)).await.1, [10 + i], "{}", id(i));
+    }
+}
+
+async fn a_loss_within_a_large_heartbeat_is_applied_with_its_chunk(c: TestCenter) {
+    // A chunk whose reports touch no units in doubt is read once under the channel lock;
+    // one that loses a pool starts over with that item locked. Both kinds in one heartbeat.
+    const ITEMS: u64 = 700;
+    let (mut admin, mut center) = (c.admin().await, c.center().await);
+    let id = |i: u64| format!("l-{i:04}");
+    for i in 0..ITEMS {
+        create(&mut admin, &id(i), 100).await;
+    }
+    let epoch = register(&mut center, "app").await;
+    let lost = 250;
+    borrow(&mut center, &id(lost), "app", epoch, 6, "l1").await.unwrap();
+    let pools = |round: u64| -> Vec<(String, u64, u64, bool)> {
+        (0..ITEMS).map(|i| (id(i), round + i % 4, 1, round == 2 && i == lost)).collect()
+    };
+    for round in [1, 2] {
+        let owned = pools(round);
+        let pools: Vec<(&str, u64, u64, bool)> = owned.iter().map(|(i, a, g, l)| (i.as_str(), *a, *g, *l)).collect();
+        let r = report(&mut center, epoch, &pools).await;
+        let expected: Vec<String> = if round == 2 { vec![id(lost)] } else { Vec::new() };
+        assert_eq!(r.in_doubt_items, expected, "round {round}");
+    }
+    assert_eq!(ledger(&mut admin, &id(lost)).await.channels[0].in_doubt, 6);
+    for i in [0, lost - 1, lost + 1, 499, 500, ITEMS - 1] {
+        assert_eq!(ledger(&mut admin, &id(i)).await.channels[0].reported_available, 2 + i % 4, "{}", id(i));
     }
 }
 

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use futures::StreamExt;
 use inventory_core::ledger::{Allocation, ChannelSession};
 use inventory_core::loss;
 use inventory_core::{AgentId, Channel, ItemId};
@@ -14,6 +15,9 @@ use super::rows::{
 use super::{Dialect, SqlLedger, Tx};
 use crate::error::CenterError;
 use crate::store::{HeartbeatOutcome, Holding, PoolReportIn, Registration, Result};
+
+/// Chunks of one heartbeat's reports applied at once (each holds a connection meanwhile).
+const REPORT_CHUNKS_IN_FLIGHT: usize = 2;
 
 impl SqlLedger {
     /// Stores one chunk of pool reports (every item exists: [`SqlLedger::allocations_of`]
@@ -200,10 +204,19 @@ impl SqlLedger {
             latest.insert(r.item.as_str(), r);
         }
         let latest: Vec<&PoolReportIn> = latest.into_values().collect();
+        // A few chunks at once, each its own transaction on its own connection: one chunk's
+        // round trips overlap another's statements. Their items are disjoint and each
+        // takes its item locks in order, so they never wait on each other.
+        let pending: Vec<_> = latest
+            .chunks(REPORT_ROWS_PER_STATEMENT)
+            .map(|chunk| self.report_chunk(channel, epoch, chunk, now_ms))
+            .collect();
+        let mut chunks = futures::stream::iter(pending).buffered(REPORT_CHUNKS_IN_FLIGHT);
         let mut lost = Vec::new();
-        for chunk in latest.chunks(REPORT_ROWS_PER_STATEMENT) {
-            lost.extend(self.report_chunk(channel, epoch, chunk, now_ms).await?);
+        while let Some(chunk_lost) = chunks.next().await {
+            lost.extend(chunk_lost?);
         }
+        drop(chunks);
         // Then the lease, and whether this was the agent's last word: set only once every
         // report it sent is stored (a reclaim reads both under FOR UPDATE).
         let mut tx = self.begin().await?;
@@ -246,44 +259,53 @@ impl SqlLedger {
     ) -> Result<Vec<(String, u64)>> {
         const ATTEMPTS: usize = 3;
         let items = items_json(chunk);
-        for _ in 0..ATTEMPTS {
-            let mut tx = self.begin().await?;
+        let loses = |rows: &HashMap<String, Allocation>, r: &PoolReportIn| {
+            let before = rows.get(r.item.as_str()).copied().unwrap_or_default();
+            loss::report_touches_doubt(&before, &r.report)
+        };
+        // Most chunks touch no units in doubt, so need no item lock: the channel is locked
+        // first and the rows read once under it. A chunk that does starts over below, its
+        // items locked before the channel.
+        let mut suspects: Vec<&ItemId> = Vec::new();
+        let mut tx = self.begin().await?;
+        let session = self.lock_session(&mut tx, channel, &self.q.lock_channel_share).await?;
+        stale_or_unknown(channel, session.as_ref(), epoch)?;
+        let mut rows = self.allocations_of(&mut tx, channel, &items).await?;
+        let mut attempt = 0;
+        while chunk.iter().any(|r| loses(&rows, r) && !suspects.contains(&&r.item)) {
+            tx.rollback().await?;
+            attempt += 1;
+            if attempt > ATTEMPTS {
+                return Err(CenterError::Unavailable("pool reports changed meanwhile, retry".into()));
+            }
+            tx = self.begin().await?;
             let seen = self.allocations_of(&mut tx, channel, &items).await?;
-            let loses = |rows: &HashMap<String, Allocation>, r: &PoolReportIn| {
-                let before = rows.get(r.item.as_str()).copied().unwrap_or_default();
-                loss::report_touches_doubt(&before, &r.report)
-            };
-            let suspects: Vec<&ItemId> = chunk.iter().filter(|r| loses(&seen, r)).map(|r| &r.item).collect();
+            suspects = chunk.iter().filter(|r| loses(&seen, r)).map(|r| &r.item).collect();
             // The chunk is sorted by item id, so these locks are taken in order.
             for item in &suspects {
                 self.lock_item(&mut tx, item).await?;
             }
             let session = self.lock_session(&mut tx, channel, &self.q.lock_channel_share).await?;
             stale_or_unknown(channel, session.as_ref(), epoch)?;
-            let rows = self.allocations_of(&mut tx, channel, &items).await?;
-            if chunk.iter().any(|r| loses(&rows, r) && !suspects.contains(&&r.item)) {
-                tx.rollback().await?;
-                continue;
-            }
-            let mut lost = Vec::new();
-            for r in chunk {
-                let existing = rows.get(r.item.as_str());
-                let mut alloc = existing.copied().unwrap_or_default();
-                let doubt_before = alloc.in_doubt;
-                let newly_lost = loss::apply_report(&mut alloc, &r.report, now_ms);
-                // Without a row the channel never held any of the item: nothing in doubt.
-                if existing.is_some() && (newly_lost.is_some() || alloc.in_doubt != doubt_before) {
-                    Self::write_doubt(&mut tx, r.item.as_str(), channel.as_str(), &alloc).await?;
-                }
-                if let Some(units) = newly_lost {
-                    lost.push((r.item.to_string(), units));
-                }
-            }
-            self.write_reports(&mut tx, channel, chunk, now_ms).await?;
-            tx.commit().await?;
-            return Ok(lost);
+            rows = self.allocations_of(&mut tx, channel, &items).await?;
         }
-        Err(CenterError::Unavailable("pool reports changed meanwhile, retry".into()))
+        let mut lost = Vec::new();
+        for r in chunk {
+            let existing = rows.get(r.item.as_str());
+            let mut alloc = existing.copied().unwrap_or_default();
+            let doubt_before = alloc.in_doubt;
+            let newly_lost = loss::apply_report(&mut alloc, &r.report, now_ms);
+            // Without a row the channel never held any of the item: nothing in doubt.
+            if existing.is_some() && (newly_lost.is_some() || alloc.in_doubt != doubt_before) {
+                Self::write_doubt(&mut tx, r.item.as_str(), channel.as_str(), &alloc).await?;
+            }
+            if let Some(units) = newly_lost {
+                lost.push((r.item.to_string(), units));
+            }
+        }
+        self.write_reports(&mut tx, channel, chunk, now_ms).await?;
+        tx.commit().await?;
+        Ok(lost)
     }
 
     /// The channel's allocation rows of the chunk's items, by item, in one statement
