@@ -259,7 +259,11 @@ pub fn render(figure: Option<&StockingFigure>) -> String {
         f.center_calls(),
         f.center_calls() as f64 * 1_000.0 / f.items.max(1) as f64
     ) + &f.after.as_ref().map(render_after).unwrap_or_default()
-        + &format!("the agent's stop (every pool given back, the last report sent) {:.2} s\n", f.stop_s)
+        + &if f.stop_s < STOP_LIMIT.as_secs_f64() {
+            format!("the agent's stop (every pool given back, the last report sent) {:.2} s\n", f.stop_s)
+        } else {
+            format!("the agent's stop (every pool given back, the last report sent) not done within {STOP_LIMIT:?}\n")
+        }
 }
 
 fn render_after(a: &AfterStocking) -> String {
