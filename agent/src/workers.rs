@@ -3,7 +3,7 @@
 //! the replica leading the channel), the leadership loop and the rate limiter's upkeep.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tokio::sync::watch;
@@ -80,11 +80,16 @@ pub fn idle_look_every_ms(items: usize) -> i64 {
 /// Reports the pools that changed and renews the lease. A stale epoch means the channel
 /// was fenced (another registration, or a reclaim): register again and resync.
 pub async fn heartbeat(agent: Arc<Agent>, period: Option<Duration>, mut stop: watch::Receiver<bool>) {
+    let mut started = Instant::now();
     loop {
         let period = period.unwrap_or_else(|| Duration::from_millis((agent.link.lease_ttl_ms() / 3).max(100)));
-        if !tick(&mut stop, period).await {
+        // A period from the last heartbeat's start, not its end: reading many thousands of
+        // pools takes seconds, which must not push each renewal of the lease that much
+        // closer to its expiry.
+        if !tick(&mut stop, period.saturating_sub(started.elapsed())).await {
             return;
         }
+        started = Instant::now();
         if !agent.is_leading() {
             continue;
         }
