@@ -1,6 +1,6 @@
 //! Calls to the center that wait to go together: what arrives while every sender is busy
-//! joins one sender's next call. Borrows (as BorrowMany) and item loads (as DescribeItems)
-//! both go this way; what one call may carry is theirs to pick.
+//! joins one sender's next call. Borrows (as BorrowMany), Returns (as ReturnMany) and
+//! item loads (as DescribeItems) go this way; what one call may carry is theirs to pick.
 //!
 //! A call made while none is in flight goes at once: a lone Borrow on a miss waits for
 //! nothing. A sender that would go while others are in flight with only a few calls
@@ -104,6 +104,23 @@ impl<T> Gather<T> {
     }
 }
 
+/// A call's share of what waits: up to `max` calls of the first one's epoch (one epoch per
+/// call), in the order they came; the others wait for a later call.
+pub(super) fn one_epoch<T>(waiting: &mut Vec<T>, max: usize, epoch: impl Fn(&T) -> u64) -> Vec<T> {
+    let first = epoch(&waiting[0]);
+    let mut batch = Vec::new();
+    let mut rest = Vec::new();
+    for w in waiting.drain(..) {
+        if epoch(&w) == first && batch.len() < max {
+            batch.push(w);
+        } else {
+            rest.push(w);
+        }
+    }
+    *waiting = rest;
+    batch
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,6 +167,15 @@ mod tests {
             g.push(u32::try_from(i).unwrap());
         }
         assert!(matches!(g.next(false, all), Next::Send(b) if b.len() == ENOUGH));
+    }
+
+    #[test]
+    fn a_call_carries_one_epoch_and_at_most_max() {
+        let mut waiting = vec![(1, 'a'), (2, 'b'), (1, 'c'), (1, 'd'), (2, 'e')];
+        assert_eq!(one_epoch(&mut waiting, 2, |w| w.0), vec![(1, 'a'), (1, 'c')]);
+        assert_eq!(waiting, vec![(2, 'b'), (1, 'd'), (2, 'e')], "the rest waits, in order");
+        assert_eq!(one_epoch(&mut waiting, 500, |w| w.0), vec![(2, 'b'), (2, 'e')]);
+        assert_eq!(waiting, vec![(1, 'd')]);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 mod describes;
 mod gather;
+mod returns;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU32, AtomicU64, Ordering};
@@ -48,12 +49,15 @@ pub struct CenterLink {
     auth: std::sync::RwLock<Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>>,
     /// Borrows waiting to go to the center together ([`CenterLink::borrow`]).
     coalesce: Gather<Waiting>,
-    /// Whether the center serves BorrowMany: [`MANY_UNKNOWN`], [`MANY_SERVED`] or [`MANY_REFUSED`].
+    /// Whether the center serves BorrowMany: [`MANY_UNKNOWN`], [`MANY_SERVED`] or [`MANY_REFUSED`]
+    /// (ReturnMany's is in `returns`).
     borrow_many: AtomicU8,
     /// BorrowMany calls answered so far.
     borrow_many_calls: AtomicU64,
     /// Borrow calls answered so far.
     borrow_calls: AtomicU64,
+    /// Returns waiting to go to the center together ([`CenterLink::give_back`]).
+    returns: returns::Returns,
     /// Item loads waiting to go to the center together ([`CenterLink::describe_to_load`]).
     describes: describes::Describes,
     /// The last bound on the center's clock (`inventory_core::schedule::CenterClock`):
@@ -67,7 +71,7 @@ pub struct CenterLink {
 
 const MANY_UNKNOWN: u8 = 0;
 const MANY_SERVED: u8 = 1;
-/// The center answered UNIMPLEMENTED (an older center): single Borrows only.
+/// The center answered UNIMPLEMENTED (an older center): single calls only.
 const MANY_REFUSED: u8 = 2;
 
 type BorrowAnswer = Result<pb::BorrowResponse, Status>;
@@ -163,6 +167,7 @@ impl CenterLink {
             borrow_many: AtomicU8::new(MANY_UNKNOWN),
             borrow_many_calls: AtomicU64::new(0),
             borrow_calls: AtomicU64::new(0),
+            returns: returns::Returns::default(),
             describes: describes::Describes::default(),
             clock_offset_ms: AtomicI64::new(0),
             clock_round_trip_ms: AtomicI64::new(0),
@@ -415,21 +420,7 @@ impl CenterLink {
 
     /// Sends what waits, one call at a time, until nothing does.
     async fn send_waiting(self: Arc<Self>) {
-        let pick = |waiting: &mut Vec<Waiting>| {
-            // One epoch per call; the others wait for the next one.
-            let epoch = waiting[0].epoch;
-            let mut batch = Vec::new();
-            let mut rest = Vec::new();
-            for w in waiting.drain(..) {
-                if w.epoch == epoch && batch.len() < MAX_BORROW_LINES {
-                    batch.push(w);
-                } else {
-                    rest.push(w);
-                }
-            }
-            *waiting = rest;
-            batch
-        };
+        let pick = |waiting: &mut Vec<Waiting>| gather::one_epoch(waiting, MAX_BORROW_LINES, |w| w.epoch);
         self.coalesce
             .drain(pick, |batch| async {
                 if batch.len() == 1 || self.borrow_many.load(Ordering::Acquire) == MANY_REFUSED {
@@ -535,34 +526,6 @@ impl CenterLink {
         .inspect(|_| {
             self.borrow_calls.fetch_add(1, Ordering::Relaxed);
         })
-    }
-
-    /// A Return under `epoch`: the epoch under which its units were taken out of the pool.
-    /// Sent under a later epoch, it could be accepted after another incarnation's resync
-    /// already counted those units back into the pool. `write_seq_floors`: the pool's
-    /// segments' floors once the take was acknowledged, which the center keeps.
-    pub async fn give_back(
-        &self,
-        item_id: &str,
-        quantity: u64,
-        request_id: &str,
-        epoch: u64,
-        write_seq_floors: &[u64],
-    ) -> Result<pb::ReturnResponse, Status> {
-        self.retry(epoch, |mut c, epoch| {
-            let req = pb::ReturnRequest {
-                item_id: item_id.to_owned(),
-                channel: self.channel.to_string(),
-                epoch,
-                quantity,
-                request_id: request_id.to_owned(),
-                write_seq_floors: write_seq_floors.to_vec(),
-            };
-            let mut req = self.req(req);
-            with_traceparent(&mut req, request_id);
-            async move { c.r#return(req).await.map(|r| r.into_inner()) }
-        })
-        .await
     }
 
     /// Reports and, on success, renews the lease (counted from the send time).

@@ -12,11 +12,11 @@ use inventory_test_support::wait_until;
 
 use crate::harness::{Center, LocalAgent, StoreSpec};
 
-const ITEMS: usize = 300;
+pub(crate) const ITEMS: usize = 300;
 
 /// Creates the items, loads them all in the agent at once and waits until the
 /// rebalancer has stocked every pool; checks the center granted each exactly that.
-async fn stock_every_pool(center: &Center) -> LocalAgent {
+pub(crate) async fn stock_every_pool(center: &Center) -> LocalAgent {
     futures::stream::iter(0..ITEMS)
         .for_each_concurrent(16, |i| async move { center.create_item(&format!("sku-{i}"), 20, 1, (2, 8, 4)).await })
         .await;

@@ -1,4 +1,6 @@
-//! The Center service: what agents call.
+//! The Center service: what agents call (BorrowMany and ReturnMany in `many`).
+
+mod many;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -21,7 +23,7 @@ use crate::clock::now_ms;
 use crate::error::CenterError;
 use crate::events::{EventHub, LedgerEvent};
 use crate::security::{authorize, own_channel};
-use crate::store::{BorrowLine, BorrowRate, LedgerStore, PoolReportIn};
+use crate::store::{BorrowRate, LedgerStore, PoolReportIn};
 
 /// Lease and reclaim timing.
 #[derive(Debug, Clone, Copy)]
@@ -38,6 +40,8 @@ pub struct FaultHooks {
     pub lose_borrow_replies: AtomicU32,
     /// BorrowMany answers UNIMPLEMENTED, as a center from before it did.
     pub refuse_borrow_many: AtomicBool,
+    /// ReturnMany answers UNIMPLEMENTED, as a center from before it did.
+    pub refuse_return_many: AtomicBool,
     /// DescribeItems answers UNIMPLEMENTED, as a center from before it did.
     pub refuse_describe_items: AtomicBool,
     /// While true, Borrow calls wait before they are applied, and are applied once it turns
@@ -220,6 +224,15 @@ impl pb::center_server::Center for CenterService {
         let span = tracing::info_span!("borrow_many", trace_id = trace_id(&request).unwrap_or_default());
         inventory_net::trace::adopt_remote_parent(&span, request.metadata());
         self.borrow_many_inner(request).instrument(span).await
+    }
+
+    async fn return_many(&self, request: Request<pb::ReturnManyRequest>) -> Res<pb::ReturnManyResponse> {
+        if self.faults.refuse_return_many.load(Ordering::Relaxed) {
+            return Err(Status::unimplemented("ReturnMany is not served by this center"));
+        }
+        let span = tracing::info_span!("return_many", trace_id = trace_id(&request).unwrap_or_default());
+        inventory_net::trace::adopt_remote_parent(&span, request.metadata());
+        self.return_many_inner(request).instrument(span).await
     }
 
     async fn r#return(&self, request: Request<pb::ReturnRequest>) -> Res<pb::ReturnResponse> {
@@ -451,65 +464,6 @@ impl CenterService {
         }))
     }
 
-    async fn borrow_many_inner(&self, request: Request<pb::BorrowManyRequest>) -> Res<pb::BorrowManyResponse> {
-        let own = own_channel(&request);
-        let r = request.into_inner();
-        let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
-        authorize(&own, channel.as_str())?;
-        if r.lines.is_empty() || r.lines.len() > MAX_BORROW_LINES {
-            let reason = format!("must hold 1 to {MAX_BORROW_LINES} lines");
-            return Err(CenterError::from(ValidationError::new("lines", r.lines.len() as u64, reason)).into());
-        }
-        // Each line is a Borrow of its own (and leaves a record of its own).
-        self.limits.call(channel.as_str(), r.lines.len())?;
-        let now = now_ms();
-        let mut lines = Vec::with_capacity(r.lines.len());
-        for (n, l) in r.lines.iter().enumerate() {
-            let field = |name: &str| format!("lines[{n}].{name}");
-            lines.push(BorrowLine {
-                item: ItemId::parse(&field("item_id"), &l.item_id).map_err(CenterError::from)?,
-                quantity: Quantity::parse(&field("quantity"), l.quantity).map_err(CenterError::from)?,
-                request_id: RequestId::parse(&field("request_id"), &l.request_id).map_err(CenterError::from)?,
-                rate: BorrowRate { sell_rate_milli: rate(&field("sell_rate_milli"), l.sell_rate_milli)?, now_ms: now },
-            });
-        }
-        for l in &lines {
-            self.refuse_if_too_old(&l.request_id)?;
-            self.refuse_if_beyond_ledger(&l.item)?;
-        }
-        let answers = self.store.borrow_many(&channel, r.epoch, &lines).await?;
-        let mut results = Vec::with_capacity(lines.len());
-        for (line, answer) in lines.iter().zip(answers) {
-            let mut result = pb::BorrowLineResult {
-                item_id: line.item.to_string(),
-                request_id: line.request_id.to_string(),
-                ..Default::default()
-            };
-            match answer {
-                Ok(out) => {
-                    if !out.replayed && !out.capped && out.granted < line.quantity.get() && out.center_available == 0 {
-                        self.events.publish(LedgerEvent::ReturnRequested {
-                            item_id: line.item.to_string(),
-                            starving: channel.to_string(),
-                        });
-                    }
-                    result.granted = out.granted;
-                    result.center_available = out.center_available;
-                    result.replayed = out.replayed;
-                    result.opens_at_unix_ms = out.opens_at_ms;
-                }
-                Err(e) => {
-                    let status = Status::from(e);
-                    result.code = status.code() as i32;
-                    result.message = status.message().to_owned();
-                }
-            }
-            results.push(result);
-        }
-        tracing::debug!(channel = %channel, lines = results.len(), "borrow many");
-        Ok(Response::new(pb::BorrowManyResponse { results }))
-    }
-
     async fn return_inner(&self, request: Request<pb::ReturnRequest>) -> Res<pb::ReturnResponse> {
         let own = own_channel(&request);
         let r = request.into_inner();
@@ -523,7 +477,8 @@ impl CenterService {
         self.refuse_if_too_old(&request_id)?;
         let write_seqs = inventory_core::pool::return_write_seqs(&r.write_seq_floors).map_err(CenterError::from)?;
         if !write_seqs.is_empty() {
-            self.store.raise_write_seqs(&channel, &item, &write_seqs).await?;
+            let seqs: Vec<(&ItemId, u32, u64)> = write_seqs.iter().map(|(s, w)| (&item, *s, *w)).collect();
+            self.store.raise_write_seqs(&channel, &seqs).await?;
         }
         let out = self.store.give_back(&item, &channel, r.epoch, quantity, &request_id).await?;
         if !out.replayed {

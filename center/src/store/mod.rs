@@ -5,7 +5,7 @@
 //! conditional update, record the answer under the request id, commit. A replay (even
 //! after a reply was lost post-commit) finds the stored answer. Borrows and Returns run
 //! in batches ([`batch`]): concurrent calls of one item share one transaction (group
-//! commit), and a BorrowMany's lines are one transaction.
+//! commit), and a BorrowMany's or a ReturnMany's lines are one transaction.
 
 pub mod batch;
 mod sql;
@@ -140,6 +140,14 @@ pub struct BorrowLine {
     pub quantity: Quantity,
     pub request_id: RequestId,
     pub rate: BorrowRate,
+}
+
+/// One line of a ReturnMany.
+#[derive(Debug, Clone)]
+pub struct ReturnLine {
+    pub item: ItemId,
+    pub quantity: Quantity,
+    pub request_id: RequestId,
 }
 
 /// What a Borrow says of its channel's selling: its sell rate, for the share of a short
@@ -294,9 +302,18 @@ pub trait LedgerStore: Send + Sync + 'static {
         quantity: Quantity,
         request_id: &RequestId,
     ) -> Result<ReturnOutcome>;
-    /// Raises the channel's remembered write sequences of the item's pool (`(segment,
-    /// write_seq)`), never lowering one: a Return's, before it applies.
-    async fn raise_write_seqs(&self, channel: &Channel, item: &ItemId, seqs: &[(u32, u64)]) -> Result<()>;
+    /// Several Returns of one channel in one transaction, as [`LedgerStore::borrow_many`]:
+    /// one answer per line, in order; a stale epoch fails the whole call.
+    async fn give_back_many(
+        &self,
+        channel: &Channel,
+        epoch: u64,
+        lines: &[ReturnLine],
+    ) -> Result<Vec<Result<ReturnOutcome>>>;
+    /// Raises the channel's remembered write sequences of its pools (`(item, segment,
+    /// write_seq)`, one item's or several), never lowering one: a Return's, before it
+    /// applies; a ReturnMany's lines' in one transaction.
+    async fn raise_write_seqs(&self, channel: &Channel, seqs: &[(&ItemId, u32, u64)]) -> Result<()>;
     /// Records the reports, each chunk in one transaction that also applies the loss rule
     /// (`loss::apply_report`: a lost pool puts what the channel holds of the item in
     /// doubt), then renews the lease.

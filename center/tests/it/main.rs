@@ -24,6 +24,7 @@ mod remove_channel;
 mod replicas;
 mod reports;
 mod requests;
+mod return_many;
 mod schedule;
 mod security;
 mod shares;

@@ -354,6 +354,9 @@ fn later(at_ms: i64, delay_ms: u64) -> i64 {
 /// Lines of one BorrowMany call, at most.
 pub const MAX_BORROW_LINES: usize = 500;
 
+/// Lines of one ReturnMany call, at most (as a BorrowMany's: one transaction's worth).
+pub const MAX_RETURN_LINES: usize = MAX_BORROW_LINES;
+
 /// A request that changes the ledger, identified by a client-chosen id. Its fingerprint
 /// decides whether a reused id is a replay (same payload) or a conflict.
 #[derive(Debug, Clone, PartialEq, Eq)]

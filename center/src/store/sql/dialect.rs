@@ -161,27 +161,14 @@ impl Queries {
 }
 
 /// [`Queries::report_rows`]. Each report's rows are found by key, whatever the chunk's and
-/// the tables' sizes: on PostgreSQL by a lateral lookup per report (`LIMIT 1` keeps the
-/// planner from turning it into a join that scans every item and every row of the channel,
-/// which it does when its statistics lag behind the tables' growth); SQLite looks up each
-/// row of `json_each` by the primary keys.
+/// the tables' sizes ([`Dialect::join_one`]); SQLite looks up each row of `json_each` by
+/// the primary keys.
 fn report_rows(d: Dialect) -> String {
     const LINE: &str = "item_id, channel, granted, returned, reclaimed, reported_available, reported_reserved, \
          reported_sold, reported_at_ms, pool_generation, in_doubt, sell_rate_milli";
     let rows = d.json_rows(2, &[JsonCol::Text("item_id")]);
-    let (items, lines) = match d {
-        Dialect::Postgres => (
-            "LEFT JOIN LATERAL (SELECT item_id FROM items WHERE item_id = r.item_id LIMIT 1) i ON true".to_owned(),
-            format!(
-                "LEFT JOIN LATERAL (SELECT {LINE} FROM allocations WHERE item_id = r.item_id AND channel = $1 \
-                 LIMIT 1) a ON true"
-            ),
-        ),
-        Dialect::Sqlite => (
-            "LEFT JOIN items i ON i.item_id = r.item_id".to_owned(),
-            "LEFT JOIN allocations a ON a.item_id = r.item_id AND a.channel = $1".to_owned(),
-        ),
-    };
+    let items = d.join_one("items", "i", "i.item_id = r.item_id");
+    let lines = d.join_one("allocations", "a", "a.item_id = r.item_id AND a.channel = $1");
     let cols = LINE.split(", ").map(|c| format!("a.{}", c.trim())).collect::<Vec<_>>().join(", ");
     format!("SELECT r.item_id AS asked, i.item_id AS known, {cols} FROM {rows} {items} {lines}")
 }

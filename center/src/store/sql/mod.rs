@@ -40,11 +40,11 @@ use sqlx::{Any, AnyPool, Executor, Transaction};
 
 pub use dialect::{Dialect, connect};
 
-use super::batch::{Op, OpKind};
+use super::batch::{Answer, Op, OpKind};
 use super::{
     BorrowLine, BorrowOutcome, BorrowRate, ChannelView, HeartbeatOutcome, ItemLedger, ItemPolicy, ItemRecord,
     LedgerPage, LedgerSample, LedgerStore, NewItem, PoolReportIn, ReclaimOutcome, Reconciliation, Registration,
-    RemovedChannel, Result, ReturnOutcome,
+    RemovedChannel, Result, ReturnLine, ReturnOutcome,
 };
 use crate::error::CenterError;
 use dialect::Queries;
@@ -61,6 +61,21 @@ pub struct SqlLedger {
 }
 
 type Tx = Transaction<'static, Any>;
+
+impl SqlLedger {
+    /// The lines of a BorrowMany or ReturnMany as one batch. One channel, one epoch: a
+    /// stale epoch is the whole call's error.
+    async fn run_many(&self, ops: &[Op], channel: &Channel, epoch: u64) -> Result<Vec<Result<Answer>>> {
+        let (mut answers, stale) = self.run_batch(ops).await?;
+        if let Some(line) = stale {
+            return Err(answers
+                .swap_remove(line)
+                .err()
+                .unwrap_or_else(|| CenterError::Precondition(format!("stale epoch {epoch} for channel {channel}"))));
+        }
+        Ok(answers)
+    }
+}
 
 impl SqlLedger {
     /// The connection pool (for NOTIFY of events on PostgreSQL).
@@ -147,14 +162,7 @@ impl LedgerStore for SqlLedger {
                 kind: OpKind::Borrow(l.rate),
             })
             .collect();
-        let (mut answers, stale) = self.run_batch(&ops).await?;
-        if let Some(line) = stale {
-            // One channel, one epoch: a stale epoch is the whole call's error.
-            return Err(answers
-                .swap_remove(line)
-                .err()
-                .unwrap_or_else(|| CenterError::Precondition(format!("stale epoch {epoch} for channel {channel}"))));
-        }
+        let answers = self.run_many(&ops, channel, epoch).await?;
         Ok(answers.into_iter().map(|a| a?.into_borrow()).collect())
     }
 
@@ -177,8 +185,29 @@ impl LedgerStore for SqlLedger {
         self.submit(op).await?.into_return()
     }
 
-    async fn raise_write_seqs(&self, channel: &Channel, item: &ItemId, seqs: &[(u32, u64)]) -> Result<()> {
-        SqlLedger::raise_write_seqs(self, channel, item, seqs).await
+    async fn give_back_many(
+        &self,
+        channel: &Channel,
+        epoch: u64,
+        lines: &[ReturnLine],
+    ) -> Result<Vec<Result<ReturnOutcome>>> {
+        let ops: Vec<Op> = lines
+            .iter()
+            .map(|l| Op {
+                item: l.item.clone(),
+                channel: channel.clone(),
+                epoch,
+                quantity: l.quantity,
+                request_id: l.request_id.clone(),
+                kind: OpKind::Return,
+            })
+            .collect();
+        let answers = self.run_many(&ops, channel, epoch).await?;
+        Ok(answers.into_iter().map(|a| a?.into_return()).collect())
+    }
+
+    async fn raise_write_seqs(&self, channel: &Channel, seqs: &[(&ItemId, u32, u64)]) -> Result<()> {
+        SqlLedger::raise_write_seqs(self, channel, seqs).await
     }
 
     async fn heartbeat(

@@ -53,11 +53,18 @@ impl SqlLedger {
         self.upsert_write_seqs(tx, channel, &seqs).await
     }
 
-    /// A Return's write sequences (`ReturnRequest.write_seq_floors`), raised in a
-    /// transaction of their own before the Return applies: whatever it answers, the pool
-    /// got that far.
-    pub(super) async fn raise_write_seqs(&self, channel: &Channel, item: &ItemId, seqs: &[(u32, u64)]) -> Result<()> {
-        let seqs: Vec<(&str, u32, u64)> = seqs.iter().map(|(s, w)| (item.as_str(), *s, *w)).collect();
+    /// A Return's write sequences (`ReturnRequest.write_seq_floors`), or a ReturnMany's
+    /// lines', raised in a transaction of their own before the Returns apply: whatever
+    /// they answer, the pools got that far. In key order, so two such transactions of one
+    /// channel never wait on each other's rows in a cycle; one row per segment (the
+    /// highest), as one statement may touch a row only once.
+    pub(super) async fn raise_write_seqs(&self, channel: &Channel, seqs: &[(&ItemId, u32, u64)]) -> Result<()> {
+        let mut highest: BTreeMap<(&str, u32), u64> = BTreeMap::new();
+        for (item, segment, seq) in seqs {
+            let h = highest.entry((item.as_str(), *segment)).or_default();
+            *h = (*h).max(*seq);
+        }
+        let seqs: Vec<(&str, u32, u64)> = highest.into_iter().map(|((item, s), w)| (item, s, w)).collect();
         let mut tx = self.begin().await?;
         self.upsert_write_seqs(&mut tx, channel, &seqs).await?;
         tx.commit().await?;
