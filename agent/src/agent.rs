@@ -27,8 +27,10 @@ use crate::store::PoolStore;
 /// between.
 const REGISTRATIONS_ABOVE_A_FENCE: usize = 3;
 
-/// Pools giving their units back at once while the agent drains.
-const GIVE_BACKS_IN_FLIGHT: usize = 32;
+/// Pools giving their units back at once while the agent drains. Their Returns go to the
+/// center together (a ReturnMany per few dozen pools, `link::returns`), so more in flight
+/// costs the center fewer calls, not more.
+const GIVE_BACKS_IN_FLIGHT: usize = 128;
 
 /// How one registration ended.
 enum Registered {
@@ -274,8 +276,9 @@ impl Agent {
         if let Err(s) = self.reporting.send(self.reporting.changed().await, false).await {
             tracing::warn!(code = ?s.code(), "report before the drain failed");
         }
-        // Several pools at a time: one Return after another would keep a catalogue of
-        // thousands of items draining for minutes, past any orchestrator's grace period.
+        // Many pools at a time: one Return after another would keep a catalogue of
+        // thousands of items draining for minutes, past any orchestrator's grace period;
+        // the Returns in flight together go as ReturnMany calls.
         futures::stream::iter(self.items())
             .for_each_concurrent(GIVE_BACKS_IN_FLIGHT, |item| async move {
                 let given = self.stocking.give_back(&item, u64::MAX).await;

@@ -321,6 +321,11 @@ impl Items {
         self.items.get(id).map(|e| Arc::clone(e.value()))
     }
 
+    /// The rules' tunables every item runs with.
+    pub fn settings(&self) -> Settings {
+        self.settings
+    }
+
     pub fn all(&self) -> Vec<Arc<Item>> {
         self.items.iter().map(|e| Arc::clone(e.value())).collect()
     }

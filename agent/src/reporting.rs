@@ -5,9 +5,10 @@
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use futures::StreamExt;
-use inventory_core::channel::Report;
+use inventory_core::channel::{Report, full_reads_per_heartbeat};
 use inventory_proto::v1 as pb;
 use tonic::Status;
 
@@ -39,7 +40,13 @@ pub struct Reporting {
     items: Arc<Items>,
     /// Pools per Heartbeat call ([`MAX_POOLS_PER_CALL`]).
     max_pools: AtomicUsize,
+    /// Where the next quiet heartbeat's share of whole reads starts, in item id order.
+    turn: AtomicUsize,
 }
+
+/// One pool's report as read for a heartbeat: with its sell rate then (units/s × 1000)
+/// and its segments' floors.
+type Read = (Arc<Item>, Report, u64, Vec<u64>);
 
 /// `floors[s]`: segment s's floor in the store layer when the report was read (its write
 /// sequence as the agent saw its own writes acknowledged), which the center remembers.
@@ -82,7 +89,7 @@ fn report_pb(item: &Item, r: &Report, sell_rate_milli: u64, floors: &[u64]) -> p
 /// Reports read for one heartbeat.
 /// Each with the pool's sell rate when it was read (units/s × 1000), and its segments'
 /// floors then.
-pub struct Reports(Vec<(Arc<Item>, Report, u64, Vec<u64>)>);
+pub struct Reports(Vec<Read>);
 
 impl Reports {
     pub fn to_pb(&self) -> Vec<pb::PoolReport> {
@@ -100,25 +107,92 @@ impl Reports {
 
 impl Reporting {
     pub fn new(store: Arc<dyn PoolStore>, link: Arc<CenterLink>, items: Arc<Items>) -> Self {
-        Self { store, link, items, max_pools: AtomicUsize::new(MAX_POOLS_PER_CALL) }
+        Self { store, link, items, max_pools: AtomicUsize::new(MAX_POOLS_PER_CALL), turn: AtomicUsize::new(0) }
     }
 
     /// Every pool's report. Pools are read a hundred items to a store call, several calls
     /// in flight: with thousands of items a report costs a few rounds of reads.
     pub async fn all(&self) -> Reports {
-        let chunks: Vec<Vec<Arc<Item>>> = self.items.all().chunks(ITEMS_PER_READ).map(<[_]>::to_vec).collect();
+        Reports(self.read_whole(self.items.all()).await)
+    }
+
+    async fn read_whole(&self, items: Vec<Arc<Item>>) -> Vec<Read> {
+        let chunks: Vec<Vec<Arc<Item>>> = items.chunks(ITEMS_PER_READ).map(<[_]>::to_vec).collect();
         let read: Vec<Vec<_>> = futures::stream::iter(chunks)
             .map(|chunk| self.read_chunk(chunk))
             .buffer_unordered(READS_IN_FLIGHT)
             .collect()
             .await;
-        Reports(read.into_iter().flatten().collect())
+        read.into_iter().flatten().collect()
+    }
+
+    /// The periodic heartbeat's reports, those that changed since the center last
+    /// acknowledged one, read quietly (`inventory_core::channel::quiet`): each pool's stamp
+    /// first, and a whole read only of the pools whose stamp moved or whose last whole read
+    /// is past the bound, of those the stamps cannot vouch for (segmented, lost), and of a
+    /// share in turn (so every pool comes round well within the bound, a few at a time).
+    /// `period`: how often the heartbeat runs.
+    pub async fn quiet(&self, period: Duration) -> Reports {
+        let mut items = self.items.all();
+        items.sort_unstable_by(|a, b| a.item_id.cmp(&b.item_id));
+        let n = items.len();
+        let period_ms = i64::try_from(period.as_millis()).unwrap_or(i64::MAX);
+        let share = full_reads_per_heartbeat(n, period_ms, self.items.settings().full_read_every_ms);
+        let start = self.turn.fetch_add(share, Ordering::Relaxed) % n.max(1);
+        let in_turn = |i: usize| (i + n - start) % n < share;
+        let (mut whole, mut stamped) = (Vec::new(), Vec::new());
+        for (i, item) in items.into_iter().enumerate() {
+            if in_turn(i) || item.is_segmented() || !item.with(|c| c.report_needs_read()) {
+                whole.push(item);
+            } else {
+                stamped.push(item);
+            }
+        }
+        let chunks: Vec<Vec<Arc<Item>>> = stamped.chunks(ITEMS_PER_READ).map(<[_]>::to_vec).collect();
+        let stamped: Vec<(Vec<Read>, Vec<Arc<Item>>)> = futures::stream::iter(chunks)
+            .map(|chunk| self.stamp_chunk(chunk))
+            .buffer_unordered(READS_IN_FLIGHT)
+            .collect()
+            .await;
+        let mut reads = Vec::with_capacity(n);
+        for (vouched, moved) in stamped {
+            reads.extend(vouched);
+            whole.extend(moved);
+        }
+        reads.extend(self.read_whole(whole).await);
+        Reports(reads.into_iter().filter(|(item, r, rate, _)| item.with(|c| c.report_changed(r, *rate))).collect())
+    }
+
+    /// The reports of `chunk`'s pools whose stamp vouches for their last whole read, and
+    /// the items to read whole (their stamp moved, or could not be read).
+    async fn stamp_chunk(&self, chunk: Vec<Arc<Item>>) -> (Vec<Read>, Vec<Arc<Item>>) {
+        let tokens: Vec<_> = chunk.iter().map(|item| item.with(|c| c.begin_read())).collect();
+        let pools: Vec<_> = chunk.iter().map(|item| item.pool.clone()).collect();
+        let stamps = self.store.stamps(&pools).await;
+        let ctx = inventory_core::channel::Ctx { now_ms: crate::clock::now_ms(), epoch: self.link.epoch() };
+        let (mut vouched, mut moved) = (Vec::new(), Vec::new());
+        for ((item, token), stamp) in chunk.into_iter().zip(tokens).zip(stamps) {
+            let report = stamp.ok().and_then(|stamp| {
+                item.with(|c| {
+                    let report = c.report_unchanged(stamp, token, ctx)?;
+                    Some((report, c.sell_rate_milli(ctx.now_ms)))
+                })
+            });
+            match report {
+                Some((report, rate)) => {
+                    let floors = item.pools.iter().map(|p| self.store.floor(p)).collect();
+                    vouched.push((item, report, rate, floors));
+                }
+                None => moved.push(item),
+            }
+        }
+        (vouched, moved)
     }
 
     /// The reports of `chunk`'s items: the unsegmented pools in one store call, each
     /// segmented item as its segments read together ([`crate::segmented::snapshot`]). An
     /// item whose read failed is left out (reported next time).
-    async fn read_chunk(&self, chunk: Vec<Arc<Item>>) -> Vec<(Arc<Item>, Report, u64, Vec<u64>)> {
+    async fn read_chunk(&self, chunk: Vec<Arc<Item>>) -> Vec<Read> {
         let store = self.store.as_ref();
         let epoch = self.link.epoch();
         // Each item's token is taken before its read, so a change made while the read is
@@ -134,10 +208,12 @@ impl Reporting {
         let (mut plain, mut segmented) = (plain.into_iter(), segmented.into_iter());
         let mut out = Vec::with_capacity(chunk.len());
         for (item, (needs_read, token)) in chunk.into_iter().zip(tokens) {
+            // With the pool's write sequence (an unsegmented pool's own: a segmented item's
+            // reports are never vouched for by stamps).
             let snap = match (needs_read, item.is_segmented()) {
                 (false, _) => None,
-                (true, false) => plain.next().and_then(Result::ok).map(|s| crate::segmented::sum(&[s])),
-                (true, true) => segmented.next().and_then(Result::ok),
+                (true, false) => plain.next().and_then(Result::ok).map(|s| (crate::segmented::sum(&[s]), s.write_seq)),
+                (true, true) => segmented.next().and_then(Result::ok).map(|s| (s, 0)),
             };
             if needs_read && snap.is_none() {
                 continue;
@@ -145,7 +221,7 @@ impl Reporting {
             let mut notes = Vec::new();
             let ctx = inventory_core::channel::Ctx { now_ms: crate::clock::now_ms(), epoch: self.link.epoch() };
             let Some((report, rate)) = item.with(|c| {
-                let report = c.report(snap.as_ref().map(view), token, ctx, &mut notes)?;
+                let report = c.report_read(snap.as_ref().map(|(s, seq)| (view(s), *seq)), token, ctx, &mut notes)?;
                 // A lost pool sells nothing: its rate is not reported.
                 let rate = if report == Report::Lost { 0 } else { c.sell_rate_milli(ctx.now_ms) };
                 Some((report, rate))

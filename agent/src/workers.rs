@@ -94,8 +94,9 @@ pub async fn heartbeat(agent: Arc<Agent>, period: Option<Duration>, mut stop: wa
             continue;
         }
         // Only pools that changed since the center's last acknowledgement: with many
-        // quiet items a heartbeat stays small (the center keeps the last report of each).
-        match agent.reporting.send(agent.reporting.changed().await, false).await {
+        // quiet items a heartbeat stays small (the center keeps the last report of each),
+        // and reads little more than each pool's stamp (`Reporting::quiet`).
+        match agent.reporting.send(agent.reporting.quiet(period).await, false).await {
             Ok(_) => agent.replicas.publish_lease().await,
             Err(s) if s.code() == Code::FailedPrecondition => {
                 // Register again only while this replica still leads the channel; else

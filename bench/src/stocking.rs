@@ -67,6 +67,12 @@ pub struct AfterStocking {
     /// answered the last (or one failed).
     pub heartbeat_call_s: f64,
     pub heartbeat_error: Option<String>,
+    /// The periodic heartbeat that follows (`Reporting::quiet`): each pool's stamp, whole
+    /// reads of a share in turn and of what moved; the reports that changed, sent.
+    pub quiet_read_s: f64,
+    pub quiet_whole_reads: usize,
+    pub quiet_pools: usize,
+    pub quiet_call_s: f64,
     pub agent_scrape: Fetch,
     pub center_scrape: Fetch,
     pub console_page: Fetch,
@@ -130,7 +136,11 @@ pub async fn measure(
     let agent = AgentHandle::start_stocking(rt, &center.url, "stocking", store).await?;
     let figure = stock(&agent, items, &id).await;
     let after = match &figure {
-        Ok(_) => Some(after_stocking(center, &agent, items).await),
+        Ok(_) => {
+            // A mark on stderr for whoever profiles the full heartbeat that follows.
+            eprintln!("(iii) every pool stocked; the full heartbeat follows");
+            Some(after_stocking(center, &agent, items).await)
+        }
         Err(_) => None,
     };
     let started = Instant::now();
@@ -166,6 +176,21 @@ async fn after_stocking(center: &CenterHandle, agent: &AgentHandle, items: usize
     let started = Instant::now();
     let heartbeat_error = reporting.send(full, false).await.err().map(|e| e.to_string());
     let heartbeat_call_s = started.elapsed().as_secs_f64();
+    // The next periodic heartbeat, as the agent's heartbeat task runs it.
+    let period = Duration::from_millis((agent.agent.link.lease_ttl_ms() / 3).max(100));
+    let period_ms = i64::try_from(period.as_millis()).unwrap_or(i64::MAX);
+    let quiet_whole_reads = inventory_core::channel::full_reads_per_heartbeat(
+        items,
+        period_ms,
+        agent.agent.items.settings().full_read_every_ms,
+    );
+    let started = Instant::now();
+    let quiet = reporting.quiet(period).await;
+    let quiet_read_s = started.elapsed().as_secs_f64();
+    let quiet_pools = quiet.len();
+    let started = Instant::now();
+    let quiet_error = reporting.send(quiet, false).await.err().map(|e| e.to_string());
+    let quiet_call_s = started.elapsed().as_secs_f64();
     let last_page = format!("/api/items?offset={}&limit=100", items.saturating_sub(100));
     Ok(AfterStocking {
         report_read_s,
@@ -173,7 +198,11 @@ async fn after_stocking(center: &CenterHandle, agent: &AgentHandle, items: usize
         heartbeat_bytes,
         heartbeat_calls,
         heartbeat_call_s,
-        heartbeat_error,
+        heartbeat_error: heartbeat_error.or(quiet_error),
+        quiet_read_s,
+        quiet_whole_reads,
+        quiet_pools,
+        quiet_call_s,
         agent_scrape: get(agent.http, "/metrics").await?,
         center_scrape: get(center.http, "/metrics").await?,
         console_page: get(center.http, "/").await?,
@@ -272,6 +301,7 @@ fn render_after(a: &AfterStocking) -> String {
         |what: &str, f: &Fetch| format!("{what} {:.1} ms, {:.1} KiB (HTTP {})", f.s * 1e3, kb(f.bytes), f.status);
     format!(
         "full heartbeat of {} pools: read {:.2} s, {:.1} KiB, {} call(s) {:.2} s{}\n\
+         quiet heartbeat after it: read {:.2} s (every stamp, {} pools whole in turn), {} changed, sent in {:.2} s\n\
          {}; {}\n\
          console: {}; {}; {}; {}\n",
         a.heartbeat_pools,
@@ -280,6 +310,10 @@ fn render_after(a: &AfterStocking) -> String {
         a.heartbeat_calls,
         a.heartbeat_call_s,
         a.heartbeat_error.as_ref().map(|e| format!(" (failed: {e})")).unwrap_or_default(),
+        a.quiet_read_s,
+        a.quiet_whole_reads,
+        a.quiet_pools,
+        a.quiet_call_s,
         fetch("agent /metrics", &a.agent_scrape),
         fetch("center /metrics", &a.center_scrape),
         fetch("page", &a.console_page),

@@ -6,10 +6,10 @@
 //! its own, so crashes, data losses, events and other calls fall between any two.
 
 use inventory_core::channel::{
-    CallFault, Ctx, Effect, Holding as CoreHolding, Note, OpId, OpKind, OpResult, PoolView, Reply, ResyncWhy, Step,
-    StoreFault,
+    CallFault, Ctx, Effect, Holding as CoreHolding, Note, OpId, OpKind, OpResult, PoolStamp, PoolView, Reply,
+    ResyncWhy, Step, StoreFault,
 };
-use inventory_core::pool::PoolError;
+use inventory_core::pool::{PoolError, went_back};
 
 use crate::center::Holding;
 use crate::config::Violation;
@@ -57,9 +57,44 @@ impl World {
 
     /// The pool as a store snapshot reads it (generation 0: it does not exist).
     pub(crate) fn view(&mut self, c: usize, item: &str) -> PoolView {
+        self.read_whole(c, item).0
+    }
+
+    /// [`World::view`] with the pool's write sequence as the same read saw it.
+    pub(crate) fn read_whole(&mut self, c: usize, item: &str) -> (PoolView, u64) {
         self.guard_pool(c, item);
         self.saw_pool(c, item);
-        self.agents[c].pools.get(item).map(|p| PoolView::from(&p.snapshot(self.now_ms))).unwrap_or_default()
+        let snap = self.agents[c].pools.get(item).map(|p| p.snapshot(self.now_ms));
+        if let Some(s) = &snap {
+            let stamp = PoolStamp { generation: s.generation, write_seq: s.write_seq };
+            self.agents[c].stamps_read.insert(item.to_owned(), stamp);
+        }
+        snap.map(|s| (PoolView::from(&s), s.write_seq)).unwrap_or_default()
+    }
+
+    /// `PoolStore::stamps`: the pool hash's generation and write sequence, read without
+    /// the markers (the Redis store's `lua/stamps.lua`). A pool below the store layer's
+    /// floor reads as generation 0; a pool lost with its hash left still shows the hash's.
+    pub(crate) fn stamp(&mut self, c: usize, item: &str) -> PoolStamp {
+        let floor = self.floor(c, item);
+        let agent = &mut self.agents[c];
+        match agent.pools.get(item) {
+            Some(p) if p.exists() => {
+                agent.stamps_left.remove(item);
+                let s = p.snapshot(self.now_ms);
+                let generation = if went_back(floor, s.write_seq) { 0 } else { s.generation };
+                let read = agent.stamps_read.get(item).filter(|r| r.generation == generation);
+                match read {
+                    Some(read) if self.config.breakage.stamps_miss_writes => *read,
+                    _ => PoolStamp { generation, write_seq: s.write_seq },
+                }
+            }
+            p => agent
+                .stamps_left
+                .get(item)
+                .copied()
+                .unwrap_or(PoolStamp { generation: 0, write_seq: p.map_or(0, |p| p.write_seq()) }),
+        }
     }
 
     /// `Stocking::submit`: queues an operation of the item, `awaiter` waiting for its end.
@@ -347,7 +382,7 @@ impl World {
                 // caught by whichever process comes next). Lost: the Returns still carry
                 // their own write sequences.
                 self.mem(c).stopping.as_mut().expect("stopping").reported = true;
-                self.send_reports(c, false, false, true);
+                self.send_reports(c, crate::lifecycle::Reads::Changed, false, true);
                 continue;
             }
             if let Some(item) = st.left.front().cloned() {

@@ -21,8 +21,9 @@ pub fn check_step(w: &World) -> Res {
     check_state(w)
 }
 
-/// Invariants 4 and 6 as the reference model counts them: how often each request id
-/// changed the ledger or filled a pool, and whether a stale epoch was ever let through.
+/// Invariants 4 and 6 as the reference model counts them (how often each request id
+/// changed the ledger or filled a pool, and whether a stale epoch was ever let through),
+/// and R, the simulator's own: heartbeats tell the pools as they are.
 pub fn check_bookkeeping(w: &World) -> Res {
     // 4: a request id changes the ledger at most once; a grant id fills a pool at most once.
     if let Some(((scope, id), n)) = w.center.applied.iter().find(|(_, n)| **n > 1) {
@@ -30,6 +31,11 @@ pub fn check_bookkeeping(w: &World) -> Res {
     }
     if let Some(((c, item, id), n)) = w.reference.refills.iter().find(|(_, n)| **n > 1) {
         return Err(Violation::new("4", format!("grant {id} was added to {}/{item} {n} times", w.agents[*c].name())));
+    }
+    // R: a heartbeat tells each pool as it is (a pool lost with its hash left aside: its
+    // stamp may still vouch for its last whole read, until the bound).
+    if let Some(s) = w.reference.untrue_reports.first() {
+        return Err(Violation::new("R", s.clone()));
     }
     // 6: nothing with an old epoch was applied.
     if let Some(s) = w.center.stale_applied.first() {

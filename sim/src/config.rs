@@ -33,9 +33,13 @@ pub const LINK_ATTEMPTS: u32 = 5;
 /// than `Settings::resync_after_unknown_ms`, the assumption that resync relies on.
 pub const MAX_DELAY_MS: i64 = 2_000;
 
+/// The bound on reporting a pool from its last whole read: well within a run, so both the
+/// bound and the stamps decide reports (`Settings::full_read_every_ms`).
+pub const FULL_READ_EVERY_MS: i64 = 5_000;
+
 /// The rules' tunables as the simulated agents run them.
 pub fn settings() -> Settings {
-    Settings { return_sustain_ms: RETURN_SUSTAIN_MS, ..Settings::default() }
+    Settings { return_sustain_ms: RETURN_SUSTAIN_MS, full_read_every_ms: FULL_READ_EVERY_MS, ..Settings::default() }
 }
 
 /// Which faults a run injects. Percentages are per opportunity.
@@ -151,6 +155,9 @@ pub struct Breakage {
     /// Agents take their own clock for the center's (no offset measured): a skewed agent
     /// opens and closes its sales by the wrong clock.
     pub trust_agent_clock: bool,
+    /// The pool store's stamps miss writes (as a Lua script that wrote without raising the
+    /// pool's write sequence would): a quiet heartbeat reports a pool as last read whole.
+    pub stamps_miss_writes: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

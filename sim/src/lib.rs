@@ -91,6 +91,14 @@
 //! made again; an intact pool frozen in doubt whose mark was forgotten still stalls the
 //! sale (`ledger-pool-rollback` seed 2594, invariant 7).
 //!
+//! **Quiet heartbeats** (`core::channel::quiet`): the periodic heartbeat reads each pool's
+//! stamp (generation and write sequence) and reads whole only the pools whose stamp moved
+//! or whose last whole read is past the bound (`config::FULL_READ_EVERY_MS`); every other
+//! pool loss leaves the pool hash, so a whole read finds the pool lost while its stamp
+//! still vouches for the last whole read (an evicted structure, `World::stamp`). Checked
+//! after every step (invariant R): a report tells the pool as it is when sent, but for
+//! such a pool, whose loss may reach the center up to the bound later.
+//!
 //! **Not modelled:** store outages, Acquires refused by a full store, and partial store
 //! operations (each script is atomic and answers); RegisterAgent during a database outage (it applies and answers in one
 //! step); clocks that drift or jump between two measurements (a skew is fixed per
@@ -115,7 +123,8 @@
 //! agent crashed or restarted before touching it (as `default` seed 671), and where a
 //! rolled-back ledger forgot a lost pool's report (see [`rollback`]). `broken-epoch-check` and `broken-replays` break the center on
 //! purpose and must be caught; `broken-clock` makes agents take their own clock for the
-//! center's, and must be caught selling outside the schedule.
+//! center's, and must be caught selling outside the schedule; `broken-stamps` gives pool
+//! stores whose stamps miss writes, and must be caught reporting what a pool does not hold.
 
 pub mod agent;
 pub mod buyers;
@@ -266,6 +275,12 @@ pub fn scenarios() -> Vec<Scenario> {
             name: "broken-clock",
             test: "an_agent_that_trusts_its_own_clock_is_caught",
             config: Config { breakage: Breakage { trust_agent_clock: true, ..Breakage::default() }, ..base },
+            regression_seeds: &[],
+        },
+        Scenario {
+            name: "broken-stamps",
+            test: "a_store_whose_stamps_miss_writes_is_caught",
+            config: Config { breakage: Breakage { stamps_miss_writes: true, ..Breakage::default() }, ..base },
             regression_seeds: &[],
         },
         Scenario {

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use inventory_core::channel::lease;
-use inventory_core::channel::{Ctx, ItemCore, OpKind, OpResult, Policy, Report as CoreReport, ResyncWhy};
+use inventory_core::channel::{Ctx, ItemCore, OpKind, OpResult, Policy, PoolView, Report as CoreReport, ResyncWhy};
 use inventory_core::ledger::PoolCounts;
 
 use crate::agent::{Awaiter, Res, core_holding};
@@ -138,16 +138,17 @@ impl World {
         mem.lease_until_ms = mem.lease_until_ms.max(until);
         mem.started = true;
         self.log(format!("{} registered and resynced (epoch {})", self.name(c), reg.epoch));
-        self.send_reports(c, true, false, true);
+        self.send_reports(c, Reads::All, false, true);
         Ok(())
     }
 
-    /// `Reporting::send` of every pool (`all`) or of those whose report changed: renews the
-    /// lease and stops selling what the center holds in doubt. `None`: the heartbeat was lost.
+    /// `Reporting::send` of every pool ([`Reads::All`]) or of those whose report changed:
+    /// renews the lease and stops selling what the center holds in doubt. `None`: the
+    /// heartbeat was lost.
     pub(crate) fn send_reports(
         &mut self,
         c: usize,
-        all: bool,
+        reads: Reads,
         last_report: bool,
         may_lose: bool,
     ) -> Option<Result<HeartbeatAnswer, Refusal>> {
@@ -155,20 +156,41 @@ impl World {
         let ctx = self.ctx(c);
         let mut reports = Vec::new();
         for item in self.item_names() {
-            let view = self.view(c, &item);
             let mut notes = Vec::new();
+            let token = self.slot(c, &item).core.begin_read();
+            let needs_read = self.slot(c, &item).core.report_needs_read();
+            // `Reporting::quiet`: the stamp first; the pool is read whole only if it moved.
+            let quiet = if reads == Reads::Quiet && needs_read {
+                let stamp = self.stamp(c, &item);
+                self.slot(c, &item).core.report_unchanged(stamp, token, ctx)
+            } else {
+                None
+            };
+            let report = match quiet {
+                Some(report) => {
+                    self.stats.quiet_reports += 1;
+                    let lost = self.agents[c].pools.get(&item).is_some_and(|p| !p.exists());
+                    self.stats.quiet_reports_of_lost_pools += u64::from(lost);
+                    report
+                }
+                None => {
+                    let read = if needs_read { Some(self.read_whole(c, &item)) } else { None };
+                    let Some(report) = self.slot(c, &item).core.report_read(read, token, ctx, &mut notes) else {
+                        continue;
+                    };
+                    report
+                }
+            };
             let slot = self.slot(c, &item);
-            let read = slot.core.report_needs_read().then_some(view);
-            let token = slot.core.begin_read();
-            let Some(report) = slot.core.report(read, token, ctx, &mut notes) else { continue };
             let rate = if report == CoreReport::Lost { 0 } else { slot.core.sell_rate_milli(ctx.now_ms) };
-            if all || slot.core.report_changed(&report, rate) {
+            if reads == Reads::All || slot.core.report_changed(&report, rate) {
                 reports.push((item.clone(), report, rate));
             }
             for note in notes {
                 self.log(format!("{}/{item}: {note:?}", self.name(c)));
             }
         }
+        self.check_reports_true(c, &reports);
         if self.center_down() {
             self.mem(c).unanswered += 1;
             self.log(format!("heartbeat {}: the center's database does not answer", self.name(c)));
@@ -210,10 +232,29 @@ impl World {
         Some(result)
     }
 
+    /// Invariant R: each report of counts is what the pool holds as it is sent (reads and
+    /// sends are one instant here), but for a pool lost with its hash left, whose stamp
+    /// still vouches for its last whole read.
+    fn check_reports_true(&mut self, c: usize, reports: &[(String, CoreReport, u64)]) {
+        for (item, report) in reports.iter().map(|(i, r, _)| (i, r)) {
+            let CoreReport::Counts(told) = report else { continue };
+            let agent = &self.agents[c];
+            let pool = agent.pools.get(item);
+            if pool.is_some_and(|p| !p.exists()) && agent.stamps_left.contains_key(item) {
+                continue;
+            }
+            let held = pool.map(|p| PoolView::from(&p.snapshot(self.now_ms))).unwrap_or_default();
+            if held != *told {
+                let line = format!("{} reported {item} as {told:?} while its pool holds {held:?}", agent.name());
+                self.reference.untrue_reports.push(line);
+            }
+        }
+    }
+
     /// `workers::heartbeat`: the changed pools; fenced (a stale epoch): register again.
     pub(crate) fn heartbeat(&mut self, c: usize) -> Res {
         self.mem(c).last_heartbeat_ms = self.now_ms;
-        if let Some(Err(_)) = self.send_reports(c, false, false, true) {
+        if let Some(Err(_)) = self.send_reports(c, Reads::Quiet, false, true) {
             self.log(format!("{} is fenced; registering again", self.name(c)));
             self.stats.fenced_reregistrations += 1;
             let calls = self.mem(c).items.values().any(|s| s.call.is_some());
@@ -318,7 +359,7 @@ impl World {
     /// The end of a drain: the final report, the agent's last word (a reclaim may put its
     /// unsold units back on sale), then the process exits.
     pub(crate) fn exit(&mut self, c: usize) -> Res {
-        let answer = self.send_reports(c, true, true, false);
+        let answer = self.send_reports(c, Reads::All, true, false);
         self.agents[c].stopped_gracefully = matches!(answer, Some(Ok(_)));
         self.agents[c].mem = None;
         self.witnesses_gone(c);
@@ -404,6 +445,18 @@ impl World {
 }
 
 /// A report as the heartbeat carries it (`PoolReport`).
+/// Which pools a report reads, and how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reads {
+    /// Every pool read whole and reported (registration, the last report).
+    All,
+    /// Every pool read whole; those whose report changed are reported (the drain's first).
+    Changed,
+    /// Each pool's stamp, and a whole read of those whose stamp moved; those whose report
+    /// changed are reported (the periodic heartbeat).
+    Quiet,
+}
+
 /// `write_seq`: the pool's floor in the store layer (what the agent saw acknowledged).
 fn to_wire(item: &str, r: &CoreReport, sell_rate_milli: u64, write_seq: u64) -> Report {
     match r {

@@ -1,7 +1,7 @@
 //! The operators and the environment: reclaims, stock added, units in doubt resolved,
 //! pool stores losing their data.
 
-use inventory_core::channel::Effect;
+use inventory_core::channel::{Effect, PoolStamp};
 
 use crate::agent::Res;
 use crate::center::Refusal;
@@ -120,12 +120,22 @@ impl World {
         if refilling && !self.config.faults.loss_before_refill {
             return;
         }
-        let Some(pool) = self.agents[c].pools.get_mut(item) else { return };
+        let Some(pool) = self.agents[c].pools.get(item) else { return };
         if !pool.exists() {
             return; // nothing stored yet
         }
         let sold = pool.sold();
-        *pool = Pool::default();
+        let stamp = PoolStamp { generation: pool.generation(), write_seq: pool.write_seq() };
+        // Every other loss evicts one structure and leaves the pool hash: a whole read finds
+        // the pool lost, its stamp still shows the hash (decided without a draw, so the
+        // seeds' other faults stay what they were).
+        let hash_left = self.step.is_multiple_of(2);
+        let agent = &mut self.agents[c];
+        if hash_left {
+            agent.stamps_left.insert(item.to_owned(), stamp);
+            self.stats.pool_losses_hash_left += 1;
+        }
+        agent.pools.insert(item.to_owned(), Pool::default());
         *self.reference.lost_sold.entry((c, item.to_owned())).or_default() += sold;
         *self.reference.pool_losses.entry((c, item.to_owned())).or_default() += 1;
         self.stats.pool_losses += 1;
@@ -133,8 +143,9 @@ impl World {
         let recorded = self.agents[c].mem.as_ref().is_some_and(|m| m.items[item].core.generation() != 0);
         self.stats.pool_losses_unrecorded += u64::from(!recorded);
         self.log(format!(
-            "pool {}/{item} loses its data ({sold} sold units forgotten){}",
+            "pool {}/{item} loses its data ({sold} sold units forgotten{}){}",
             self.name(c),
+            if hash_left { "; its hash is left" } else { "" },
             if recorded { "" } else { "; its agent has no generation of it recorded" }
         ));
     }

@@ -74,6 +74,12 @@ stats! {
     pool_losses_unrecorded,
     /// ... while a Borrow of the pool was out.
     pool_losses_during_borrow,
+    /// ... of which left the pool hash (a structure evicted): stamps still show it.
+    pool_losses_hash_left,
+    /// Heartbeats' pool reports taken from the last whole read (the stamp had not moved)...
+    quiet_reports,
+    /// ... of which of a pool lost with its hash left (the loss told a heartbeat later).
+    quiet_reports_of_lost_pools,
     /// Pools a store put back to an earlier copy (same generation, older contents)...
     pool_rollbacks,
     /// ... and pools the agent's store layer found below its floor (lost)...

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use inventory_core::channel::{ItemCore, OpId, OpKind, Work};
+use inventory_core::channel::{ItemCore, OpId, OpKind, PoolStamp, Work};
 use inventory_core::ledger::ItemState;
 pub use inventory_core::pool::{AcquireArgs, AcquireResult, Pool, PoolError, ReservationState, Transition};
 use inventory_core::watermarks::{RateBatching, Watermarks};
@@ -46,6 +46,11 @@ pub struct Agent {
     /// While a second process of the channel runs ([`World::rival`]): its store layer's
     /// floors, which it learns from the center alone.
     pub rival_floors: BTreeMap<String, u64>,
+    /// Pools lost with their hash left (one of their structures evicted): a whole read
+    /// finds them lost, a stamp still shows what the hash held ([`World::stamp`]).
+    pub stamps_left: BTreeMap<String, PoolStamp>,
+    /// Each pool's stamp at its last whole read, for [`Breakage::stamps_miss_writes`](crate::Breakage).
+    pub stamps_read: BTreeMap<String, PoolStamp>,
 }
 
 impl Agent {
@@ -230,6 +235,8 @@ pub struct KeyUse {
 /// What the checker knows beyond the system's own state.
 #[derive(Debug, Clone, Default)]
 pub struct Reference {
+    /// Heartbeat reports of counts the pool did not hold when they were sent (invariant R).
+    pub untrue_reports: Vec<String>,
     /// (channel, item) -> units reclaimed by the center (or returned to it by an in-doubt
     /// resolution) that the agent has not yet removed from its pool, each with the
     /// [`Center::changes`] count that took them. Until a resync with a view of the center
@@ -352,6 +359,8 @@ impl World {
                 store_full_until: None,
                 saved: BTreeMap::new(),
                 rival_floors: BTreeMap::new(),
+                stamps_left: BTreeMap::new(),
+                stamps_read: BTreeMap::new(),
             })
             .collect();
         let mut world = Self {

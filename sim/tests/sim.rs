@@ -66,6 +66,10 @@ fn default_keeps_every_invariant() {
     if one_seed().is_none() {
         // The faults really happened: the run is not a quiet one that proves nothing.
         assert!(stats.crashes > 0 && stats.pool_losses > 0, "{stats:?}");
+        // Quiet heartbeats reported pools from their stamps, also pools lost with their
+        // hash left (the loss told later, within the bound).
+        assert!(stats.pool_losses_hash_left > 0 && stats.quiet_reports > 0, "{stats:?}");
+        assert!(stats.quiet_reports_of_lost_pools > 0, "{stats:?}");
         assert!(stats.lost_messages > 0 && stats.retries > 0 && stats.give_ups > 0, "{stats:?}");
         assert!(stats.replays_answered > 0 && stats.stale_refused > 0, "{stats:?}");
         assert!(stats.shared_borrows > 0, "short borrows shared by sell rate: {stats:?}");
@@ -151,6 +155,10 @@ fn bounded_keeps_every_invariant() {
     let stats = assert_scenario_passes("bounded");
     if one_seed().is_none() {
         assert!(stats.crashes > 0 && stats.pool_losses > 0, "{stats:?}");
+        // Quiet heartbeats reported pools from their stamps, also pools lost with their
+        // hash left (the loss told later, within the bound).
+        assert!(stats.pool_losses_hash_left > 0 && stats.quiet_reports > 0, "{stats:?}");
+        assert!(stats.quiet_reports_of_lost_pools > 0, "{stats:?}");
         assert!(stats.lost_messages > 0 && stats.late_landings > 0, "{stats:?}");
         assert!(stats.retries > 0 && stats.give_ups > 0, "{stats:?}");
         assert!(stats.outages == 0, "{stats:?}");
@@ -284,6 +292,13 @@ fn broken_centers_do_visible_damage() {
         assert_eq!(f.violation.invariant, "3", "{f}");
         println!("scenario {name}: visible at seed {}: {}", f.seed, f.violation);
     }
+}
+
+/// A store whose stamps do not move with every write (a script that forgot to raise the
+/// write sequence) lets quiet heartbeats report stale counts: invariant R sees it.
+#[test]
+fn a_store_whose_stamps_miss_writes_is_caught() {
+    assert_caught("broken-stamps", "R");
 }
 
 #[test]

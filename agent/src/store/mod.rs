@@ -56,6 +56,8 @@ pub use inventory_core::pool::{
     Reservation, ReservationRef, ReservationState, Transition,
 };
 
+pub use inventory_core::channel::PoolStamp;
+
 /// A move of units between two segments of one channel's pool of an item, recorded before
 /// its take and cleared after its refill (both keyed by `id`), so a crash between them is
 /// finished by whoever reads the item's segments next.
@@ -227,6 +229,16 @@ pub trait PoolStore: Send + Sync + 'static {
     /// reads. A store that can read many pools in one call does (the Redis store).
     async fn snapshots(&self, pools: &[PoolKey]) -> Vec<Result<PoolSnapshot, StoreError>> {
         futures::future::join_all(pools.iter().map(|p| self.snapshot(p))).await
+    }
+
+    /// Each of `pools`' stamp, in their order: its generation and write sequence, read
+    /// without the checks a snapshot makes of each structure (a quiet heartbeat reads a
+    /// pool whole only when its stamp moved, `core::channel::quiet`). Generation 0: the
+    /// pool is missing, or known lost, or below the floor. A store without a cheaper read
+    /// answers from snapshots.
+    async fn stamps(&self, pools: &[PoolKey]) -> Vec<Result<PoolStamp, StoreError>> {
+        let snaps = self.snapshots(pools).await;
+        snaps.into_iter().map(|s| s.map(|s| PoolStamp { generation: s.generation, write_seq: s.write_seq })).collect()
     }
 
     /// The state of one reservation, if the store still knows it.

@@ -400,6 +400,8 @@ pub async fn buy_one_via(
 pub struct ObservedStore {
     inner: Arc<dyn PoolStore>,
     calls: DashMap<&'static str, u64>,
+    /// Snapshots per item id (whole reads of its pool).
+    snapshots_of: DashMap<String, u64>,
     open: tokio::sync::watch::Sender<bool>,
 }
 
@@ -418,7 +420,7 @@ impl ObservedStore {
 
     /// `inner`, counted; never holds.
     pub fn over(inner: Arc<dyn PoolStore>) -> Self {
-        Self { inner, calls: DashMap::new(), open: tokio::sync::watch::channel(true).0 }
+        Self { inner, calls: DashMap::new(), snapshots_of: DashMap::new(), open: tokio::sync::watch::channel(true).0 }
     }
 
     pub fn open_gate(&self) {
@@ -437,6 +439,11 @@ impl ObservedStore {
     /// Calls per operation so far.
     pub fn calls(&self) -> std::collections::BTreeMap<&'static str, u64> {
         self.calls.iter().map(|e| (*e.key(), *e.value())).collect()
+    }
+
+    /// Whole reads (snapshots) of each item's pool so far.
+    pub fn snapshots_of(&self) -> std::collections::BTreeMap<String, u64> {
+        self.snapshots_of.iter().map(|e| (e.key().clone(), *e.value())).collect()
     }
 
     /// Acquire calls that reached the store (counted before the gate).
@@ -493,7 +500,12 @@ impl PoolStore for ObservedStore {
     }
     async fn snapshot(&self, pool: &PoolKey) -> Result<PoolSnapshot, StoreError> {
         self.count("snapshot");
+        *self.snapshots_of.entry(pool.item_id.to_string()).or_default() += 1;
         self.inner.snapshot(pool).await
+    }
+    async fn stamps(&self, pools: &[PoolKey]) -> Vec<Result<inventory_agent::store::PoolStamp, StoreError>> {
+        *self.calls.entry("stamped pools").or_default() += pools.len() as u64;
+        self.inner.stamps(pools).await
     }
     async fn reservation_state(&self, pool: &PoolKey, id: &str) -> Result<Option<ReservationState>, StoreError> {
         self.count("reservation_state");

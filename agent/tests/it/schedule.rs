@@ -49,7 +49,37 @@ async fn start_agent(center: &Center, kind: Kind, skew_ms: i64) -> (LocalAgent, 
     let mut config = agent_config(&center.url, "app", &spec);
     config.test_clock_skew_ms = skew_ms;
     let agent = LocalAgent::start_with(config, Some(Arc::clone(&store) as Arc<dyn PoolStore>)).await;
+    hearing_events(center, &agent).await;
     (agent, store, redis)
+}
+
+/// Waits until the agent follows the channel's event stream: an item created before its
+/// WatchChannel call reached the center is heard of by nobody (the tests below create
+/// theirs while the agent runs). Each probe is a scheduled item far from its opening,
+/// which moves no stock; a probe not loaded within a second was created too early, and
+/// the next one is tried.
+async fn hearing_events(center: &Center, agent: &LocalAgent) {
+    let opens_at = now_ms() + 3_600_000;
+    for n in 0..20 {
+        let probe = format!("probe-{n}");
+        center
+            .admin()
+            .await
+            .create_item(pb::CreateItemRequest {
+                item_id: probe.clone(),
+                total: 1,
+                per_user_limit: 1,
+                reservation_ttl_ms: TTL_MS,
+                opens_at_unix_ms: opens_at,
+                ..Default::default()
+            })
+            .await
+            .expect("create probe item");
+        if wait_until(Duration::from_secs(1), || async { agent.agent.items.get(&probe).is_some() }).await {
+            return;
+        }
+    }
+    panic!("the agent never heard of an item created while it ran");
 }
 
 async fn create(center: &Center, opens_at: i64, closes_at: i64, lead_ms: u64) {
@@ -406,11 +436,14 @@ async fn pools_are_stocked_for_the_opening_during_the_lead_and_the_reserve_stays
     for (a, _) in &agents {
         clients.push(a.client().await);
     }
-    // Before the lead nothing leaves the center.
-    let all_loaded =
-        wait_until(Duration::from_secs(5), || async { agents.iter().all(|(a, _)| a.agent.items.get(ITEM).is_some()) })
-            .await;
-    assert!(all_loaded);
+    // Before the lead nothing leaves the center. The agents may take until just before the
+    // lead to load the item (a busy machine).
+    let until_lead = u64::try_from(opens_at - 4_000 - 300 - now_ms()).unwrap_or(0);
+    let all_loaded = wait_until(Duration::from_millis(until_lead), || async {
+        agents.iter().all(|(a, _)| a.agent.items.get(ITEM).is_some())
+    })
+    .await;
+    assert!(all_loaded, "every agent loaded the item before the lead");
     let view = center.ledger(ITEM).await;
     assert!(now_ms() < opens_at - 4_000 - 200, "checked before the lead (test too slow)");
     assert!(view.channels.iter().all(|c| c.granted == 0), "{view:?}");

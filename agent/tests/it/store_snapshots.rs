@@ -3,13 +3,19 @@
 //! pools than one store call reads (the Redis store reads a hundred to a script call): a
 //! pool never opened, stocked ones, ones with reservations and sales, and ones below a
 //! raised floor (lost) side by side, so one pool's state cannot leak into its neighbours'.
-//! Run against every backend like `store_contract`.
+//! Run against every backend like `store_contract`. And `stamps`, what a quiet heartbeat
+//! reads first: each pool's generation and write sequence as a snapshot would show them,
+//! moved by every write and by nothing else.
 
-use inventory_agent::store::{PoolKey, PoolSnapshot};
+use std::sync::Arc;
 
-use super::store_contract::{Backend, LONG_TTL_MS, acquire_args, pool, reserve_with};
+use inventory_agent::store::{PoolKey, PoolSnapshot, PoolStamp, PoolStore};
 
-contract_suite!(many_pools_read_at_once_answer_as_each_read_alone);
+use super::store_contract::{
+    Backend, LONG_TTL_MS, SHORT_TTL_MS, acquire_args, pool, reserve_with, sweep_until_freed, wait_past,
+};
+
+contract_suite!(many_pools_read_at_once_answer_as_each_read_alone, stamps_move_with_every_write_and_only_then);
 
 /// What pool `i` holds once set up: (available, reserved, sold), or `None` when it reads
 /// as gone (never opened, or lost).
@@ -26,7 +32,7 @@ fn expected(i: usize) -> Option<(u64, u64, u64)> {
 
 async fn many_pools_read_at_once_answer_as_each_read_alone(backend: &Backend) {
     let store = backend.store().await;
-    // Not a multiple of a call's hundred, so the last call is a short one.
+    // Not a multiple of a call's hundred pools, so the last call is a short one.
     let pools: Vec<PoolKey> = (0..250).map(|i| pool(&format!("sku-many-{i}"))).collect();
     for (i, p) in pools.iter().enumerate() {
         if i % 5 == 0 {
@@ -53,10 +59,21 @@ async fn many_pools_read_at_once_answer_as_each_read_alone(backend: &Backend) {
 
     let together = store.snapshots(&pools).await;
     assert_eq!(together.len(), pools.len(), "one answer per pool");
+    let stamps = store.stamps(&pools).await;
+    assert_eq!(stamps.len(), pools.len(), "one stamp per pool");
     let counts = |s: &PoolSnapshot| (s.available, s.reserved, s.sold);
-    for (i, (p, read)) in pools.iter().zip(together).enumerate() {
+    for (i, ((p, read), stamp)) in pools.iter().zip(together).zip(stamps).enumerate() {
         let read = read.unwrap_or_else(|e| panic!("pool {i}: {e}"));
         let alone = store.snapshot(p).await.unwrap();
+        let stamp = stamp.unwrap_or_else(|e| panic!("pool {i}: {e}"));
+        // A pool read as gone has no generation in its stamp either (its sequence, kept
+        // for the pool's next generation, may show).
+        let as_read = PoolStamp { generation: read.generation, write_seq: read.write_seq };
+        if read.generation == 0 {
+            assert_eq!(stamp.generation, 0, "pool {i}: gone, {stamp:?}");
+        } else {
+            assert_eq!(stamp, as_read, "pool {i}: its stamp as its snapshot");
+        }
         match expected(i) {
             None => assert_eq!((counts(&read), read.generation), ((0, 0, 0), 0), "pool {i} reads as gone: {read:?}"),
             Some(c) => {
@@ -72,4 +89,67 @@ async fn many_pools_read_at_once_answer_as_each_read_alone(backend: &Backend) {
         assert!(read.now_ms > 0, "pool {i}: the store's clock: {read:?}");
     }
     assert!(store.snapshots(&[]).await.is_empty(), "no pools, no answers");
+}
+
+async fn stamp(store: &dyn PoolStore, p: &PoolKey) -> PoolStamp {
+    let mut stamps = store.stamps(std::slice::from_ref(p)).await;
+    assert_eq!(stamps.len(), 1);
+    stamps.remove(0).expect("stamps")
+}
+
+/// After `what`, the pool's stamp moved and is what a snapshot shows; returns it.
+async fn moved(store: &dyn PoolStore, p: &PoolKey, before: PoolStamp, what: &str) -> PoolStamp {
+    let now = stamp(store, p).await;
+    let snap = store.snapshot(p).await.unwrap();
+    assert_eq!(now, PoolStamp { generation: snap.generation, write_seq: snap.write_seq }, "{what}: as a snapshot");
+    assert_eq!(now.generation, before.generation, "{what}: the same pool");
+    assert!(now.write_seq > before.write_seq, "{what} moved the stamp: {before:?} -> {now:?}");
+    now
+}
+
+async fn stamps_move_with_every_write_and_only_then(backend: &Backend) {
+    let store: Arc<dyn PoolStore> = backend.store().await;
+    let p = pool("sku-stamped");
+    assert_eq!(stamp(store.as_ref(), &p).await.generation, 0, "a pool never opened has no generation");
+    assert!(store.refill(&p, "grant-1", 20, 0).await.unwrap());
+    let mut s = stamp(store.as_ref(), &p).await;
+    assert!(s.generation != 0 && s.write_seq != 0, "{s:?}");
+
+    // Reads move nothing.
+    store.snapshot(&p).await.unwrap();
+    store.snapshots(std::slice::from_ref(&p)).await;
+    assert_eq!(store.expire_due(&p, u64::MAX).await.unwrap(), 0, "nothing due");
+    assert_eq!(stamp(store.as_ref(), &p).await, s, "reads and an empty sweep leave the stamp");
+
+    // Each kind of write moves it.
+    let (id, _) = reserve_with(store.as_ref(), &p, &acquire_args("u1", 2, "k-1", 5, LONG_TTL_MS / 2)).await;
+    s = moved(store.as_ref(), &p, s, "acquire").await;
+    store.extend(&p, &id, LONG_TTL_MS, LONG_TTL_MS).await.unwrap();
+    s = moved(store.as_ref(), &p, s, "extend").await;
+    store.confirm(&p, &id).await.unwrap();
+    s = moved(store.as_ref(), &p, s, "confirm").await;
+    store.refund(&p, &id).await.unwrap();
+    s = moved(store.as_ref(), &p, s, "refund").await;
+    let (id, _) = reserve_with(store.as_ref(), &p, &acquire_args("u2", 1, "k-2", 5, LONG_TTL_MS)).await;
+    s = moved(store.as_ref(), &p, s, "acquire").await;
+    store.cancel(&p, &id).await.unwrap();
+    s = moved(store.as_ref(), &p, s, "cancel").await;
+    let (_, expires_at) = reserve_with(store.as_ref(), &p, &acquire_args("u3", 1, "k-3", 5, SHORT_TTL_MS)).await;
+    s = moved(store.as_ref(), &p, s, "acquire").await;
+    wait_past(&store, &p, expires_at).await;
+    assert_eq!(sweep_until_freed(&store, &p, 1).await, 1);
+    s = moved(store.as_ref(), &p, s, "expiry").await;
+    assert_eq!(store.take_for_return(&p, "take-1", 3, 0).await.unwrap(), 3);
+    s = moved(store.as_ref(), &p, s, "take").await;
+    assert_eq!(store.untake(&p, "take-1", 0).await.unwrap(), 3);
+    s = moved(store.as_ref(), &p, s, "untake").await;
+    assert!(store.refill(&p, "grant-2", 4, 0).await.unwrap());
+    s = moved(store.as_ref(), &p, s, "refill").await;
+    // A replay writes nothing.
+    assert!(!store.refill(&p, "grant-2", 4, 0).await.unwrap());
+    assert_eq!(stamp(store.as_ref(), &p).await, s, "a replayed refill leaves the stamp");
+
+    // A pool below the floor (it went back in time) has no generation to vouch with.
+    store.raise_floor(&p, s.write_seq + 5).await.unwrap();
+    assert_eq!(stamp(store.as_ref(), &p).await.generation, 0, "below the floor");
 }

@@ -145,6 +145,8 @@ pub struct ItemCore {
     pub(super) last_look_ms: Option<i64>,
     /// The pool as last read (metrics render from it).
     pub(super) last_view: Option<PoolView>,
+    /// The last heartbeat read of the whole pool and its write sequence ([`super::quiet`]).
+    pub(super) last_full_read: Option<super::quiet::FullRead>,
     /// The report the center last acknowledged, and the sell rate it carried.
     pub(super) last_reported: Option<Report>,
     pub(super) last_reported_rate: u64,
@@ -194,6 +196,7 @@ impl ItemCore {
             dirty: true,
             last_look_ms: None,
             last_view: None,
+            last_full_read: None,
             last_reported: None,
             last_reported_rate: 0,
             rate: SellRate::new(settings.rate_half_life_ms),
@@ -495,7 +498,7 @@ impl ItemCore {
     /// Whether a read that began with `token` is as new as what the rules know of the
     /// pool's generation (an operation may have created the pool meanwhile: the read
     /// would then show it missing).
-    fn current(&self, token: ReadToken) -> bool {
+    pub(super) fn current(&self, token: ReadToken) -> bool {
         token.0 == self.generation_changes
     }
 

@@ -26,6 +26,9 @@ mod item;
 pub mod lease;
 pub mod ops;
 mod plan;
+mod quiet;
+#[cfg(test)]
+mod quiet_tests;
 #[cfg(test)]
 mod rate_tests;
 #[cfg(test)]
@@ -40,6 +43,7 @@ mod tests;
 pub use item::{Admission, Gate, ItemCore, MissPlan, Mode, ReadToken, Refusal, Shelf, Supply};
 pub use ops::{CallFault, Effect, OpId, OpKind, OpResult, Reply, ResyncWhy, StoreFault, Work};
 pub use plan::{ResyncPlan, resync_plan};
+pub use quiet::{PoolStamp, full_reads_per_heartbeat};
 
 use crate::watermarks::{RateBatching, Watermarks};
 
@@ -122,6 +126,9 @@ pub struct Settings {
     pub rate_half_life_ms: u64,
     /// After the store refused a write (at its memory limit), no Borrow for this long.
     pub store_refused_pause_ms: i64,
+    /// A heartbeat may report a pool from its last whole read while the pool's write
+    /// sequence has not moved, for at most this long ([`ItemCore::report_unchanged`]).
+    pub full_read_every_ms: i64,
 }
 
 impl Default for Settings {
@@ -134,6 +141,7 @@ impl Default for Settings {
             refill_attempts: 5,
             rate_half_life_ms: crate::rate::DEFAULT_HALF_LIFE_MS,
             store_refused_pause_ms: 2_000,
+            full_read_every_ms: quiet::FULL_READ_EVERY_MS,
         }
     }
 }

@@ -61,8 +61,8 @@ use super::health::StoreHealth;
 use super::memory::{DEFAULT_RECORD_RETENTION, GC_BATCH};
 use super::{
     AcquireArgs, AcquireResult, ChannelOp, ChannelReply, DEFAULT_OUTBOX_MAX, EventPage, ExtendResult, MoveIntent,
-    OutboxStats, PoolKey, PoolSnapshot, PoolStore, Reservation, ReservationRef, ReservationState, StoreError,
-    Transition, channel_tag,
+    OutboxStats, PoolKey, PoolSnapshot, PoolStamp, PoolStore, Reservation, ReservationRef, ReservationState,
+    StoreError, Transition, channel_tag,
 };
 use super::{BASKET_RETENTION, BasketWrite, Intent, StoredBasket};
 use policy::RedisNodes;
@@ -579,6 +579,10 @@ impl PoolStore for RedisPoolStore {
 
     async fn snapshots(&self, pools: &[PoolKey]) -> Vec<Result<PoolSnapshot, StoreError>> {
         self.snapshot_pools(pools).await
+    }
+
+    async fn stamps(&self, pools: &[PoolKey]) -> Vec<Result<PoolStamp, StoreError>> {
+        self.stamp_pools(pools).await
     }
 
     async fn reservation_state(

@@ -12,6 +12,7 @@ pub(super) struct Scripts {
     pub(super) take_for_return: Script,
     pub(super) untake: Script,
     pub(super) snapshot: Script,
+    pub(super) stamps: Script,
     pub(super) reservation_state: Script,
     pub(super) idempotency_keys: Script,
     pub(super) fence: Script,
@@ -100,6 +101,7 @@ impl Scripts {
             take_for_return: with_intact!("take_for_return.lua"),
             untake: with_intact!("untake.lua"),
             snapshot: with_intact!("snapshot.lua"),
+            stamps: Script::new(include_str!("../../../../lua/stamps.lua")),
             reservation_state: with_intact!("reservation_state.lua"),
             idempotency_keys: Script::new(concat!(
                 include_str!("../../../../lua/codec.lua"),

@@ -1,12 +1,15 @@
-//! Pool snapshots (`lua/snapshot.lua`): one pool, or many in a few calls for a full
-//! report. On one Redis server a call reads up to [`POOLS_PER_CALL`] pools; on a Redis
-//! Cluster a script may touch one slot only, so each call reads one pool (the calls still
-//! go concurrently over the cluster's connections).
+//! Pool snapshots (`lua/snapshot.lua`) and stamps (`lua/stamps.lua`): one pool, or many
+//! in a few calls for a report. On one Redis server a call reads up to [`POOLS_PER_CALL`]
+//! pools; on a Redis Cluster a script may touch one slot only, so each call reads one pool
+//! (the calls still go concurrently over the cluster's connections).
 
-use super::batch::unwrap_seq;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::batch::{PoolEntry, unwrap_seq};
 use super::reply::{array, int, uint};
 use super::{Conn, RedisPoolStore};
-use crate::store::{PoolKey, PoolSnapshot, StoreError};
+use crate::store::{PoolKey, PoolSnapshot, PoolStamp, StoreError};
 
 /// Pools one call reads at most: a call of a hundred pools holds the server for well under
 /// a millisecond, so sales on other pools wait no longer than behind a few Acquires.
@@ -15,21 +18,52 @@ pub(super) const POOLS_PER_CALL: usize = 100;
 const WHAT: &str = "snapshot";
 
 impl RedisPoolStore {
-    /// The snapshots of `pools`, in their order; a failed call fails each of its pools.
-    pub(super) async fn snapshot_pools(&self, pools: &[PoolKey]) -> Vec<Result<PoolSnapshot, StoreError>> {
-        let per_call = match self.shared.conn() {
+    /// Pools one script call may read.
+    fn pools_per_call(&self) -> usize {
+        match self.shared.conn() {
             Conn::Single(_) => POOLS_PER_CALL,
             Conn::Cluster(_) => 1,
-        };
-        let calls = futures::future::join_all(pools.chunks(per_call).map(|chunk| self.snapshot_call(chunk))).await;
-        let mut out = Vec::with_capacity(pools.len());
-        for (chunk, result) in pools.chunks(per_call).zip(calls) {
-            match result {
-                Ok(snaps) => out.extend(snaps.into_iter().map(Ok)),
-                Err(e) => out.extend(chunk.iter().map(|_| Err(e.clone()))),
-            }
         }
-        out
+    }
+
+    /// The snapshots of `pools`, in their order; a failed call fails each of its pools.
+    pub(super) async fn snapshot_pools(&self, pools: &[PoolKey]) -> Vec<Result<PoolSnapshot, StoreError>> {
+        let per_call = self.pools_per_call();
+        let calls = futures::future::join_all(pools.chunks(per_call).map(|chunk| self.snapshot_call(chunk))).await;
+        spread(pools.chunks(per_call).zip(calls))
+    }
+
+    /// The stamps of `pools`, in their order; a failed call fails each of its pools.
+    pub(super) async fn stamp_pools(&self, pools: &[PoolKey]) -> Vec<Result<PoolStamp, StoreError>> {
+        let per_call = self.pools_per_call();
+        let calls = futures::future::join_all(pools.chunks(per_call).map(|chunk| self.stamp_call(chunk))).await;
+        spread(pools.chunks(per_call).zip(calls))
+    }
+
+    /// One script call reading the stamps of `pools` (all on one server). A pool marked
+    /// behind, or whose sequence is below this store layer's floor, has gone back in time:
+    /// its stamp says generation 0, so its report reads it whole (which finds it lost).
+    async fn stamp_call(&self, pools: &[PoolKey]) -> Result<Vec<PoolStamp>, StoreError> {
+        const WHAT: &str = "stamps";
+        let entries: Vec<_> = pools.iter().map(|p| self.entry(p)).collect();
+        let mut call = self.shared.scripts.stamps.prepare_invoke();
+        for e in &entries {
+            call.key(&e.keys.pool);
+        }
+        let rows = array(WHAT, self.read(&call).await?)?;
+        if rows.len() != pools.len() {
+            return Err(StoreError::Protocol(format!("stamps: {} pools read, {} answered", pools.len(), rows.len())));
+        }
+        let stamp = |(entry, row): (&Arc<PoolEntry>, redis::Value)| {
+            let items = array(WHAT, row)?;
+            let [generation, write_seq, behind] = items.as_slice() else {
+                return Err(StoreError::Protocol(format!("stamps: unexpected reply {items:?}")));
+            };
+            let write_seq = uint(WHAT, write_seq)?;
+            let lost = uint(WHAT, behind)? != 0 || write_seq < entry.floor.load(Ordering::Acquire);
+            Ok(PoolStamp { generation: if lost { 0 } else { uint(WHAT, generation)? }, write_seq })
+        };
+        entries.iter().zip(rows).map(stamp).collect()
     }
 
     /// One script call reading `pools` (all on one server).
@@ -52,6 +86,20 @@ impl RedisPoolStore {
         }
         rows.into_iter().map(parse).collect()
     }
+}
+
+/// Each chunk's answers, or its error for each of its pools.
+fn spread<'a, T>(
+    calls: impl Iterator<Item = (&'a [PoolKey], Result<Vec<T>, StoreError>)>,
+) -> Vec<Result<T, StoreError>> {
+    let mut out = Vec::new();
+    for (chunk, result) in calls {
+        match result {
+            Ok(answers) => out.extend(answers.into_iter().map(Ok)),
+            Err(e) => out.extend(chunk.iter().map(|_| Err(e.clone()))),
+        }
+    }
+    out
 }
 
 fn parse(row: redis::Value) -> Result<PoolSnapshot, StoreError> {

@@ -1,0 +1,104 @@
+//! Quiet heartbeats: reporting a pool without reading all of it.
+//!
+//! A whole read of a pool (its counters, and the intact check of each of its structures)
+//! costs the store a dozen commands; a heartbeat of a hundred thousand pools made of those
+//! takes seconds, a good part of the lease. Most pools of a large catalogue did not change
+//! between two heartbeats, and the store says so cheaply: every call that changes a pool
+//! raises its write sequence (`lua/intact.lua`, `Pool::write_seq`), including the calls of
+//! the channel's other replicas and the sweeper. So a heartbeat first reads each pool's
+//! **stamp** (generation and write sequence, one hash read), and a pool whose stamp is the
+//! one its last whole read saw is reported from that read.
+//!
+//! What a stamp cannot see is a pool that lost one of its structures and nothing else (an
+//! evicted reservations hash), since only a whole read checks the markers. Such a pool
+//! sells nothing (every script refuses it), so reporting its last counts is what the
+//! center would have heard had the loss come just after that read: the loss reaches the
+//! center later, never wrong. How much later is bounded: a pool is read whole again at
+//! least every [`Settings::full_read_every_ms`](super::Settings), and the driver reads a
+//! share of the pools whole at every heartbeat, in turn ([`full_reads_per_heartbeat`]), so
+//! the bound is reached by a few at a time rather than by every pool at once. A pool that
+//! went back in time (an older copy of the store) shows an older sequence, or the `behind`
+//! mark, and is read whole; it cannot climb back to the sequence seen unnoticed, since
+//! the store refuses writes to a pool below its caller's floor.
+
+use super::item::{ItemCore, Mode, ReadToken};
+use super::{Ctx, Note, PoolView, Report};
+
+/// The default of [`Settings::full_read_every_ms`](super::Settings).
+pub const FULL_READ_EVERY_MS: i64 = 120_000;
+
+/// What a cheap read of a pool shows: its generation (0: missing, or found lost by the
+/// store's own checks) and its write sequence (0 from a store that keeps none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolStamp {
+    pub generation: u64,
+    pub write_seq: u64,
+}
+
+/// A whole read the rules reported from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct FullRead {
+    view: PoolView,
+    write_seq: u64,
+    at_ms: i64,
+}
+
+/// How many of `items` pools a heartbeat every `period_ms` reads whole on top of those
+/// whose stamp moved, so each is read whole about twice within `full_read_every_ms`, before
+/// the bound forces it (rounded down: a handful of items is read whole only when the bound
+/// or a write says so).
+pub fn full_reads_per_heartbeat(items: usize, period_ms: i64, full_read_every_ms: i64) -> usize {
+    let (Ok(bound), Ok(period)) = (u128::try_from(full_read_every_ms), u128::try_from(period_ms.max(0))) else {
+        return items;
+    };
+    if bound == 0 {
+        return items;
+    }
+    let per = (items as u128).saturating_mul(2).saturating_mul(period) / bound;
+    usize::try_from(per).unwrap_or(usize::MAX).min(items)
+}
+
+impl ItemCore {
+    /// [`ItemCore::report`] of a whole read that showed write sequence `write_seq`: what a
+    /// heartbeat reports after reading the pool whole. A counts report is remembered with
+    /// its sequence, for [`ItemCore::report_unchanged`].
+    pub fn report_read(
+        &mut self,
+        read: Option<(PoolView, u64)>,
+        token: ReadToken,
+        ctx: Ctx,
+        notes: &mut Vec<Note>,
+    ) -> Option<Report> {
+        let report = self.report(read.map(|(view, _)| view), token, ctx, notes);
+        self.last_full_read = match (&report, read) {
+            (Some(Report::Counts(view)), Some((_, write_seq))) if !self.segments_lost => {
+                Some(FullRead { view: *view, write_seq, at_ms: ctx.now_ms })
+            }
+            // Whatever else came of it (lost, refused, a partly lost pool), the next
+            // report reads the pool whole.
+            _ => None,
+        };
+        report
+    }
+
+    /// The report of a pool whose stamp (read after `token` was taken) is the one its last
+    /// whole read saw, from that read; `None` when the pool must be read whole: it was
+    /// written since, its generation is not the one the rules know, the last whole read is
+    /// older than [`Settings::full_read_every_ms`](super::Settings) (or in the future of
+    /// the driver's clock), part of it is lost or being reopened, the store keeps no
+    /// sequence, or an operation changed what the rules know since the token.
+    pub fn report_unchanged(&self, stamp: PoolStamp, token: ReadToken, ctx: Ctx) -> Option<Report> {
+        if self.mode == Mode::Lost || self.segments_lost || self.reopening || !self.current(token) {
+            return None;
+        }
+        let last = self.last_full_read?;
+        let age = ctx.now_ms.checked_sub(last.at_ms)?;
+        let fresh = (0..self.settings.full_read_every_ms).contains(&age);
+        let same = stamp.generation != 0
+            && stamp.generation == self.generation
+            && stamp.generation == last.view.generation
+            && stamp.write_seq != 0
+            && stamp.write_seq == last.write_seq;
+        (fresh && same).then_some(Report::Counts(last.view))
+    }
+}
