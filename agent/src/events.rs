@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use futures::StreamExt;
+
 use inventory_core::channel::{OpKind, ResyncWhy};
 use inventory_proto::v1 as pb;
 
@@ -73,9 +75,18 @@ async fn schedule_changed(items: &Items, link: &Arc<CenterLink>, stocking: &Arc<
         closes_at_ms: s.closes_at_unix_ms,
         prestock_lead_ms: s.prestock_lead_ms,
     };
-    tracing::info!(item = %s.item_id, opens_at = s.opens_at_unix_ms, closes_at = s.closes_at_unix_ms, closed = s.closed, "item schedule");
     let Ok(id) = inventory_core::ItemId::parse("item_id", &s.item_id) else { return };
-    match items.get(&s.item_id) {
+    let known = items.get(&s.item_id);
+    // A stream starts with every open schedule (`WatchChannel`): one the item already
+    // follows is news to nobody.
+    if !s.closed
+        && let Some(item) = &known
+        && item.with(|c| c.schedule()) == schedule
+    {
+        return;
+    }
+    tracing::info!(item = %s.item_id, opens_at = s.opens_at_unix_ms, closes_at = s.closes_at_unix_ms, closed = s.closed, "item schedule");
+    match known {
         Some(item) => {
             item.with(|c| c.set_schedule(schedule));
             // The rest of the settings (a close sets the closed flag) come with a describe.
@@ -94,12 +105,18 @@ async fn schedule_changed(items: &Items, link: &Arc<CenterLink>, stocking: &Arc<
 }
 
 /// On (re)connecting to the event stream: re-read each item's settings and the center's
-/// stock, so nothing missed while disconnected stays stale.
-pub async fn refresh_all(items: &Items, link: &CenterLink) {
-    for item in items.all() {
-        if let Ok(d) = link.describe(&item.item_id).await {
-            item.apply_describe(&d);
-            item.with(|c| c.set_center_available(d.center_available));
-        }
-    }
+/// stock, so nothing missed while disconnected stays stale. Sent with the other reads
+/// waiting (DescribeItems), many at once: a large catalogue is re-read in seconds.
+pub async fn refresh_all(items: &Items, link: &Arc<CenterLink>) {
+    futures::stream::iter(items.all())
+        .for_each_concurrent(REFRESHES_IN_FLIGHT, |item| async move {
+            if let Ok(d) = link.describe_to_load(&item.item_id).await {
+                item.apply_describe(&d);
+                item.with(|c| c.set_center_available(d.center_available));
+            }
+        })
+        .await;
 }
+
+/// Items re-read at once by [`refresh_all`] (the link gathers them into few calls).
+const REFRESHES_IN_FLIGHT: usize = 256;

@@ -49,37 +49,7 @@ async fn start_agent(center: &Center, kind: Kind, skew_ms: i64) -> (LocalAgent, 
     let mut config = agent_config(&center.url, "app", &spec);
     config.test_clock_skew_ms = skew_ms;
     let agent = LocalAgent::start_with(config, Some(Arc::clone(&store) as Arc<dyn PoolStore>)).await;
-    hearing_events(center, &agent).await;
     (agent, store, redis)
-}
-
-/// Waits until the agent follows the channel's event stream: an item created before its
-/// WatchChannel call reached the center is heard of by nobody (the tests below create
-/// theirs while the agent runs). Each probe is a scheduled item far from its opening,
-/// which moves no stock; a probe not loaded within a second was created too early, and
-/// the next one is tried.
-async fn hearing_events(center: &Center, agent: &LocalAgent) {
-    let opens_at = now_ms() + 3_600_000;
-    for n in 0..20 {
-        let probe = format!("probe-{n}");
-        center
-            .admin()
-            .await
-            .create_item(pb::CreateItemRequest {
-                item_id: probe.clone(),
-                total: 1,
-                per_user_limit: 1,
-                reservation_ttl_ms: TTL_MS,
-                opens_at_unix_ms: opens_at,
-                ..Default::default()
-            })
-            .await
-            .expect("create probe item");
-        if wait_until(Duration::from_secs(1), || async { agent.agent.items.get(&probe).is_some() }).await {
-            return;
-        }
-    }
-    panic!("the agent never heard of an item created while it ran");
 }
 
 async fn create(center: &Center, opens_at: i64, closes_at: i64, lead_ms: u64) {
@@ -155,6 +125,7 @@ on_both_stores!(
     close_item_returns_unsold_units_as_closes_at_does,
     the_reserve_is_borrowed_only_once_the_shelf_runs_dry,
     pools_are_stocked_for_the_opening_during_the_lead_and_the_reserve_stays_at_the_center,
+    an_item_scheduled_while_the_event_stream_was_down_is_stocked_before_its_opening,
 );
 
 async fn before_the_opening_acquire_answers_not_started_from_memory_then_sells(kind: Kind) {
@@ -482,6 +453,42 @@ async fn pools_are_stocked_for_the_opening_during_the_lead_and_the_reserve_stays
     }
     let view = center.ledger(ITEM).await;
     assert_eq!(view.item.as_ref().unwrap().available, 100, "the first buyers took no center call: {view:?}");
+}
+
+/// A scheduled item created while the agent's event stream is down (the center refuses
+/// WatchChannel, as one the agent cannot reach for it) is told when the stream opens: the
+/// agent loads it and stocks its pool for the opening with no buyer asking.
+async fn an_item_scheduled_while_the_event_stream_was_down_is_stocked_before_its_opening(kind: Kind) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let center = Center::start_postgres().await;
+    center.faults.refuse_watches.store(true, SeqCst);
+    let (agent, store, _redis) = start_agent(&center, kind, 0).await;
+    let refused = || center.faults.watches_refused.load(SeqCst);
+    assert!(wait_until(Duration::from_secs(10), || async { refused() >= 1 }).await, "the agent asked for its stream");
+    // The lead has begun: the pool is due its opening stock as soon as the agent knows.
+    let opens_at = now_ms() + 15_000;
+    create(&center, opens_at, 0, 20_000).await;
+    let seen = refused();
+    assert!(wait_until(Duration::from_secs(10), || async { refused() >= seen + 2 }).await, "the agent kept asking");
+    assert!(agent.agent.items.get(ITEM).is_none(), "nothing told the agent of the item while its stream was refused");
+
+    center.faults.refuse_watches.store(false, SeqCst);
+    // Watched from the center's side: asking the agent for the item's stock would load it.
+    let stocked = wait_until(Duration::from_millis(u64::try_from(opens_at - now_ms()).unwrap_or(0)), || async {
+        center.ledger(ITEM).await.channels.iter().any(|c| c.granted > 0)
+    })
+    .await;
+    assert!(stocked, "the pool was stocked before the opening: {:?}", center.ledger(ITEM).await);
+    assert!(now_ms() < opens_at, "stocked before the opening");
+    assert_eq!(store.acquire_calls(), 0, "no buyer asked");
+    let mut client = agent.client().await;
+    let on_shelf = stock(&mut client, ITEM).await.available;
+    let view = center.ledger(ITEM).await;
+    assert_eq!(
+        view.channels.iter().map(|c| c.granted).sum::<u64>(),
+        on_shelf,
+        "what the center granted is on the shelf: {view:?}"
+    );
 }
 
 /// Buys from `callers` concurrent callers, one unit per call and user, until `target`

@@ -1,12 +1,13 @@
 //! The Center service: what agents call (BorrowMany and ReturnMany in `many`).
 
 mod many;
+mod stream;
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use inventory_core::ids::MAX_QUANTITY;
 use inventory_core::ledger::MAX_BORROW_LINES;
 use inventory_core::ledger::PoolCounts;
@@ -14,7 +15,6 @@ use inventory_core::loss::PoolReport;
 use inventory_core::{AgentId, Channel, ItemId, Quantity, RequestId, ValidationError};
 use inventory_proto::v1 as pb;
 use tokio::sync::watch;
-use tokio_stream::wrappers::BroadcastStream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
@@ -50,6 +50,11 @@ pub struct FaultHooks {
     pub hold_borrows: watch::Sender<bool>,
     /// Borrow calls that waited under `hold_borrows`.
     pub held_borrows: AtomicU32,
+    /// While true, WatchChannel answers UNAVAILABLE, as a center the agent cannot reach
+    /// for its stream: what is scheduled meanwhile is told when the stream opens.
+    pub refuse_watches: AtomicBool,
+    /// WatchChannel calls refused under `refuse_watches`.
+    pub watches_refused: AtomicU32,
     /// DescribeItem and DescribeItems calls received.
     pub describes: AtomicU32,
 }
@@ -131,6 +136,8 @@ impl CenterService {
 
 type Res<T> = Result<Response<T>, Status>;
 
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::ChannelEvent, Status>> + Send>>;
+
 impl CenterService {
     /// Fills a scheduled item's opening allocation for `channel` while the item has not
     /// opened; the live channels are read once per call (`live`).
@@ -179,9 +186,10 @@ impl pb::center_server::Center for CenterService {
         }
         tracing::info!(channel = %channel, agent = %agent, epoch = reg.session.epoch, "agent registered");
         let schedules = self.store.schedules().await?;
-        let schedule_of = |item_id: &str| {
-            schedules.iter().find(|(id, ..)| id == item_id).map(|(id, s, closed)| pb_schedule(id.clone(), *s, *closed))
-        };
+        let by_id: std::collections::HashMap<&str, _> =
+            schedules.iter().map(|(id, s, closed)| (id.as_str(), (*s, *closed))).collect();
+        let schedule_of =
+            |item_id: &str| by_id.get(item_id).map(|(s, closed)| pb_schedule(item_id.to_owned(), *s, *closed));
         Ok(Response::new(pb::RegisterAgentResponse {
             epoch: reg.session.epoch,
             lease_ttl_ms: self.lease.lease_ttl_ms,
@@ -377,42 +385,10 @@ impl pb::center_server::Center for CenterService {
         Ok(Response::new(out))
     }
 
-    type WatchChannelStream = Pin<Box<dyn Stream<Item = Result<pb::ChannelEvent, Status>> + Send>>;
+    type WatchChannelStream = WatchStream;
 
     async fn watch_channel(&self, request: Request<pb::WatchChannelRequest>) -> Res<Self::WatchChannelStream> {
-        let own = own_channel(&request);
-        let r = request.into_inner();
-        let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
-        authorize(&own, channel.as_str())?;
-        self.limits.call(channel.as_str(), 1)?;
-        match self.store.session(&channel).await? {
-            Some(s) => s.check_epoch(&channel, r.epoch).map_err(CenterError::from)?,
-            None => return Err(CenterError::Precondition(format!("channel {channel} is not registered")).into()),
-        }
-        // Held by the stream: its place is freed when the stream ends or its caller leaves.
-        let open = self.limits.watch(channel.as_str())?;
-        let store = Arc::clone(&self.store);
-        let name = channel.to_string();
-        let stream = BroadcastStream::new(self.events.subscribe())
-            // A lagging watcher misses events; agents re-read settings periodically.
-            .filter_map(|e| std::future::ready(e.ok()))
-            .filter(move |e| std::future::ready(e.concerns(&name)))
-            .then(move |e| {
-                let store = Arc::clone(&store);
-                let channel = channel.clone();
-                async move { to_channel_event(store.as_ref(), &channel, e).await }
-            })
-            .filter_map(std::future::ready);
-        // A stream never ends by itself; at shutdown the center ends it, so the server can
-        // finish and the agent reconnects to another replica.
-        let mut stop = self.stop.clone();
-        let stopping = async move {
-            let _ = stop.wait_for(|s| *s).await;
-        };
-        Ok(Response::new(Box::pin(stream.take_until(stopping).map(move |e| {
-            let _open = &open;
-            Ok(e)
-        }))))
+        self.watch_channel_inner(request).await
     }
 }
 
@@ -528,34 +504,6 @@ fn trace_id<T>(req: &Request<T>) -> Option<String> {
     let mut parts = v.split('-');
     let (_version, trace) = (parts.next()?, parts.next()?);
     (trace.len() == 32 && trace.bytes().all(|b| b.is_ascii_hexdigit())).then(|| trace.to_owned())
-}
-
-async fn to_channel_event(store: &dyn LedgerStore, channel: &Channel, e: LedgerEvent) -> Option<pb::ChannelEvent> {
-    use pb::channel_event::Event;
-    let event = match e {
-        LedgerEvent::Watermarks { item_id, .. } => {
-            // The effective value for this channel: its override wins over the default.
-            let item = ItemId::parse("item_id", &item_id).ok()?;
-            let policy = store.policy(&item, Some(channel)).await.ok()?;
-            Event::WatermarksChanged(pb::WatermarksChanged {
-                item_id,
-                watermarks: Some(pb_watermarks(policy.watermarks)),
-            })
-        }
-        LedgerEvent::Restocked { item_id, center_available, .. } => {
-            Event::Restocked(pb::Restocked { item_id, center_available })
-        }
-        LedgerEvent::ReturnRequested { item_id, .. } => Event::ReturnRequested(pb::ReturnRequested { item_id }),
-        LedgerEvent::InDoubtResolved { item_id, .. } => Event::InDoubtResolved(pb::InDoubtResolved { item_id }),
-        LedgerEvent::Scheduled { item_id, opens_at_ms, closes_at_ms, prestock_lead_ms, closed } => {
-            Event::ScheduleChanged(pb_schedule(
-                item_id,
-                inventory_core::schedule::Schedule { opens_at_ms, closes_at_ms, prestock_lead_ms },
-                closed,
-            ))
-        }
-    };
-    Some(pb::ChannelEvent { event: Some(event) })
 }
 
 /// A sell rate from an agent (units/s × 1000): one above a billion units a second is no

@@ -168,6 +168,14 @@ async fn set_schedule_moves_everything_before_the_opening_and_only_the_end_after
     admin.create_item(scheduled("s", 100, opens, 0)).await.unwrap();
     let epoch = register(&mut center, "app").await;
     let mut events = watch(&mut center, "app", epoch).await;
+    // A stream starts with the schedules as they stand: a channel that was not watching
+    // when the item was created hears of it now.
+    match next_event(&mut events).await {
+        pb::channel_event::Event::ScheduleChanged(s) => {
+            assert_eq!((s.item_id.as_str(), s.opens_at_unix_ms, s.closes_at_unix_ms, s.closed), ("s", opens, 0, false));
+        }
+        other => panic!("expected the standing schedule, got {other:?}"),
+    }
 
     // Before the opening both move, and every channel hears of it.
     let later = opens + 60_000;
@@ -213,6 +221,7 @@ async fn closes_at_closes_the_item_and_asks_every_channel_to_give_back(c: TestCe
     let epoch = register(&mut center, "app").await;
     assert_eq!(borrow(&mut center, "c", "app", epoch, 10, "b1").await.unwrap().granted, 10);
     let mut events = watch(&mut center, "app", epoch).await;
+    assert!(now_ms() < closes, "watching before closes_at (test too slow)");
 
     let closed = wait_until(Duration::from_secs(10), || {
         let mut admin = admin.clone();
@@ -221,10 +230,16 @@ async fn closes_at_closes_the_item_and_asks_every_channel_to_give_back(c: TestCe
     .await;
     assert!(closed, "the center closed the item by its schedule");
     assert!(now_ms() >= closes, "not before closes_at");
+    // The stream started with the item's schedule as it stood (the watch opened before it
+    // closed: the test asserts it was opened within the second).
     let mut seen = Vec::new();
-    for _ in 0..2 {
+    for _ in 0..3 {
         seen.push(next_event(&mut events).await);
     }
+    assert!(
+        matches!(&seen[0], pb::channel_event::Event::ScheduleChanged(s) if s.item_id == "c" && !s.closed),
+        "the standing schedule first: {seen:?}"
+    );
     assert!(
         seen.iter().any(|e| matches!(e, pb::channel_event::Event::ScheduleChanged(s) if s.item_id == "c" && s.closed)),
         "{seen:?}"
