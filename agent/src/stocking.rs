@@ -300,6 +300,9 @@ fn center_fault(item: &str, call: &str, s: &Status) -> Reply {
     })
 }
 
+/// Reservations one look's sweep expires at most, per pool.
+const SWEEP_MAX: u64 = 1_000;
+
 impl Stocking {
     /// The rebalancer's look at one item: queue a due resync, sweep expired reservations,
     /// read the pool and let the rules decide whether to borrow or give back.
@@ -307,9 +310,16 @@ impl Stocking {
         for kind in item.with(|c| c.due_resyncs(crate::clock::now_ms())) {
             self.submit(item, kind);
         }
-        let freed = segmented::expire_due(self.store.as_ref(), &item.intact_pools(), 1_000).await?;
+        // Taken before the sweep: a read whose pool changed meanwhile decides nothing, and
+        // the earlier the token, the more such changes it sees.
         let token = item.with(|c| c.begin_read());
-        let snap = segmented::snapshot(self.store.as_ref(), item, self.link.epoch()).await?;
+        let (freed, snap) = if item.is_segmented() {
+            let freed = segmented::expire_due(self.store.as_ref(), &item.intact_pools(), SWEEP_MAX).await?;
+            (freed, segmented::snapshot(self.store.as_ref(), item, self.link.epoch()).await?)
+        } else {
+            // The sweep and the read in one store call (one script on Redis).
+            self.store.look(&item.pool, SWEEP_MAX).await?
+        };
         let mut notes = Vec::new();
         // Before a scheduled opening a look decides nothing: the opening's stocking fills
         // the pool, once, from the start of the lead (`prestock`).

@@ -34,6 +34,8 @@ const CREATES_AT_ONCE: usize = 16;
 const LOADS_AT_ONCE: usize = 32;
 /// The longest stocking may take before the figure is a failure.
 const STOCK_LIMIT: Duration = Duration::from_secs(300);
+/// How long the stocked catalogue is left alone while its standing cost is measured.
+const IDLE_WINDOW: Duration = Duration::from_secs(6);
 /// The longest the agent's stop may take: its drain reports every pool (a full heartbeat).
 const STOP_LIMIT: Duration = Duration::from_secs(120);
 
@@ -52,6 +54,16 @@ pub struct StockingFigure {
     pub after: Option<AfterStocking>,
     /// The agent's stop: its drain gives every pool's units back and sends the last report.
     pub stop_s: f64,
+}
+
+/// What the stocked catalogue costs while nothing sells: the rebalancer's idle looks and
+/// the periodic (quiet) heartbeats, CPU seconds per second of [`IDLE_WINDOW`].
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct IdleCost {
+    pub window_s: f64,
+    pub redis_cpu_per_s: Option<f64>,
+    pub servers_cpu_per_s: f64,
+    pub postgres_cpu_per_s: f64,
 }
 
 /// What a catalogue of this size costs once stocked (seconds, bytes).
@@ -81,6 +93,7 @@ pub struct AfterStocking {
     pub api_items: Fetch,
     /// `/api/items?offset=…&limit=100`: the console's last page.
     pub api_items_page: Fetch,
+    pub idle: IdleCost,
 }
 
 /// One GET: its time and body size.
@@ -139,7 +152,7 @@ pub async fn measure(
         Ok(_) => {
             // A mark on stderr for whoever profiles the full heartbeat that follows.
             eprintln!("(iii) every pool stocked; the full heartbeat follows");
-            Some(after_stocking(center, &agent, items).await)
+            Some(after_stocking(center, &agent, store, items).await)
         }
         Err(_) => None,
     };
@@ -160,7 +173,33 @@ pub async fn measure(
     })
 }
 
-async fn after_stocking(center: &CenterHandle, agent: &AgentHandle, items: usize) -> anyhow::Result<AfterStocking> {
+/// The catalogue's standing cost: CPU over a window in which nothing sells.
+async fn idle_cost(store: &Store) -> IdleCost {
+    let mut conn = match store {
+        Store::Redis { url, .. } => match redis::Client::open(url.as_str()) {
+            Ok(c) => c.get_multiplexed_async_connection().await.ok(),
+            Err(_) => None,
+        },
+        Store::Memory => None,
+    };
+    let before = crate::sysinfo::CpuSnapshot::take(conn.as_mut()).await;
+    tokio::time::sleep(IDLE_WINDOW).await;
+    let used = crate::sysinfo::CpuSnapshot::take(conn.as_mut()).await.since(&before);
+    let per_s = |cpu: f64| cpu / used.wall_s.max(1e-9);
+    IdleCost {
+        window_s: used.wall_s,
+        redis_cpu_per_s: used.redis_s.map(per_s),
+        servers_cpu_per_s: per_s(used.servers_s),
+        postgres_cpu_per_s: per_s(used.postgres_s),
+    }
+}
+
+async fn after_stocking(
+    center: &CenterHandle,
+    agent: &AgentHandle,
+    store: &Store,
+    items: usize,
+) -> anyhow::Result<AfterStocking> {
     use inventory_agent::reporting::{MAX_POOLS_PER_CALL, parts};
     use prost::Message;
     let reporting = &agent.agent.reporting;
@@ -209,6 +248,7 @@ async fn after_stocking(center: &CenterHandle, agent: &AgentHandle, items: usize
         api_history: get(center.http, "/api/history").await?,
         api_items: get(center.http, "/api/items").await?,
         api_items_page: get(center.http, &last_page).await?,
+        idle: idle_cost(store).await,
     })
 }
 
@@ -303,7 +343,8 @@ fn render_after(a: &AfterStocking) -> String {
         "full heartbeat of {} pools: read {:.2} s, {:.1} KiB, {} call(s) {:.2} s{}\n\
          quiet heartbeat after it: read {:.2} s (every stamp, {} pools whole in turn), {} changed, sent in {:.2} s\n\
          {}; {}\n\
-         console: {}; {}; {}; {}\n",
+         console: {}; {}; {}; {}\n\
+         idle for {:.1} s (looks and quiet heartbeats, nothing sold): Redis {}, servers {:.0} ms, PostgreSQL {:.0} ms of CPU a second\n",
         a.heartbeat_pools,
         a.report_read_s,
         kb(a.heartbeat_bytes),
@@ -320,6 +361,10 @@ fn render_after(a: &AfterStocking) -> String {
         fetch("/api/history", &a.api_history),
         fetch("/api/items", &a.api_items),
         fetch("its last page of 100", &a.api_items_page),
+        a.idle.window_s,
+        a.idle.redis_cpu_per_s.map(|r| format!("{:.0} ms", r * 1e3)).unwrap_or_else(|| "unread".into()),
+        a.idle.servers_cpu_per_s * 1e3,
+        a.idle.postgres_cpu_per_s * 1e3,
     )
 }
 

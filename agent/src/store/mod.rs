@@ -177,6 +177,15 @@ pub trait PoolStore: Send + Sync + 'static {
     /// Returns the number of units put back into available.
     async fn expire_due(&self, pool: &PoolKey, max: u64) -> Result<u64, StoreError>;
 
+    /// The rebalancer's look at a pool: [`PoolStore::expire_due`], then
+    /// [`PoolStore::snapshot`] of the pool after it; the units put back and the snapshot.
+    /// A store may do both in one call (nothing can happen to the pool in between there,
+    /// which the rules take as they take the two calls).
+    async fn look(&self, pool: &PoolKey, max: u64) -> Result<(u64, PoolSnapshot), StoreError> {
+        let freed = self.expire_due(pool, max).await?;
+        Ok((freed, self.snapshot(pool).await?))
+    }
+
     /// Adds `units` granted by the center to available, once per `grant_id` (a replayed
     /// refill counts once). Creates the pool if needed. Returns whether it was applied.
     ///

@@ -5,7 +5,8 @@
 //! raised floor (lost) side by side, so one pool's state cannot leak into its neighbours'.
 //! Run against every backend like `store_contract`. And `stamps`, what a quiet heartbeat
 //! reads first: each pool's generation and write sequence as a snapshot would show them,
-//! moved by every write and by nothing else.
+//! moved by every write and by nothing else. And `look`, the rebalancer's sweep and read
+//! of a pool (one script call on Redis): what `expire_due` then `snapshot` answer.
 
 use std::sync::Arc;
 
@@ -15,7 +16,11 @@ use super::store_contract::{
     Backend, LONG_TTL_MS, SHORT_TTL_MS, acquire_args, pool, reserve_with, sweep_until_freed, wait_past,
 };
 
-contract_suite!(many_pools_read_at_once_answer_as_each_read_alone, stamps_move_with_every_write_and_only_then);
+contract_suite!(
+    many_pools_read_at_once_answer_as_each_read_alone,
+    stamps_move_with_every_write_and_only_then,
+    a_look_sweeps_then_reads_as_the_two_calls_do,
+);
 
 /// What pool `i` holds once set up: (available, reserved, sold), or `None` when it reads
 /// as gone (never opened, or lost).
@@ -152,4 +157,55 @@ async fn stamps_move_with_every_write_and_only_then(backend: &Backend) {
     // A pool below the floor (it went back in time) has no generation to vouch with.
     store.raise_floor(&p, s.write_seq + 5).await.unwrap();
     assert_eq!(stamp(store.as_ref(), &p).await.generation, 0, "below the floor");
+}
+
+/// `look` answers what `expire_due` and then `snapshot` answer: on a pool never opened, on
+/// one with nothing due, on one with expired and live reservations (the expired put back,
+/// the pool read after the sweep, its stamp the one a snapshot shows), and on one below its
+/// floor (lost: nothing swept, nothing read).
+async fn a_look_sweeps_then_reads_as_the_two_calls_do(backend: &Backend) {
+    let store: Arc<dyn PoolStore> = backend.store().await;
+    let counts = |s: &PoolSnapshot| (s.available, s.reserved, s.sold, s.generation, s.write_seq);
+
+    let never = pool("sku-look-never");
+    let (freed, snap) = store.look(&never, 100).await.unwrap();
+    assert_eq!((freed, snap.available, snap.generation), (0, 0, 0), "never opened: {snap:?}");
+
+    // Two pools set up alike: one looked at, one swept and read by the two calls.
+    let (looked, twin) = (pool("sku-look-one"), pool("sku-look-twin"));
+    let mut short_expiries = Vec::new();
+    for p in [&looked, &twin] {
+        assert!(store.refill(p, "grant-1", 20, 0).await.unwrap());
+        let (freed, snap) = store.look(p, 100).await.unwrap();
+        assert_eq!(freed, 0, "nothing due");
+        assert_eq!(counts(&snap), counts(&store.snapshot(p).await.unwrap()), "an empty sweep reads as a snapshot");
+        assert_eq!(stamp(store.as_ref(), p).await.write_seq, snap.write_seq, "an empty sweep writes nothing");
+        for (n, ttl) in [(1, SHORT_TTL_MS), (2, SHORT_TTL_MS), (3, LONG_TTL_MS)] {
+            let (_, expires_at) =
+                reserve_with(store.as_ref(), p, &acquire_args(&format!("u{n}"), 1, &format!("k-{n}"), 5, ttl)).await;
+            if ttl == SHORT_TTL_MS {
+                short_expiries.push(expires_at);
+            }
+        }
+        let (id, _) = reserve_with(store.as_ref(), p, &acquire_args("u4", 1, "k-4", 5, LONG_TTL_MS)).await;
+        store.confirm(p, &id).await.unwrap();
+    }
+    wait_past(&store, &looked, short_expiries.into_iter().max().unwrap()).await;
+
+    let (freed, snap) = store.look(&looked, 100).await.unwrap();
+    let twin_freed = store.expire_due(&twin, 100).await.unwrap();
+    let twin_snap = store.snapshot(&twin).await.unwrap();
+    assert_eq!((freed, twin_freed), (2, 2), "both short reservations put back by either way");
+    assert_eq!((snap.available, snap.reserved, snap.sold), (18, 1, 1), "the pool after the sweep: {snap:?}");
+    assert_eq!((snap.available, snap.reserved, snap.sold), (twin_snap.available, twin_snap.reserved, twin_snap.sold));
+    assert_eq!(counts(&snap), counts(&store.snapshot(&looked).await.unwrap()), "the look read the pool as it is after");
+    assert_eq!(stamp(store.as_ref(), &looked).await.write_seq, snap.write_seq, "its sequence once the sweep wrote");
+    assert!(snap.now_ms > 0);
+    assert_eq!(store.look(&looked, 100).await.unwrap().0, 0, "nothing due twice");
+
+    // Below its floor the pool is lost: the look neither sweeps nor reads it.
+    let seq = store.snapshot(&looked).await.unwrap().write_seq;
+    store.raise_floor(&looked, seq + 5).await.unwrap();
+    let (freed, lost) = store.look(&looked, 100).await.unwrap();
+    assert_eq!((freed, lost.available, lost.reserved, lost.generation), (0, 0, 0, 0), "lost: {lost:?}");
 }

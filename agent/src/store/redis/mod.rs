@@ -502,6 +502,10 @@ impl PoolStore for RedisPoolStore {
         uint("expire_due", &reply)
     }
 
+    async fn look(&self, pool: &PoolKey, max: u64) -> Result<(u64, PoolSnapshot), StoreError> {
+        self.look_call(pool, max).await
+    }
+
     async fn refill(&self, pool: &PoolKey, grant_id: &str, units: u64, epoch: u64) -> Result<bool, StoreError> {
         self.refill_script(pool, grant_id, units, false, epoch).await
     }

@@ -1,7 +1,8 @@
 //! Pool snapshots (`lua/snapshot.lua`) and stamps (`lua/stamps.lua`): one pool, or many
 //! in a few calls for a report. On one Redis server a call reads up to [`POOLS_PER_CALL`]
 //! pools; on a Redis Cluster a script may touch one slot only, so each call reads one pool
-//! (the calls still go concurrently over the cluster's connections).
+//! (the calls still go concurrently over the cluster's connections). And the
+//! rebalancer's look (`lua/look.lua`): a pool's sweep and its snapshot in one call.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -85,6 +86,25 @@ impl RedisPoolStore {
             return Err(StoreError::Protocol(format!("snapshot: {} pools read, {} answered", pools.len(), rows.len())));
         }
         rows.into_iter().map(parse).collect()
+    }
+}
+
+impl RedisPoolStore {
+    /// `PoolStore::look`: expire.lua's sweep and the pool's snapshot, one script call.
+    pub(super) async fn look_call(&self, pool: &PoolKey, max: u64) -> Result<(u64, PoolSnapshot), StoreError> {
+        let entry = self.entry(pool);
+        let k = &entry.keys;
+        let mut call = self.shared.scripts.look.key(&k.pool);
+        k.structures(&mut call);
+        call.arg(max).arg(self.retention_ms).arg(super::GC_BATCH).arg(self.outbox_max);
+        entry.floor_arg(&mut call);
+        // Not waited for, as expire_due's sweep is not (an expiry lost in a failover is
+        // found due again), so it does not raise the floor either.
+        let (_, reply) = unwrap_seq(self.read(&call).await?)?;
+        let parts = array("look", reply)?;
+        let [freed, row] = <[redis::Value; 2]>::try_from(parts)
+            .map_err(|p| StoreError::Protocol(format!("look: unexpected reply {p:?}")))?;
+        Ok((uint("look", &freed)?, parse(row)?))
     }
 }
 
