@@ -1,25 +1,21 @@
 //! The agent's connection to the center: registration (epoch), Borrow/Return with
 //! request ids retried on UNAVAILABLE, heartbeats, and the channel's event stream.
 
+mod borrows;
 mod describes;
 mod gather;
+mod many;
 mod returns;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use inventory_core::channel::lease;
-use inventory_core::ledger::MAX_BORROW_LINES;
 use inventory_core::{AgentId, Channel};
 use inventory_proto::v1 as pb;
 use inventory_proto::v1::center_client::CenterClient;
-use tokio::sync::oneshot;
 use tonic::transport::Endpoint;
 use tonic::{Code, Status};
-use tracing::Instrument;
-
-use gather::Gather;
 
 /// Retries of one Borrow/Return on a retryable error, all with the same request id.
 const ATTEMPTS: u32 = 5;
@@ -48,16 +44,9 @@ pub struct CenterLink {
     /// `Bearer <token>` for the center; never logged.
     auth: std::sync::RwLock<Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>>,
     /// Borrows waiting to go to the center together ([`CenterLink::borrow`]).
-    coalesce: Gather<Waiting>,
-    /// Whether the center serves BorrowMany: [`MANY_UNKNOWN`], [`MANY_SERVED`] or [`MANY_REFUSED`]
-    /// (ReturnMany's is in `returns`).
-    borrow_many: AtomicU8,
-    /// BorrowMany calls answered so far.
-    borrow_many_calls: AtomicU64,
-    /// Borrow calls answered so far.
-    borrow_calls: AtomicU64,
+    borrows: many::Lane<borrows::Borrows>,
     /// Returns waiting to go to the center together ([`CenterLink::give_back`]).
-    returns: returns::Returns,
+    returns: many::Lane<returns::Returns>,
     /// Item loads waiting to go to the center together ([`CenterLink::describe_to_load`]).
     describes: describes::Describes,
     /// The last bound on the center's clock (`inventory_core::schedule::CenterClock`):
@@ -73,18 +62,6 @@ const MANY_UNKNOWN: u8 = 0;
 const MANY_SERVED: u8 = 1;
 /// The center answered UNIMPLEMENTED (an older center): single calls only.
 const MANY_REFUSED: u8 = 2;
-
-type BorrowAnswer = Result<pb::BorrowResponse, Status>;
-
-/// A Borrow waiting for the link's next call to the center.
-struct Waiting {
-    line: pb::BorrowLine,
-    epoch: u64,
-    answer: oneshot::Sender<BorrowAnswer>,
-    /// The caller's span: the call is sent from another task, and its `traceparent` must
-    /// still name the caller's Borrow span.
-    span: tracing::Span,
-}
 
 /// W3C trace context for a Borrow/Return: when spans are exported, the current span's (so
 /// the center's span joins its trace); otherwise the request id (32 hex digits) is the
@@ -163,11 +140,8 @@ impl CenterLink {
             credential_refusals: AtomicU64::new(0),
             credentials_refused: AtomicBool::new(false),
             auth,
-            coalesce: Gather::default(),
-            borrow_many: AtomicU8::new(MANY_UNKNOWN),
-            borrow_many_calls: AtomicU64::new(0),
-            borrow_calls: AtomicU64::new(0),
-            returns: returns::Returns::default(),
+            borrows: many::Lane::default(),
+            returns: many::Lane::default(),
             describes: describes::Describes::default(),
             clock_offset_ms: AtomicI64::new(0),
             clock_round_trip_ms: AtomicI64::new(0),
@@ -377,157 +351,6 @@ impl CenterLink {
     /// A Borrow under `epoch`: the epoch the caller read before it looked at the pool, so
     /// the call and the pool writes that go with it belong to one incarnation.
     ///
-    /// Borrows of many pools at once (stocking after a start) go to the center together:
-    /// one alone is sent at once as a Borrow; those made while other calls are in flight
-    /// gather for a few milliseconds (or until every sender is busy) and go together, a
-    /// BorrowMany of their epoch, each line keeping its
-    /// request id and its own answer or error. Against a center that answers BorrowMany
-    /// UNIMPLEMENTED, every Borrow goes alone.
-    pub async fn borrow(
-        self: &Arc<Self>,
-        item_id: &str,
-        quantity: u64,
-        request_id: &str,
-        epoch: u64,
-        sell_rate_milli: u64,
-    ) -> BorrowAnswer {
-        if self.borrow_many.load(Ordering::Acquire) == MANY_REFUSED {
-            return self.borrow_one(item_id, quantity, request_id, epoch, sell_rate_milli).await;
-        }
-        let (tx, rx) = oneshot::channel();
-        let line = pb::BorrowLine {
-            item_id: item_id.to_owned(),
-            quantity,
-            request_id: request_id.to_owned(),
-            sell_rate_milli,
-        };
-        if self.coalesce.push(Waiting { line, epoch, answer: tx, span: tracing::Span::current() }) {
-            let me = Arc::clone(self);
-            tokio::spawn(async move { me.send_waiting().await });
-        }
-        rx.await.unwrap_or_else(|_| Err(Status::unavailable("agent stopping")))
-    }
-
-    /// BorrowMany calls the center answered.
-    pub fn borrow_many_calls(&self) -> u64 {
-        self.borrow_many_calls.load(Ordering::Relaxed)
-    }
-
-    /// Borrow calls (one item each) the center answered.
-    pub fn borrow_calls(&self) -> u64 {
-        self.borrow_calls.load(Ordering::Relaxed)
-    }
-
-    /// Sends what waits, one call at a time, until nothing does.
-    async fn send_waiting(self: Arc<Self>) {
-        let pick = |waiting: &mut Vec<Waiting>| gather::one_epoch(waiting, MAX_BORROW_LINES, |w| w.epoch);
-        self.coalesce
-            .drain(pick, |batch| async {
-                if batch.len() == 1 || self.borrow_many.load(Ordering::Acquire) == MANY_REFUSED {
-                    futures::future::join_all(batch.into_iter().map(|w| self.answer_one(w))).await;
-                } else {
-                    self.send_many(batch).await;
-                }
-            })
-            .await;
-    }
-
-    async fn answer_one(&self, w: Waiting) {
-        let l = &w.line;
-        let answer = self
-            .borrow_one(&l.item_id, l.quantity, &l.request_id, w.epoch, l.sell_rate_milli)
-            .instrument(w.span.clone())
-            .await;
-        let _ = w.answer.send(answer);
-    }
-
-    async fn send_many(&self, batch: Vec<Waiting>) {
-        let epoch = batch[0].epoch;
-        let lines: Vec<pb::BorrowLine> = batch.iter().map(|w| w.line.clone()).collect();
-        // The center's span joins the first line's trace (one call, one parent).
-        let result = self
-            .retry(epoch, |mut c, epoch| {
-                let mut req =
-                    self.req(pb::BorrowManyRequest { channel: self.channel.to_string(), epoch, lines: lines.clone() });
-                with_traceparent(&mut req, &lines[0].request_id);
-                async move { c.borrow_many(req).await.map(|r| r.into_inner()) }
-            })
-            .instrument(batch[0].span.clone())
-            .await;
-        let results = match result {
-            Ok(r) if r.results.len() == batch.len() => {
-                self.borrow_many.store(MANY_SERVED, Ordering::Release);
-                self.borrow_many_calls.fetch_add(1, Ordering::Relaxed);
-                r.results
-            }
-            Ok(r) => {
-                let s = Status::internal(format!("borrow many: {} answers to {} lines", r.results.len(), batch.len()));
-                for w in batch {
-                    let _ = w.answer.send(Err(s.clone()));
-                }
-                return;
-            }
-            Err(s) if s.code() == Code::Unimplemented => {
-                tracing::info!(center = %self.url, "the center does not serve BorrowMany; borrowing one item at a time");
-                self.borrow_many.store(MANY_REFUSED, Ordering::Release);
-                futures::future::join_all(batch.into_iter().map(|w| self.answer_one(w))).await;
-                return;
-            }
-            Err(s) => {
-                for w in batch {
-                    let _ = w.answer.send(Err(s.clone()));
-                }
-                return;
-            }
-        };
-        let mut again = Vec::new();
-        for (w, r) in batch.into_iter().zip(results) {
-            let code = Code::from_i32(r.code);
-            if code == Code::Ok {
-                let answer = pb::BorrowResponse {
-                    granted: r.granted,
-                    center_available: r.center_available,
-                    replayed: r.replayed,
-                    opens_at_unix_ms: r.opens_at_unix_ms,
-                };
-                let _ = w.answer.send(Ok(answer));
-            } else if retryable(code) {
-                // The line's request id is unchanged: alone, it is retried like any Borrow.
-                again.push(w);
-            } else {
-                let _ = w.answer.send(Err(Status::new(code, r.message)));
-            }
-        }
-        futures::future::join_all(again.into_iter().map(|w| self.answer_one(w))).await;
-    }
-
-    async fn borrow_one(
-        &self,
-        item_id: &str,
-        quantity: u64,
-        request_id: &str,
-        epoch: u64,
-        sell_rate_milli: u64,
-    ) -> Result<pb::BorrowResponse, Status> {
-        self.retry(epoch, |mut c, epoch| {
-            let req = pb::BorrowRequest {
-                item_id: item_id.to_owned(),
-                channel: self.channel.to_string(),
-                epoch,
-                quantity,
-                request_id: request_id.to_owned(),
-                sell_rate_milli,
-            };
-            let mut req = self.req(req);
-            with_traceparent(&mut req, request_id);
-            async move { c.borrow(req).await.map(|r| r.into_inner()) }
-        })
-        .await
-        .inspect(|_| {
-            self.borrow_calls.fetch_add(1, Ordering::Relaxed);
-        })
-    }
-
     /// Reports and, on success, renews the lease (counted from the send time).
     /// `last_report`: the agent has stopped selling and this is its last word (drain).
     pub async fn heartbeat(
