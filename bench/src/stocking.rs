@@ -64,6 +64,20 @@ pub struct IdleCost {
     pub redis_cpu_per_s: Option<f64>,
     pub servers_cpu_per_s: f64,
     pub postgres_cpu_per_s: f64,
+    /// Script calls (EVALSHA) Redis ran a second, and the µs each took on average
+    /// (`INFO commandstats`; the commands a script runs are counted within it).
+    pub script_calls_per_s: Option<f64>,
+    pub script_us_per_call: Option<f64>,
+}
+
+/// `cmdstat_evalsha`'s calls and µs in all, from `INFO commandstats`.
+async fn script_stats(conn: &mut redis::aio::MultiplexedConnection) -> Option<(f64, f64)> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await.ok()?;
+    let line = info.lines().find(|l| l.starts_with("cmdstat_evalsha:"))?;
+    let get = |name: &str| {
+        line.split([':', ',']).find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse::<f64>().ok())
+    };
+    Some((get("calls")?, get("usec")?))
 }
 
 /// What a catalogue of this size costs once stocked (seconds, bytes).
@@ -182,15 +196,26 @@ async fn idle_cost(store: &Store) -> IdleCost {
         },
         Store::Memory => None,
     };
+    let scripts_before = match conn.as_mut() {
+        Some(c) => script_stats(c).await,
+        None => None,
+    };
     let before = crate::sysinfo::CpuSnapshot::take(conn.as_mut()).await;
     tokio::time::sleep(IDLE_WINDOW).await;
     let used = crate::sysinfo::CpuSnapshot::take(conn.as_mut()).await.since(&before);
+    let scripts_after = match conn.as_mut() {
+        Some(c) => script_stats(c).await,
+        None => None,
+    };
+    let scripts = scripts_before.zip(scripts_after).map(|((c0, u0), (c1, u1))| (c1 - c0, u1 - u0));
     let per_s = |cpu: f64| cpu / used.wall_s.max(1e-9);
     IdleCost {
         window_s: used.wall_s,
         redis_cpu_per_s: used.redis_s.map(per_s),
         servers_cpu_per_s: per_s(used.servers_s),
         postgres_cpu_per_s: per_s(used.postgres_s),
+        script_calls_per_s: scripts.map(|(calls, _)| per_s(calls)),
+        script_us_per_call: scripts.and_then(|(calls, us)| (calls > 0.0).then(|| us / calls)),
     }
 }
 
@@ -344,7 +369,7 @@ fn render_after(a: &AfterStocking) -> String {
          quiet heartbeat after it: read {:.2} s (every stamp, {} pools whole in turn), {} changed, sent in {:.2} s\n\
          {}; {}\n\
          console: {}; {}; {}; {}\n\
-         idle for {:.1} s (looks and quiet heartbeats, nothing sold): Redis {}, servers {:.0} ms, PostgreSQL {:.0} ms of CPU a second\n",
+         idle for {:.1} s (looks and quiet heartbeats, nothing sold): Redis {}, servers {:.0} ms, PostgreSQL {:.0} ms of CPU a second; {}\n",
         a.heartbeat_pools,
         a.report_read_s,
         kb(a.heartbeat_bytes),
@@ -365,6 +390,10 @@ fn render_after(a: &AfterStocking) -> String {
         a.idle.redis_cpu_per_s.map(|r| format!("{:.0} ms", r * 1e3)).unwrap_or_else(|| "unread".into()),
         a.idle.servers_cpu_per_s * 1e3,
         a.idle.postgres_cpu_per_s * 1e3,
+        match (a.idle.script_calls_per_s, a.idle.script_us_per_call) {
+            (Some(calls), Some(us)) => format!("{calls:.0} script calls a second, {us:.0} µs each in Redis"),
+            _ => "script calls unread".to_owned(),
+        },
     )
 }
 
