@@ -47,6 +47,7 @@ pub mod policy;
 mod reply;
 mod scripts;
 mod snapshots;
+mod stock;
 
 use argv::{Argv, invocation};
 pub use batch::BatchStats;
@@ -396,29 +397,6 @@ impl RedisPoolStore {
         let reply: Value = self.write(&k.pool, &call).await?;
         transition(what, pool, entry.acknowledged(reply)?)
     }
-
-    async fn refill_script(
-        &self,
-        pool: &PoolKey,
-        grant_id: &str,
-        units: u64,
-        must_exist: bool,
-        epoch: u64,
-    ) -> Result<bool, StoreError> {
-        let entry = self.entry(pool);
-        let k = &entry.keys;
-        let mut call = self.shared.scripts.refill.key(&k.pool);
-        call.key(&k.grants).key(&k.gc).key(&k.fence).key(&k.outbox);
-        k.structures(&mut call);
-        call.arg(grant_id).arg(units).arg(self.retention_ms).arg(if must_exist { "1" } else { "0" }).arg(epoch);
-        entry.floor_arg(&mut call);
-        let reply: Value = entry.acknowledged(self.write(&k.pool, &call).await?)?;
-        match int("refill", &reply)? {
-            -1 => Err(StoreError::PoolMissing(pool.hash_tag())),
-            -2 => Err(StoreError::Fenced(pool.hash_tag())),
-            n => Ok(n == 1),
-        }
-    }
 }
 
 fn duration_ms(d: Duration) -> u64 {
@@ -527,34 +505,11 @@ impl PoolStore for RedisPoolStore {
         max_units: u64,
         epoch: u64,
     ) -> Result<u64, StoreError> {
-        let entry = self.entry(pool);
-        let k = &entry.keys;
-        let mut call = self.shared.scripts.take_for_return.key(&k.pool);
-        call.key(&k.takes).key(&k.gc).key(&k.fence);
-        k.structures(&mut call);
-        call.arg(take_id).arg(max_units).arg(self.retention_ms).arg(epoch);
-        entry.floor_arg(&mut call);
-        let reply: Value = entry.acknowledged(self.write(&k.pool, &call).await?)?;
-        match int("take_for_return", &reply)? {
-            -1 => Err(StoreError::PoolMissing(pool.hash_tag())),
-            -2 => Err(StoreError::Fenced(pool.hash_tag())),
-            _ => uint("take_for_return", &reply),
-        }
+        self.take_script(pool, take_id, max_units, epoch).await
     }
 
     async fn untake(&self, pool: &PoolKey, take_id: &str, epoch: u64) -> Result<u64, StoreError> {
-        let entry = self.entry(pool);
-        let k = &entry.keys;
-        let mut call = self.shared.scripts.untake.key(&k.pool);
-        call.key(&k.takes).key(&k.fence);
-        k.structures(&mut call);
-        call.arg(take_id).arg(epoch);
-        entry.floor_arg(&mut call);
-        let reply: Value = entry.acknowledged(self.write(&k.pool, &call).await?)?;
-        match int("untake", &reply)? {
-            -2 => Err(StoreError::Fenced(pool.hash_tag())),
-            _ => uint("untake", &reply),
-        }
+        self.untake_script(pool, take_id, epoch).await
     }
 
     async fn raise_fence(&self, pool: &PoolKey, epoch: u64) -> Result<u64, StoreError> {

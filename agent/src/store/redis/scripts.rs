@@ -61,6 +61,10 @@ macro_rules! wrapped {
 /// the script's own text.
 macro_rules! with_outbox {
     ($name:literal) => {
+        with_outbox!($name, "")
+    };
+    // `$before`: text between the preludes and the script's own (look.lua's `sweep`).
+    ($name:literal, $($before:tt)+) => {
         Script::new(concat!(
             include_str!("../../../../lua/intact.lua"),
             include_str!("../../../../lua/codec.lua"),
@@ -68,6 +72,7 @@ macro_rules! with_outbox {
             include_str!("../../../../lua/outbox.lua"),
             include_str!("../../../../lua/due.lua"),
             include_str!("../../../../lua/release.lua"),
+            $($before)+,
             wrapped!($name)
         ))
     };
@@ -98,18 +103,11 @@ impl Scripts {
             confirm: with_outbox!("confirm.lua"),
             cancel: with_outbox!("cancel.lua"),
             expire: with_outbox!("expire.lua"),
-            look: Script::new(concat!(
-                include_str!("../../../../lua/intact.lua"),
-                include_str!("../../../../lua/codec.lua"),
-                include_str!("../../../../lua/ids.lua"),
-                include_str!("../../../../lua/outbox.lua"),
-                include_str!("../../../../lua/due.lua"),
-                include_str!("../../../../lua/release.lua"),
-                "local function sweep()\n",
-                include_str!("../../../../lua/expire.lua"),
-                "\nend\n",
-                wrapped!("look.lua")
-            )),
+            // expire.lua's sweep as a function, which look.lua calls before its read.
+            look: with_outbox!(
+                "look.lua",
+                concat!("local function sweep()\n", include_str!("../../../../lua/expire.lua"), "\nend\n")
+            ),
             refill: with_intact!("refill.lua"),
             take_for_return: with_intact!("take_for_return.lua"),
             untake: with_intact!("untake.lua"),

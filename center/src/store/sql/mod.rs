@@ -65,8 +65,23 @@ type Tx = Transaction<'static, Any>;
 impl SqlLedger {
     /// The lines of a BorrowMany or ReturnMany as one batch. One channel, one epoch: a
     /// stale epoch is the whole call's error.
-    async fn run_many(&self, ops: &[Op], channel: &Channel, epoch: u64) -> Result<Vec<Result<Answer>>> {
-        let (mut answers, stale) = self.run_batch(ops).await?;
+    async fn run_many<'a>(
+        &self,
+        channel: &Channel,
+        epoch: u64,
+        lines: impl Iterator<Item = (&'a ItemId, Quantity, &'a RequestId, OpKind)> + Send,
+    ) -> Result<Vec<Result<Answer>>> {
+        let ops: Vec<Op> = lines
+            .map(|(item, quantity, request_id, kind)| Op {
+                item: item.clone(),
+                channel: channel.clone(),
+                epoch,
+                quantity,
+                request_id: request_id.clone(),
+                kind,
+            })
+            .collect();
+        let (mut answers, stale) = self.run_batch(&ops).await?;
         if let Some(line) = stale {
             return Err(answers
                 .swap_remove(line)
@@ -151,18 +166,8 @@ impl LedgerStore for SqlLedger {
         epoch: u64,
         lines: &[BorrowLine],
     ) -> Result<Vec<Result<BorrowOutcome>>> {
-        let ops: Vec<Op> = lines
-            .iter()
-            .map(|l| Op {
-                item: l.item.clone(),
-                channel: channel.clone(),
-                epoch,
-                quantity: l.quantity,
-                request_id: l.request_id.clone(),
-                kind: OpKind::Borrow(l.rate),
-            })
-            .collect();
-        let answers = self.run_many(&ops, channel, epoch).await?;
+        let lines = lines.iter().map(|l| (&l.item, l.quantity, &l.request_id, OpKind::Borrow(l.rate)));
+        let answers = self.run_many(channel, epoch, lines).await?;
         Ok(answers.into_iter().map(|a| a?.into_borrow()).collect())
     }
 
@@ -191,18 +196,8 @@ impl LedgerStore for SqlLedger {
         epoch: u64,
         lines: &[ReturnLine],
     ) -> Result<Vec<Result<ReturnOutcome>>> {
-        let ops: Vec<Op> = lines
-            .iter()
-            .map(|l| Op {
-                item: l.item.clone(),
-                channel: channel.clone(),
-                epoch,
-                quantity: l.quantity,
-                request_id: l.request_id.clone(),
-                kind: OpKind::Return,
-            })
-            .collect();
-        let answers = self.run_many(&ops, channel, epoch).await?;
+        let lines = lines.iter().map(|l| (&l.item, l.quantity, &l.request_id, OpKind::Return));
+        let answers = self.run_many(channel, epoch, lines).await?;
         Ok(answers.into_iter().map(|a| a?.into_return()).collect())
     }
 
