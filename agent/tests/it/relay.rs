@@ -468,11 +468,13 @@ async fn a_broker_killed_with_a_batch_in_flight_has_every_event_within_seconds_o
 
     nats.freeze();
     let started = std::time::Instant::now();
-    let pass = tokio::time::timeout(Duration::from_secs(10), relay.pass(std::slice::from_ref(&pool)))
+    // A deadline per event would hold this pass for 300 x 2 s; one per batch ends it in about
+    // 2 x 2 s. The bounds leave room for a busy machine and still tell the two apart.
+    let pass = tokio::time::timeout(Duration::from_secs(20), relay.pass(std::slice::from_ref(&pool)))
         .await
-        .unwrap_or_else(|_| panic!("a pass over a batch the broker never acknowledges still runs after 10 s"));
+        .unwrap_or_else(|_| panic!("a pass over a batch the broker never acknowledges still runs after 20 s"));
     assert!(pass.failed && pass.published == 0, "{pass:?}");
-    assert!(started.elapsed() < Duration::from_secs(6), "one deadline per batch, took {:?}", started.elapsed());
+    assert!(started.elapsed() < Duration::from_secs(10), "one deadline per batch, took {:?}", started.elapsed());
 
     nats.kill();
     nats.start_again().await;
@@ -481,7 +483,7 @@ async fn a_broker_killed_with_a_batch_in_flight_has_every_event_within_seconds_o
     let pools = vec![pool.clone()];
     let running = tokio::spawn(inventory_agent::relay::run(relay, move || pools.clone(), || true, stop_rx));
     let published =
-        wait_until(Duration::from_secs(15), || async { status.progress(&pool).is_some_and(|p| p.published == SALES) })
+        wait_until(Duration::from_secs(30), || async { status.progress(&pool).is_some_and(|p| p.published == SALES) })
             .await;
     let took = back.elapsed();
     assert!(published, "{:?} acknowledged {took:?} after the broker came back", status.progress(&pool));
