@@ -30,6 +30,9 @@ fn refusal(e: &RedisError) -> Option<&'static str> {
 /// Connection trouble (and servers that cannot serve right now) is `Unavailable`, a write
 /// the server refused `Refused`: the caller may retry with the same ids. Anything else
 /// means the store answered something this code does not expect.
+///
+/// A redirection the cluster client gave up following (MOVED or ASK while a failover moves
+/// slots) is `Unavailable` too: the node that answered it ran nothing.
 pub(super) fn map_err(e: RedisError) -> StoreError {
     if let Some(why) = refusal(&e) {
         return StoreError::Refused(why.to_owned());
@@ -47,8 +50,49 @@ pub(super) fn map_err(e: RedisError) -> StoreError {
                     | ServerErrorKind::ClusterDown
                     | ServerErrorKind::MasterDown
                     | ServerErrorKind::ReadOnly
+                    | ServerErrorKind::Moved
+                    | ServerErrorKind::Ask
             ) | ErrorKind::ClusterConnectionNotFound
         )
         || e.code() == Some("BUSY");
     if unavailable { StoreError::Unavailable(e.to_string()) } else { StoreError::Protocol(e.to_string()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mapped(kind: ErrorKind, text: &'static str) -> StoreError {
+        map_err(RedisError::from((kind, text)))
+    }
+
+    #[test]
+    fn a_failover_in_progress_is_unavailable_whatever_the_node_answers() {
+        for kind in [
+            ServerErrorKind::Moved,
+            ServerErrorKind::Ask,
+            ServerErrorKind::TryAgain,
+            ServerErrorKind::ClusterDown,
+            ServerErrorKind::MasterDown,
+            ServerErrorKind::ReadOnly,
+            ServerErrorKind::BusyLoading,
+        ] {
+            let e = mapped(ErrorKind::Server(kind), "slot moving");
+            assert!(matches!(e, StoreError::Unavailable(_)), "{kind:?} mapped to {e:?}");
+        }
+        assert!(matches!(mapped(ErrorKind::ClusterConnectionNotFound, "no node"), StoreError::Unavailable(_)));
+    }
+
+    #[test]
+    fn refusals_and_unexpected_answers_keep_their_kinds() {
+        let oom = mapped(
+            ErrorKind::Server(ServerErrorKind::ResponseError),
+            "OOM command not allowed when used memory > 'maxmemory'",
+        );
+        assert!(matches!(oom, StoreError::Refused(ref why) if why == OUT_OF_MEMORY), "{oom:?}");
+        let cross = mapped(ErrorKind::Server(ServerErrorKind::CrossSlot), "keys in different slots");
+        assert!(matches!(cross, StoreError::Protocol(_)), "{cross:?}");
+        let parse = mapped(ErrorKind::UnexpectedReturnType, "not an array");
+        assert!(matches!(parse, StoreError::Protocol(_)), "{parse:?}");
+    }
 }
