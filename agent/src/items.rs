@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use dashmap::DashMap;
 use inventory_core::buyers::{LimitScope, RegistryFallback};
@@ -107,8 +108,9 @@ pub struct Item {
     /// Where the per-user limit applies; part of the item's definition, so fixed.
     pub limit: ItemLimit,
     state: Mutex<ItemState>,
-    /// The pool's outbox as last read (metrics render from it).
-    outbox: Mutex<Option<crate::store::OutboxStats>>,
+    /// The pool's outbox as last read (metrics render from it), and when (or when the item
+    /// was made, before the first read).
+    outbox: Mutex<(Option<crate::store::OutboxStats>, Instant)>,
     /// Each segment's counters as last read (metrics and reports render from them).
     segment_snapshots: Mutex<Vec<inventory_core::pool::PoolSnapshot>>,
     /// Which segments the store lost (the leading replica's reads).
@@ -127,7 +129,7 @@ impl Item {
                 core: ItemCore::new(policy, center_available, settings),
                 waiters: HashMap::new(),
             }),
-            outbox: Mutex::new(None),
+            outbox: Mutex::new((None, Instant::now())),
             segment_snapshots: Mutex::new(Vec::new()),
             segment_health: Mutex::new(Default::default()),
         }
@@ -176,7 +178,7 @@ impl Item {
     }
 
     pub fn set_outbox_stats(&self, stats: crate::store::OutboxStats) {
-        *self.outbox.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats);
+        *self.outbox.lock().unwrap_or_else(|e| e.into_inner()) = (Some(stats), Instant::now());
     }
 
     pub fn set_segment_snapshots(&self, snaps: &[inventory_core::pool::PoolSnapshot]) {
@@ -238,7 +240,12 @@ impl Item {
 
     /// The pool's outbox as last read, if read yet.
     pub fn outbox_stats(&self) -> Option<crate::store::OutboxStats> {
-        *self.outbox.lock().unwrap_or_else(|e| e.into_inner())
+        self.outbox.lock().unwrap_or_else(|e| e.into_inner()).0
+    }
+
+    /// How long ago the outbox was last read (since the item was made, before the first read).
+    pub fn outbox_age(&self) -> std::time::Duration {
+        self.outbox.lock().unwrap_or_else(|e| e.into_inner()).1.elapsed()
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, ItemState> {

@@ -317,8 +317,13 @@ impl Stocking {
             let freed = segmented::expire_due(self.store.as_ref(), &item.intact_pools(), SWEEP_MAX).await?;
             (freed, segmented::snapshot(self.store.as_ref(), item, self.link.epoch()).await?)
         } else {
-            // The sweep and the read in one store call (one script on Redis).
-            self.store.look(&item.pool, SWEEP_MAX).await?
+            // The sweep and the read in one store call (one script on Redis), with the
+            // outbox's size for the metrics, so no other call need read it.
+            let looked = self.store.look(&item.pool, SWEEP_MAX).await?;
+            if let Some(outbox) = looked.outbox {
+                item.set_outbox_stats(outbox);
+            }
+            (looked.freed, looked.snapshot)
         };
         let mut notes = Vec::new();
         // Before a scheduled opening a look decides nothing: the opening's stocking fills

@@ -71,6 +71,13 @@ pub async fn rebalancer(agent: Arc<Agent>, period: Duration, mut stop: watch::Re
     }
 }
 
+/// An outbox size older than this is read again: two idle looks' time and a pass of the
+/// reader's, so a pool that is looked at is never read twice.
+fn outbox_stale_after(items: usize) -> Duration {
+    let looks = u64::try_from(2 * idle_look_every_ms(items)).unwrap_or(u64::MAX);
+    Duration::from_millis(looks) + Duration::from_secs(5)
+}
+
 /// How often a quiet pool is looked at when the agent has `items` pools.
 pub fn idle_look_every_ms(items: usize) -> i64 {
     let spread = i64::try_from(items).unwrap_or(i64::MAX).saturating_mul(1_000) / IDLE_LOOKS_PER_SEC;
@@ -178,14 +185,19 @@ pub async fn leadership(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
 }
 
 /// Keeps the per-user rate limiter's memory to the recently active users.
-/// Reads each pool's outbox size for the metrics (on the leading replica, which exports
-/// the pool gauges). Slow on purpose: it feeds an alert on a bound, not a dashboard.
+/// Reads the outbox size of each pool no look read lately, for the metrics (on the leading
+/// replica, which exports the pool gauges). A look at a whole pool reads it on the way
+/// (`Stocking::look`), so this reads segmented items and pools whose looks failed. Slow
+/// on purpose: it feeds an alert on a bound, not a dashboard.
 pub async fn outbox_sizes(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
     while tick(&mut stop, Duration::from_secs(5)).await {
         if !agent.is_leading() {
             continue;
         }
-        futures::stream::iter(agent.items())
+        let items = agent.items();
+        let stale_after = outbox_stale_after(items.len());
+        let stale = items.into_iter().filter(|item| item.outbox_age() >= stale_after);
+        futures::stream::iter(stale)
             .for_each_concurrent(LOOKS_IN_FLIGHT, |item| {
                 let agent = Arc::clone(&agent);
                 async move {

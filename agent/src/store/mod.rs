@@ -58,6 +58,18 @@ pub use inventory_core::pool::{
 
 pub use inventory_core::channel::PoolStamp;
 
+/// What [`PoolStore::look`] found.
+#[derive(Debug, Clone)]
+pub struct Looked {
+    /// Units the sweep put back.
+    pub freed: u64,
+    /// The pool after the sweep.
+    pub snapshot: PoolSnapshot,
+    /// Its outbox after the sweep (which may have written events); `None` when the pool is
+    /// missing or lost.
+    pub outbox: Option<OutboxStats>,
+}
+
 /// A move of units between two segments of one channel's pool of an item, recorded before
 /// its take and cleared after its refill (both keyed by `id`), so a crash between them is
 /// finished by whoever reads the item's segments next.
@@ -178,12 +190,15 @@ pub trait PoolStore: Send + Sync + 'static {
     async fn expire_due(&self, pool: &PoolKey, max: u64) -> Result<u64, StoreError>;
 
     /// The rebalancer's look at a pool: [`PoolStore::expire_due`], then
-    /// [`PoolStore::snapshot`] of the pool after it; the units put back and the snapshot.
-    /// A store may do both in one call (nothing can happen to the pool in between there,
-    /// which the rules take as they take the two calls).
-    async fn look(&self, pool: &PoolKey, max: u64) -> Result<(u64, PoolSnapshot), StoreError> {
+    /// [`PoolStore::snapshot`] and [`PoolStore::outbox_stats`] of the pool after it.
+    /// A store may do all in one call (nothing can happen to the pool in between there,
+    /// which the rules take as they take the separate calls).
+    async fn look(&self, pool: &PoolKey, max: u64) -> Result<Looked, StoreError> {
         let freed = self.expire_due(pool, max).await?;
-        Ok((freed, self.snapshot(pool).await?))
+        let snapshot = self.snapshot(pool).await?;
+        // Only for the metrics: a failed read of it fails no look.
+        let outbox = if snapshot.generation > 0 { self.outbox_stats(pool).await.ok() } else { None };
+        Ok(Looked { freed, snapshot, outbox })
     }
 
     /// Adds `units` granted by the center to available, once per `grant_id` (a replayed

@@ -503,6 +503,38 @@ fn version_names_the_git_commit() {
     }
 }
 
+/// The outbox gauges follow sales with nothing but the rebalancer's looks reading the pool:
+/// a look reads the outbox's size with the pool, and the outbox reader skips a pool so read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_gauges_follow_sales_through_the_looks_alone() {
+    let redis = inventory_test_support::TestRedis::create().await;
+    let center = Center::start_sqlite().await;
+    center.create_item("o", 100, 1, (10, 40, 20)).await;
+    let store = StoreSpec::Redis { url: redis.url.clone(), prefix: redis.prefix.clone() };
+    let mut cfg = agent_config(&center.url, "app", &store);
+    cfg.outbox_max_events = 3;
+    let agent = LocalAgent::start_with(cfg, None).await;
+    let mut client = agent.client().await;
+    for i in 0..5 {
+        let r = client.acquire(acquire_req("o", &format!("u{i}"), 1, &format!("k{i}"))).await.unwrap().into_inner();
+        assert_eq!(r.outcome(), pb::AcquireOutcome::Reserved, "the bound never fails a sale");
+    }
+    // The outbox reader reads only sizes older than two idle looks and a pass (over 5 s):
+    // within 5 s of the sales, only a look can have read them.
+    let gauges = |text: &str| {
+        (
+            sample(text, r#"inventory_agent_outbox_events{channel="app",item="o"}"#),
+            sample(text, r#"inventory_agent_outbox_events_dropped_total{channel="app",item="o"}"#),
+        )
+    };
+    let addr = agent.http_addr;
+    let followed = inventory_test_support::wait_until(Duration::from_secs(5), || async move {
+        gauges(&http_get(addr, "/metrics").await) == (Some(3.0), Some(2.0))
+    })
+    .await;
+    assert!(followed, "gauges {:?}", gauges(&http_get(addr, "/metrics").await));
+}
+
 /// The outbox gauges: events kept against the bound, and those the bound dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outbox_size_and_drops_are_exported_against_the_bound() {

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use inventory_agent::store::{PoolKey, PoolSnapshot, PoolStamp, PoolStore};
+use inventory_agent::store::{Looked, PoolKey, PoolSnapshot, PoolStamp, PoolStore};
 
 use super::store_contract::{
     Backend, LONG_TTL_MS, SHORT_TTL_MS, acquire_args, pool, reserve_with, sweep_until_freed, wait_past,
@@ -159,25 +159,28 @@ async fn stamps_move_with_every_write_and_only_then(backend: &Backend) {
     assert_eq!(stamp(store.as_ref(), &p).await.generation, 0, "below the floor");
 }
 
-/// `look` answers what `expire_due` and then `snapshot` answer: on a pool never opened, on
-/// one with nothing due, on one with expired and live reservations (the expired put back,
-/// the pool read after the sweep, its stamp the one a snapshot shows), and on one below its
-/// floor (lost: nothing swept, nothing read).
+/// `look` answers what `expire_due` and then `snapshot` and `outbox_stats` answer: on a pool
+/// never opened, on one with nothing due, on one with expired and live reservations (the
+/// expired put back, the pool read after the sweep, its stamp the one a snapshot shows, its
+/// outbox with the sweep's events), and on one below its floor (lost: nothing swept, nothing
+/// read).
 async fn a_look_sweeps_then_reads_as_the_two_calls_do(backend: &Backend) {
     let store: Arc<dyn PoolStore> = backend.store().await;
     let counts = |s: &PoolSnapshot| (s.available, s.reserved, s.sold, s.generation, s.write_seq);
 
     let never = pool("sku-look-never");
-    let (freed, snap) = store.look(&never, 100).await.unwrap();
+    let Looked { freed, snapshot: snap, outbox } = store.look(&never, 100).await.unwrap();
     assert_eq!((freed, snap.available, snap.generation), (0, 0, 0), "never opened: {snap:?}");
+    assert_eq!(outbox, None, "never opened: no outbox");
 
     // Two pools set up alike: one looked at, one swept and read by the two calls.
     let (looked, twin) = (pool("sku-look-one"), pool("sku-look-twin"));
     let mut short_expiries = Vec::new();
     for p in [&looked, &twin] {
         assert!(store.refill(p, "grant-1", 20, 0).await.unwrap());
-        let (freed, snap) = store.look(p, 100).await.unwrap();
+        let Looked { freed, snapshot: snap, outbox } = store.look(p, 100).await.unwrap();
         assert_eq!(freed, 0, "nothing due");
+        assert_eq!(outbox, Some(store.outbox_stats(p).await.unwrap()), "the outbox as outbox_stats reads it");
         assert_eq!(counts(&snap), counts(&store.snapshot(p).await.unwrap()), "an empty sweep reads as a snapshot");
         assert_eq!(stamp(store.as_ref(), p).await.write_seq, snap.write_seq, "an empty sweep writes nothing");
         for (n, ttl) in [(1, SHORT_TTL_MS), (2, SHORT_TTL_MS), (3, LONG_TTL_MS)] {
@@ -192,7 +195,11 @@ async fn a_look_sweeps_then_reads_as_the_two_calls_do(backend: &Backend) {
     }
     wait_past(&store, &looked, short_expiries.into_iter().max().unwrap()).await;
 
-    let (freed, snap) = store.look(&looked, 100).await.unwrap();
+    let outbox_before = store.outbox_stats(&looked).await.unwrap();
+    let Looked { freed, snapshot: snap, outbox } = store.look(&looked, 100).await.unwrap();
+    let outbox = outbox.expect("an open pool's outbox");
+    assert_eq!(outbox, store.outbox_stats(&looked).await.unwrap(), "the outbox after the sweep");
+    assert_eq!(outbox.last_sequence, outbox_before.last_sequence + 2, "with the sweep's two expiry events");
     let twin_freed = store.expire_due(&twin, 100).await.unwrap();
     let twin_snap = store.snapshot(&twin).await.unwrap();
     assert_eq!((freed, twin_freed), (2, 2), "both short reservations put back by either way");
@@ -201,11 +208,12 @@ async fn a_look_sweeps_then_reads_as_the_two_calls_do(backend: &Backend) {
     assert_eq!(counts(&snap), counts(&store.snapshot(&looked).await.unwrap()), "the look read the pool as it is after");
     assert_eq!(stamp(store.as_ref(), &looked).await.write_seq, snap.write_seq, "its sequence once the sweep wrote");
     assert!(snap.now_ms > 0);
-    assert_eq!(store.look(&looked, 100).await.unwrap().0, 0, "nothing due twice");
+    assert_eq!(store.look(&looked, 100).await.unwrap().freed, 0, "nothing due twice");
 
     // Below its floor the pool is lost: the look neither sweeps nor reads it.
     let seq = store.snapshot(&looked).await.unwrap().write_seq;
     store.raise_floor(&looked, seq + 5).await.unwrap();
-    let (freed, lost) = store.look(&looked, 100).await.unwrap();
+    let Looked { freed, snapshot: lost, outbox } = store.look(&looked, 100).await.unwrap();
     assert_eq!((freed, lost.available, lost.reserved, lost.generation), (0, 0, 0, 0), "lost: {lost:?}");
+    assert_eq!(outbox, None, "lost: no outbox read");
 }

@@ -61,9 +61,9 @@ use scripts::{Keys, Scripts};
 use super::health::StoreHealth;
 use super::memory::{DEFAULT_RECORD_RETENTION, GC_BATCH};
 use super::{
-    AcquireArgs, AcquireResult, ChannelOp, ChannelReply, DEFAULT_OUTBOX_MAX, EventPage, ExtendResult, MoveIntent,
-    OutboxStats, PoolKey, PoolSnapshot, PoolStamp, PoolStore, Reservation, ReservationRef, ReservationState,
-    StoreError, Transition, channel_tag,
+    AcquireArgs, AcquireResult, ChannelOp, ChannelReply, DEFAULT_OUTBOX_MAX, EventPage, ExtendResult, Looked,
+    MoveIntent, OutboxStats, PoolKey, PoolSnapshot, PoolStamp, PoolStore, Reservation, ReservationRef,
+    ReservationState, StoreError, Transition, channel_tag,
 };
 use super::{BASKET_RETENTION, BasketWrite, Intent, StoredBasket};
 use policy::RedisNodes;
@@ -480,7 +480,7 @@ impl PoolStore for RedisPoolStore {
         uint("expire_due", &reply)
     }
 
-    async fn look(&self, pool: &PoolKey, max: u64) -> Result<(u64, PoolSnapshot), StoreError> {
+    async fn look(&self, pool: &PoolKey, max: u64) -> Result<Looked, StoreError> {
         self.look_call(pool, max).await
     }
 

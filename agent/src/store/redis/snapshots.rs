@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use super::batch::{PoolEntry, unwrap_seq};
 use super::reply::{array, int, uint};
 use super::{Conn, RedisPoolStore};
-use crate::store::{PoolKey, PoolSnapshot, PoolStamp, StoreError};
+use crate::store::{Looked, OutboxStats, PoolKey, PoolSnapshot, PoolStamp, StoreError};
 
 /// Pools one call reads at most: a call of a hundred pools holds the server for well under
 /// a millisecond, so sales on other pools wait no longer than behind a few Acquires.
@@ -91,7 +91,7 @@ impl RedisPoolStore {
 
 impl RedisPoolStore {
     /// `PoolStore::look`: expire.lua's sweep and the pool's snapshot, one script call.
-    pub(super) async fn look_call(&self, pool: &PoolKey, max: u64) -> Result<(u64, PoolSnapshot), StoreError> {
+    pub(super) async fn look_call(&self, pool: &PoolKey, max: u64) -> Result<Looked, StoreError> {
         let entry = self.entry(pool);
         let k = &entry.keys;
         let mut call = self.shared.scripts.look.key(&k.pool);
@@ -102,9 +102,18 @@ impl RedisPoolStore {
         // found due again), so it does not raise the floor either.
         let (_, reply) = unwrap_seq(self.read(&call).await?)?;
         let parts = array("look", reply)?;
-        let [freed, row] = <[redis::Value; 2]>::try_from(parts)
+        let [freed, row, outbox] = <[redis::Value; 3]>::try_from(parts)
             .map_err(|p| StoreError::Protocol(format!("look: unexpected reply {p:?}")))?;
-        Ok((uint("look", &freed)?, parse(row)?))
+        let outbox = match array("look", outbox)?.as_slice() {
+            [] => None,
+            [kept, dropped, last] => Some(OutboxStats {
+                kept: uint("look", kept)?,
+                dropped: uint("look", dropped)?,
+                last_sequence: uint("look", last)?,
+            }),
+            other => return Err(StoreError::Protocol(format!("look: unexpected outbox {other:?}"))),
+        };
+        Ok(Looked { freed: uint("look", &freed)?, snapshot: parse(row)?, outbox })
     }
 }
 
