@@ -7,7 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use inventory_core::channel::{CallFault, Ctx, Effect, Holding, Note, OpKind, OpResult, Reply, Step, StoreFault, Work};
+use inventory_core::channel::{
+    CallFault, Ctx, Effect, Holding, Note, OpKind, OpResult, PoolView, ReadToken, Reply, Step, StoreFault, Work,
+};
 use tokio::sync::oneshot;
 use tokio_util::task::TaskTracker;
 use tonic::{Code, Status};
@@ -300,37 +302,67 @@ fn center_fault(item: &str, call: &str, s: &Status) -> Reply {
     })
 }
 
+/// What a look decides from: a whole read of the item's one pool with its write sequence
+/// (remembered for quiet looks), or a read that may not be remembered (a segmented item's,
+/// or the one a quiet look decides from).
+enum Read {
+    Whole(PoolView, u64),
+    Partial(PoolView),
+}
+
 /// Reservations one look's sweep expires at most, per pool.
 const SWEEP_MAX: u64 = 1_000;
 
 impl Stocking {
-    /// The rebalancer's look at one item: queue a due resync, sweep expired reservations,
-    /// read the pool and let the rules decide whether to borrow or give back.
+    /// The rebalancer's whole look at one item: queue a due resync, sweep expired
+    /// reservations, read the pool and let the rules decide whether to borrow or give back.
     pub async fn look(self: &Arc<Self>, item: &Arc<Item>) -> Result<Option<OpKind>, StoreError> {
-        for kind in item.with(|c| c.due_resyncs(crate::clock::now_ms())) {
-            self.submit(item, kind);
-        }
+        self.queue_due_resyncs(item);
         // Taken before the sweep: a read whose pool changed meanwhile decides nothing, and
         // the earlier the token, the more such changes it sees.
         let token = item.with(|c| c.begin_read());
-        let (freed, snap) = if item.is_segmented() {
+        if item.is_segmented() {
             let freed = segmented::expire_due(self.store.as_ref(), &item.intact_pools(), SWEEP_MAX).await?;
-            (freed, segmented::snapshot(self.store.as_ref(), item, self.link.epoch()).await?)
-        } else {
-            // The sweep and the read in one store call (one script on Redis), with the
-            // outbox's size for the metrics, so no other call need read it.
-            let looked = self.store.look(&item.pool, SWEEP_MAX).await?;
-            if let Some(outbox) = looked.outbox {
-                item.set_outbox_stats(outbox);
-            }
-            (looked.freed, looked.snapshot)
-        };
+            let snap = segmented::snapshot(self.store.as_ref(), item, self.link.epoch()).await?;
+            return Ok(self.decide(item, Read::Partial(view(&snap)), token, freed));
+        }
+        // The sweep and the read in one store call (one script on Redis), with the outbox's
+        // size for the metrics, so no other call need read it.
+        let looked = self.store.look(&item.pool, SWEEP_MAX).await?;
+        if let Some(outbox) = looked.outbox {
+            item.set_outbox_stats(outbox);
+        }
+        let read = Read::Whole(view(&looked.snapshot), looked.snapshot.write_seq);
+        Ok(self.decide(item, read, token, looked.freed))
+    }
+
+    /// A quiet look (`core::channel::quiet`): the item's pool, whose stamp read after
+    /// `token` was taken is the one its last whole look saw, decided from that look's
+    /// `read`; nothing swept.
+    pub fn look_unchanged(self: &Arc<Self>, item: &Arc<Item>, read: PoolView, token: ReadToken) -> Option<OpKind> {
+        self.queue_due_resyncs(item);
+        self.decide(item, Read::Partial(read), token, 0)
+    }
+
+    fn queue_due_resyncs(self: &Arc<Self>, item: &Arc<Item>) {
+        for kind in item.with(|c| c.due_resyncs(crate::clock::now_ms())) {
+            self.submit(item, kind);
+        }
+    }
+
+    /// The rules' decision on a look's read, and what follows from it.
+    fn decide(self: &Arc<Self>, item: &Arc<Item>, read: Read, token: ReadToken, freed: u64) -> Option<OpKind> {
         let mut notes = Vec::new();
         // Before a scheduled opening a look decides nothing: the opening's stocking fills
         // the pool, once, from the start of the lead (`prestock`).
         let center_now = self.link.center_now();
+        let ctx = self.ctx();
         let (kind, prestock) = item.with(|c| {
-            (c.on_look_at(view(&snap), token, freed, self.ctx(), center_now, &mut notes), c.prestock_due(center_now))
+            let kind = match read {
+                Read::Whole(v, write_seq) => c.on_whole_look(v, write_seq, token, freed, ctx, center_now, &mut notes),
+                Read::Partial(v) => c.on_look_at(v, token, freed, ctx, center_now, &mut notes),
+            };
+            (kind, c.prestock_due(center_now))
         });
         self.notes(item, &notes);
         if prestock {
@@ -342,7 +374,7 @@ impl Stocking {
         if let Some(kind) = kind.filter(|_| self.link.reachable()) {
             self.submit(item, kind);
         }
-        Ok(kind)
+        kind
     }
 
     /// Stocks the pool for the opening: asks the center for this channel's opening

@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use tonic::Code;
 
 use crate::agent::Agent;
+use crate::items::Item;
 use crate::replicas::Round;
 use inventory_core::ItemId;
 
@@ -57,7 +58,8 @@ pub async fn rebalancer(agent: Arc<Agent>, period: Duration, mut stop: watch::Re
         let idle_every = idle_look_every_ms(items.len());
         let now = crate::clock::now_ms();
         let due: Vec<_> = items.into_iter().filter(|item| item.with(|c| c.needs_look(now, idle_every))).collect();
-        futures::stream::iter(due)
+        let whole = quiet_looks(&agent, due, now).await;
+        futures::stream::iter(whole)
             .for_each_concurrent(LOOKS_IN_FLIGHT, |item| {
                 let agent = Arc::clone(&agent);
                 async move {
@@ -71,11 +73,41 @@ pub async fn rebalancer(agent: Arc<Agent>, period: Duration, mut stop: watch::Re
     }
 }
 
+/// Outbox sizes the reader reads at most per pass (5 s apart): 200 store calls a second.
+const OUTBOX_READS_PER_PASS: usize = 1_000;
+
 /// An outbox size older than this is read again: two idle looks' time and a pass of the
 /// reader's, so a pool that is looked at is never read twice.
 fn outbox_stale_after(items: usize) -> Duration {
     let looks = u64::try_from(2 * idle_look_every_ms(items)).unwrap_or(u64::MAX);
     Duration::from_millis(looks) + Duration::from_secs(5)
+}
+
+/// Looks at the `due` items whose last whole look may still answer (`core::channel::quiet`)
+/// from their pools' stamps, read a hundred pools a store call; returns the items to look
+/// at whole (their stamp moved, could not be read, or they may not be answered so).
+async fn quiet_looks(agent: &Arc<Agent>, due: Vec<Arc<Item>>, now_ms: i64) -> Vec<Arc<Item>> {
+    let (quiet, mut whole): (Vec<_>, Vec<_>) =
+        due.into_iter().partition(|item| !item.is_segmented() && item.with(|c| c.may_look_unchanged(now_ms)));
+    if quiet.is_empty() {
+        return whole;
+    }
+    // Taken before the stamps are read: a stamp read after an operation changed what the
+    // rules know decides nothing.
+    let tokens: Vec<_> = quiet.iter().map(|item| item.with(|c| c.begin_read())).collect();
+    let pools: Vec<_> = quiet.iter().map(|item| item.pool.clone()).collect();
+    let stamps = agent.store.stamps(&pools).await;
+    let ctx = agent.stocking.ctx();
+    for ((item, token), stamp) in quiet.into_iter().zip(tokens).zip(stamps) {
+        let read = stamp.ok().and_then(|stamp| item.with(|c| c.look_unchanged(stamp, token, ctx)));
+        match read {
+            Some(read) => {
+                agent.stocking.look_unchanged(&item, read, token);
+            }
+            None => whole.push(item),
+        }
+    }
+    whole
 }
 
 /// How often a quiet pool is looked at when the agent has `items` pools.
@@ -185,10 +217,13 @@ pub async fn leadership(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
 }
 
 /// Keeps the per-user rate limiter's memory to the recently active users.
-/// Reads the outbox size of each pool no look read lately, for the metrics (on the leading
-/// replica, which exports the pool gauges). A look at a whole pool reads it on the way
-/// (`Stocking::look`), so this reads segmented items and pools whose looks failed. Slow
-/// on purpose: it feeds an alert on a bound, not a dashboard.
+/// Reads the outbox size of pools no whole look read lately, for the metrics (on the
+/// leading replica, which exports the pool gauges). A whole look reads it on the way
+/// (`Stocking::look`), and every write that adds events moves the pool's stamp, so the
+/// next look is whole: what this reads is a segmented item's, a pool whose looks failed,
+/// or an idle pool's outbox that the relay emptied since (a trim moves no stamp). The
+/// oldest first, a bounded number a pass: it feeds an alert on a bound, not a dashboard,
+/// and must not cost an idle catalogue of many items a script call per pool.
 pub async fn outbox_sizes(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
     while tick(&mut stop, Duration::from_secs(5)).await {
         if !agent.is_leading() {
@@ -196,7 +231,11 @@ pub async fn outbox_sizes(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
         }
         let items = agent.items();
         let stale_after = outbox_stale_after(items.len());
-        let stale = items.into_iter().filter(|item| item.outbox_age() >= stale_after);
+        let mut stale: Vec<_> =
+            items.into_iter().map(|item| (item.outbox_age(), item)).filter(|(age, _)| *age >= stale_after).collect();
+        stale.sort_by_key(|(age, _)| std::cmp::Reverse(*age));
+        stale.truncate(OUTBOX_READS_PER_PASS);
+        let stale = stale.into_iter().map(|(_, item)| item);
         futures::stream::iter(stale)
             .for_each_concurrent(LOOKS_IN_FLIGHT, |item| {
                 let agent = Arc::clone(&agent);

@@ -37,9 +37,18 @@ pub const MAX_DELAY_MS: i64 = 2_000;
 /// bound and the stamps decide reports (`Settings::full_read_every_ms`).
 pub const FULL_READ_EVERY_MS: i64 = 5_000;
 
+/// The bound on deciding a look from the last whole look: well within a run, so both the
+/// bound and the stamps decide looks (`Settings::whole_look_every_ms`).
+pub const WHOLE_LOOK_EVERY_MS: i64 = 8_000;
+
 /// The rules' tunables as the simulated agents run them.
 pub fn settings() -> Settings {
-    Settings { return_sustain_ms: RETURN_SUSTAIN_MS, full_read_every_ms: FULL_READ_EVERY_MS, ..Settings::default() }
+    Settings {
+        return_sustain_ms: RETURN_SUSTAIN_MS,
+        full_read_every_ms: FULL_READ_EVERY_MS,
+        whole_look_every_ms: WHOLE_LOOK_EVERY_MS,
+        ..Settings::default()
+    }
 }
 
 /// Which faults a run injects. Percentages are per opportunity.

@@ -277,23 +277,40 @@ impl World {
         for kind in self.slot(c, item).core.due_resyncs(now) {
             self.submit(c, item, kind, Awaiter::Nobody)?;
         }
-        self.guard_pool(c, item);
-        let freed = match self.agents[c].pools.get_mut(item) {
-            Some(pool) => pool.expire_due(1_000, now, RECORD_RETENTION_MS).map_err(broken)?,
-            None => 0,
-        };
-        let view = self.view(c, item);
         let ctx = self.ctx(c);
         let center_now = self.center_now(c);
+        let token = self.slot(c, item).core.begin_read();
+        // A quiet look (`core::channel::quiet`): the stamp first, for a pool whose last
+        // whole look may still answer; else the sweep and a whole read.
+        let unchanged = if self.slot(c, item).core.may_look_unchanged(now) {
+            let stamp = self.stamp(c, item);
+            self.slot(c, item).core.look_unchanged(stamp, token, ctx)
+        } else {
+            None
+        };
         let mut notes = Vec::new();
-        let core = &mut self.slot(c, item).core;
-        let token = core.begin_read();
-        let kind = core.on_look_at(view, token, freed, ctx, center_now, &mut notes);
-        let prestock = core.prestock_due(center_now);
+        let quiet = unchanged.is_some();
+        let (kind, freed) = if let Some(view) = unchanged {
+            self.stats.quiet_looks += 1;
+            let lost = self.agents[c].pools.get(item).is_some_and(|p| !p.exists());
+            self.stats.quiet_looks_of_lost_pools += u64::from(lost);
+            (self.slot(c, item).core.on_look_at(view, token, 0, ctx, center_now, &mut notes), 0)
+        } else {
+            self.guard_pool(c, item);
+            let freed = match self.agents[c].pools.get_mut(item) {
+                Some(pool) => pool.expire_due(1_000, now, RECORD_RETENTION_MS).map_err(broken)?,
+                None => 0,
+            };
+            let (view, write_seq) = self.read_whole(c, item);
+            (self.slot(c, item).core.on_whole_look(view, write_seq, token, freed, ctx, center_now, &mut notes), freed)
+        };
+        let view = self.slot(c, item).core.last_view();
+        let prestock = self.slot(c, item).core.prestock_due(center_now);
         for note in notes {
             self.log(format!("{}/{item}: {note:?}", self.name(c)));
         }
-        self.log(format!("rebalance {}/{item}: {view:?}, freed {freed} -> {kind:?}", self.name(c)));
+        let how = if quiet { "quiet" } else { "whole" };
+        self.log(format!("rebalance {}/{item} ({how}): {view:?}, freed {freed} -> {kind:?}", self.name(c)));
         if prestock {
             self.prestock(c, item)?;
         }

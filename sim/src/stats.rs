@@ -80,6 +80,10 @@ stats! {
     quiet_reports,
     /// ... of which of a pool lost with its hash left (the loss told a heartbeat later).
     quiet_reports_of_lost_pools,
+    /// Rebalancer looks decided from the last whole look (the stamp had not moved)...
+    quiet_looks,
+    /// ... of which of a pool lost with its hash left (the loss found by a later call).
+    quiet_looks_of_lost_pools,
     /// Pools a store put back to an earlier copy (same generation, older contents)...
     pool_rollbacks,
     /// ... and pools the agent's store layer found below its floor (lost)...

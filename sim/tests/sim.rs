@@ -70,6 +70,9 @@ fn default_keeps_every_invariant() {
         // hash left (the loss told later, within the bound).
         assert!(stats.pool_losses_hash_left > 0 && stats.quiet_reports > 0, "{stats:?}");
         assert!(stats.quiet_reports_of_lost_pools > 0, "{stats:?}");
+        // Looks decided from the last whole look while the stamp stood, also at pools lost
+        // with their hash left.
+        assert!(stats.quiet_looks > 0 && stats.quiet_looks_of_lost_pools > 0, "{stats:?}");
         assert!(stats.lost_messages > 0 && stats.retries > 0 && stats.give_ups > 0, "{stats:?}");
         assert!(stats.replays_answered > 0 && stats.stale_refused > 0, "{stats:?}");
         assert!(stats.shared_borrows > 0, "short borrows shared by sell rate: {stats:?}");
@@ -159,10 +162,23 @@ fn bounded_keeps_every_invariant() {
         // hash left (the loss told later, within the bound).
         assert!(stats.pool_losses_hash_left > 0 && stats.quiet_reports > 0, "{stats:?}");
         assert!(stats.quiet_reports_of_lost_pools > 0, "{stats:?}");
+        // Looks decided from the last whole look while the stamp stood, also at pools lost
+        // with their hash left.
+        assert!(stats.quiet_looks > 0 && stats.quiet_looks_of_lost_pools > 0, "{stats:?}");
         assert!(stats.lost_messages > 0 && stats.late_landings > 0, "{stats:?}");
         assert!(stats.retries > 0 && stats.give_ups > 0, "{stats:?}");
         assert!(stats.outages == 0, "{stats:?}");
-        assert!(stats.registration_held_moved > 0, "calls overtook a registration: {stats:?}");
+        if stats.registration_held_moved == 0 {
+            // Calls overtaking a registration come about once in a few hundred seeds, so
+            // whether the sweep's seeds hold one moves with any change of the rules: look
+            // further for a seed that does (and keeps every invariant there too).
+            let sc = named("bounded");
+            let found = (200..2_000).find(|seed| match run(*seed, &sc) {
+                Ok(o) => o.stats.registration_held_moved > 0,
+                Err(f) => panic!("\n{f}\n"),
+            });
+            assert!(found.is_some(), "no seed up to 2,000 had calls overtake a registration: {stats:?}");
+        }
     }
 }
 

@@ -147,6 +147,8 @@ pub struct ItemCore {
     pub(super) last_view: Option<PoolView>,
     /// The last heartbeat read of the whole pool and its write sequence ([`super::quiet`]).
     pub(super) last_full_read: Option<super::quiet::FullRead>,
+    /// The last whole look, while a look may decide from it ([`ItemCore::look_unchanged`]).
+    pub(super) last_whole_look: Option<super::quiet::FullRead>,
     /// The report the center last acknowledged, and the sell rate it carried.
     pub(super) last_reported: Option<Report>,
     pub(super) last_reported_rate: u64,
@@ -197,6 +199,7 @@ impl ItemCore {
             last_look_ms: None,
             last_view: None,
             last_full_read: None,
+            last_whole_look: None,
             last_reported: None,
             last_reported_rate: 0,
             rate: SellRate::new(settings.rate_half_life_ms),

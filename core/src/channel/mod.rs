@@ -129,6 +129,11 @@ pub struct Settings {
     /// A heartbeat may report a pool from its last whole read while the pool's write
     /// sequence has not moved, for at most this long ([`ItemCore::report_unchanged`]).
     pub full_read_every_ms: i64,
+    /// A look may decide from the pool's last whole look while its write sequence has not
+    /// moved and it held no reservation, for at most this long
+    /// ([`ItemCore::look_unchanged`]); past it a look sweeps and reads the pool whole again
+    /// (which also forgets its old finished records).
+    pub whole_look_every_ms: i64,
 }
 
 impl Default for Settings {
@@ -142,6 +147,7 @@ impl Default for Settings {
             rate_half_life_ms: crate::rate::DEFAULT_HALF_LIFE_MS,
             store_refused_pause_ms: 2_000,
             full_read_every_ms: quiet::FULL_READ_EVERY_MS,
+            whole_look_every_ms: quiet::WHOLE_LOOK_EVERY_MS,
         }
     }
 }

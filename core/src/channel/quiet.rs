@@ -21,11 +21,28 @@
 //! mark, and is read whole; it cannot climb back to the sequence seen unnoticed, since
 //! the store refuses writes to a pool below its caller's floor.
 
+//!
+//! **Quiet looks** follow the same idea. The rebalancer looks at every pool, however idle,
+//! every half second to a minute (`workers::idle_look_every_ms`); a whole look sweeps the
+//! expired reservations and reads the pool whole, a script run that costs the store as
+//! much as a whole read. A pool whose stamp is the one its last whole look saw, and which
+//! held no reservation then, has nothing to expire and counters the look already has: the
+//! rules decide from that look's read ([`ItemCore::look_unchanged`]) as they would from a
+//! new one, since time alone (above-high timing, the schedule) enters through `now`, not
+//! the read. A pool is still looked at whole at least every
+//! [`Settings::whole_look_every_ms`](super::Settings), which forgets its old finished
+//! records; a structure lost with the hash left shows at that look, at the next whole
+//! heartbeat read, or at once to any call that writes.
+
 use super::item::{ItemCore, Mode, ReadToken};
-use super::{Ctx, Note, PoolView, Report};
+use super::{Ctx, Note, OpKind, PoolView, Report};
+use crate::schedule::CenterNow;
 
 /// The default of [`Settings::full_read_every_ms`](super::Settings).
 pub const FULL_READ_EVERY_MS: i64 = 120_000;
+
+/// The default of [`Settings::whole_look_every_ms`](super::Settings).
+pub const WHOLE_LOOK_EVERY_MS: i64 = 300_000;
 
 /// What a cheap read of a pool shows: its generation (0: missing, or found lost by the
 /// store's own checks) and its write sequence (0 from a store that keeps none).
@@ -100,5 +117,68 @@ impl ItemCore {
             && stamp.write_seq != 0
             && stamp.write_seq == last.write_seq;
         (fresh && same).then_some(Report::Counts(last.view))
+    }
+}
+
+impl ItemCore {
+    /// [`ItemCore::on_look_at`] of a whole look: the sweep (which put back `freed` units),
+    /// then a whole read of the pool that showed write sequence `write_seq`. The read is
+    /// remembered for [`ItemCore::look_unchanged`] when it is current and the pool sells.
+    #[allow(clippy::too_many_arguments)]
+    pub fn on_whole_look(
+        &mut self,
+        view: PoolView,
+        write_seq: u64,
+        token: ReadToken,
+        freed: u64,
+        ctx: Ctx,
+        now: CenterNow,
+        notes: &mut Vec<Note>,
+    ) -> Option<OpKind> {
+        // Before the look, which may adopt the read's generation (a first read of the pool).
+        let current = self.current(token);
+        let kind = self.on_look_at(view, token, freed, ctx, now, notes);
+        let usable = current
+            && self.mode == Mode::Selling
+            && !self.segments_lost
+            && !self.reopening
+            && view.generation != 0
+            && view.generation == self.generation
+            && write_seq != 0;
+        self.last_whole_look = usable.then_some(FullRead { view, write_seq, at_ms: ctx.now_ms });
+        kind
+    }
+
+    /// Whether a look at `now_ms` may be answered from the pool's stamp: its last whole look
+    /// is fresh and held no reservation. The driver reads the stamps of these pools only.
+    pub fn may_look_unchanged(&self, now_ms: i64) -> bool {
+        self.mode == Mode::Selling
+            && self.last_whole_look.is_some_and(|last| {
+                last.view.reserved == 0
+                    && now_ms
+                        .checked_sub(last.at_ms)
+                        .is_some_and(|age| (0..self.settings.whole_look_every_ms).contains(&age))
+            })
+    }
+
+    /// The read a look decides from (with [`ItemCore::on_look_at`], nothing swept) when the
+    /// pool's stamp, read after `token` was taken, is the one its last whole look saw;
+    /// `None` when the look must sweep and read the pool whole: it was written since, its
+    /// generation is not the one the rules know, it held reservations then (one may have
+    /// expired since), that look is older than [`Settings::whole_look_every_ms`](super::Settings)
+    /// (or in the future of the driver's clock), the pool is not selling, part of it is lost
+    /// or being reopened, the store keeps no sequence, or an operation changed what the
+    /// rules know since the token.
+    pub fn look_unchanged(&self, stamp: PoolStamp, token: ReadToken, ctx: Ctx) -> Option<PoolView> {
+        if !self.may_look_unchanged(ctx.now_ms) || self.segments_lost || self.reopening || !self.current(token) {
+            return None;
+        }
+        let last = self.last_whole_look?;
+        let same = stamp.generation != 0
+            && stamp.generation == self.generation
+            && stamp.generation == last.view.generation
+            && stamp.write_seq != 0
+            && stamp.write_seq == last.write_seq;
+        same.then_some(last.view)
     }
 }
