@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -18,6 +18,7 @@ use tokio::sync::oneshot;
 
 use crate::error::{AgentError, from_center};
 use crate::link::CenterLink;
+use crate::looks::LookQueue;
 use crate::store::{PoolKey, PoolSnapshot};
 
 /// How long an item id the center does not know is answered NOT_FOUND without asking (so
@@ -115,6 +116,41 @@ pub struct Item {
     segment_snapshots: Mutex<Vec<inventory_core::pool::PoolSnapshot>>,
     /// Which segments the store lost (the leading replica's reads).
     segment_health: Mutex<crate::segment_health::SegmentHealth>,
+    /// Where the item goes when its rules turn dirty, and whether it is there already.
+    looks: std::sync::OnceLock<Arc<LookQueue>>,
+    /// In `looks` (cleared by [`LookQueue::take`]).
+    pub(crate) look_queued: AtomicBool,
+}
+
+/// The item's state, locked. On release an item whose rules turned dirty is queued for
+/// the rebalancer ([`LookQueue`]).
+pub(crate) struct Locked<'a> {
+    item: &'a Item,
+    state: MutexGuard<'a, ItemState>,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = ItemState;
+    fn deref(&self) -> &ItemState {
+        &self.state
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut ItemState {
+        &mut self.state
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        if self.state.core.is_dirty()
+            && let Some(looks) = self.item.looks.get()
+            && !self.item.look_queued.swap(true, Ordering::AcqRel)
+        {
+            looks.push(&self.item.item_id);
+        }
+    }
 }
 
 impl Item {
@@ -132,7 +168,16 @@ impl Item {
             outbox: Mutex::new((None, Instant::now())),
             segment_snapshots: Mutex::new(Vec::new()),
             segment_health: Mutex::new(Default::default()),
+            looks: std::sync::OnceLock::new(),
+            look_queued: AtomicBool::new(false),
         }
+    }
+
+    /// From now on the item goes to `looks` whenever its rules turn dirty (now, if they
+    /// are). Called once the item is registered, so the rebalancer finds it by its id.
+    pub(crate) fn join_looks(&self, looks: &Arc<LookQueue>) {
+        let _ = self.looks.set(Arc::clone(looks));
+        drop(self.lock());
     }
 
     pub fn with_limit(self, limit: ItemLimit) -> Self {
@@ -248,8 +293,8 @@ impl Item {
         self.outbox.lock().unwrap_or_else(|e| e.into_inner()).1.elapsed()
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, ItemState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    pub(crate) fn lock(&self) -> Locked<'_> {
+        Locked { item: self, state: self.state.lock().unwrap_or_else(|e| e.into_inner()) }
     }
 
     /// Runs `f` over the item's rules (a short critical section: no await inside).
@@ -301,6 +346,8 @@ pub struct Items {
     lookups_refused: AtomicU64,
     /// Where a loaded item's pool floors go before anyone can touch its pools.
     store: Arc<dyn crate::store::PoolStore>,
+    /// The items whose rules turned dirty, for the rebalancer.
+    looks: Arc<LookQueue>,
 }
 
 impl Items {
@@ -321,7 +368,13 @@ impl Items {
             lookups_made: AtomicU64::new(0),
             lookups_refused: AtomicU64::new(0),
             store,
+            looks: Arc::default(),
         }
+    }
+
+    /// The items whose rules turned dirty since the last call, each once.
+    pub fn take_looks_wanted(&self) -> Vec<Arc<Item>> {
+        self.looks.take(|id| self.get(id))
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Item>> {
@@ -416,7 +469,10 @@ impl Items {
         // their own handle): the map of loads in progress stays as small as the loads.
         self.loading.remove(item.as_str());
         match result {
-            Ok(it) => Ok((it, loaded_here)),
+            Ok(it) => {
+                it.join_looks(&self.looks);
+                Ok((it, loaded_here))
+            }
             Err(e) => {
                 if matches!(e, AgentError::NotFound(_)) {
                     if self.unknown.len() >= UNKNOWN_ITEMS_KEPT {

@@ -22,6 +22,10 @@ const IDLE_LOOK_EVERY_MS: i64 = 500;
 /// (10,000 quiet items: each looked at every 5 s).
 const IDLE_LOOKS_PER_SEC: i64 = 2_000;
 
+/// How often the rebalancer scans every item for looks due (idle, a resync); between
+/// scans it looks at the items whose rules turned dirty (`items::LookQueue`).
+const SCAN_EVERY: Duration = Duration::from_millis(200);
+
 /// Pools looked at concurrently in one rebalancer pass.
 const LOOKS_IN_FLIGHT: usize = 32;
 
@@ -42,6 +46,7 @@ async fn tick(stop: &mut watch::Receiver<bool>, period: Duration) -> bool {
 
 /// Sweeps expired reservations and keeps each pool between its watermarks.
 pub async fn rebalancer(agent: Arc<Agent>, period: Duration, mut stop: watch::Receiver<bool>) {
+    let mut scanned: Option<Instant> = None;
     while tick(&mut stop, period).await {
         if !agent.is_leading() {
             continue;
@@ -54,10 +59,19 @@ pub async fn rebalancer(agent: Arc<Agent>, period: Duration, mut stop: watch::Re
                 item.with(|c| c.touch());
             }
         }
-        let items = agent.items();
-        let idle_every = idle_look_every_ms(items.len());
+        // Every pass looks at the items whose rules turned dirty; only every SCAN_EVERY
+        // does it scan them all for the other reasons to look (idle, a resync due), which
+        // a catalogue of 100,000 items would otherwise pay fifty times a second.
+        let wanted = agent.items.take_looks_wanted();
+        let candidates = if scanned.is_none_or(|at| at.elapsed() >= SCAN_EVERY) {
+            scanned = Some(Instant::now());
+            agent.items()
+        } else {
+            wanted
+        };
+        let idle_every = idle_look_every_ms(agent.items.len());
         let now = crate::clock::now_ms();
-        let due: Vec<_> = items.into_iter().filter(|item| item.with(|c| c.needs_look(now, idle_every))).collect();
+        let due: Vec<_> = candidates.into_iter().filter(|item| item.with(|c| c.needs_look(now, idle_every))).collect();
         let whole = quiet_looks(&agent, due, now).await;
         futures::stream::iter(whole)
             .for_each_concurrent(LOOKS_IN_FLIGHT, |item| {

@@ -438,6 +438,12 @@ impl ItemCore {
         self.dirty = true;
     }
 
+    /// Whether something happened that the rebalancer should look at (taken by
+    /// [`ItemCore::needs_look`]).
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
     /// Whether the rebalancer should look at the pool now: it changed, a resync is due, or
     /// `idle_every_ms` passed (reservations may have expired meanwhile).
     pub fn needs_look(&mut self, now_ms: i64, idle_every_ms: i64) -> bool {
