@@ -27,7 +27,6 @@ pub mod events;
 pub mod http;
 pub mod items;
 pub mod link;
-pub mod looks;
 pub mod metrics;
 pub mod outbox;
 pub mod relay;

@@ -18,8 +18,10 @@ use tokio::sync::oneshot;
 
 use crate::error::{AgentError, from_center};
 use crate::link::CenterLink;
-use crate::looks::LookQueue;
 use crate::store::{PoolKey, PoolSnapshot};
+
+mod looks;
+pub use looks::LookQueue;
 
 /// How long an item id the center does not know is answered NOT_FOUND without asking (so
 /// an item created meanwhile becomes sellable within this).

@@ -2,12 +2,12 @@
 //! operation's end) since it last took them. Its frequent passes look at these without
 //! scanning every item of a large catalogue; the rest wait for its scans of them all
 //! (`workers::rebalancer`). An item is queued by the release of its lock
-//! (`items::Locked`), at most once until taken.
+//! (`Locked`), at most once until taken.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use crate::items::Item;
+use super::Item;
 
 #[derive(Default)]
 pub struct LookQueue(Mutex<Vec<String>>);
