@@ -91,7 +91,7 @@ pub async fn rebalancer(agent: Arc<Agent>, period: Duration, mut stop: watch::Re
 const OUTBOX_READS_PER_PASS: usize = 1_000;
 
 /// An outbox size older than this is read again: two idle looks' time and a pass of the
-/// reader's, so a pool that is looked at is never read twice.
+/// reader's, so a pool looked at whole that often is not read again.
 fn outbox_stale_after(items: usize) -> Duration {
     let looks = u64::try_from(2 * idle_look_every_ms(items)).unwrap_or(u64::MAX);
     Duration::from_millis(looks) + Duration::from_secs(5)
@@ -230,7 +230,6 @@ pub async fn leadership(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-/// Keeps the per-user rate limiter's memory to the recently active users.
 /// Reads the outbox size of pools no whole look read lately, for the metrics (on the
 /// leading replica, which exports the pool gauges). A whole look reads it on the way
 /// (`Stocking::look`), and every write that adds events moves the pool's stamp, so the
@@ -264,6 +263,7 @@ pub async fn outbox_sizes(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
     }
 }
 
+/// Keeps the per-user rate limiter's memory to the recently active users.
 pub async fn limiter_gc(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) {
     while tick(&mut stop, Duration::from_secs(1)).await {
         let tracked = agent.selling.limits.forget_idle();
