@@ -60,6 +60,19 @@ pub(super) struct FullRead {
     at_ms: i64,
 }
 
+impl FullRead {
+    /// Whether `stamp` shows the pool as this read saw it: the same write sequence (0 is a
+    /// store that keeps none), of the generation the rules know (`generation`; 0 is a pool
+    /// missing or found lost).
+    fn vouched_by(&self, stamp: PoolStamp, generation: u64) -> bool {
+        stamp.generation != 0
+            && stamp.generation == generation
+            && stamp.generation == self.view.generation
+            && stamp.write_seq != 0
+            && stamp.write_seq == self.write_seq
+    }
+}
+
 /// How many of `items` pools a heartbeat every `period_ms` reads whole on top of those
 /// whose stamp moved, so each is read whole about twice within `full_read_every_ms`, before
 /// the bound forces it (rounded down: a handful of items is read whole only when the bound
@@ -111,12 +124,7 @@ impl ItemCore {
         let last = self.last_full_read?;
         let age = ctx.now_ms.checked_sub(last.at_ms)?;
         let fresh = (0..self.settings.full_read_every_ms).contains(&age);
-        let same = stamp.generation != 0
-            && stamp.generation == self.generation
-            && stamp.generation == last.view.generation
-            && stamp.write_seq != 0
-            && stamp.write_seq == last.write_seq;
-        (fresh && same).then_some(Report::Counts(last.view))
+        (fresh && last.vouched_by(stamp, self.generation)).then_some(Report::Counts(last.view))
     }
 }
 
@@ -174,11 +182,6 @@ impl ItemCore {
             return None;
         }
         let last = self.last_whole_look?;
-        let same = stamp.generation != 0
-            && stamp.generation == self.generation
-            && stamp.generation == last.view.generation
-            && stamp.write_seq != 0
-            && stamp.write_seq == last.write_seq;
-        same.then_some(last.view)
+        last.vouched_by(stamp, self.generation).then_some(last.view)
     }
 }
