@@ -182,7 +182,19 @@ async fn set_schedule_moves_everything_before_the_opening_and_only_the_end_after
     let moved = admin.set_schedule(set("s", later, later + 1_000)).await.unwrap().into_inner();
     let item = moved.item.unwrap();
     assert_eq!((item.opens_at_unix_ms, item.closes_at_unix_ms), (later, later + 1_000));
-    match next_event(&mut events).await {
+    // On PostgreSQL the creation's event reaches the stream through the database's
+    // notifications, and may arrive after the stream's start: the standing schedule again
+    // (delivery is at least once). Skipped, a few times at most.
+    let mut next = next_event(&mut events).await;
+    for _ in 0..3 {
+        match &next {
+            pb::channel_event::Event::ScheduleChanged(s) if (s.opens_at_unix_ms, s.closes_at_unix_ms) == (opens, 0) => {
+                next = next_event(&mut events).await;
+            }
+            _ => break,
+        }
+    }
+    match next {
         pb::channel_event::Event::ScheduleChanged(s) => {
             assert_eq!((s.item_id.as_str(), s.opens_at_unix_ms, s.closes_at_unix_ms), ("s", later, later + 1_000));
         }
