@@ -25,9 +25,13 @@
 --     pool the store lost); '0' creates it
 --   5 epoch: the caller's center epoch; refused if the pool was fenced with a later one
 -- ARGV[6] is the caller's floor (intact.lua). The reply is wrapped: {wseq, reply}.
--- Returns 1 if applied now, 0 if grant_id was applied before (a replay), -1 if must_exist
--- and the pool does not exist or is partly lost, -2 if fenced (nothing is recorded for -1
--- and -2).
+-- Returns {1, ...} if applied now, {0, ...} if grant_id was applied before (a replay), -1
+-- if must_exist and the pool does not exist or is partly lost, -2 if fenced (nothing is
+-- recorded for -1 and -2). The table goes on with the pool as this call left it:
+-- {code, available, reserved, sold, generation, now_ms, wseq}, wseq the sequence the pool
+-- had before this call's own change (the wrapper's wseq, when it wrote, is the one after).
+-- The pool was checked whole before the write (intact.lua), so the answer stands for a
+-- whole read taken at the write (`core::channel::quiet`).
 
 local K_POOL, K_GRANTS, K_GC, K_FENCE, K_OUTBOX = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local K_RES, K_DUE, K_HELD, K_IDEM = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
@@ -45,12 +49,12 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local state = pool_state(K_POOL, structures)
+local state, generation = pool_state(K_POOL, structures)
 if must_exist and state ~= 'ok' then
   return -1
 end
 if state ~= 'ok' then
-  local generation = string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2]))
+  generation = string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2]))
   redis.call('DEL', K_RES, K_DUE, K_HELD, K_IDEM, K_OUTBOX, K_POOL)
   -- The lost generation's expiry exceptions (due.lua: gc's scores below 0).
   redis.call('ZREMRANGEBYSCORE', K_GC, '-inf', '(0')
@@ -62,10 +66,15 @@ if state ~= 'ok' then
   pool_created(K_POOL)
   pool_wrote()
 end
+local function answer(code)
+  local v = redis.call('HMGET', K_POOL, 'available', 'reserved', 'sold', 'wseq')
+  return {code, tonumber(v[1] or '0'), tonumber(v[2] or '0'), tonumber(v[3] or '0'), tonumber(generation), now,
+    tonumber(v[4] or '0')}
+end
 if redis.call('HSETNX', K_GRANTS, grant_id, units) == 0 then
-  return 0
+  return answer(0)
 end
 redis.call('ZADD', K_GC, now + retention, 'g:' .. grant_id)
 redis.call('HINCRBY', K_POOL, 'available', units)
 pool_wrote()
-return 1
+return answer(1)

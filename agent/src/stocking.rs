@@ -98,19 +98,16 @@ impl Stocking {
         let pool = &item.pool;
         match effect {
             Effect::ReadPool => store_reply(self.store.snapshot(pool).await.map(|s| Reply::Pool(view(&s)))),
+            // A refill is answered with the pool as it left it: the rules take it for the
+            // whole read that would follow (`core::channel::quiet`).
             Effect::OpenPool { grant_id, epoch } => {
-                store_reply(self.store.refill(pool, grant_id, 0, *epoch).await.map(|_| Reply::Done))
+                store_reply(self.store.refill_read(pool, grant_id, 0, false, *epoch).await.map(wrote))
             }
             Effect::Refill { grant_id, units, epoch, must_exist, after_ms } => {
                 if *after_ms > 0 {
                     tokio::time::sleep(Duration::from_millis(*after_ms)).await;
                 }
-                let r = if *must_exist {
-                    self.store.refill_existing(pool, grant_id, *units, *epoch).await
-                } else {
-                    self.store.refill(pool, grant_id, *units, *epoch).await
-                };
-                store_reply(r.map(|_| Reply::Done))
+                store_reply(self.store.refill_read(pool, grant_id, *units, *must_exist, *epoch).await.map(wrote))
             }
             Effect::Take { take_id, max, epoch } => {
                 store_reply(self.store.take_for_return(pool, take_id, *max, *epoch).await.map(Reply::Units))
@@ -300,6 +297,11 @@ fn center_fault(item: &str, call: &str, s: &Status) -> Reply {
         // stranded whichever attempt the center applied.
         _ => CallFault::Unknown,
     })
+}
+
+/// A refill's answer: the pool as the write left it.
+fn wrote((_, snapshot): (bool, crate::store::PoolSnapshot)) -> Reply {
+    Reply::Wrote { view: view(&snapshot), write_seq: snapshot.write_seq }
 }
 
 /// What a look decides from: a whole read of the item's one pool with its write sequence

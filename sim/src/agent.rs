@@ -341,9 +341,28 @@ impl World {
             Err(PoolError::Missing) => Reply::Store(StoreFault::PoolMissing),
             Err(e) => return Err(broken(e)),
         };
+        let reply = self.answer_write(c, item, effect, reply);
         self.saw_pool(c, item);
         self.log(format!("{} store {item}: {effect:?} -> {reply:?}", self.name(c)));
         Ok(reply)
+    }
+
+    /// `PoolStore::refill_read`: a refill done is answered with the pool as it left it, in
+    /// the same atomic step (the Redis store's `lua/refill.lua`). Every third step's store
+    /// answers without it, as a segmented item's pools do, so the rules' path for a write
+    /// with a read after it keeps running too (decided without a draw, so the seeds' other
+    /// faults stay what they were).
+    fn answer_write(&mut self, c: usize, item: &str, effect: &Effect, reply: Reply) -> Reply {
+        let refill = matches!(effect, Effect::OpenPool { .. } | Effect::Refill { .. });
+        if reply != Reply::Done || !refill || self.step.is_multiple_of(3) {
+            return reply;
+        }
+        let Some(s) = self.agents[c].pools.get(item).map(|p| p.snapshot(self.now_ms)) else { return reply };
+        self.agents[c]
+            .stamps_read
+            .insert(item.to_owned(), PoolStamp { generation: s.generation, write_seq: s.write_seq });
+        self.stats.write_answers += 1;
+        Reply::Wrote { view: PoolView::from(&s), write_seq: s.write_seq }
     }
 
     /// Whether a store at its memory limit refuses `effect`: every write but a replay that

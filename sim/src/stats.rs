@@ -80,6 +80,8 @@ stats! {
     quiet_reports,
     /// ... of which of a pool lost with its hash left (the loss told a heartbeat later).
     quiet_reports_of_lost_pools,
+    /// Refills answered with the pool as they left it (`Reply::Wrote`).
+    write_answers,
     /// Rebalancer looks decided from the last whole look (the stamp had not moved)...
     quiet_looks,
     /// ... of which of a pool lost with its hash left (the loss found by a later call).

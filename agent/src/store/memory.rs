@@ -305,6 +305,31 @@ impl PoolStore for MemoryPoolStore {
         result.map_err(|e| store_error(pool, e))
     }
 
+    async fn refill_read(
+        &self,
+        pool: &PoolKey,
+        grant_id: &str,
+        units: u64,
+        must_exist: bool,
+        epoch: u64,
+    ) -> Result<(bool, PoolSnapshot), StoreError> {
+        let p = if must_exist {
+            self.existing(pool).ok_or_else(|| store_error(pool, PoolError::Missing))?
+        } else {
+            self.existing_or_new(pool)
+        };
+        // The write and the read under one lock: nothing comes between them.
+        let mut p = lock(&p);
+        let (now, retention) = (now_ms(), self.retention_ms);
+        let applied = if must_exist {
+            p.refill_existing(grant_id, units, epoch, now, retention)
+        } else {
+            p.refill(grant_id, units, epoch, new_generation(), now, retention)
+        };
+        let applied = applied.map_err(|e| store_error(pool, e))?;
+        Ok((applied, p.snapshot(now)))
+    }
+
     async fn take_for_return(
         &self,
         pool: &PoolKey,

@@ -215,6 +215,28 @@ pub trait PoolStore: Send + Sync + 'static {
     async fn refill_existing(&self, pool: &PoolKey, grant_id: &str, units: u64, epoch: u64)
     -> Result<bool, StoreError>;
 
+    /// [`PoolStore::refill_existing`] when `must_exist`, else [`PoolStore::refill`], answered
+    /// with whether it was applied and the pool as the write left it. The pool is checked
+    /// whole before the write and read in the same atomic step, so the answer stands for a
+    /// whole read at the write (`core::channel::quiet`: the next look and heartbeat read the
+    /// pool's stamp only). This default reads the pool after the write: later, still a
+    /// whole read.
+    async fn refill_read(
+        &self,
+        pool: &PoolKey,
+        grant_id: &str,
+        units: u64,
+        must_exist: bool,
+        epoch: u64,
+    ) -> Result<(bool, PoolSnapshot), StoreError> {
+        let applied = if must_exist {
+            self.refill_existing(pool, grant_id, units, epoch).await?
+        } else {
+            self.refill(pool, grant_id, units, epoch).await?
+        };
+        Ok((applied, self.snapshot(pool).await?))
+    }
+
     /// Removes up to `max_units` from available so they can be returned to the center,
     /// once per `take_id` (a replay returns the first amount). Returns the units taken.
     async fn take_for_return(

@@ -6,7 +6,9 @@
 //! Run against every backend like `store_contract`. And `stamps`, what a quiet heartbeat
 //! reads first: each pool's generation and write sequence as a snapshot would show them,
 //! moved by every write and by nothing else. And `look`, the rebalancer's sweep and read
-//! of a pool (one script call on Redis): what `expire_due` then `snapshot` answer.
+//! of a pool (one script call on Redis): what `expire_due` then `snapshot` answer. And
+//! `refill_read`, a refill answered with the pool as it left it: what `snapshot` reads
+//! right after, its write sequence the stamp's.
 
 use std::sync::Arc;
 
@@ -20,6 +22,7 @@ contract_suite!(
     many_pools_read_at_once_answer_as_each_read_alone,
     stamps_move_with_every_write_and_only_then,
     a_look_sweeps_then_reads_as_the_two_calls_do,
+    a_refill_answers_the_pool_as_a_snapshot_reads_it_after,
 );
 
 /// What pool `i` holds once set up: (available, reserved, sold), or `None` when it reads
@@ -216,4 +219,56 @@ async fn a_look_sweeps_then_reads_as_the_two_calls_do(backend: &Backend) {
     let Looked { freed, snapshot: lost, outbox } = store.look(&looked, 100).await.unwrap();
     assert_eq!((freed, lost.available, lost.reserved, lost.generation), (0, 0, 0, 0), "lost: {lost:?}");
     assert_eq!(outbox, None, "lost: no outbox read");
+}
+
+/// `refill_read` answers what the refill answers and the pool as `snapshot` reads it right
+/// after, with the write sequence its stamp shows: a pool created by it, a grant applied to
+/// it, the same grant replayed (applied once, nothing written), a pool with reservations
+/// and sales, a missing pool with `must_exist` (refused, nothing created), and a pool below
+/// its floor (lost: refused with `must_exist`, created anew without).
+async fn a_refill_answers_the_pool_as_a_snapshot_reads_it_after(backend: &Backend) {
+    let store: Arc<dyn PoolStore> = backend.store().await;
+    let counts = |s: &PoolSnapshot| (s.available, s.reserved, s.sold, s.generation, s.write_seq);
+    let p = pool("sku-refill-read");
+    let check = |what: &'static str, answer: &PoolSnapshot, after: &PoolSnapshot, stamp: PoolStamp| {
+        assert_eq!(counts(answer), counts(after), "{what}: the answer is the pool as read after");
+        assert_eq!((stamp.generation, stamp.write_seq), (answer.generation, answer.write_seq), "{what}: its stamp");
+        assert!(answer.now_ms > 0, "{what}: the store's clock");
+    };
+
+    let missing = store.refill_read(&p, "open-1", 0, true, 0).await;
+    assert!(matches!(missing, Err(inventory_agent::store::StoreError::PoolMissing(_))), "{missing:?}");
+    assert_eq!(store.snapshot(&p).await.unwrap().generation, 0, "must_exist created nothing");
+
+    let (applied, opened) = store.refill_read(&p, "open-1", 0, false, 0).await.unwrap();
+    assert!(applied);
+    assert!(opened.generation != 0 && opened.write_seq != 0, "created: {opened:?}");
+    check("created", &opened, &store.snapshot(&p).await.unwrap(), stamp(store.as_ref(), &p).await);
+
+    let (applied, granted) = store.refill_read(&p, "grant-1", 20, true, 0).await.unwrap();
+    assert!(applied);
+    assert_eq!((granted.available, granted.generation), (20, opened.generation));
+    assert!(granted.write_seq > opened.write_seq, "the grant wrote: {granted:?}");
+    check("granted", &granted, &store.snapshot(&p).await.unwrap(), stamp(store.as_ref(), &p).await);
+
+    let (applied, replayed) = store.refill_read(&p, "grant-1", 20, true, 0).await.unwrap();
+    assert!(!applied, "a replay is applied once");
+    assert_eq!(counts(&replayed), counts(&granted), "a replay writes nothing");
+
+    let (id, _) = reserve_with(store.as_ref(), &p, &acquire_args("u1", 1, "k-1", 5, LONG_TTL_MS)).await;
+    store.confirm(&p, &id).await.unwrap();
+    reserve_with(store.as_ref(), &p, &acquire_args("u2", 2, "k-2", 5, LONG_TTL_MS)).await;
+    let (_, busy) = store.refill_read(&p, "grant-2", 5, true, 0).await.unwrap();
+    assert_eq!((busy.available, busy.reserved, busy.sold), (22, 2, 1), "{busy:?}");
+    check("with reservations and sales", &busy, &store.snapshot(&p).await.unwrap(), stamp(store.as_ref(), &p).await);
+
+    // Below its floor the pool is lost: a grant is refused, an open creates it anew.
+    store.raise_floor(&p, busy.write_seq + 5).await.unwrap();
+    let lost = store.refill_read(&p, "grant-3", 5, true, 0).await;
+    assert!(matches!(lost, Err(inventory_agent::store::StoreError::PoolMissing(_))), "{lost:?}");
+    let (_, anew) = store.refill_read(&p, "open-2", 0, false, 0).await.unwrap();
+    assert!(anew.generation != 0 && anew.generation != opened.generation, "a new generation: {anew:?}");
+    assert_eq!((anew.available, anew.reserved, anew.sold), (0, 0, 0));
+    assert!(anew.write_seq > busy.write_seq + 5, "continues above the floor: {anew:?}");
+    check("created anew", &anew, &store.snapshot(&p).await.unwrap(), stamp(store.as_ref(), &p).await);
 }

@@ -94,6 +94,15 @@ pub enum CallFault {
 pub enum Reply {
     Pool(PoolView),
     Done,
+    /// A refill ([`Effect::OpenPool`], [`Effect::Refill`]) done, answered with the pool as
+    /// the write left it, at write sequence `write_seq`. The store checks every structure
+    /// of the pool before it writes, as a whole read does, so the answer stands for a whole
+    /// read taken at the write (`quiet`). A store that cannot answer so replies
+    /// [`Reply::Done`].
+    Wrote {
+        view: PoolView,
+        write_seq: u64,
+    },
     Units(u64),
     /// The fence a [`Effect::RaiseFence`] found before it raised it (a segmented item's:
     /// the highest of its segments').

@@ -39,6 +39,8 @@ mod segment_loss_tests;
 mod settle_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod write_answer_tests;
 
 pub use item::{Admission, Gate, ItemCore, MissPlan, Mode, ReadToken, Refusal, Shelf, Supply};
 pub use ops::{CallFault, Effect, OpId, OpKind, OpResult, Reply, ResyncWhy, StoreFault, Work};

@@ -138,6 +138,13 @@ impl ItemCore {
         let mut step = Step::default();
         let running =
             self.running.take().filter(|r| r.id == op).expect("feed: a reply for an operation that is not running");
+        // A write's answer is read only where a read follows the write (a Borrow's open
+        // and refill); everywhere else it is the write done.
+        let reply = match (running.stage, reply) {
+            (Stage::BorrowOpen { .. } | Stage::BorrowRefill { .. }, reply) => reply,
+            (_, Reply::Wrote { .. }) => Reply::Done,
+            (_, reply) => reply,
+        };
         match self.advance(running, reply, ctx, &mut step.notes) {
             Progress::Next(op, effect) => {
                 step.next = Some(Work { op: op.id, effect });
@@ -250,6 +257,11 @@ impl ItemCore {
                 self.borrow_call(op, want, ctx.now_ms)
             }
             (Stage::BorrowOpen { want }, Reply::Done) => next(op, Stage::BorrowReadOpened { want }, Effect::ReadPool),
+            (Stage::BorrowOpen { want }, Reply::Wrote { view, .. }) => {
+                // The open's answer is the read that would follow it.
+                op.stage = Stage::BorrowReadOpened { want };
+                self.advance(op, Reply::Pool(view), ctx, notes)
+            }
             (Stage::BorrowReadOpened { want }, Reply::Pool(view)) if view.generation != 0 => {
                 if self.generation == 0 {
                     self.set_generation(view.generation);
@@ -307,6 +319,11 @@ impl ItemCore {
                 next(op, Stage::BorrowRefill { granted, attempt: 0 }, effect)
             }
             (Stage::BorrowRefill { granted, .. }, Reply::Done) => {
+                self.stock_returned();
+                self.borrow_ended(id, granted)
+            }
+            (Stage::BorrowRefill { granted, .. }, Reply::Wrote { view, write_seq }) => {
+                self.on_write_answer(view, write_seq, ctx.now_ms);
                 self.stock_returned();
                 self.borrow_ended(id, granted)
             }

@@ -33,6 +33,14 @@
 //! [`Settings::whole_look_every_ms`](super::Settings), which forgets its old finished
 //! records; a structure lost with the hash left shows at that look, at the next whole
 //! heartbeat read, or at once to any call that writes.
+//!
+//! **A write's answer is a read.** A Borrow's refill is answered with the pool as the
+//! write left it ([`Reply::Wrote`](super::Reply)): the store checked every structure before
+//! it wrote, as a whole read does, and the answer is taken in the same atomic step. So it
+//! stands for a whole read at the write ([`ItemCore::on_write_answer`]): the heartbeats and
+//! the looks that follow read the pool's stamp, not the pool, as after a whole read. A
+//! pool stocked by this agent is then read whole neither by the look after its refill nor
+//! by the heartbeat that reports it.
 
 use super::item::{ItemCore, Mode, ReadToken};
 use super::{Ctx, Note, OpKind, PoolView, Report};
@@ -129,6 +137,30 @@ impl ItemCore {
 }
 
 impl ItemCore {
+    /// A write of the running operation answered with the pool as it left it (`view`, at
+    /// write sequence `write_seq`), remembered as a whole read for the heartbeats
+    /// ([`ItemCore::report_unchanged`]) and, when the pool holds no reservation (nothing a
+    /// sweep could expire), for the looks ([`ItemCore::look_unchanged`]). The looks' bound
+    /// still counts from the last whole look, which is what forgets old finished records.
+    /// Ignored unless the pool sells whole, of the generation the rules know.
+    pub(super) fn on_write_answer(&mut self, view: PoolView, write_seq: u64, now_ms: i64) {
+        let usable = self.mode == Mode::Selling
+            && !self.segments_lost
+            && !self.reopening
+            && view.generation != 0
+            && view.generation == self.generation
+            && write_seq != 0;
+        if !usable {
+            return;
+        }
+        self.last_view = Some(view);
+        self.last_full_read = Some(FullRead { view, write_seq, at_ms: now_ms });
+        if view.reserved == 0 {
+            let at_ms = self.last_whole_look.map_or(now_ms, |last| last.at_ms);
+            self.last_whole_look = Some(FullRead { view, write_seq, at_ms });
+        }
+    }
+
     /// [`ItemCore::on_look_at`] of a whole look: the sweep (which put back `freed` units),
     /// then a whole read of the pool that showed write sequence `write_seq`. The read is
     /// remembered for [`ItemCore::look_unchanged`] when it is current and the pool sells.

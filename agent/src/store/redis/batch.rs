@@ -46,9 +46,14 @@ impl PoolEntry {
     /// The reply of a script wrapped by `lua/intact.lua`'s `pool_reply`, `{wseq, reply}`:
     /// the reply, the floor raised to `wseq` (0 when the call changed nothing).
     pub(super) fn acknowledged(&self, v: Value) -> Result<Value, StoreError> {
+        self.acknowledged_seq(v).map(|(_, reply)| reply)
+    }
+
+    /// [`PoolEntry::acknowledged`], with the `wseq` the call was answered with.
+    pub(super) fn acknowledged_seq(&self, v: Value) -> Result<(u64, Value), StoreError> {
         let (wseq, reply) = unwrap_seq(v)?;
         self.floor.fetch_max(wseq, Ordering::AcqRel);
-        Ok(reply)
+        Ok((wseq, reply))
     }
 }
 

@@ -485,7 +485,7 @@ impl PoolStore for RedisPoolStore {
     }
 
     async fn refill(&self, pool: &PoolKey, grant_id: &str, units: u64, epoch: u64) -> Result<bool, StoreError> {
-        self.refill_script(pool, grant_id, units, false, epoch).await
+        self.refill_script(pool, grant_id, units, false, epoch).await.map(|(applied, _)| applied)
     }
 
     async fn refill_existing(
@@ -495,7 +495,18 @@ impl PoolStore for RedisPoolStore {
         units: u64,
         epoch: u64,
     ) -> Result<bool, StoreError> {
-        self.refill_script(pool, grant_id, units, true, epoch).await
+        self.refill_script(pool, grant_id, units, true, epoch).await.map(|(applied, _)| applied)
+    }
+
+    async fn refill_read(
+        &self,
+        pool: &PoolKey,
+        grant_id: &str,
+        units: u64,
+        must_exist: bool,
+        epoch: u64,
+    ) -> Result<(bool, PoolSnapshot), StoreError> {
+        self.refill_script(pool, grant_id, units, must_exist, epoch).await
     }
 
     async fn take_for_return(
