@@ -14,6 +14,10 @@
 //! **Invariant:** traffic goes only to this machine (loopback addresses; anything else is
 //! refused), and every run is bounded in time and in count.
 
+// The servers run in this process: the same allocator as their own binaries.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod acquire;
 mod args;
 mod auth;
