@@ -33,6 +33,18 @@ fn stocked() -> ItemCore {
     core
 }
 
+/// A Borrow of 10 into the pool of generation 42, granted in full and checked: the step
+/// that asks for the refill.
+fn at_refill() -> (ItemCore, Step) {
+    let mut core = item();
+    let (_, s) = core.submit(OpKind::Borrow { want: 10 }, "b1".into(), ctx(0, 1));
+    let s = feed(&mut core, &s, Reply::Pool(view(0, 42)), ctx(1, 1));
+    let s = feed(&mut core, &s, Reply::Granted { granted: 10, center_available: 90 }, ctx(2, 1));
+    let s = feed(&mut core, &s, Reply::Pool(view(0, 42)), ctx(2, 1));
+    assert!(matches!(work(&s).effect, Effect::Refill { units: 10, must_exist: true, .. }), "{:?}", s.next);
+    (core, s)
+}
+
 #[test]
 fn a_refill_answered_with_the_pool_is_reported_from_its_stamp() {
     let core = stocked();
@@ -59,11 +71,7 @@ fn a_refill_answered_with_the_pool_is_looked_at_from_its_stamp() {
 
 #[test]
 fn a_refill_that_left_reservations_is_looked_at_whole() {
-    let mut core = item();
-    let (_, s) = core.submit(OpKind::Borrow { want: 10 }, "b1".into(), ctx(0, 1));
-    let s = feed(&mut core, &s, Reply::Pool(view(0, 42)), ctx(1, 1));
-    let s = feed(&mut core, &s, Reply::Granted { granted: 10, center_available: 90 }, ctx(2, 1));
-    let s = feed(&mut core, &s, Reply::Pool(view(0, 42)), ctx(2, 1));
+    let (mut core, s) = at_refill();
     let reserved = PoolView { available: 10, reserved: 2, sold: 0, generation: 42 };
     feed(&mut core, &s, Reply::Wrote { view: reserved, write_seq: 9 }, ctx(3, 1));
     // A reservation may expire: only a sweep can tell, so the look is whole.
@@ -75,11 +83,7 @@ fn a_refill_that_left_reservations_is_looked_at_whole() {
 
 #[test]
 fn an_answer_of_another_generation_stands_for_nothing() {
-    let mut core = item();
-    let (_, s) = core.submit(OpKind::Borrow { want: 10 }, "b1".into(), ctx(0, 1));
-    let s = feed(&mut core, &s, Reply::Pool(view(0, 42)), ctx(1, 1));
-    let s = feed(&mut core, &s, Reply::Granted { granted: 10, center_available: 90 }, ctx(2, 1));
-    let s = feed(&mut core, &s, Reply::Pool(view(0, 42)), ctx(2, 1));
+    let (mut core, s) = at_refill();
     // The pool was lost and created anew between the check and the refill.
     feed(&mut core, &s, wrote(10, 43, 1), ctx(3, 1));
     let token = core.begin_read();
@@ -89,11 +93,7 @@ fn an_answer_of_another_generation_stands_for_nothing() {
 
 #[test]
 fn an_answer_with_no_sequence_stands_for_nothing() {
-    let mut core = item();
-    let (_, s) = core.submit(OpKind::Borrow { want: 10 }, "b1".into(), ctx(0, 1));
-    let s = feed(&mut core, &s, Reply::Pool(view(0, 42)), ctx(1, 1));
-    let s = feed(&mut core, &s, Reply::Granted { granted: 10, center_available: 90 }, ctx(2, 1));
-    let s = feed(&mut core, &s, Reply::Pool(view(0, 42)), ctx(2, 1));
+    let (mut core, s) = at_refill();
     feed(&mut core, &s, wrote(10, 42, 0), ctx(3, 1));
     assert_eq!(core.report_unchanged(stamp(42, 0), core.begin_read(), ctx(4, 1)), None);
 }
