@@ -190,6 +190,9 @@ impl CenterHandle {
         // The center's throughput is measured, not its per-channel rate limit.
         config.channel_rate_per_sec = 10_000_000;
         config.channel_burst = 10_000_000;
+        // The pruner as in production: for_tests runs it every 100 ms, so tests see
+        // records go, and at 100,000 items each run scanned every request record.
+        config.prune_interval_ms = inventory_center::config::PRUNE_INTERVAL_MS;
         let app = rt.spawn(CenterApp::build(config)).await?.context("start the center")?;
         let (url, http) = (format!("http://{}", app.grpc_addr()), app.http_addr());
         let running = Running::spawn(rt, move |rx| {

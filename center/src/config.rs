@@ -5,6 +5,9 @@ pub use inventory_net::{LogFormat, init_tracing};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+/// How often the pruner runs unless configured (`--prune-interval-ms`).
+pub const PRUNE_INTERVAL_MS: u64 = 60_000;
+
 #[derive(Debug, Clone, clap::Parser)]
 #[command(name = "inventory-center", version = inventory_net::metrics::LONG_VERSION, about = "Authoritative inventory ledger for flash sales (gRPC)")]
 pub struct CenterConfig {
@@ -45,7 +48,7 @@ pub struct CenterConfig {
     pub auto_reclaim_after_ms: u64,
     /// How often request records no retry can use any more (those of an epoch the agent's
     /// channel has left, and those past --request-max-age-ms) are deleted.
-    #[arg(long, env = "INVENTORY_PRUNE_INTERVAL_MS", default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "INVENTORY_PRUNE_INTERVAL_MS", default_value_t = PRUNE_INTERVAL_MS, value_parser = clap::value_parser!(u64).range(1..))]
     pub prune_interval_ms: u64,
     /// How long a channel's request ids are honoured: records of requests are deleted
     /// this long (plus a quarter, for clock differences) after they were made, and a

@@ -47,7 +47,7 @@ impl SqlLedger {
     async fn try_batch(&self, ops: &[Op]) -> Result<Option<(Vec<Result<Answer>>, Option<usize>)>> {
         let mut tx = self.begin().await?;
         // Replays are answered before any lock.
-        let recorded = Self::find_requests(&mut tx, ops).await?;
+        let recorded = self.find_requests(&mut tx, ops).await?;
         let replays = batch::answer_replays(ops, &recorded);
         let live: Vec<&Op> = ops.iter().zip(&replays).filter(|(_, r)| r.is_none()).map(|(op, _)| op).collect();
         if live.is_empty() {
@@ -89,22 +89,29 @@ impl SqlLedger {
         Ok(Some((applied.answers, applied.stale)))
     }
 
-    async fn find_requests(tx: &mut Tx, ops: &[Op]) -> Result<HashMap<RequestKey, Recorded>> {
+    async fn find_requests(&self, tx: &mut Tx, ops: &[Op]) -> Result<HashMap<RequestKey, Recorded>> {
         let mut found = HashMap::new();
         for chunk in ops.chunks(CHUNK) {
-            let scopes: BTreeSet<String> = chunk.iter().map(|op| op.mutation().scope()).collect();
-            let ids: BTreeSet<&str> = chunk.iter().map(|op| op.request_id.as_str()).collect();
-            let sql = format!(
-                "SELECT scope, request_id, fingerprint, response FROM requests WHERE scope IN ({}) AND request_id IN ({})",
-                placeholders(1, scopes.len()),
-                placeholders(1 + scopes.len(), ids.len())
-            );
+            let keys: BTreeSet<(String, &str)> =
+                chunk.iter().map(|op| (op.mutation().scope(), op.request_id.as_str())).collect();
+            let sql = match self.dialect {
+                // Each record by its key (`OFFSET 0` keeps the lookup one per key): with
+                // statistics behind the table's growth the planner reads every record of
+                // the scope (the channel's, all of them) and filters by id.
+                Dialect::Postgres => format!(
+                    "SELECT r.scope, r.request_id, r.fingerprint, r.response FROM (VALUES {}) AS k(scope, request_id) \
+                     CROSS JOIN LATERAL (SELECT * FROM requests WHERE scope = k.scope AND request_id = k.request_id \
+                     OFFSET 0) r",
+                    value_rows(1, keys.len(), 2)
+                ),
+                Dialect::Sqlite => format!(
+                    "SELECT scope, request_id, fingerprint, response FROM requests WHERE (scope, request_id) IN (VALUES {})",
+                    value_rows(1, keys.len(), 2)
+                ),
+            };
             let mut q = sqlx::query(&sql);
-            for s in &scopes {
-                q = q.bind(s.as_str());
-            }
-            for id in &ids {
-                q = q.bind(*id);
+            for (scope, id) in &keys {
+                q = q.bind(scope.as_str()).bind(*id);
             }
             for row in q.fetch_all(&mut **tx).await? {
                 use sqlx::Row;
@@ -184,8 +191,8 @@ impl SqlLedger {
                 "SELECT a.item_id, a.channel, a.granted, a.returned, a.reclaimed, a.reported_available, \
                  a.reported_reserved, a.reported_sold, a.reported_at_ms, a.pool_generation, a.in_doubt, \
                  a.sell_rate_milli, COALESCE(c.lease_expires_at_ms, 0) AS lease_expires_at_ms \
-                 FROM allocations a LEFT JOIN channels c ON c.channel = a.channel WHERE a.item_id IN ({})",
-                placeholders(1, chunk.len())
+                 FROM {} LEFT JOIN channels c ON c.channel = a.channel",
+                self.dialect.rows_of_items("allocations", "a", chunk.len())
             );
             let mut q = sqlx::query(&sql);
             for id in chunk {

@@ -49,6 +49,22 @@ impl Dialect {
         }
     }
 
+    /// A derived table `alias` of every row of `table` of the items bound at
+    /// `$1..=$items`, each item's looked up by key. On PostgreSQL a lateral lookup per item (`OFFSET 0` keeps it one):
+    /// with statistics behind the table's growth the planner filters every row of the
+    /// table instead, a scan that grows with the catalogue.
+    pub(super) fn rows_of_items(self, table: &str, alias: &str, items: usize) -> String {
+        match self {
+            Dialect::Postgres => format!(
+                "(VALUES {}) AS k(item_id) CROSS JOIN LATERAL (SELECT * FROM {table} WHERE item_id = k.item_id OFFSET 0) {alias}",
+                (1..=items).map(|i| format!("(${i})")).collect::<Vec<_>>().join(", ")
+            ),
+            Dialect::Sqlite => {
+                format!("(SELECT * FROM {table} WHERE item_id IN ({})) {alias}", super::rows::placeholders(1, items))
+            }
+        }
+    }
+
     /// `LEFT JOIN` of the one row of `table` (as `alias`) that `on` finds by its primary
     /// key from the row of the outer query. On PostgreSQL a lateral lookup with `LIMIT 1`:
     /// the planner cannot turn it into a join that reads every row of the channel, which it
