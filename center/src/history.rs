@@ -85,7 +85,9 @@ type Track = DriftTrack;
 #[derive(Default)]
 struct State {
     items: HashMap<String, VecDeque<Sample>>,
-    tracks: HashMap<(String, String), Track>,
+    /// Item → channel → track: a sample looks each line up by its names, allocating only
+    /// for a line it has not seen.
+    tracks: HashMap<String, HashMap<String, Track>>,
     /// Per item: (available, held) at the last sample and when it last changed.
     activity: HashMap<String, ((u64, u64), i64)>,
     /// Stuck drifts of every item at the last sample: (item, channel) → drift.
@@ -176,22 +178,32 @@ impl History {
         let ids: HashSet<&str> = snapshot.items.iter().map(|(id, _)| id.as_str()).collect();
         state.activity.retain(|id, _| ids.contains(id.as_str()));
         // The items that changed last keep (or get) a history.
-        let mut ranked: Vec<(&String, i64)> = state.activity.iter().map(|(id, (_, at))| (id, *at)).collect();
-        ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
-        let kept: HashSet<String> = ranked.into_iter().take(self.config.max_items).map(|(id, _)| id.clone()).collect();
+        let kept = changed_last(state.activity.iter().map(|(id, (_, at))| (id, *at)), self.config.max_items);
 
         let oldest = now_ms.saturating_sub(millis(self.config.keep));
         let mut stuck = HashMap::new();
         for (item_id, available) in &snapshot.items {
             let with_history = kept.contains(item_id);
             let mut channels = HashMap::new();
-            for (channel, a) in lines_of(item_id) {
-                let track_key = (item_id.clone(), (*channel).to_owned());
+            let lines = lines_of(item_id);
+            if !lines.is_empty() && !state.tracks.contains_key(item_id.as_str()) {
+                state.tracks.insert(item_id.clone(), HashMap::new());
+            }
+            for (channel, a) in lines {
                 let held = a.held();
                 let drift = a.drift();
-                let known = state.tracks.get(&track_key).copied();
-                let track = DriftTrack::observe(known, a, previous, now_ms);
-                state.tracks.insert(track_key, track);
+                let tracks = state.tracks.get_mut(item_id.as_str()).expect("inserted above for an item with lines");
+                let track = match tracks.get_mut(*channel) {
+                    Some(known) => {
+                        *known = DriftTrack::observe(Some(*known), a, previous, now_ms);
+                        *known
+                    }
+                    None => {
+                        let track = DriftTrack::observe(None, a, previous, now_ms);
+                        tracks.insert((*channel).to_owned(), track);
+                        track
+                    }
+                };
                 let stuck_after = millis(self.config.stuck_after);
                 if track.persists(a, now_ms, stuck_after) || track.ledger_behind(a, now_ms, stuck_after) {
                     stuck.insert((item_id.clone(), (*channel).to_owned()), drift);
@@ -220,7 +232,7 @@ impl History {
             }
         }
         state.items.retain(|id, _| kept.contains(id));
-        state.tracks.retain(|(id, _), _| ids.contains(id.as_str()));
+        state.tracks.retain(|id, _| ids.contains(id.as_str()));
         for ((item, channel), drift) in &held_back {
             if !state.held_back.contains_key(&(item.clone(), channel.clone())) {
                 tracing::warn!(
@@ -323,7 +335,7 @@ impl History {
     /// Splits the drift of `allocation` (read now) with what the samples know.
     pub fn split(&self, item: &str, channel: &str, allocation: &Allocation, now_ms: i64) -> DriftSplit {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let track = state.tracks.get(&(item.to_owned(), channel.to_owned())).copied();
+        let track = state.tracks.get(item).and_then(|t| t.get(channel)).copied();
         // Held moved after the last sample: whatever it moved is in flight.
         let track = match track {
             Some(t) if t.held != allocation.held() => {
@@ -370,6 +382,17 @@ const SAMPLE_SHARE: u32 = 4;
 /// made less often rather than back to back).
 fn pause_after(period: Duration, took: Duration) -> Duration {
     period.max(took * SAMPLE_SHARE).saturating_sub(took)
+}
+
+/// The `max` items that changed last (ties by id), of (item, when it last changed).
+/// Only those few are ordered: no sort of a whole large catalogue every sample.
+fn changed_last<'a>(activity: impl Iterator<Item = (&'a String, i64)>, max: usize) -> HashSet<String> {
+    let mut ranked: Vec<(&String, i64)> = activity.collect();
+    if ranked.len() > max {
+        ranked.select_nth_unstable_by(max, |a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+        ranked.truncate(max);
+    }
+    ranked.into_iter().map(|(id, _)| id.clone()).collect()
 }
 
 /// A duration in whole milliseconds (saturating: no configured period is near the limit).
@@ -437,6 +460,20 @@ mod tests {
         assert_eq!(pause_after(period, Duration::from_millis(500)), Duration::from_millis(1_500));
         // A 1 s read: one every 4 s, so the database is busy with it a quarter of the time.
         assert_eq!(pause_after(period, Duration::from_secs(1)), Duration::from_secs(3));
+    }
+
+    #[test]
+    fn the_items_kept_are_those_that_changed_last_ties_by_id() {
+        let ids: Vec<String> = (0..6).map(|i| format!("item-{i}")).collect();
+        let at = [10, 50, 30, 50, 20, 40];
+        let kept = |max| changed_last(ids.iter().zip(at), max);
+        let names = |v: &[usize]| v.iter().map(|&i| ids[i].clone()).collect::<HashSet<_>>();
+        assert_eq!(kept(3), names(&[1, 3, 5]));
+        // Two changed at 50: the lower id comes first.
+        assert_eq!(kept(1), names(&[1]));
+        assert_eq!(kept(6), names(&[0, 1, 2, 3, 4, 5]));
+        assert_eq!(kept(10), names(&[0, 1, 2, 3, 4, 5]));
+        assert!(kept(0).is_empty());
     }
 
     #[test]
