@@ -148,6 +148,7 @@ impl World {
                 Note::Aligned { .. } => self.stats.resync_moves += 1,
                 Note::Settled { .. } => self.stats.settled_by_replay += 1,
                 Note::GrantGivenBack { .. } => self.stats.grants_given_back += 1,
+                Note::StoreFailed { what: "untake" } => self.stats.untakes_failed += 1,
                 Note::GrantFenced { granted } => self.grant_fenced(c, item, *granted),
 
                 Note::Unfrozen => self.stats.unfrozen += 1,

@@ -60,6 +60,9 @@ stats! {
     store_writes_refused,
     /// ... and grants that went back to the center because the store refused them.
     grants_given_back,
+    /// Units taken for a Return the center refused that the store would not put back
+    /// (refused or failed): the rules ask for a resync, which puts them back.
+    untakes_failed,
     /// Calls of unknown outcome answered for by their replay before a resync described.
     settled_by_replay,
     /// Scheduled resyncs that asked the center.

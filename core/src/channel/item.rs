@@ -466,6 +466,11 @@ impl ItemCore {
         self.resync_at = Some(at_ms);
     }
 
+    /// Asks for a resync at `at_ms` at the latest (an earlier one asked stands).
+    pub(super) fn resync_by(&mut self, at_ms: i64) {
+        self.resync_at = Some(self.resync_at.map_or(at_ms, |at| at.min(at_ms)));
+    }
+
     /// Take before reading the pool outside an operation; see [`ItemCore::on_look`] and
     /// [`ItemCore::report`].
     pub fn begin_read(&self) -> ReadToken {

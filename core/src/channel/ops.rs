@@ -394,8 +394,13 @@ impl ItemCore {
                 let effect = Effect::Return { request_id: op.fresh.clone(), quantity: units, epoch };
                 next(op, Stage::ReturnCall { units }, effect)
             }
-            (Stage::ReturnTake, _) => {
+            (Stage::ReturnTake, reply) => {
                 notes.push(Note::StoreFailed { what: "take for return" });
+                if reply == Reply::Store(StoreFault::Failed) {
+                    // The take may have landed with its answer lost: units out of the pool
+                    // that the center still counts with the channel. A resync puts them back.
+                    self.resync_by(ctx.now_ms + self.settings.resync_after_unknown_ms);
+                }
                 Progress::Finished(id, OpResult::Returned { units: 0 })
             }
             (Stage::ReturnCall { units }, Reply::Done) => Progress::Finished(id, OpResult::Returned { units }),
@@ -415,10 +420,16 @@ impl ItemCore {
                 Progress::Finished(id, OpResult::Returned { units: 0 })
             }
             (Stage::ReturnUntake, reply) => {
-                if let Reply::Units(n) = reply
-                    && n > 0
-                {
-                    self.stock_returned();
+                match reply {
+                    Reply::Units(n) if n > 0 => self.stock_returned(),
+                    Reply::Units(_) | Reply::Store(StoreFault::Fenced) => {}
+                    _ => {
+                        // Neither given back nor put back (the store refused or failed the
+                        // undo): the center counts the taken units with the channel and no
+                        // shelf holds them until a resync puts them back.
+                        notes.push(Note::StoreFailed { what: "untake" });
+                        self.resync_by(ctx.now_ms + self.settings.resync_after_unknown_ms);
+                    }
                 }
                 Progress::Finished(id, OpResult::Returned { units: 0 })
             }
@@ -547,6 +558,13 @@ impl ItemCore {
                 if op.kind == OpKind::Resync(ResyncWhy::Resolved) {
                     // The resolution is not forgotten: the next look queues it again.
                     self.resolution_pending = true;
+                }
+                if matches!(op.kind, OpKind::Resync(ResyncWhy::Registration { .. })) {
+                    // The channel may go on under the new epoch (its next heartbeat renews
+                    // the lease) with this pool never aligned: a scheduled resync aligns it.
+                    // Not a registration's again: its fence, if raised, would read as an
+                    // epoch handed out twice.
+                    self.resync_by(ctx.now_ms + self.settings.resync_after_unknown_ms);
                 }
                 Progress::Finished(id, OpResult::Failed)
             }

@@ -218,3 +218,70 @@ fn a_give_back_of_unknown_outcome_is_settled_by_its_replay() {
     assert!(s.next.is_none(), "pool and holding agree");
     assert!(!core.unsettled());
 }
+
+/// A Return whose Center call was refused and whose undo the store then refused (at its
+/// memory limit) or failed: the units are out of the pool and still the channel's at the
+/// center. A resync puts them back; without one they would be stranded for good.
+#[test]
+fn units_taken_for_a_return_that_neither_went_back_nor_came_back_are_resynced() {
+    let after = Settings::default().resync_after_unknown_ms;
+    for fault in [StoreFault::Refused, StoreFault::Failed] {
+        let mut core = item();
+        let (_, s) = core.submit(OpKind::Return { max: 8 }, "r1".into(), ctx(0, 4));
+        let s = feed(&mut core, &s, Reply::Units(6), ctx(0, 4));
+        let s = feed(&mut core, &s, Reply::Center(CallFault::Refused), ctx(0, 4));
+        let s = feed(&mut core, &s, Reply::Store(fault), ctx(10, 4));
+        assert!(matches!(s.finished[..], [(_, OpResult::Returned { units: 0 })]));
+        assert!(s.notes.contains(&Note::StoreFailed { what: "untake" }), "{fault:?}: {:?}", s.notes);
+        assert_eq!(core.resync_at(), Some(10 + after), "{fault:?}");
+        assert_eq!(core.due_resyncs(10 + after), vec![OpKind::Resync(ops::ResyncWhy::Scheduled)]);
+    }
+    // Fenced: a later incarnation took the pool over, and its resync counts the units.
+    let mut core = item();
+    let (_, s) = core.submit(OpKind::Return { max: 8 }, "r1".into(), ctx(0, 4));
+    let s = feed(&mut core, &s, Reply::Units(6), ctx(0, 4));
+    let s = feed(&mut core, &s, Reply::Center(CallFault::Refused), ctx(0, 4));
+    feed(&mut core, &s, Reply::Store(StoreFault::Fenced), ctx(10, 4));
+    assert_eq!(core.resync_at(), None);
+}
+
+/// A take whose answer was lost may have landed: resynced. One the store refused took
+/// nothing: not.
+#[test]
+fn a_take_of_unknown_outcome_is_resynced_and_a_refused_one_is_not() {
+    let mut core = item();
+    let (_, s) = core.submit(OpKind::Return { max: 8 }, "r1".into(), ctx(0, 4));
+    feed(&mut core, &s, Reply::Store(StoreFault::Refused), ctx(10, 4));
+    assert_eq!(core.resync_at(), None);
+    let (_, s) = core.submit(OpKind::Return { max: 8 }, "r2".into(), ctx(20, 4));
+    let s = feed(&mut core, &s, Reply::Store(StoreFault::Failed), ctx(20, 4));
+    assert!(matches!(s.finished[..], [(_, OpResult::Returned { units: 0 })]));
+    assert_eq!(core.resync_at(), Some(20 + Settings::default().resync_after_unknown_ms));
+}
+
+/// A registration's resync that did not finish (the store refused the fence, say): the
+/// channel may go on under the new epoch, so the pool is aligned by a scheduled resync,
+/// which does not raise the fence again (a fence at the epoch would read as an epoch
+/// handed out twice).
+#[test]
+fn a_registration_whose_resync_failed_is_aligned_later() {
+    let after = Settings::default().resync_after_unknown_ms;
+    let mut core = item();
+    let why = OpKind::Resync(ops::ResyncWhy::Registration { epoch: 9 });
+    let (id, s) = core.submit(why, "g".into(), ctx(100, 9));
+    assert_eq!(work(&s).effect, Effect::RaiseFence { epoch: 9 });
+    let s = feed(&mut core, &s, Reply::Store(StoreFault::Refused), ctx(100, 9));
+    assert_eq!(s.finished, vec![(id, OpResult::Failed)]);
+    assert_eq!(core.resync_at(), Some(100 + after));
+    let kinds = core.due_resyncs(100 + after);
+    assert_eq!(kinds, vec![OpKind::Resync(ops::ResyncWhy::Scheduled)]);
+    let (_, s) = core.submit(kinds[0], "s".into(), ctx(100 + after, 9));
+    assert_eq!(work(&s).effect, Effect::Describe, "aligned from the center's holding, no fence");
+    // An earlier resync asked for stands.
+    let mut core = item();
+    let (_, s) = core.submit(OpKind::Return { max: 8 }, "r".into(), ctx(0, 9));
+    feed(&mut core, &s, Reply::Store(StoreFault::Failed), ctx(0, 9));
+    let (_, s) = core.submit(why, "g".into(), ctx(1_000, 9));
+    feed(&mut core, &s, Reply::Store(StoreFault::Failed), ctx(1_000, 9));
+    assert_eq!(core.resync_at(), Some(after));
+}
