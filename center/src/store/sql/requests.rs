@@ -7,7 +7,7 @@ use serde::de::DeserializeOwned;
 use sqlx::Row;
 
 use super::rows::to_db;
-use super::{SqlLedger, Tx};
+use super::{Dialect, SqlLedger, Tx};
 use crate::error::CenterError;
 use crate::store::Result;
 
@@ -92,17 +92,35 @@ impl SqlLedger {
     /// Also an agent's records created before `before_ms`, whatever their epoch: the
     /// service refuses a request made that long ago before it looks for its record
     /// (`inventory_core::records`), so no retry can use them either.
+    ///
+    /// Each kind is looked up through its index (`requests_by_channel_epoch` from each
+    /// channel's row, `requests_by_age`), so a run that finds little reads little; on
+    /// PostgreSQL as lateral lookups in index order, which the planner keeps whatever its
+    /// statistics say. One condition over every record was a scan of the whole table per
+    /// 500 records deleted.
     pub(super) async fn prune_requests(&self, limit: u32, before_ms: i64) -> Result<u64> {
-        let done = sqlx::query(
-            "DELETE FROM requests WHERE (scope, request_id) IN (SELECT r.scope, r.request_id FROM requests r \
-             LEFT JOIN channels c ON c.channel = r.channel LEFT JOIN removed_channels t ON t.channel = r.channel \
-             WHERE r.epoch < COALESCE(c.epoch, t.epoch + 1) OR (r.channel IS NOT NULL AND r.created_at_ms < $2) \
-             LIMIT $1)",
-        )
-        .bind(i64::from(limit))
-        .bind(before_ms)
-        .execute(&self.pool)
-        .await?;
+        let sql = match self.dialect {
+            Dialect::Postgres => {
+                "DELETE FROM requests WHERE (scope, request_id) IN (SELECT scope, request_id FROM (\
+                 SELECT r.scope, r.request_id FROM channels c CROSS JOIN LATERAL (SELECT scope, request_id \
+                 FROM requests WHERE channel = c.channel AND epoch < c.epoch ORDER BY epoch LIMIT $1) r \
+                 UNION ALL SELECT r.scope, r.request_id FROM removed_channels t CROSS JOIN LATERAL (SELECT scope, \
+                 request_id FROM requests WHERE channel = t.channel AND epoch <= t.epoch ORDER BY epoch LIMIT $1) r \
+                 WHERE NOT EXISTS (SELECT 1 FROM channels c WHERE c.channel = t.channel) \
+                 UNION ALL (SELECT scope, request_id FROM requests WHERE created_at_ms < $2 AND channel IS NOT NULL \
+                 ORDER BY created_at_ms LIMIT $1)) d LIMIT $1)"
+            }
+            Dialect::Sqlite => {
+                "DELETE FROM requests WHERE (scope, request_id) IN (SELECT scope, request_id FROM (\
+                 SELECT r.scope, r.request_id FROM channels c JOIN requests r ON r.channel = c.channel AND r.epoch < c.epoch \
+                 UNION ALL SELECT r.scope, r.request_id FROM removed_channels t \
+                 JOIN requests r ON r.channel = t.channel AND r.epoch <= t.epoch \
+                 WHERE NOT EXISTS (SELECT 1 FROM channels c WHERE c.channel = t.channel) \
+                 UNION ALL SELECT scope, request_id FROM requests WHERE created_at_ms < $2 AND channel IS NOT NULL\
+                 ) d LIMIT $1)"
+            }
+        };
+        let done = sqlx::query(sql).bind(i64::from(limit)).bind(before_ms).execute(&self.pool).await?;
         Ok(done.rows_affected())
     }
 }
