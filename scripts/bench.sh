@@ -12,7 +12,7 @@
 # per live reservation: a million live reservations in one pool (50,000 with --quick) on a
 # private redis-server it starts and kills; JSON to bench-results/memory.json.
 #
-#   scripts/bench.sh            # the full run, about 2 minutes
+#   scripts/bench.sh            # the full run, 8 to 15 minutes by the hour
 #   scripts/bench.sh --quick    # about a second per measurement (what CI runs)
 #   scripts/bench.sh --debug --quick   # skip the release build
 #   scripts/bench.sh --only c,d --duration 30s   # some phases, longer (for profiling; no figure (i) of segments)
