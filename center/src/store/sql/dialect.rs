@@ -50,9 +50,10 @@ impl Dialect {
     }
 
     /// A derived table `alias` of every row of `table` of the items bound at
-    /// `$1..=$items`, each item's looked up by key. On PostgreSQL a lateral lookup per item (`OFFSET 0` keeps it one):
-    /// with statistics behind the table's growth the planner filters every row of the
-    /// table instead, a scan that grows with the catalogue.
+    /// `$1..=$items`, each item's looked up by key. On PostgreSQL a lateral lookup per
+    /// item (`OFFSET 0` keeps it one): with statistics behind the table's growth the
+    /// planner filters every row of the table instead, a scan that grows with the
+    /// catalogue.
     pub(super) fn rows_of_items(self, table: &str, alias: &str, items: usize) -> String {
         match self {
             Dialect::Postgres => format!(
