@@ -32,7 +32,9 @@ fn refusal(e: &RedisError) -> Option<&'static str> {
 /// means the store answered something this code does not expect.
 ///
 /// A redirection the cluster client gave up following (MOVED or ASK while a failover moves
-/// slots) is `Unavailable` too: the node that answered it ran nothing.
+/// slots) is `Unavailable` too: the node that answered it ran nothing. So is a NOSCRIPT
+/// left after the client loaded the script and called it again (a node promoted, or its
+/// scripts flushed, in between): the script did not run.
 pub(super) fn map_err(e: RedisError) -> StoreError {
     if let Some(why) = refusal(&e) {
         return StoreError::Refused(why.to_owned());
@@ -52,6 +54,7 @@ pub(super) fn map_err(e: RedisError) -> StoreError {
                     | ServerErrorKind::ReadOnly
                     | ServerErrorKind::Moved
                     | ServerErrorKind::Ask
+                    | ServerErrorKind::NoScript
             ) | ErrorKind::ClusterConnectionNotFound
         )
         || e.code() == Some("BUSY");
@@ -76,6 +79,7 @@ mod tests {
             ServerErrorKind::MasterDown,
             ServerErrorKind::ReadOnly,
             ServerErrorKind::BusyLoading,
+            ServerErrorKind::NoScript,
         ] {
             let e = mapped(ErrorKind::Server(kind), "slot moving");
             assert!(matches!(e, StoreError::Unavailable(_)), "{kind:?} mapped to {e:?}");
