@@ -246,7 +246,7 @@ impl Agent {
         self.load_scheduled(&reg.scheduled).await;
         self.link.renew_lease(sent_at);
         self.replicas.publish_lease().await;
-        let _ = self.reporting.send(self.reporting.all().await, false).await;
+        let _ = self.reporting.send_all(false).await;
         tracing::info!(channel = %self.link.channel, epoch = reg.epoch, items = reg.held.len(), "registered and resynced");
         Ok(Registered::Epoch(reg.epoch))
     }
@@ -288,7 +288,7 @@ impl Agent {
             })
             .await;
         self.stocking.wait_idle().await;
-        if let Err(s) = self.reporting.send(self.reporting.all().await, true).await {
+        if let Err(s) = self.reporting.send_all(true).await {
             tracing::warn!(code = ?s.code(), "final report failed");
         }
     }

@@ -105,6 +105,28 @@ impl Reports {
     }
 }
 
+/// The parts of one report sent so far: whether any was answered, and the last answer
+/// (the first failure stops the rest).
+struct Sent {
+    answered: bool,
+    result: Result<pb::HeartbeatResponse, Status>,
+}
+
+impl Default for Sent {
+    fn default() -> Self {
+        Self { answered: false, result: Err(Status::internal("no heartbeat sent")) }
+    }
+}
+
+impl Sent {
+    /// Notes one part's answer; false when the rest must not be sent.
+    fn note(&mut self, answer: Result<pb::HeartbeatResponse, Status>) -> bool {
+        self.answered |= answer.is_ok();
+        self.result = answer;
+        self.result.is_ok()
+    }
+}
+
 impl Reporting {
     pub fn new(store: Arc<dyn PoolStore>, link: Arc<CenterLink>, items: Arc<Items>) -> Self {
         Self { store, link, items, max_pools: AtomicUsize::new(MAX_POOLS_PER_CALL), turn: AtomicUsize::new(0) }
@@ -259,18 +281,52 @@ impl Reporting {
     pub async fn send(&self, reports: Reports, last_report: bool) -> Result<pb::HeartbeatResponse, Status> {
         let max = self.max_pools.load(Ordering::Relaxed);
         let mut rest = reports.0;
-        let mut answered = false;
-        let mut result = Err(Status::internal("no heartbeat sent"));
+        let mut sent = Sent::default();
         for (range, last) in parts(rest.len(), max, last_report) {
             let tail = rest.split_off(range.len());
             let part = Reports(std::mem::replace(&mut rest, tail));
-            result = self.send_part(part, last).await;
-            answered |= result.is_ok();
-            if result.is_err() {
+            if !sent.note(self.send_part(part, last).await) {
                 break;
             }
         }
-        if answered {
+        self.conclude(sent)
+    }
+
+    /// Every pool's report ([`Reporting::all`]) sent as [`Reporting::send`] sends it, but
+    /// read a call's worth at a time, each part read while the one before it is sent: a
+    /// registration's or a drain's report of a large catalogue takes about the longer of
+    /// the reads and the calls, not their sum. Only the last part carries `last_report`,
+    /// sent once every other part was answered.
+    pub async fn send_all(&self, last_report: bool) -> Result<pb::HeartbeatResponse, Status> {
+        let max = self.max_pools.load(Ordering::Relaxed);
+        let items = self.items.all();
+        let calls = parts(items.len(), max, last_report);
+        let read = |k: usize| calls.get(k).map(|(range, _)| self.read_whole(items[range.clone()].to_vec()));
+        let mut sent = Sent::default();
+        let mut part = match read(0) {
+            Some(first) => first.await,
+            None => Vec::new(),
+        };
+        for (k, (_, last)) in calls.iter().enumerate() {
+            let next = async {
+                match read(k + 1) {
+                    Some(reading) => reading.await,
+                    None => Vec::new(),
+                }
+            };
+            let (answer, next) = futures::join!(self.send_part(Reports(part), *last), next);
+            if !sent.note(answer) {
+                break;
+            }
+            part = next;
+        }
+        self.conclude(sent)
+    }
+
+    /// After the parts of a report were sent: the items learn that the center answered,
+    /// and which of them it no longer holds in doubt.
+    fn conclude(&self, sent: Sent) -> Result<pb::HeartbeatResponse, Status> {
+        if sent.answered {
             let now = crate::clock::now_ms();
             for item in self.items.all() {
                 item.with(|c| c.on_center_answered(now));
@@ -278,13 +334,13 @@ impl Reporting {
         }
         // Every answer lists all the channel's items in doubt: the last one says which
         // frozen items the center no longer holds in doubt (reported again next time).
-        if let Ok(answer) = &result {
+        if let Ok(answer) = &sent.result {
             let in_doubt: std::collections::HashSet<&str> = answer.in_doubt_items.iter().map(String::as_str).collect();
             for item in self.items.all().into_iter().filter(|i| !in_doubt.contains(i.item_id.as_str())) {
                 item.with(|c| c.on_not_in_doubt());
             }
         }
-        result
+        sent.result
     }
 
     async fn send_part(&self, reports: Reports, last_report: bool) -> Result<pb::HeartbeatResponse, Status> {

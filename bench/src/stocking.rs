@@ -92,6 +92,11 @@ pub struct AfterStocking {
     /// The Heartbeat calls carrying every pool, one after another, until the center
     /// answered the last (or one failed).
     pub heartbeat_call_s: f64,
+    /// The same full report as a registration or a drain sends it
+    /// (`Reporting::send_all`): each call's part read while the part before it is sent.
+    pub heartbeat_overlapped_s: f64,
+    /// CPU the overlapped full report took, by process (background looks included).
+    pub heartbeat_cpu: crate::sysinfo::CpuUse,
     pub heartbeat_error: Option<String>,
     /// The periodic heartbeat that follows (`Reporting::quiet`): each pool's stamp, whole
     /// reads of a share in turn and of what moved; the reports that changed, sent.
@@ -187,15 +192,20 @@ pub async fn measure(
     })
 }
 
-/// The catalogue's standing cost: CPU over a window in which nothing sells.
-async fn idle_cost(store: &Store) -> IdleCost {
-    let mut conn = match store {
+/// A connection to the store's Redis, for its CPU figures (none with the memory store).
+async fn redis_conn(store: &Store) -> Option<redis::aio::MultiplexedConnection> {
+    match store {
         Store::Redis { url, .. } => match redis::Client::open(url.as_str()) {
             Ok(c) => c.get_multiplexed_async_connection().await.ok(),
             Err(_) => None,
         },
         Store::Memory => None,
-    };
+    }
+}
+
+/// The catalogue's standing cost: CPU over a window in which nothing sells.
+async fn idle_cost(store: &Store) -> IdleCost {
+    let mut conn = redis_conn(store).await;
     let scripts_before = match conn.as_mut() {
         Some(c) => script_stats(c).await,
         None => None,
@@ -240,6 +250,12 @@ async fn after_stocking(
     let started = Instant::now();
     let heartbeat_error = reporting.send(full, false).await.err().map(|e| e.to_string());
     let heartbeat_call_s = started.elapsed().as_secs_f64();
+    let mut conn = redis_conn(store).await;
+    let before = crate::sysinfo::CpuSnapshot::take(conn.as_mut()).await;
+    let started = Instant::now();
+    let overlapped_error = reporting.send_all(false).await.err().map(|e| e.to_string());
+    let heartbeat_overlapped_s = started.elapsed().as_secs_f64();
+    let heartbeat_cpu = crate::sysinfo::CpuSnapshot::take(conn.as_mut()).await.since(&before);
     // The next periodic heartbeat, as the agent's heartbeat task runs it.
     let period = Duration::from_millis((agent.agent.link.lease_ttl_ms() / 3).max(100));
     let period_ms = i64::try_from(period.as_millis()).unwrap_or(i64::MAX);
@@ -262,7 +278,9 @@ async fn after_stocking(
         heartbeat_bytes,
         heartbeat_calls,
         heartbeat_call_s,
-        heartbeat_error: heartbeat_error.or(quiet_error),
+        heartbeat_overlapped_s,
+        heartbeat_cpu,
+        heartbeat_error: heartbeat_error.or(overlapped_error).or(quiet_error),
         quiet_read_s,
         quiet_whole_reads,
         quiet_pools,
@@ -360,12 +378,27 @@ pub fn render(figure: Option<&StockingFigure>) -> String {
         }
 }
 
+/// CPU by process over a report of `pools` pools, and per pool.
+fn cpu_per_pool(cpu: &crate::sysinfo::CpuUse, pools: usize) -> String {
+    let us = |s: f64| s * 1e6 / pools.max(1) as f64;
+    let redis =
+        cpu.redis_s.map(|r| format!("Redis {r:.2} s, {:.1} µs", us(r))).unwrap_or_else(|| "Redis unread".into());
+    format!(
+        "CPU: {redis}; servers {:.2} s, {:.1} µs; PostgreSQL {:.2} s, {:.1} µs a pool",
+        cpu.servers_s,
+        us(cpu.servers_s),
+        cpu.postgres_s,
+        us(cpu.postgres_s)
+    )
+}
+
 fn render_after(a: &AfterStocking) -> String {
     let kb = |b: usize| b as f64 / 1024.0;
     let fetch =
         |what: &str, f: &Fetch| format!("{what} {:.1} ms, {:.1} KiB (HTTP {})", f.s * 1e3, kb(f.bytes), f.status);
     format!(
-        "full heartbeat of {} pools: read {:.2} s, {:.1} KiB, {} call(s) {:.2} s{}\n\
+        "full heartbeat of {} pools: read {:.2} s, {:.1} KiB, {} call(s) {:.2} s; \
+         read and sent together {:.2} s ({}){}\n\
          quiet heartbeat after it: read {:.2} s (every stamp, {} pools whole in turn), {} changed, sent in {:.2} s\n\
          {}; {}\n\
          console: {}; {}; {}; {}\n\
@@ -375,6 +408,8 @@ fn render_after(a: &AfterStocking) -> String {
         kb(a.heartbeat_bytes),
         a.heartbeat_calls,
         a.heartbeat_call_s,
+        a.heartbeat_overlapped_s,
+        cpu_per_pool(&a.heartbeat_cpu, a.heartbeat_pools),
         a.heartbeat_error.as_ref().map(|e| format!(" (failed: {e})")).unwrap_or_default(),
         a.quiet_read_s,
         a.quiet_whole_reads,

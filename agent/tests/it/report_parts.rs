@@ -1,6 +1,7 @@
 //! A report of more pools than one Heartbeat carries goes in several calls, one after
 //! another; only the last carries `last_report`, so the center takes the report as the
-//! agent's last word only once every part landed.
+//! agent's last word only once every part landed. A registration's or a drain's report
+//! (`Reporting::send_all`) reads each part while the one before it is sent: the same calls.
 
 use std::time::{Duration, Instant};
 
@@ -66,10 +67,11 @@ async fn a_last_report_in_parts_is_the_last_word_with_every_pool_in_it() {
     for agent in [&app, &web] {
         agent.agent.reporting.set_max_pools_per_call(3);
     }
-    // app: its last word, in four calls of at most three pools.
-    let answer = app.agent.reporting.send(app.agent.reporting.all().await, true).await;
+    // app: its last word, in four calls of at most three pools, each part read while the
+    // one before it is sent (as a drain sends it).
+    let answer = app.agent.reporting.send_all(true).await;
     assert!(answer.is_ok(), "{answer:?}");
-    // web: the same report in parts, but not a last word.
+    // web: the same report in parts, read whole before the first call, not a last word.
     let answer = web.agent.reporting.send(web.agent.reporting.all().await, false).await;
     assert!(answer.is_ok(), "{answer:?}");
     // Every pool's report landed: what each channel holds, as the center sees it.

@@ -260,7 +260,10 @@ impl pb::center_server::Center for CenterService {
         self.limits.call(channel.as_str(), 1)?;
         let mut reports = Vec::with_capacity(r.pools.len());
         for (n, p) in r.pools.iter().enumerate() {
-            let item = ItemId::parse(&format!("pools[{n}].item_id"), &p.item_id).map_err(CenterError::from)?;
+            // Field names are built only for an error: a report of thousands of pools
+            // formats none.
+            let item =
+                ItemId::parse("item_id", &p.item_id).map_err(CenterError::from).map_err(in_pool(n, "item_id"))?;
             let count = |name: &str, value: u64| -> Result<u64, CenterError> {
                 if value > MAX_QUANTITY {
                     let field = format!("pools[{n}].{name}");
@@ -279,7 +282,7 @@ impl pb::center_server::Center for CenterService {
                 let reason = format!("must be at most {}", i64::MAX);
                 return Err(CenterError::from(ValidationError::new(field, p.generation, reason)).into());
             }
-            let sell_rate_milli = rate(&format!("pools[{n}].sell_rate_milli"), p.sell_rate_milli)?;
+            let sell_rate_milli = rate("", p.sell_rate_milli).map_err(in_pool(n, "sell_rate_milli"))?;
             let max_segment = inventory_core::segments::MAX_SEGMENTS - 1;
             if p.lost_segments.len() > max_segment as usize {
                 let field = format!("pools[{n}].lost_segments");
@@ -508,6 +511,15 @@ fn trace_id<T>(req: &Request<T>) -> Option<String> {
 
 /// A sell rate from an agent (units/s × 1000): one above a billion units a second is no
 /// rate any pool sells at.
+/// Names a report's field in its error, `pools[n].<name>`: built only when the check
+/// failed.
+fn in_pool(n: usize, name: &'static str) -> impl FnOnce(CenterError) -> CenterError {
+    move |e| match e {
+        CenterError::Invalid(v) => CenterError::Invalid(ValidationError { field: format!("pools[{n}].{name}"), ..v }),
+        e => e,
+    }
+}
+
 fn rate(field: &str, value: u64) -> Result<u64, CenterError> {
     let max = MAX_QUANTITY.saturating_mul(1_000);
     if value > max {

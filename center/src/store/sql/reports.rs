@@ -25,20 +25,20 @@ impl SqlLedger {
     async fn write_reports(&self, tx: &mut Tx, channel: &Channel, chunk: &[&PoolReportIn], now_ms: i64) -> Result<()> {
         let mut rows = Vec::with_capacity(chunk.len());
         for PoolReportIn { item, report, segments, .. } in chunk {
-            rows.push(serde_json::json!({
-                "item_id": item.as_str(),
-                "available": to_db("available", report.counts.available)?,
-                "reserved": to_db("reserved", report.counts.reserved)?,
-                "sold": to_db("sold", report.counts.sold)?,
-                "generation": to_db("generation", report.kept_generation())?,
-                "sell_rate_milli": to_db("sell_rate_milli", if report.lost { 0 } else { report.sell_rate_milli })?,
-                "segments": inventory_core::segments::encode(segments),
-            }));
+            rows.push(ReportRow {
+                item_id: item.as_str(),
+                available: to_db("available", report.counts.available)?,
+                reserved: to_db("reserved", report.counts.reserved)?,
+                sold: to_db("sold", report.counts.sold)?,
+                generation: to_db("generation", report.kept_generation())?,
+                sell_rate_milli: to_db("sell_rate_milli", if report.lost { 0 } else { report.sell_rate_milli })?,
+                segments: inventory_core::segments::encode(segments),
+            });
         }
         sqlx::query(&self.q.report_write)
             .bind(channel.as_str())
             .bind(now_ms)
-            .bind(serde_json::Value::Array(rows).to_string())
+            .bind(json_rows(&rows)?)
             .execute(&mut **tx)
             .await?;
         self.remember_write_seqs(tx, channel, chunk).await
@@ -77,14 +77,10 @@ impl SqlLedger {
             return Ok(());
         }
         let mut rows = Vec::with_capacity(seqs.len());
-        for (item, segment, seq) in seqs {
-            rows.push(serde_json::json!({"item_id": item, "segment": segment, "write_seq": to_db("write_seq", *seq)?}));
+        for (item_id, segment, seq) in seqs {
+            rows.push(WriteSeqRow { item_id, segment: *segment, write_seq: to_db("write_seq", *seq)? });
         }
-        sqlx::query(&self.q.write_seqs_raise)
-            .bind(channel.as_str())
-            .bind(serde_json::Value::Array(rows).to_string())
-            .execute(&mut **tx)
-            .await?;
+        sqlx::query(&self.q.write_seqs_raise).bind(channel.as_str()).bind(json_rows(&rows)?).execute(&mut **tx).await?;
         Ok(())
     }
 
@@ -265,7 +261,7 @@ impl SqlLedger {
         now_ms: i64,
     ) -> Result<Vec<(String, u64)>> {
         const ATTEMPTS: usize = 3;
-        let items = items_json(chunk);
+        let items = items_json(chunk)?;
         let loses = |rows: &HashMap<String, Allocation>, r: &PoolReportIn| {
             let before = rows.get(r.item.as_str()).copied().unwrap_or_default();
             loss::report_touches_doubt(&before, &r.report)
@@ -336,7 +332,38 @@ impl SqlLedger {
 }
 
 /// The chunk's item ids as [`Queries::report_rows`] reads them.
-fn items_json(chunk: &[&PoolReportIn]) -> String {
-    serde_json::Value::Array(chunk.iter().map(|r| serde_json::json!({"item_id": r.item.as_str()})).collect())
-        .to_string()
+fn items_json(chunk: &[&PoolReportIn]) -> Result<String> {
+    json_rows(&chunk.iter().map(|r| ItemRef { item_id: r.item.as_str() }).collect::<Vec<_>>())
+}
+
+/// The JSON array a statement reads its rows from (`Dialect::json_rows`). Each row is a
+/// struct, serialized straight to text: a report of thousands of pools builds no map per
+/// row.
+fn json_rows<T: serde::Serialize>(rows: &[T]) -> Result<String> {
+    serde_json::to_string(rows).map_err(|e| CenterError::Internal(format!("rows as JSON: {e}")))
+}
+
+#[derive(serde::Serialize)]
+struct ItemRef<'a> {
+    item_id: &'a str,
+}
+
+/// One row of the statement that stores a chunk of reports (`Queries::report_write`).
+#[derive(serde::Serialize)]
+struct ReportRow<'a> {
+    item_id: &'a str,
+    available: i64,
+    reserved: i64,
+    sold: i64,
+    generation: i64,
+    sell_rate_milli: i64,
+    segments: String,
+}
+
+/// One row of the statement that raises write sequences (`Queries::write_seqs_raise`).
+#[derive(serde::Serialize)]
+struct WriteSeqRow<'a> {
+    item_id: &'a str,
+    segment: u32,
+    write_seq: i64,
 }
