@@ -196,7 +196,8 @@ impl RedisCluster {
     /// SIGSTOP the node on `port`: it holds its connections and answers nothing (nor
     /// replicates) until [`RedisCluster::thaw`].
     pub fn freeze(&self, port: u16) {
-        self.signal(port, "-STOP");
+        let node = self.nodes.iter().find(|n| n.port == port).expect("node on port");
+        crate::stop_process(node.child.as_ref().expect("a live node").id());
     }
 
     /// SIGCONT the node on `port`.

@@ -286,6 +286,32 @@ impl Drop for TokenFile {
     }
 }
 
+/// SIGSTOPs process `pid` and returns once every thread of it is stopped: `kill` returns
+/// when the signal is sent, and a busy multi-threaded process (a Go server, say) may run
+/// on for a while on its other cores, answering what it already read. Panics if the
+/// signal cannot be sent, or the process is not stopped within 10 s.
+pub fn stop_process(pid: u32) {
+    let status = Command::new("kill").args(["-STOP", &pid.to_string()]).status();
+    assert!(status.is_ok_and(|s| s.success()), "cannot SIGSTOP process {pid}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !all_threads_stopped(pid) {
+        assert!(Instant::now() < deadline, "process {pid} still runs 10 s after SIGSTOP");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Whether every thread of `pid` is in state `T` (stopped), as `/proc/<pid>/task/*/stat` says.
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|task| {
+        std::fs::read_to_string(task.path().join("stat"))
+            // The state follows the command name, which is in parentheses and may hold spaces.
+            .is_ok_and(|stat| stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T')))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::replace_database;

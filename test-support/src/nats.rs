@@ -89,8 +89,7 @@ impl NatsServer {
     /// frozen or partitioned broker looks like to a client). [`NatsServer::kill`] still works.
     pub fn freeze(&self) {
         if let Some(child) = &self.child {
-            let status = Command::new("kill").args(["-STOP", &child.id().to_string()]).status();
-            assert!(status.is_ok_and(|s| s.success()), "cannot SIGSTOP nats-server {}", child.id());
+            crate::stop_process(child.id());
         }
     }
 

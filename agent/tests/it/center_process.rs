@@ -119,7 +119,7 @@ impl CenterProcess {
 
     /// SIGSTOP: the process answers nothing, its connections stay open.
     pub fn freeze(&self) {
-        self.signal("-STOP");
+        inventory_test_support::stop_process(self.child.id().expect("the center runs"));
     }
 
     /// SIGCONT after [`CenterProcess::freeze`].

@@ -103,7 +103,7 @@ async fn paused_agent_whose_channel_was_reclaimed_sells_nothing_it_no_longer_hol
     let signal = |sig: &'static str, pid: String| async move {
         assert!(tokio::process::Command::new("kill").args([sig, &pid]).status().await.unwrap().success());
     };
-    signal("-STOP", pid.clone()).await;
+    inventory_test_support::stop_process(app.child.id().unwrap());
     // Past the lease: the center takes back the 25 unsold units...
     let deadline = Instant::now() + Duration::from_secs(10);
     let reclaimed = loop {
