@@ -51,6 +51,10 @@ impl LedgerEvent {
     }
 }
 
+/// Events a watcher may fall behind by before it misses one: its stream then ends
+/// UNAVAILABLE, and the agent watches again and re-reads every item's settings.
+pub const CAPACITY: usize = 1024;
+
 #[derive(Clone)]
 pub struct EventHub {
     tx: broadcast::Sender<LedgerEvent>,
@@ -60,13 +64,13 @@ pub struct EventHub {
 
 impl EventHub {
     pub fn new() -> Self {
-        Self { tx: broadcast::channel(1024).0, notify: None }
+        Self { tx: broadcast::channel(CAPACITY).0, notify: None }
     }
 
     /// Events shared by every center replica on this PostgreSQL database. Spawns the
     /// listener that feeds this replica's watchers.
     pub async fn postgres(pool: sqlx::AnyPool, url: &str) -> Result<Self, sqlx::Error> {
-        let hub = Self { tx: broadcast::channel(1024).0, notify: Some(pool) };
+        let hub = Self { tx: broadcast::channel(CAPACITY).0, notify: Some(pool) };
         let mut listener = sqlx::postgres::PgListener::connect(url).await?;
         listener.listen(PG_CHANNEL).await?;
         // The listener holds only a weak handle: when the center (and its hub) goes away,

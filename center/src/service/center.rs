@@ -55,6 +55,9 @@ pub struct FaultHooks {
     pub refuse_watches: AtomicBool,
     /// WatchChannel calls refused under `refuse_watches`.
     pub watches_refused: AtomicU32,
+    /// While true, open WatchChannel streams take no event from the hub, as the stream of
+    /// a watcher too slow to keep up: past [`crate::events::CAPACITY`] events it lagged.
+    pub stall_watches: watch::Sender<bool>,
     /// DescribeItem and DescribeItems calls received.
     pub describes: AtomicU32,
 }

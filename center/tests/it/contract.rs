@@ -462,6 +462,53 @@ async fn watch_channel_streams_watermark_changes(c: TestCenter) {
     assert_status(stale.map(|_| ()), Code::FailedPrecondition, "stale epoch");
 }
 
+/// A watcher that falls further behind than the center keeps events for is told so: its
+/// stream ends UNAVAILABLE (the agent then watches again and re-reads every item's
+/// settings), instead of going on without the events it missed. On SQLite, whose events
+/// reach the hub as they are published (on PostgreSQL they come back through NOTIFY, later),
+/// so the test knows every event is queued before the watcher resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_that_falls_behind_is_told_to_watch_again() {
+    let c = TestCenter::start(crate::support::Backend::Sqlite).await;
+    let (mut admin, mut center) = (c.admin().await, c.center().await);
+    create(&mut admin, "i", 1000).await;
+    let epoch = register(&mut center, "app").await;
+    let mut stream =
+        center.watch_channel(pb::WatchChannelRequest { channel: "app".into(), epoch }).await.unwrap().into_inner();
+    // The watcher stops taking events; more than the hub keeps are published.
+    c.faults.stall_watches.send_replace(true);
+    let published = inventory_center::events::CAPACITY + 10;
+    for n in 0..published {
+        let add = pb::AddStockRequest { item_id: "i".into(), quantity: 1, request_id: format!("restock-{n}") };
+        admin.add_stock(add).await.unwrap();
+    }
+    c.faults.stall_watches.send_replace(false);
+    let mut delivered = 0;
+    let ended = loop {
+        match tokio::time::timeout(Duration::from_secs(10), stream.message()).await.expect("an answer within 10 s") {
+            Ok(Some(_)) => delivered += 1,
+            other => break other,
+        }
+    };
+    let status = ended.expect_err("the stream ends with an error, not quietly");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("behind") && status.message().contains("watch again"), "{status:?}");
+    assert!(delivered < published, "{delivered} of {published} events delivered: the watcher did not fall behind");
+
+    // Watching again works, and carries what happens next.
+    let mut stream =
+        center.watch_channel(pb::WatchChannelRequest { channel: "app".into(), epoch }).await.unwrap().into_inner();
+    let add = pb::AddStockRequest { item_id: "i".into(), quantity: 5, request_id: "restock-after".into() };
+    admin.add_stock(add).await.unwrap();
+    let event = tokio::time::timeout(Duration::from_secs(5), stream.message()).await.expect("event within 5 s");
+    let event = event.unwrap().expect("stream open").event.expect("event set");
+    let total = 1000 + published as u64 + 5;
+    assert_eq!(
+        event,
+        pb::channel_event::Event::Restocked(pb::Restocked { item_id: "i".into(), center_available: total })
+    );
+}
+
 async fn health_and_reflection_are_served(c: TestCenter) {
     let channel = tonic::transport::Endpoint::from_shared(c.url()).unwrap().connect().await.unwrap();
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());

@@ -6,6 +6,10 @@
 //! ends in the same state); a scheduled item created while an agent was not watching (a
 //! reconnect, a center restart, the moment between RegisterAgent and WatchChannel) is
 //! still loaded and stocked before its opening rather than on its first buyer.
+//!
+//! A stream never leaves an event out: a watcher that fell further behind than the center
+//! keeps events for ([`crate::events::CAPACITY`]), or an event the center could not read,
+//! ends the stream UNAVAILABLE, and the agent's next watch re-reads every item's settings.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -14,6 +18,7 @@ use futures::StreamExt;
 use inventory_core::{Channel, ItemId};
 use inventory_proto::v1 as pb;
 use tokio_stream::wrappers::BroadcastStream;
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tonic::{Request, Response, Status};
 
 use super::{CenterService, Res, WatchStream};
@@ -53,15 +58,29 @@ impl CenterService {
             .collect();
         let store = Arc::clone(&self.store);
         let name = channel.to_string();
+        let stall = self.faults.stall_watches.subscribe();
         let live = live
-            // A lagging watcher misses events; agents re-read settings when they reconnect.
-            .filter_map(|e| std::future::ready(e.ok()))
-            .filter(move |e| std::future::ready(e.concerns(&name)))
+            // The channel's events, and a lag.
+            .filter(move |e| std::future::ready(!matches!(e, Ok(e) if !e.concerns(&name))))
             .then(move |e| {
-                let store = Arc::clone(&store);
-                let channel = channel.clone();
-                async move { to_channel_event(store.as_ref(), &channel, e).await }
+                let (store, channel, mut stall) = (Arc::clone(&store), channel.clone(), stall.clone());
+                async move {
+                    let _ = stall.wait_for(|stalled| !stalled).await;
+                    match e {
+                        Ok(e) => to_channel_event(store.as_ref(), &channel, e).await.transpose(),
+                        // Missed events would leave the agent selling on stale settings
+                        // for good: the stream ends, and the agent's next watch re-reads
+                        // every item's settings.
+                        Err(BroadcastStreamRecvError::Lagged(missed)) => {
+                            tracing::warn!(channel = %channel, missed, "a watcher fell behind; its stream ends");
+                            Some(Err(Status::unavailable(format!(
+                                "this watch of channel {channel} fell {missed} events behind; watch again"
+                            ))))
+                        }
+                    }
+                }
             })
+            // An error ends the response: tonic sends its status as the trailers.
             .filter_map(std::future::ready);
         // A stream never ends by itself; at shutdown the center ends it, so the server can
         // finish and the agent reconnects to another replica.
@@ -69,21 +88,32 @@ impl CenterService {
         let stopping = async move {
             let _ = stop.wait_for(|s| *s).await;
         };
-        let stream = futures::stream::iter(standing).chain(live).take_until(stopping);
+        let stream = futures::stream::iter(standing).map(Ok).chain(live).take_until(stopping);
         Ok(Response::new(Box::pin(stream.map(move |e| {
             let _open = &open;
-            Ok(e)
+            e
         }))))
     }
 }
 
-async fn to_channel_event(store: &dyn LedgerStore, channel: &Channel, e: LedgerEvent) -> Option<pb::ChannelEvent> {
+/// The wire's event; `None` for none to send, an error when the event could not be read
+/// (the stream then ends, as for a lagging watcher: an event left out would never come).
+async fn to_channel_event(
+    store: &dyn LedgerStore,
+    channel: &Channel,
+    e: LedgerEvent,
+) -> Result<Option<pb::ChannelEvent>, Status> {
     use pb::channel_event::Event;
     let event = match e {
         LedgerEvent::Watermarks { item_id, .. } => {
             // The effective value for this channel: its override wins over the default.
-            let item = ItemId::parse("item_id", &item_id).ok()?;
-            let policy = store.policy(&item, Some(channel)).await.ok()?;
+            let Ok(item) = ItemId::parse("item_id", &item_id) else {
+                return Ok(None);
+            };
+            let policy = store.policy(&item, Some(channel)).await.map_err(|e| {
+                tracing::warn!(channel = %channel, item = %item, error = %e, "watermark event unreadable; the watch ends");
+                Status::unavailable(format!("the watermarks of item {item} could not be read ({e}); watch again"))
+            })?;
             Event::WatermarksChanged(pb::WatermarksChanged {
                 item_id,
                 watermarks: Some(pb_watermarks(policy.watermarks)),
@@ -102,5 +132,5 @@ async fn to_channel_event(store: &dyn LedgerStore, channel: &Channel, e: LedgerE
             ))
         }
     };
-    Some(pb::ChannelEvent { event: Some(event) })
+    Ok(Some(pb::ChannelEvent { event: Some(event) }))
 }
