@@ -202,6 +202,47 @@ async fn raised_low_watermark_makes_the_agent_borrow_within_a_second() {
     assert_eq!(agent.agent.items.get("w").unwrap().policy().watermarks.low, 100);
 }
 
+/// A watch that fell further behind than the center keeps events for ends, and the agent
+/// watches again and re-reads its items' settings: a watermark change lost among the
+/// events the watch missed still reaches the agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watermark_change_a_lagging_watch_missed_still_reaches_the_agent() {
+    let center = Center::start_sqlite().await;
+    center.create_item("w", 1_000, 1, (5, 20, 10)).await;
+    center.create_item("other", 1_000, 1, (5, 20, 10)).await;
+    let agent = LocalAgent::start(&center.url, "app", &StoreSpec::Memory).await;
+    let mut client = agent.client().await;
+    client.acquire(acquire_req("w", "u", 1, "k")).await.unwrap();
+    let mut admin = center.admin().await;
+    let watermarks = |low: u64| pb::SetWatermarksRequest {
+        item_id: "w".into(),
+        channel: "app".into(),
+        low,
+        high: 300,
+        batch: 10,
+        ..Default::default()
+    };
+    let low = || agent.agent.items.get("w").unwrap().policy().watermarks.low;
+    // The agent's watch is open: a change reaches it.
+    admin.set_watermarks(watermarks(6)).await.unwrap();
+    assert!(wait_until(Duration::from_secs(10), || async { low() == 6 }).await, "the first change never arrived");
+
+    // The watch stalls; the change goes out among more events than the center keeps.
+    center.faults.stall_watches.send_replace(true);
+    let restock = |n: usize| pb::AddStockRequest { item_id: "other".into(), quantity: 1, request_id: format!("r-{n}") };
+    for n in 0..5 {
+        admin.add_stock(restock(n)).await.unwrap();
+    }
+    admin.set_watermarks(watermarks(100)).await.unwrap();
+    for n in 5..inventory_center::events::CAPACITY + 10 {
+        admin.add_stock(restock(n)).await.unwrap();
+    }
+    assert_eq!(low(), 6, "the change arrived while the watch was stalled");
+    center.faults.stall_watches.send_replace(false);
+    let arrived = wait_until(Duration::from_secs(10), || async { low() == 100 }).await;
+    assert!(arrived, "the change the lagging watch missed never reached the agent (low {})", low());
+}
+
 /// Unknown item ids are answered NOT_FOUND (the agent remembers the center's answer for a
 /// short while instead of asking it again for each call), and an item created afterwards
 /// sells once that memory runs out.
