@@ -100,6 +100,10 @@ pub struct Faults {
     /// The center's database goes back to an earlier state (its last commits lost, epochs
     /// too), and the center restarts on it (`crate::rollback`).
     pub ledger_rollback: bool,
+    /// An agent's WatchChannel stream falls further behind than the center keeps events:
+    /// the events it had not heard are gone, the center ends the stream, and the agent
+    /// watches again and re-reads every item (`World::watch_lag`).
+    pub watch_lags: bool,
 }
 
 impl Faults {
@@ -128,6 +132,7 @@ impl Faults {
         store_full: true,
         schedules: true,
         ledger_rollback: false,
+        watch_lags: false,
     };
 }
 

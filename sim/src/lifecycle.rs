@@ -354,6 +354,31 @@ impl World {
         self.settle(c)
     }
 
+    /// The agent's WatchChannel stream fell further behind than the center keeps events:
+    /// the events it had not heard are gone. The center ends the stream
+    /// (`center/src/service/center/stream.rs`) and the agent watches again, re-reading
+    /// every item as the center has it now (`events::refresh_all`): the center's stock and
+    /// the item's schedule. What else the lost events asked (a Return, a resync after units
+    /// in doubt were resolved) is not asked again.
+    pub(crate) fn watch_lag(&mut self, c: usize) -> Res {
+        let missed = std::mem::take(&mut self.mem(c).events);
+        self.stats.watch_lags += 1;
+        self.stats.events_missed += u64::try_from(missed.len()).expect("small");
+        self.log(format!(
+            "{} watch fell behind, {} events unheard: {missed:?}; it watches again",
+            self.name(c),
+            missed.len()
+        ));
+        for item in self.item_names() {
+            let available = self.center.item(&item).state.available;
+            let schedule = self.loaded_schedule(&item);
+            let core = &mut self.slot(c, &item).core;
+            core.set_center_available(available);
+            core.set_schedule(schedule);
+        }
+        self.settle(c)
+    }
+
     /// The process dies: memory, operations, waiting Acquires and the event stream are
     /// gone; the pool store and the calls already on the wire are not.
     pub fn crash(&mut self, c: usize) {

@@ -63,6 +63,10 @@ stats! {
     /// Units taken for a Return the center refused that the store would not put back
     /// (refused or failed): the rules ask for a resync, which puts them back.
     untakes_failed,
+    /// An agent's event stream fell behind and was opened again (`World::watch_lag`)...
+    watch_lags,
+    /// ... and the events its agent never heard.
+    events_missed,
     /// Calls of unknown outcome answered for by their replay before a resync described.
     settled_by_replay,
     /// Scheduled resyncs that asked the center.

@@ -8,7 +8,7 @@ use crate::config::{HEARTBEAT_EVERY_MS, MAX_DELAY_MS, RECLAIM_GRACE_MS, Reclaims
 use crate::world::World;
 
 /// Event kinds and their weights.
-const EVENTS: [(Event, u32); 20] = [
+const EVENTS: [(Event, u32); 21] = [
     (Event::Acquire, 30),
     (Event::Confirm, 8),
     (Event::Cancel, 4),
@@ -29,6 +29,8 @@ const EVENTS: [(Event, u32); 20] = [
     (Event::StoreFull, 1),
     (Event::Schedule, 2),
     (Event::LedgerRollback, 1),
+    // Last: a scenario without it draws the same events from the same seed as before.
+    (Event::WatchLag, 2),
 ];
 
 /// What happens in one step. `Progress`: an agent carries out an effect, times out an
@@ -59,6 +61,8 @@ enum Event {
     Schedule,
     /// The center's ledger goes back to an earlier state (`crate::rollback`).
     LedgerRollback,
+    /// An agent's event stream falls behind (`World::watch_lag`).
+    WatchLag,
 }
 
 /// One thing an agent can do next on its own.
@@ -109,6 +113,10 @@ impl World {
             Event::Heard => {
                 let c = self.pick(|w, c| w.may_hear(c)).expect("enabled");
                 self.hear(c)?;
+            }
+            Event::WatchLag => {
+                let c = self.pick(|w, c| w.may_hear(c)).expect("enabled");
+                self.watch_lag(c)?;
             }
             Event::Crash => {
                 let c = self.pick(|w, c| w.agents[c].mem.is_some()).expect("enabled");
@@ -176,6 +184,7 @@ impl World {
             Event::StoreFull => faults.store_full,
             Event::Schedule => faults.schedules && !self.sched.plans.is_empty(),
             Event::LedgerRollback => faults.ledger_rollback && !self.ledger.snapshots.is_empty(),
+            Event::WatchLag => faults.watch_lags && any(&|w, c| w.may_hear(c)),
         }
     }
 
