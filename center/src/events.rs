@@ -3,8 +3,10 @@
 //! On SQLite (one center process) events stay in-process. On PostgreSQL they travel
 //! through `NOTIFY inventory_events`, and every center replica `LISTEN`s and hands them to
 //! its own watchers, so an agent hears every event whichever replica it is connected to.
-//! Agents also re-read their settings with `DescribeItem` when they reconnect, so an event
-//! lost while a listener reconnects is caught up.
+//! A listener that lost its connection may have missed notifications (PostgreSQL keeps
+//! none for a session that is gone): it hands its watchers a [`LedgerEvent::Gap`], which
+//! ends their streams, and agents re-read their settings with `DescribeItem` when they
+//! watch again.
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
@@ -24,6 +26,10 @@ pub enum LedgerEvent {
     InDoubtResolved { item_id: String, channel: String },
     /// A scheduled item was created, its schedule moved, or it closed: every channel.
     Scheduled { item_id: String, opens_at_ms: i64, closes_at_ms: i64, prestock_lead_ms: u64, closed: bool },
+    /// This replica's listener lost its connection and may have missed events: every
+    /// channel's stream ends, so its agent watches again and re-reads what it missed.
+    /// Never sent as a notification.
+    Gap,
 }
 
 impl LedgerEvent {
@@ -34,7 +40,7 @@ impl LedgerEvent {
             LedgerEvent::Restocked { from_channel, .. } => from_channel.as_deref() != Some(channel),
             LedgerEvent::ReturnRequested { starving, .. } => starving != channel,
             LedgerEvent::InDoubtResolved { channel: target, .. } => target == channel,
-            LedgerEvent::Scheduled { .. } => true,
+            LedgerEvent::Scheduled { .. } | LedgerEvent::Gap => true,
         }
     }
 
@@ -78,18 +84,24 @@ impl EventHub {
         let tx = hub.tx.downgrade();
         tokio::spawn(async move {
             loop {
-                // recv() reconnects by itself after a lost connection.
-                let received = listener.recv().await;
+                // try_recv() says when the connection was lost (`Ok(None)`); the next call
+                // connects and listens again.
+                let received = listener.try_recv().await;
                 let Some(tx) = tx.upgrade() else { return };
                 match received {
-                    Ok(n) => match serde_json::from_str::<LedgerEvent>(n.payload()) {
+                    Ok(Some(n)) => match serde_json::from_str::<LedgerEvent>(n.payload()) {
                         Ok(e) => {
                             let _ = tx.send(e);
                         }
                         Err(e) => tracing::warn!(error = %e, "unreadable event notification"),
                     },
+                    Ok(None) => {
+                        tracing::warn!("event listener lost its connection; watchers told to watch again");
+                        let _ = tx.send(LedgerEvent::Gap);
+                    }
                     Err(e) => {
-                        tracing::warn!(error = %e, "event listener failed; retrying");
+                        tracing::warn!(error = %e, "event listener failed; watchers told to watch again, retrying");
+                        let _ = tx.send(LedgerEvent::Gap);
                         drop(tx);
                         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
                     }

@@ -509,6 +509,49 @@ async fn a_watcher_that_falls_behind_is_told_to_watch_again() {
     );
 }
 
+/// On PostgreSQL, events reach a replica's watchers through its `LISTEN` connection.
+/// When that connection is cut (here by `pg_terminate_backend`), the notifications sent
+/// meanwhile are gone: every stream ends UNAVAILABLE so its agent watches again and
+/// re-reads what it missed, and the listener connects again for the next watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_event_listener_ends_the_watches_and_listens_again() {
+    use sqlx::Connection;
+    let c = TestCenter::start(crate::support::Backend::Postgres).await;
+    let (mut admin, mut center) = (c.admin().await, c.center().await);
+    create(&mut admin, "i", 1000).await;
+    let epoch = register(&mut center, "app").await;
+    let watch = || pb::WatchChannelRequest { channel: "app".into(), epoch };
+    let mut stream = center.watch_channel(watch()).await.unwrap().into_inner();
+    let mut db = sqlx::PgConnection::connect(&c.database_url).await.expect("connect to the center's database");
+    let cut: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND query ILIKE 'LISTEN%'",
+    )
+    .fetch_all(&mut db)
+    .await
+    .unwrap();
+    assert_eq!(cut, [true], "the center's one listener connection was cut");
+    let ended = tokio::time::timeout(Duration::from_secs(10), stream.message()).await.expect("an answer within 10 s");
+    let status = ended.expect_err("the stream ends with an error");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("watch again"), "{status:?}");
+
+    // A new watch hears the next event once the listener is back (a restock sent before
+    // it listens again is not heard: another follows).
+    let mut stream = center.watch_channel(watch()).await.unwrap().into_inner();
+    let mut heard = None;
+    for n in 0..20 {
+        let add = pb::AddStockRequest { item_id: "i".into(), quantity: 1, request_id: format!("after-cut-{n}") };
+        admin.add_stock(add).await.unwrap();
+        if let Ok(message) = tokio::time::timeout(Duration::from_millis(500), stream.message()).await {
+            heard = Some(message.expect("the new watch stays open").expect("stream open").event.expect("event set"));
+            break;
+        }
+    }
+    let event = heard.expect("no event reached a new watch after the listener was cut");
+    assert!(matches!(&event, pb::channel_event::Event::Restocked(r) if r.item_id == "i"), "{event:?}");
+}
+
 async fn health_and_reflection_are_served(c: TestCenter) {
     let channel = tonic::transport::Endpoint::from_shared(c.url()).unwrap().connect().await.unwrap();
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());

@@ -8,8 +8,9 @@
 //! still loaded and stocked before its opening rather than on its first buyer.
 //!
 //! A stream never leaves an event out: a watcher that fell further behind than the center
-//! keeps events for ([`crate::events::CAPACITY`]), or an event the center could not read,
-//! ends the stream UNAVAILABLE, and the agent's next watch re-reads every item's settings.
+//! keeps events for ([`crate::events::CAPACITY`]), an event the center could not read, or
+//! a PostgreSQL listener that lost its connection ([`LedgerEvent::Gap`]) ends the stream
+//! UNAVAILABLE, and the agent's next watch re-reads every item's settings.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -124,6 +125,12 @@ async fn to_channel_event(
         }
         LedgerEvent::ReturnRequested { item_id, .. } => Event::ReturnRequested(pb::ReturnRequested { item_id }),
         LedgerEvent::InDoubtResolved { item_id, .. } => Event::InDoubtResolved(pb::InDoubtResolved { item_id }),
+        LedgerEvent::Gap => {
+            return Err(Status::unavailable(format!(
+                "the center's event feed lost its database connection and may have missed events for channel \
+                 {channel}; watch again"
+            )));
+        }
         LedgerEvent::Scheduled { item_id, opens_at_ms, closes_at_ms, prestock_lead_ms, closed } => {
             Event::ScheduleChanged(pb_schedule(
                 item_id,
