@@ -120,8 +120,10 @@ async fn a_failover_to_a_lagging_standby_oversells_nothing_and_the_lost_grants_a
         wait_until(Duration::from_secs(10), || async { standby.wal_position().await >= caught_up_to }).await,
         "the standby never caught up"
     );
-    let replicated = granted(&center.ledger(ITEMS[0]).await);
     link.set(Fault::BlackHole);
+    // Read after the cut: a grant committed between this read and the cut would count as
+    // unreplicated while its WAL still reached the standby.
+    let replicated = granted(&center.ledger(ITEMS[0]).await);
     let committed_meanwhile = wait_until(Duration::from_secs(30), || async {
         granted(&center.ledger(ITEMS[0]).await) >= replicated + UNREPLICATED
     })
