@@ -1,6 +1,6 @@
-//! The Redis store's Acquire calls go out as `EVALSHA` commands of their own making: a
-//! server that lost its scripts (restarted, `SCRIPT FLUSH`) is given them again and the
-//! call answers as if nothing happened, alone and in a batch.
+//! The Redis store's Acquire calls go out as `EVALSHA`: a server that lost its scripts
+//! (restarted, `SCRIPT FLUSH`) is given them again and the call answers as if nothing
+//! happened, alone and in a batch.
 
 use inventory_agent::store::redis::RedisPoolStore;
 use inventory_agent::store::{AcquireResult, PoolStore};
