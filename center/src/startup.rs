@@ -63,9 +63,12 @@ impl Application {
         // Before the ledger is opened: a refused database is left as it was (not migrated).
         crate::replication::check(&config.database_url, config.require_synchronous_replication).await?;
         let ledger = store::connect(&config.database_url).await?;
+        let faults = Arc::new(FaultHooks::default());
         // On PostgreSQL, events reach the watchers of every center replica.
         let events = match ledger.dialect() {
-            store::Dialect::Postgres => EventHub::postgres(ledger.pool(), &config.database_url).await?,
+            store::Dialect::Postgres => {
+                EventHub::postgres(ledger.pool(), &config.database_url, Arc::clone(&faults.events)).await?
+            }
             store::Dialect::Sqlite => EventHub::new(),
         };
         let store: Arc<dyn LedgerStore> = Arc::new(ledger);
@@ -91,7 +94,7 @@ impl Application {
             metrics,
             store,
             events,
-            faults: Arc::new(FaultHooks::default()),
+            faults,
             lease: LeaseSettings { lease_ttl_ms: config.lease_ttl_ms, reclaim_grace_ms: config.reclaim_grace_ms },
             auto_reclaim_after_ms: config.auto_reclaim_after_ms,
             prune_interval: Duration::from_millis(config.prune_interval_ms),

@@ -60,6 +60,8 @@ pub struct FaultHooks {
     pub stall_watches: watch::Sender<bool>,
     /// DescribeItem and DescribeItems calls received.
     pub describes: AtomicU32,
+    /// Faults of the PostgreSQL event path (its notifications and its listener).
+    pub events: Arc<crate::events::EventFaults>,
 }
 
 impl FaultHooks {

@@ -9,6 +9,7 @@ mod console_segments;
 mod contract;
 mod edges;
 mod epoch_rollback;
+mod events;
 mod health;
 mod hostile;
 mod http_auth;
