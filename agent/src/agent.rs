@@ -22,9 +22,9 @@ use crate::selling::Selling;
 use crate::stocking::Stocking;
 use crate::store::PoolStore;
 
-/// Registrations in a row that may find the pools fenced at or above their epoch: the
+/// Registrations in a row that may find the pools fenced at or above their epoch (the
 /// second one is above the fence it was shown, unless another incarnation registered in
-/// between.
+/// between) or their first report refused as stale.
 const REGISTRATIONS_ABOVE_A_FENCE: usize = 3;
 
 /// Pools giving their units back at once while the agent drains. Their Returns go to the
@@ -38,6 +38,10 @@ enum Registered {
     Epoch(u64),
     /// A pool was already fenced at `fence`, at or above `epoch`: nothing written.
     Fenced { epoch: u64, fence: u64 },
+    /// Resynced, but the first report under `epoch` was refused as stale: the channel was
+    /// fenced since, or the ledger went back below this epoch (a standby promoted without
+    /// its last commits) and may hold what the resync never saw.
+    ReportRefused { epoch: u64, why: String },
 }
 
 /// Tunables of the agent's behaviour.
@@ -200,10 +204,15 @@ impl Agent {
                         "the center answered an epoch this channel's pools were fenced with; registering above the fence");
                     fenced_at = fence;
                 }
+                Registered::ReportRefused { epoch, why } => {
+                    tracing::warn!(channel = %self.link.channel, epoch, why,
+                        "the first report after registering was refused; registering again");
+                }
             }
         }
         Err(AgentError::Unavailable(format!(
-            "the center keeps answering epochs at or below the pools' fence {fenced_at}; registering again"
+            "the center keeps answering epochs at or below the pools' fence {fenced_at}, or refusing the first report; \
+             registering again"
         )))
     }
 
@@ -246,7 +255,12 @@ impl Agent {
         self.load_scheduled(&reg.scheduled).await;
         self.link.renew_lease(sent_at);
         self.replicas.publish_lease().await;
-        let _ = self.reporting.send_all(false).await;
+        // A report that failed otherwise is the heartbeat worker's to send again.
+        if let Err(s) = self.reporting.send_all(false).await
+            && s.code() == tonic::Code::FailedPrecondition
+        {
+            return Ok(Registered::ReportRefused { epoch: reg.epoch, why: s.message().to_owned() });
+        }
         tracing::info!(channel = %self.link.channel, epoch = reg.epoch, items = reg.held.len(), "registered and resynced");
         Ok(Registered::Epoch(reg.epoch))
     }

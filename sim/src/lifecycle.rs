@@ -138,7 +138,15 @@ impl World {
         mem.lease_until_ms = mem.lease_until_ms.max(until);
         mem.started = true;
         self.log(format!("{} registered and resynced (epoch {})", self.name(c), reg.epoch));
-        self.send_reports(c, Reads::All, false, true);
+        if let Some(Err(refused)) = self.send_reports(c, Reads::All, false, true) {
+            // `Agent::register`: the first report under the new epoch was refused (the
+            // channel was fenced since, or the ledger went back below this epoch): what
+            // the center holds for the channel may have moved after the resync read it,
+            // so register again.
+            self.stats.registrations_report_refused += 1;
+            self.log(format!("{} first report refused ({refused}): registering again", self.name(c)));
+            return self.register(c, reg.startup, 0);
+        }
         Ok(())
     }
 

@@ -193,5 +193,8 @@ stats! {
     epochs_reused_by_rollbacks,
     units_granted_to_fenced_pools,
     registrations_above_fence,
+    /// Registrations whose first report was refused (a stale epoch), so the agent
+    /// registered again.
+    registrations_report_refused,
     sold,
 }

@@ -65,3 +65,25 @@ async fn an_epoch_handed_out_again_below_the_pools_fence_is_never_used() {
     assert!(r.ok, "{r:?}");
     app.stop().await;
 }
+
+/// The first report after a registration is refused as of a stale epoch (the ledger went
+/// back below the new epoch, or the channel was fenced since): the agent registers again
+/// instead of going on under an epoch the center no longer answers for. The simulator
+/// found why it must (scenario `ledger-rollback`, seed 9,363): a ledger gone back granted
+/// units to a dead incarnation after the resync had read it, a second process was handed
+/// the agent's own epoch again, and those units stayed counted with the channel while no
+/// pool held them, so the sale ended four units short. Here the center refuses that one
+/// report (a fault hook), so without the new registration the epoch would stay 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_whose_first_report_is_refused_registers_again() {
+    let center = Center::start_sqlite().await;
+    center.create_item("rr", 20, 1, (5, 15, 5)).await;
+    center.faults.refuse_heartbeats.store(1, std::sync::atomic::Ordering::SeqCst);
+    let app = LocalAgent::start(&center.url, "app", &StoreSpec::Memory).await;
+    assert_eq!(center.faults.refuse_heartbeats.load(std::sync::atomic::Ordering::SeqCst), 0, "a report was refused");
+    let registered_again = wait_until(Duration::from_secs(20), || async { app.agent.link.epoch() == 2 }).await;
+    assert!(registered_again, "the agent goes on under epoch {}", app.agent.link.epoch());
+    let mut client = app.client().await;
+    assert!(buy_one(&mut client, "rr", "after", 100).await.is_some(), "it sells under the new epoch");
+    app.stop().await;
+}

@@ -60,6 +60,9 @@ pub struct FaultHooks {
     pub stall_watches: watch::Sender<bool>,
     /// DescribeItem and DescribeItems calls received.
     pub describes: AtomicU32,
+    /// The next N Heartbeat calls are refused FAILED_PRECONDITION as of a stale epoch, as
+    /// a center whose ledger went back below the channel's epoch refuses them.
+    pub refuse_heartbeats: AtomicU32,
     /// Faults of the PostgreSQL event path (its notifications and its listener).
     pub events: Arc<crate::events::EventFaults>,
 }
@@ -263,6 +266,12 @@ impl pb::center_server::Center for CenterService {
         let channel = Channel::parse("channel", &r.channel).map_err(CenterError::from)?;
         authorize(&own, channel.as_str())?;
         self.limits.call(channel.as_str(), 1)?;
+        if FaultHooks::take(&self.faults.refuse_heartbeats) {
+            return Err(Status::failed_precondition(format!(
+                "stale epoch {} for channel {channel}: refused by a fault hook",
+                r.epoch
+            )));
+        }
         let mut reports = Vec::with_capacity(r.pools.len());
         for (n, p) in r.pools.iter().enumerate() {
             // Field names are built only for an error: a report of thousands of pools
