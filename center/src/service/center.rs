@@ -296,7 +296,7 @@ impl pb::center_server::Center for CenterService {
                 let reason = format!("must be at most {}", i64::MAX);
                 return Err(CenterError::from(ValidationError::new(field, p.generation, reason)).into());
             }
-            let sell_rate_milli = rate("", p.sell_rate_milli).map_err(in_pool(n, "sell_rate_milli"))?;
+            let sell_rate_milli = rate("sell_rate_milli", p.sell_rate_milli).map_err(in_pool(n, "sell_rate_milli"))?;
             let max_segment = inventory_core::segments::MAX_SEGMENTS - 1;
             if p.lost_segments.len() > max_segment as usize {
                 let field = format!("pools[{n}].lost_segments");
