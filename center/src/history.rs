@@ -99,8 +99,27 @@ struct State {
     /// How long the last sample took (read and bookkeeping).
     last_sample_took: Duration,
     /// Until when negative drifts hold lending back (None: no sample has succeeded since
-    /// start or since the database last failed a sample).
+    /// start, since the database last failed a sample, or since the store reached another
+    /// database server).
     trusted_from_ms: Option<i64>,
+    /// The store's `database_changes` when the window above was last armed.
+    database_changes: u64,
+}
+
+impl State {
+    /// Whether the window of `ledger::hold_back` must open (again) at the next sample:
+    /// none has succeeded yet, or the store's connections reached another server since
+    /// (a failover behind a stable address, which no failed read may have shown).
+    fn rearm(&mut self, changes: u64) -> bool {
+        if changes != self.database_changes {
+            self.database_changes = changes;
+            self.trusted_from_ms = None;
+            tracing::warn!(
+                "the ledger's database changed under the center: holding the lending of items whose pools hold more than the ledger counts until their reports are sure"
+            );
+        }
+        self.trusted_from_ms.is_none()
+    }
 }
 
 pub struct History {
@@ -163,6 +182,7 @@ impl History {
         let held_of = |item: &str| lines_of(item).iter().fold(0u64, |sum, (_, a)| sum.saturating_add(a.held()));
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let previous = state.last_sample_ms;
+        state.rearm(store.database_changes());
         let trusted_from = *state.trusted_from_ms.get_or_insert(now_ms + inventory_core::ledger::behind::QUIET_MS);
         let mut held_back = HashMap::new();
         for (item_id, available) in &snapshot.items {
@@ -258,8 +278,8 @@ impl History {
     /// sample's duration, whichever is longer; the report's call does not wait.
     pub fn sample_if_unsure(history: &Arc<History>, store: &Arc<dyn LedgerStore>, now_ms: i64) {
         {
-            let state = history.state.lock().unwrap_or_else(|p| p.into_inner());
-            let unsure = state.trusted_from_ms.is_none_or(|t| now_ms < t);
+            let mut state = history.state.lock().unwrap_or_else(|p| p.into_inner());
+            let unsure = state.rearm(store.database_changes()) || state.trusted_from_ms.is_some_and(|t| now_ms < t);
             let gap = millis(Duration::from_millis(100).max(state.last_sample_took * SAMPLE_SHARE));
             if !unsure || state.last_sample_ms.is_some_and(|t| now_ms - t < gap) {
                 return;
@@ -418,6 +438,22 @@ mod tests {
 
     fn track(held: u64, held_steady_since: i64) -> Option<Track> {
         Some(Track { held, held_steady_since, drift: 0, drift_since: 0, out: 0, out_steady_since: 0 })
+    }
+
+    #[test]
+    fn another_database_server_opens_the_hold_window_again() {
+        let mut state = State::default();
+        assert!(state.rearm(0), "before any sample the window is to open");
+        state.trusted_from_ms = Some(5_000);
+        assert!(!state.rearm(0), "the same server: the window stays as it was");
+        assert_eq!(state.trusted_from_ms, Some(5_000));
+        assert!(state.rearm(1), "a failover behind the same address opens it again");
+        assert_eq!(state.trusted_from_ms, None);
+        state.trusted_from_ms = Some(90_000);
+        assert!(!state.rearm(1), "counted once");
+        // Once open again, a pool beyond the ledger holds its item's lending.
+        let beyond = allocation(10, 30, 80_000);
+        assert!(inventory_core::ledger::hold_back(&beyond, 85_000, state.trusted_from_ms.unwrap()));
     }
 
     #[test]

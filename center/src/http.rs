@@ -195,28 +195,37 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
     }
     // Always 200: a scrape that fails would hide the error counter with everything else.
     let errors = state.database_errors.load(Ordering::Relaxed);
-    let mut body =
-        render(ledger.ok(), errors, state.store.group_commits(), crate::clock::now_ms(), state.per_item_limit);
+    let counters = StoreCounters {
+        database_errors: errors,
+        database_changes: state.store.database_changes(),
+        group_commits: state.store.group_commits(),
+    };
+    let mut body = render(ledger.ok(), counters, crate::clock::now_ms(), state.per_item_limit);
     if let Err(e) = prometheus_text::encode(&mut body, &state.registry) {
         tracing::error!(error = %e, "metrics: cannot encode");
     }
     ([(header::CONTENT_TYPE, prometheus_text::CONTENT_TYPE)], body)
 }
 
-/// Prometheus text for the ledger (`None`: unreadable, only the error counters).
-/// `group_commits`: the store's Borrow/Return transactions and the calls they answered.
+/// What the center counts of its store, beside the ledger itself.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StoreCounters {
+    pub database_errors: u64,
+    /// Times the store's connections reached another database server (`LedgerStore::database_changes`).
+    pub database_changes: u64,
+    /// The store's Borrow/Return transactions and the calls they answered.
+    pub group_commits: (u64, u64),
+}
+
+/// Prometheus text for the ledger (`None`: unreadable, only the counters).
 /// `per_item_limit`: items with series of their own at most ([`crate::fold`]).
-pub fn render(
-    view: Option<LedgerView>,
-    database_errors: u64,
-    group_commits: (u64, u64),
-    now_ms: i64,
-    per_item_limit: usize,
-) -> String {
+pub fn render(view: Option<LedgerView>, counters: StoreCounters, now_ms: i64, per_item_limit: usize) -> String {
     let mut registry = Registry::default();
+    let StoreCounters { database_errors, database_changes, group_commits } = counters;
     registry.register_collector(Box::new(LedgerMetrics {
         view,
         database_errors,
+        database_changes,
         group_commits,
         now_ms,
         per_item_limit,
@@ -233,6 +242,7 @@ pub fn render(
 pub struct LedgerMetrics {
     view: Option<LedgerView>,
     database_errors: u64,
+    database_changes: u64,
     group_commits: (u64, u64),
     now_ms: i64,
     per_item_limit: usize,
@@ -362,6 +372,13 @@ impl Collector for LedgerMetrics {
             "Failed database calls counted by the center (at least the HTTP port's ledger reads).",
             counter,
             [(none, ConstCounter::new(self.database_errors))],
+        )?;
+        family(
+            e,
+            "inventory_center_database_server_changes",
+            "Times the ledger's connections reached another database server than before (a failover, a restart, a restore): each may have lost commits.",
+            counter,
+            [(none, ConstCounter::new(self.database_changes))],
         )?;
         family(
             e,
@@ -533,14 +550,16 @@ mod tests {
 
     #[test]
     fn an_unreadable_ledger_still_renders_every_family_and_the_error_counters() {
-        let text = render(None, 3, (0, 0), 0, 10);
+        let counters = StoreCounters { database_errors: 3, database_changes: 2, group_commits: (0, 0) };
+        let text = render(None, counters, 0, 10);
         assert!(text.lines().any(|l| l == "inventory_center_database_up 0"), "{text}");
         assert!(text.lines().any(|l| l == "inventory_center_database_errors_total 3"), "{text}");
+        assert!(text.lines().any(|l| l == "inventory_center_database_server_changes_total 2"), "{text}");
         let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
-        assert_eq!(families, 24, "every family is announced even without samples:\n{text}");
+        assert_eq!(families, 25, "every family is announced even without samples:\n{text}");
         let empty = LedgerView::new(Vec::new(), Vec::new());
         assert_eq!(
-            render(Some(empty), 0, (0, 0), 0, 10).lines().filter(|l| l.starts_with("# TYPE ")).count(),
+            render(Some(empty), StoreCounters::default(), 0, 10).lines().filter(|l| l.starts_with("# TYPE ")).count(),
             families
         );
     }

@@ -18,6 +18,9 @@
 //! is reset rather than resumed, the way a connection that died during a partition is. New
 //! connections work normally. A connection that lost nothing resumes where it stopped.
 //!
+//! [`FaultProxy::redirect`] points new connections at another upstream (a failover behind
+//! a stable address); open ones stay where they are.
+//!
 //! Dropping the proxy stops the listener and every forwarding task; their sockets close.
 
 use std::collections::VecDeque;
@@ -87,11 +90,12 @@ impl Fault {
     }
 }
 
-/// A listener on `127.0.0.1` that forwards connections to one upstream address and injects
+/// A listener on `127.0.0.1` that forwards connections to an upstream address and injects
 /// the current [`Fault`] into them.
 pub struct FaultProxy {
     addr: SocketAddr,
     fault: watch::Sender<Fault>,
+    upstream: watch::Sender<SocketAddr>,
     accepted: Arc<AtomicU64>,
     accept_task: JoinHandle<()>,
 }
@@ -109,9 +113,23 @@ impl FaultProxy {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
         let addr = listener.local_addr()?;
         let (fault, fault_rx) = watch::channel(Fault::Pass);
+        let (upstream, upstream_rx) = watch::channel(upstream);
         let accepted = Arc::new(AtomicU64::new(0));
-        let accept_task = tokio::spawn(accept_loop(listener, upstream, fault_rx, Arc::clone(&accepted)));
-        Ok(FaultProxy { addr, fault, accepted, accept_task })
+        let accept_task = tokio::spawn(accept_loop(listener, upstream_rx, fault_rx, Arc::clone(&accepted)));
+        Ok(FaultProxy { addr, fault, upstream, accepted, accept_task })
+    }
+
+    /// Forwards connections accepted from now on to `upstream` (a loopback address, or
+    /// nothing changes and the error says so); open connections keep theirs.
+    pub fn redirect(&self, upstream: SocketAddr) -> std::io::Result<()> {
+        if !upstream.ip().is_loopback() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("fault proxy upstream must be a loopback address, got {upstream}"),
+            ));
+        }
+        self.upstream.send_replace(upstream);
+        Ok(())
     }
 
     /// Where clients connect.
@@ -151,7 +169,7 @@ impl Drop for FaultProxy {
 
 async fn accept_loop(
     listener: TcpListener,
-    upstream: SocketAddr,
+    upstream: watch::Receiver<SocketAddr>,
     fault: watch::Receiver<Fault>,
     accepted: Arc<AtomicU64>,
 ) {
@@ -162,7 +180,7 @@ async fn accept_loop(
             incoming = listener.accept() => match incoming {
                 Ok((client, _)) => {
                     accepted.fetch_add(1, Ordering::Relaxed);
-                    connections.spawn(serve(client, upstream, fault.clone()));
+                    connections.spawn(serve(client, *upstream.borrow(), fault.clone()));
                 }
                 Err(_) => tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await,
             },

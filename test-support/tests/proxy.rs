@@ -298,3 +298,27 @@ async fn refuses_an_upstream_that_is_not_loopback() {
     let error = FaultProxy::start(upstream).await.err().expect("non-loopback upstream must be refused");
     assert_eq!(error.kind(), std::io::ErrorKind::InvalidInput);
 }
+
+#[tokio::test]
+async fn a_redirect_sends_new_connections_to_the_new_upstream_and_keeps_open_ones() {
+    let mut first = EchoServer::start().await;
+    let mut second = EchoServer::start().await;
+    let proxy = FaultProxy::start(first.addr).await.expect("start proxy");
+    let mut open = connect(&proxy).await;
+    assert_eq!(round_trip(&mut open, b"before").await, b"before");
+    first.expect_received(b"before").await;
+
+    proxy.redirect(second.addr).expect("redirect to a loopback address");
+    let mut fresh = connect(&proxy).await;
+    assert_eq!(round_trip(&mut fresh, b"after").await, b"after");
+    second.expect_received(b"after").await;
+    assert_eq!(round_trip(&mut open, b"still").await, b"still");
+    first.expect_received(b"still").await;
+    assert_eq!((first.connections(), second.connections()), (1, 1));
+
+    let elsewhere: SocketAddr = "192.0.2.1:80".parse().expect("address");
+    assert_eq!(proxy.redirect(elsewhere).err().map(|e| e.kind()), Some(std::io::ErrorKind::InvalidInput));
+    let mut last = connect(&proxy).await;
+    assert_eq!(round_trip(&mut last, b"kept").await, b"kept");
+    second.expect_received(b"kept").await;
+}

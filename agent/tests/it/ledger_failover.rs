@@ -1,9 +1,11 @@
 //! The center's PostgreSQL fails over to an asynchronous standby that missed commits, with
 //! real processes: a private primary and a standby made with `pg_basebackup -R`, streaming
 //! through the fault proxy so the test can cut its link. Grants keep committing on the
-//! primary while the link is cut; then the primary dies (`-m immediate`), the standby is
-//! promoted and the center restarted on it, at the address the agents know. The promoted
-//! ledger lacks grants the pools shelved: it counts those units available.
+//! primary while the link is cut; then the standby is promoted and the primary dies
+//! (`-m immediate`). Either the center restarts on the standby, at the address the agents
+//! know, or it keeps running and its database's address (a second proxy, as a virtual IP
+//! or a pooler would be) moves to the standby under it. The promoted ledger lacks grants
+//! the pools shelved: it counts those units available.
 //!
 //! Lending them again would oversell. What must hold: at every sample, the units the pools
 //! hold reserved or sold never exceed the total; reconcile names the channels holding more
@@ -93,11 +95,29 @@ fn watch(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_to_a_lagging_standby_oversells_nothing_and_the_lost_grants_are_relearned() {
+    failover(Center::Restarts).await;
+}
+
+/// A failover fast enough that no read of the center failed: only the new connections'
+/// server tells the center that its ledger may have gone back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_under_a_running_center_oversells_nothing_and_the_lost_grants_are_relearned() {
+    failover(Center::KeepsRunning).await;
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Center {
+    Restarts,
+    KeepsRunning,
+}
+
+async fn failover(how: Center) {
     let primary = PgServer::start().await;
-    let db_url = primary.create_database("inventory").await;
+    primary.create_database("inventory").await;
     let link = FaultProxy::start(primary.addr()).await.expect("replication proxy");
     let standby = PgServer::standby_of(link.addr()).await;
-    let center = CenterProcess::spawn(&db_url).await;
+    let database = FaultProxy::start(primary.addr()).await.expect("database address");
+    let center = CenterProcess::spawn(&format!("postgres://postgres@{}/inventory", database.addr())).await;
     let (center_addr, center_http) = (center.addr, center.http_addr);
     center.create_item(ITEMS[0], TOTAL, WATERMARKS).await;
     let app = LocalAgent::start(&center.url, "app", &StoreSpec::Memory).await;
@@ -130,13 +150,28 @@ async fn a_failover_to_a_lagging_standby_oversells_nothing_and_the_lost_grants_a
     .await;
     assert!(committed_meanwhile, "grants stopped committing on the primary");
 
-    // The primary dies; the standby is promoted; the center restarts on it, where the
-    // agents expect it.
+    // The standby is promoted and the primary dies (a failover manager fences the old
+    // primary once the new one takes writes), so the database's address is never without
+    // a server for long enough that a failed read would tell the center. The center
+    // restarts on the standby, where the agents expect it, or stays while its database's
+    // address moves.
     let on_primary = center.ledger(ITEMS[0]).await;
-    primary.stop_immediate();
-    center.kill9().await;
     standby.promote().await;
-    let center = CenterProcess::spawn_at(&standby.url("inventory"), center_addr, center_http).await;
+    primary.stop_immediate();
+    database.redirect(standby.addr()).expect("the standby is on loopback");
+    let center = match how {
+        Center::Restarts => {
+            center.kill9().await;
+            CenterProcess::spawn_at(&standby.url("inventory"), center_addr, center_http).await
+        }
+        Center::KeepsRunning => center,
+    };
+    // Its pool's connections to the dead primary fail once each, then reconnect.
+    let answers = wait_until(Duration::from_secs(30), || async {
+        center.admin().await.get_item(pb::GetItemRequest { item_id: ITEMS[0].into() }).await.is_ok()
+    })
+    .await;
+    assert!(answers, "the center never read the promoted ledger");
     let promoted = center.ledger(ITEMS[0]).await;
     assert!(
         granted(&promoted) < granted(&on_primary),
@@ -195,6 +230,11 @@ async fn a_failover_to_a_lagging_standby_oversells_nothing_and_the_lost_grants_a
         assert!(units > 0, "reconcile names the units: {v:?}");
     }
     assert!(seen.negative_metric.load(Ordering::SeqCst), "the drift metric never went negative");
+    if how == Center::KeepsRunning {
+        let metrics = crate::center_process::http(center_http, "/metrics").await.expect("center /metrics").1;
+        let changes = sample(&metrics, "inventory_center_database_server_changes_total");
+        assert!(changes >= Some(1.0), "the running center saw its database change: {changes:?}");
+    }
     assert!(settled, "the ledger never settled: {:?} {end:?}", center.try_reconcile().await);
     let reported_sold: u64 = end.channels.iter().map(|c| c.reported_sold).sum();
     assert_eq!(reported_sold, ids.len() as u64, "{end:?}");

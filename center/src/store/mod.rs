@@ -368,6 +368,11 @@ pub trait LedgerStore: Send + Sync + 'static {
     async fn ledger_page(&self, offset: usize, limit: usize) -> Result<LedgerPage>;
     /// Every item's units at the center and every ledger line, from one snapshot.
     async fn sample(&self) -> Result<LedgerSample>;
+    /// How many times the store's connections reached another database server than the
+    /// one before (a failover behind a stable address): each may have lost commits.
+    fn database_changes(&self) -> u64 {
+        0
+    }
     async fn list_items(&self) -> Result<Vec<ItemRecord>>;
     /// `channel = None` sets the item's default (and turns rate-following off).
     async fn set_watermarks(&self, item: &ItemId, channel: Option<&Channel>, watermarks: Watermarks) -> Result<()>;

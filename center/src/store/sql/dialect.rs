@@ -1,5 +1,6 @@
 //! The connection and the differences between the two engines.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::Executor;
@@ -7,6 +8,7 @@ use sqlx::any::AnyPoolOptions;
 
 use super::SqlLedger;
 use super::rows::{ITEM_SELECT, SESSION_SELECT};
+use super::server::{SERVER_STARTED, ServerIdentity};
 use crate::error::CenterError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,11 +201,25 @@ pub async fn connect(url: &str) -> std::result::Result<SqlLedger, CenterError> {
     sqlx::any::install_default_drivers();
     let dialect = Dialect::from_url(url)
         .map_err(|e| CenterError::Invalid(inventory_core::ValidationError::new("database_url", url, e)))?;
+    let server = Arc::new(ServerIdentity::default());
     let (pool, read_url) = match dialect {
-        Dialect::Postgres => (
-            AnyPoolOptions::new().max_connections(16).acquire_timeout(Duration::from_secs(5)).connect(url).await?,
-            None,
-        ),
+        Dialect::Postgres => {
+            let seen = Arc::clone(&server);
+            let pool = AnyPoolOptions::new()
+                .max_connections(16)
+                .acquire_timeout(Duration::from_secs(5))
+                .after_connect(move |conn, _| {
+                    let seen = Arc::clone(&seen);
+                    Box::pin(async move {
+                        let started: String = sqlx::query_scalar(SERVER_STARTED).fetch_one(&mut *conn).await?;
+                        seen.saw(&started);
+                        Ok(())
+                    })
+                })
+                .connect(url)
+                .await?;
+            (pool, None)
+        }
         Dialect::Sqlite => {
             let url = if url.contains("mode=") {
                 url.to_owned()
@@ -249,6 +265,7 @@ pub async fn connect(url: &str) -> std::result::Result<SqlLedger, CenterError> {
         pool,
         read_pool,
         dialect,
+        server,
         q: std::sync::Arc::new(Queries::new(dialect)),
         groups: Default::default(),
     })

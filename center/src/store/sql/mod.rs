@@ -28,6 +28,7 @@ mod reclaim;
 mod reports;
 mod requests;
 mod rows;
+mod server;
 mod views;
 
 use std::sync::Arc;
@@ -56,6 +57,8 @@ pub struct SqlLedger {
     /// beside the one writer (WAL mode).
     read_pool: AnyPool,
     dialect: Dialect,
+    /// The PostgreSQL server the connections reach (never changes on SQLite).
+    server: Arc<server::ServerIdentity>,
     q: Arc<Queries>,
     groups: Arc<group::Groups>,
 }
@@ -286,6 +289,10 @@ impl LedgerStore for SqlLedger {
 
     async fn sample(&self) -> Result<LedgerSample> {
         SqlLedger::sample(self).await
+    }
+
+    fn database_changes(&self) -> u64 {
+        self.server.changes()
     }
 
     async fn list_items(&self) -> Result<Vec<ItemRecord>> {

@@ -10,6 +10,7 @@ use inventory_core::watermarks::Watermarks;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
+use super::dialect::Dialect;
 use super::rows::{
     ALLOC_SELECT, ITEM_SELECT, SESSION_SELECT, alloc_from_row, col, item_from_row, plan_from_row, session_from_row,
     shares_from_row,
@@ -200,6 +201,12 @@ impl SqlLedger {
         let mut tx = self.begin_read().await?;
         let items = sqlx::query("SELECT item_id, available FROM items ORDER BY item_id").fetch_all(&mut *tx).await?;
         let lines = sqlx::query(&format!("{ALLOC_SELECT} ORDER BY item_id, channel")).fetch_all(&mut *tx).await?;
+        // Behind a pooler the center's connections outlive a failover: the sampler asks
+        // which server it read.
+        if self.dialect == Dialect::Postgres {
+            let started: String = sqlx::query_scalar(super::server::SERVER_STARTED).fetch_one(&mut *tx).await?;
+            self.server.saw(&started);
+        }
         tx.commit().await?;
         Ok(LedgerSample {
             items: items.iter().map(|r| Ok((r.try_get("item_id")?, col(r, "available")?))).collect::<Result<_>>()?,
