@@ -1,72 +1,104 @@
-//! A string-keyed hash map split into [`SHARDS`] maps by a hash of the key.
+//! A string-keyed hash map split into [`SHARDS`] tables by a hash of the key.
 //!
 //! A pool keeps every reservation of its retention window, hundreds of thousands in a
-//! busy sale, and a `HashMap` grows by moving every entry at once: at half a million
+//! busy sale, and a hash table grows by moving every entry at once: at half a million
 //! reservations one insert takes a few hundred milliseconds, and every caller of the pool
 //! waits behind it. Split, a growth moves one shard's entries, so the longest insert is a
 //! sixty-fourth of that. Serialized as one map, so the shape on the wire does not change.
+//!
+//! A key is hashed once per call (a randomly keyed SipHash, as `HashMap`'s): the shard is
+//! picked from bits of that hash the table itself does not use, and each entry keeps its
+//! hash, so a growth moves entries without reading their keys again.
 
 use std::collections::HashMap;
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, RandomState};
 
+use hashbrown::HashTable;
+use hashbrown::hash_table::Entry as Slot;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 pub const SHARDS: usize = 64;
 
 #[derive(Debug, Clone)]
+struct Entry<V> {
+    hash: u64,
+    key: String,
+    value: V,
+}
+
+#[derive(Debug, Clone)]
 pub struct Shards<V> {
-    maps: Vec<HashMap<String, V>>,
+    hasher: RandomState,
+    maps: Vec<HashTable<Entry<V>>>,
 }
 
 impl<V> Default for Shards<V> {
     fn default() -> Self {
-        Self { maps: (0..SHARDS).map(|_| HashMap::new()).collect() }
+        Self { hasher: RandomState::new(), maps: (0..SHARDS).map(|_| HashTable::new()).collect() }
     }
 }
 
-/// The shard of `key`: a fixed hash, so the same key always lands in the same shard (keys
-/// that all pick one shard only make it as large as the unsplit map would be; each shard's
-/// own map still hashes with a random key).
-fn shard(key: &str) -> usize {
-    let mut h = DefaultHasher::new();
-    key.hash(&mut h);
-    // The remainder is below SHARDS, so it fits a usize.
-    usize::try_from(h.finish() % SHARDS as u64).unwrap_or(0)
+/// The shard of a key hashed to `hash`: bits 32 to 37. A table places an entry by the low
+/// bits of its hash and tags it with the top seven, so the entries of one shard still
+/// differ in both (a table would need 2^32 buckets to reach these bits).
+fn shard(hash: u64) -> usize {
+    // Masked to below SHARDS, so it fits a usize.
+    usize::try_from((hash >> 32) % SHARDS as u64).unwrap_or(0)
 }
 
 impl<V> Shards<V> {
+    fn find(&self, key: &str) -> Option<&Entry<V>> {
+        let hash = self.hasher.hash_one(key);
+        self.maps[shard(hash)].find(hash, |e| e.key == key)
+    }
+
     pub fn get(&self, key: &str) -> Option<&V> {
-        self.maps[shard(key)].get(key)
+        self.find(key).map(|e| &e.value)
     }
 
     pub fn get_key_value(&self, key: &str) -> Option<(&String, &V)> {
-        self.maps[shard(key)].get_key_value(key)
+        self.find(key).map(|e| (&e.key, &e.value))
     }
 
     pub fn get_mut(&mut self, key: &str) -> Option<&mut V> {
-        self.maps[shard(key)].get_mut(key)
+        let hash = self.hasher.hash_one(key);
+        self.maps[shard(hash)].find_mut(hash, |e| e.key == key).map(|e| &mut e.value)
     }
 
     pub fn contains_key(&self, key: &str) -> bool {
-        self.maps[shard(key)].contains_key(key)
+        self.find(key).is_some()
     }
 
     pub fn insert(&mut self, key: String, value: V) -> Option<V> {
-        self.maps[shard(&key)].insert(key, value)
+        let hash = self.hasher.hash_one(key.as_str());
+        match self.maps[shard(hash)].entry(hash, |e| e.key == key, |e| e.hash) {
+            Slot::Occupied(mut held) => Some(std::mem::replace(&mut held.get_mut().value, value)),
+            Slot::Vacant(free) => {
+                free.insert(Entry { hash, key, value });
+                None
+            }
+        }
     }
 
     pub fn remove(&mut self, key: &str) -> Option<V> {
-        self.maps[shard(key)].remove(key)
+        let hash = self.hasher.hash_one(key);
+        match self.maps[shard(hash)].find_entry(hash, |e| e.key == key) {
+            Ok(held) => Some(held.remove().0.value),
+            Err(_) => None,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.maps.iter().map(HashTable::len).sum()
     }
 
     /// Every entry, in no particular order (callers that answer with them sort).
     pub fn iter(&self) -> impl Iterator<Item = (&String, &V)> {
-        self.maps.iter().flat_map(HashMap::iter)
+        self.maps.iter().flat_map(HashTable::iter).map(|e| (&e.key, &e.value))
     }
 
     pub fn keys(&self) -> impl Iterator<Item = &String> {
-        self.maps.iter().flat_map(HashMap::keys)
+        self.iter().map(|(k, _)| k)
     }
 }
 
@@ -81,9 +113,9 @@ impl<V> FromIterator<(String, V)> for Shards<V> {
 }
 
 impl<V: PartialEq> PartialEq for Shards<V> {
-    // Equal keys sit in equal shards, so shard by shard is entry by entry.
+    // Each map hashes with keys of its own: entry by entry.
     fn eq(&self, other: &Self) -> bool {
-        self.maps == other.maps
+        self.len() == other.len() && self.iter().all(|(k, v)| other.get(k) == Some(v))
     }
 }
 
