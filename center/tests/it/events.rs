@@ -107,28 +107,33 @@ async fn a_watcher_that_falls_behind_is_told_to_watch_again() {
     );
 }
 
-/// On PostgreSQL, events reach a replica's watchers through its `LISTEN` connection.
-/// When that connection is cut (here by `pg_terminate_backend`), the notifications sent
-/// meanwhile are gone: every stream ends UNAVAILABLE so its agent watches again and
-/// re-reads what it missed, and the listener connects again for the next watch.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cut_event_listener_ends_the_watches_and_listens_again() {
+/// Cuts the center's one `LISTEN` connection to `database_url` (`pg_terminate_backend`).
+async fn cut_listener(database_url: &str) {
     use sqlx::Connection;
-    let c = TestCenter::start(Backend::Postgres).await;
-    let (mut admin, mut center) = (c.admin().await, c.center().await);
-    create(&mut admin, "i", 1000).await;
-    let epoch = register(&mut center, "app").await;
-    let watch = || pb::WatchChannelRequest { channel: "app".into(), epoch };
-    let mut stream = center.watch_channel(watch()).await.unwrap().into_inner();
-    let mut db = sqlx::PgConnection::connect(&c.database_url).await.expect("connect to the center's database");
+    let mut db = sqlx::PgConnection::connect(database_url).await.expect("connect to the center's database");
     let cut: Vec<bool> = sqlx::query_scalar(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
          WHERE datname = current_database() AND query ILIKE 'LISTEN%'",
     )
     .fetch_all(&mut db)
     .await
-    .unwrap();
+    .expect("terminate the listener");
     assert_eq!(cut, [true], "the center's one listener connection was cut");
+}
+
+/// On PostgreSQL, events reach a replica's watchers through its `LISTEN` connection.
+/// When that connection is cut (here by `pg_terminate_backend`), the notifications sent
+/// meanwhile are gone: every stream ends UNAVAILABLE so its agent watches again and
+/// re-reads what it missed, and the listener connects again for the next watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_event_listener_ends_the_watches_and_listens_again() {
+    let c = TestCenter::start(Backend::Postgres).await;
+    let (mut admin, mut center) = (c.admin().await, c.center().await);
+    create(&mut admin, "i", 1000).await;
+    let epoch = register(&mut center, "app").await;
+    let watch = || pb::WatchChannelRequest { channel: "app".into(), epoch };
+    let mut stream = center.watch_channel(watch()).await.unwrap().into_inner();
+    cut_listener(&c.database_url).await;
     let ended = tokio::time::timeout(Duration::from_secs(10), stream.message()).await.expect("an answer within 10 s");
     let status = ended.expect_err("the stream ends with an error");
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
@@ -163,7 +168,6 @@ async fn a_cut_event_listener_ends_the_watches_and_listens_again() {
 /// meanwhile (here a watermark change), and would otherwise never learn it missed it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_back_from_an_outage_tells_the_watchers_that_came_meanwhile() {
-    use sqlx::Connection;
     let c = TestCenter::start(Backend::Postgres).await;
     let (mut admin, mut center) = (c.admin().await, c.center().await);
     create(&mut admin, "i", 1000).await;
@@ -172,15 +176,7 @@ async fn a_listener_back_from_an_outage_tells_the_watchers_that_came_meanwhile()
 
     // The listener is cut and cannot connect again yet.
     c.faults.events.hold_listener.send_replace(true);
-    let mut db = sqlx::PgConnection::connect(&c.database_url).await.expect("connect to the center's database");
-    let cut: Vec<bool> = sqlx::query_scalar(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-         WHERE datname = current_database() AND query ILIKE 'LISTEN%'",
-    )
-    .fetch_all(&mut db)
-    .await
-    .unwrap();
-    assert_eq!(cut, [true], "the center's one listener connection was cut");
+    cut_listener(&c.database_url).await;
     ends_telling_to_watch_again(&mut stream, 0).await;
 
     // The agent watches again at once, and a change is sent while nobody listens.
