@@ -104,12 +104,7 @@ impl FaultProxy {
     /// Listens on `127.0.0.1:0` and forwards each accepted connection to `upstream`, which must
     /// be a loopback address. Starts with [`Fault::Pass`].
     pub async fn start(upstream: SocketAddr) -> std::io::Result<FaultProxy> {
-        if !upstream.ip().is_loopback() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("fault proxy upstream must be a loopback address, got {upstream}"),
-            ));
-        }
+        loopback(upstream)?;
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
         let addr = listener.local_addr()?;
         let (fault, fault_rx) = watch::channel(Fault::Pass);
@@ -122,12 +117,7 @@ impl FaultProxy {
     /// Forwards connections accepted from now on to `upstream` (a loopback address, or
     /// nothing changes and the error says so); open connections keep theirs.
     pub fn redirect(&self, upstream: SocketAddr) -> std::io::Result<()> {
-        if !upstream.ip().is_loopback() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("fault proxy upstream must be a loopback address, got {upstream}"),
-            ));
-        }
+        loopback(upstream)?;
         self.upstream.send_replace(upstream);
         Ok(())
     }
@@ -165,6 +155,17 @@ impl Drop for FaultProxy {
     fn drop(&mut self) {
         self.accept_task.abort();
     }
+}
+
+/// Refuses an upstream off this machine (the module's architecture invariant).
+fn loopback(upstream: SocketAddr) -> std::io::Result<()> {
+    if upstream.ip().is_loopback() {
+        return Ok(());
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        format!("fault proxy upstream must be a loopback address, got {upstream}"),
+    ))
 }
 
 async fn accept_loop(
