@@ -109,8 +109,9 @@ impl DriftTrack {
 }
 
 /// Whether a negative drift holds the item's lending back while the sampler cannot yet
-/// tell a stale report from a lost commit: for [`QUIET_MS`] after it started, or after
-/// its database came back (`trusted_from_ms`), it knows nothing of the Returns applied
+/// tell a stale report from a lost commit: for [`QUIET_MS`] after it started, after its
+/// database came back, or after it reached another database server (`trusted_from_ms`),
+/// it knows nothing of the Returns applied
 /// before, and a center just restarted on a promoted standby is exactly where a ledger
 /// went back. Lending waits; nothing is re-learned until [`DriftTrack::ledger_behind`].
 pub fn hold_back(a: &Allocation, now_ms: i64, trusted_from_ms: i64) -> bool {

@@ -19,8 +19,8 @@ pub struct ServerIdentity {
 }
 
 impl ServerIdentity {
-    /// A new connection reached the server that started at `started`. Returns whether it
-    /// is another server than the last connection's.
+    /// A new connection, or a sample, reached the server that started at `started`.
+    /// Returns whether it is another server than the last one seen.
     pub fn saw(&self, started: &str) -> bool {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         let changed = last.as_deref().is_some_and(|known| known != started);
